@@ -1,0 +1,1 @@
+"""The ``edged`` command: one console script with subcommands."""

@@ -1,0 +1,94 @@
+"""One typed, frozen configuration tree, read once from TOML; each part receives only its own section."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edged.config._loader import build
+from edged.config._memory import MemoryConfig
+from edged.config._misc import LoggingConfig, OtaConfig
+from edged.config._models import ModelsConfig
+from edged.config._mqtt import MqttConfig, OutboxConfig, PipelineConfig
+from edged.config._server import AccessConfig, ServerConfig
+from edged.config._telemetry import TelemetryConfig
+from edged.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - JetPack 6 ships Python 3.10
+    import tomli as tomllib
+
+__all__ = [
+    "DEFAULT_CONFIG_PATH", "AccessConfig", "EdgedConfig", "LoggingConfig", "MemoryConfig", "ModelsConfig",
+    "MqttConfig", "OtaConfig", "OutboxConfig", "PipelineConfig", "ServerConfig", "TelemetryConfig",
+    "load_config", "parse_config", "with_overrides",
+]
+
+DEFAULT_CONFIG_PATH = Path("/etc/edged/edged.toml")
+
+
+@dataclass(frozen=True)
+class EdgedConfig:
+    state_dir: str | None = None  # None: $STATE_DIRECTORY, then $XDG_STATE_HOME/edged, ~/.local/state/edged
+    server: ServerConfig = ServerConfig()
+    models: ModelsConfig = ModelsConfig()
+    memory: MemoryConfig = MemoryConfig()
+    mqtt: MqttConfig = MqttConfig()
+    telemetry: TelemetryConfig = TelemetryConfig()
+    ota: OtaConfig = OtaConfig()
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    source: str | None = None  # the file it was read from, for messages
+
+
+def parse_config(text: str, source: str = "<config>") -> EdgedConfig:
+    """Parse TOML text into the config tree; errors name the file and the key path."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{source}: not valid TOML: {e}") from e
+    try:
+        config = build(EdgedConfig, data)
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from e
+    return dataclasses.replace(config, source=source)
+
+
+def load_config(path: str | os.PathLike[str] | None = None) -> EdgedConfig:
+    """Read ``path``, or the default file when it exists, or return the built-in defaults."""
+    if path is None:
+        if not DEFAULT_CONFIG_PATH.exists():
+            return EdgedConfig()
+        path = DEFAULT_CONFIG_PATH
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}: {e.strerror}") from e
+    return parse_config(text, str(path))
+
+
+def with_overrides(config: EdgedConfig, overrides: dict[str, Any]) -> EdgedConfig:
+    """Apply ``{"server.socket": "/x", ...}`` overrides (from command-line flags) with the same checks."""
+    data = _to_plain(config)
+    for dotted, value in overrides.items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    source = data.pop("source", None)
+    return dataclasses.replace(build(EdgedConfig, data), source=source)
+
+
+def _to_plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, tuple):
+        return [_to_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _to_plain(v) for k, v in value.items()}
+    return value

@@ -1,0 +1,47 @@
+"""The ``[server]`` section: listeners, limits and access control of the socket API."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def _positive(value: float) -> str | None:
+    return None if value > 0 else "expected a positive number"
+
+
+def _octal_mode(value: str) -> str | None:
+    try:
+        mode = int(value, 8)
+    except ValueError:
+        return "expected an octal file mode such as \"0660\""
+    return None if 0 <= mode <= 0o777 else "expected an octal file mode between 0000 and 0777"
+
+
+def _port(value: int | None) -> str | None:
+    return None if value is None or 0 <= value <= 65535 else "expected a TCP port between 0 and 65535"
+
+
+@dataclass(frozen=True)
+class AccessConfig:
+    """Who may talk to the Unix socket, by peer credentials. Empty lists mean "anyone who can connect"."""
+
+    infer_users: tuple[str, ...] = ()
+    infer_groups: tuple[str, ...] = ()
+    admin_users: tuple[str, ...] = ()
+    admin_groups: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    socket: str | None = None  # None: $RUNTIME_DIRECTORY, then $XDG_RUNTIME_DIR/edged, then /tmp/edged-$UID
+    socket_mode: str = field(default="0660", metadata={"check": _octal_mode})
+    socket_group: str | None = None
+    http_port: int | None = field(default=None, metadata={"check": _port})  # loopback TCP; off when None
+    http_host: str = "127.0.0.1"
+    max_body_bytes: int = field(default=64 * 1024 * 1024, metadata={"check": _positive})
+    max_header_bytes: int = field(default=16 * 1024, metadata={"check": _positive})
+    max_tensor_elements: int = field(default=64 * 1024 * 1024, metadata={"check": _positive})
+    request_timeout_s: float = field(default=30.0, metadata={"check": _positive})
+    idle_timeout_s: float = field(default=300.0, metadata={"check": _positive})
+    shutdown_timeout_s: float = field(default=10.0, metadata={"check": _positive})
+    access: AccessConfig = AccessConfig()

@@ -1,0 +1,39 @@
+"""Requests and responses as the engine sees them: named numpy arrays plus KServe v2 request fields."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+Array = npt.NDArray[Any]
+
+
+@dataclass(frozen=True)
+class RequestedOutput:
+    name: str
+    binary_data: bool | None = None  # transport hint (KServe binary extension); the engine ignores it
+    class_count: int = 0  # Triton classification extension: top-k as "score:index[:label]" strings
+
+
+@dataclass
+class InferRequest:
+    model: str
+    inputs: dict[str, Array]
+    version: str = ""  # "" = the model's default (highest ready) version
+    id: str = ""
+    outputs: tuple[RequestedOutput, ...] = ()  # empty: all outputs
+    parameters: dict[str, Any] = field(default_factory=dict)
+    priority: int = 0  # 0 = the model's default priority level
+    timeout_us: int = 0  # 0 = the model's queue policy default (or none)
+
+
+@dataclass
+class InferResponse:
+    model: str
+    version: str
+    outputs: dict[str, Array]
+    id: str = ""
+    parameters: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,133 @@
+"""The exception families of edged.
+
+Every error edged raises on purpose is an `EdgedError`. Each part has its own family; front ends map the
+families to HTTP status codes or MQTT error payloads through one table each. Foreign exceptions are translated
+at the boundary with ``raise ... from e``. Messages name the object, what was expected and what was found.
+"""
+
+from __future__ import annotations
+
+
+class EdgedError(Exception):
+    """Root of every error edged raises on purpose."""
+
+
+# --- configuration -----------------------------------------------------------------------------------------
+class ConfigError(EdgedError):
+    """The daemon's TOML configuration, or a command-line flag, is invalid."""
+
+
+class ModelConfigError(ConfigError):
+    """A model's config.pbtxt is invalid; the message names the file, line and column where known."""
+
+    def __init__(self, message: str, path: str | None = None, line: int | None = None,
+                 column: int | None = None) -> None:
+        self.path = path
+        self.line = line
+        self.column = column
+        where = ""
+        if path is not None:
+            where = path
+            if line is not None:
+                where += f":{line}"
+                if column is not None:
+                    where += f":{column}"
+            where += ": "
+        super().__init__(where + message)
+        self.reason = message
+
+
+# --- models ------------------------------------------------------------------------------------------------
+class ModelError(EdgedError):
+    """Something is wrong with a model or a model version."""
+
+
+class ModelNotFound(ModelError):
+    """The model, or the requested version of it, is not in the repository."""
+
+
+class ModelNotReady(ModelError):
+    """The model exists but is not ready to serve (loading, unloading, failed, or unloaded)."""
+
+
+class ModelLoadError(ModelError):
+    """Loading a model version failed; the message says why and what to do."""
+
+
+class BackendUnavailable(ModelLoadError):
+    """The runtime a model needs (onnxruntime, torch, TensorRT, an execution provider) is not available."""
+
+
+# --- requests ----------------------------------------------------------------------------------------------
+class RequestError(EdgedError):
+    """A request could not be served."""
+
+
+class InvalidInput(RequestError):
+    """A request is malformed or does not match the model's config."""
+
+
+class PayloadTooLarge(InvalidInput):
+    """A request, a tensor or a message is larger than a configured limit."""
+
+
+class QueueFull(RequestError):
+    """The model's queue is at its max_queue_size; the caller may retry later."""
+
+
+class RequestTimeout(RequestError):
+    """The request waited in the queue or ran longer than its timeout."""
+
+
+class InferenceFailed(RequestError):
+    """The backend failed while running the request."""
+
+
+class PermissionDenied(RequestError):
+    """The caller is not allowed to do this (peer-credential access control)."""
+
+
+class Unavailable(RequestError):
+    """The server is shutting down or not ready."""
+
+
+# --- memory ------------------------------------------------------------------------------------------------
+class MemoryBudgetExceeded(ModelLoadError):
+    """Loading a model would exceed the memory budget and nothing can be evicted."""
+
+
+class MemoryPressure(ModelLoadError):
+    """The system is under memory pressure; new loads are refused."""
+
+
+# --- telemetry, mqtt, ota, client --------------------------------------------------------------------------
+class TelemetryError(EdgedError):
+    """A telemetry source or store failed."""
+
+
+class TelemetryParseError(TelemetryError):
+    """A tegrastats line or a sysfs file could not be parsed."""
+
+
+class MqttError(EdgedError):
+    """The MQTT front end failed (connection, payload, outbox)."""
+
+
+class PayloadError(MqttError, InvalidInput):
+    """An MQTT payload could not be decoded."""
+
+
+class OutboxError(MqttError):
+    """The durable outbox could not store or read a message."""
+
+
+class UpdateRejected(EdgedError):
+    """An update bundle was refused (signature, hash, version, or health check)."""
+
+
+class ClientError(EdgedError):
+    """The client could not reach the daemon or got an error back."""
+
+
+class ServerUnreachable(ClientError):
+    """Nothing answered on the socket the client tried; the message names it."""
