@@ -1,0 +1,32 @@
+"""Runtimes behind one `Backend` protocol, chosen by name and imported only when chosen.
+
+Like uvicorn's name → "module:Class" tables: importing this package imports no runtime, so the daemon starts
+without onnxruntime, torch or TensorRT installed.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from edged.backends.base import Backend, InstanceInfo, ModelInstance
+from edged.errors import BackendUnavailable
+
+__all__ = ["BACKENDS", "Backend", "InstanceInfo", "ModelInstance", "load_backend"]
+
+BACKENDS: dict[str, str] = {
+    "onnxruntime": "edged.backends.onnxruntime:OnnxRuntimeBackend",
+    "pytorch": "edged.backends.pytorch:PyTorchBackend",
+    "tensorrt": "edged.backends.tensorrt:TensorRTBackend",
+}
+
+
+def load_backend(name: str) -> Backend:
+    """Instantiate the backend called ``name`` (a Triton backend name such as "onnxruntime")."""
+    target = BACKENDS.get(name)
+    if target is None:
+        known = ", ".join(sorted(BACKENDS))
+        raise BackendUnavailable(f"unknown backend {name!r}: edged supports {known}")
+    module_name, class_name = target.split(":")
+    module = importlib.import_module(module_name)
+    backend: Backend = getattr(module, class_name)()
+    return backend

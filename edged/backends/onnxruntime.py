@@ -1,0 +1,244 @@
+"""ONNX Runtime backend: TensorRT, CUDA and CPU execution providers chosen from the model's config.
+
+Providers come from ``parameters { key: "providers" ... }`` ("tensorrt,cuda,cpu") or, as in Triton, from
+``instance_group { kind: KIND_GPU }`` and ``optimization { execution_accelerators { ... } }``. A requested
+provider that is unavailable fails the load unless ``allow_provider_fallback`` is "true"; then the fallback is
+logged and reported in the instance info. Sessions are created from a path, never from bytes (bytes stay
+alive as a copy, about +50 MiB for a 53 MB model: FIELD-NOTES.md).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from edged.backends.base import Array, InstanceInfo
+from edged.errors import BackendUnavailable, InferenceFailed, InvalidInput, ModelLoadError
+from edged.repository.model_config import ModelConfig, ModelSignature, TensorSignature
+
+log = logging.getLogger(__name__)
+
+ORT_TO_TRITON: dict[str, str] = {
+    "tensor(bool)": "TYPE_BOOL", "tensor(uint8)": "TYPE_UINT8", "tensor(uint16)": "TYPE_UINT16",
+    "tensor(uint32)": "TYPE_UINT32", "tensor(uint64)": "TYPE_UINT64", "tensor(int8)": "TYPE_INT8",
+    "tensor(int16)": "TYPE_INT16", "tensor(int32)": "TYPE_INT32", "tensor(int64)": "TYPE_INT64",
+    "tensor(float16)": "TYPE_FP16", "tensor(float)": "TYPE_FP32", "tensor(double)": "TYPE_FP64",
+    "tensor(string)": "TYPE_STRING", "tensor(bfloat16)": "TYPE_BF16",
+}
+PROVIDER_NAMES: dict[str, str] = {
+    "tensorrt": "TensorrtExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "cpu": "CPUExecutionProvider",
+}
+
+
+def _import_ort() -> Any:
+    try:
+        import onnxruntime
+    except ImportError as e:
+        raise BackendUnavailable(
+            "onnxruntime is not installed: install edged with the 'onnx' extra (pip install 'edged[onnx]'); "
+            "on a Jetson use NVIDIA's onnxruntime-gpu build for your JetPack") from e
+    return onnxruntime
+
+
+def _flag(parameters: Mapping[str, str], key: str, default: bool) -> bool:
+    value = parameters.get(key)
+    if value is None:
+        return default
+    lowered = value.strip().lower()
+    if lowered in ("true", "1", "yes", "on"):
+        return True
+    if lowered in ("false", "0", "no", "off"):
+        return False
+    raise ModelLoadError(f"parameter {key}: expected true or false, found {value!r}")
+
+
+def _int_param(parameters: Mapping[str, str], key: str, default: int) -> int:
+    value = parameters.get(key)
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ModelLoadError(f"parameter {key}: expected an integer, found {value!r}") from None
+
+
+@dataclass(frozen=True)
+class ProviderPlan:
+    requested: tuple[str, ...]  # short names in order of preference: tensorrt, cuda, cpu
+    allow_fallback: bool
+
+
+def plan_providers(config: ModelConfig) -> ProviderPlan:
+    """Decide which execution providers a config asks for (pure; tested without GPUs)."""
+    params = config.parameters
+    if "providers" in params:
+        names = tuple(p.strip().lower() for p in params["providers"].split(",") if p.strip())
+        unknown = [n for n in names if n not in PROVIDER_NAMES]
+        if unknown:
+            raise ModelLoadError(f"model {config.name}: parameter providers: unknown provider {unknown[0]!r} "
+                                 f"(known: {', '.join(PROVIDER_NAMES)})")
+    else:
+        names = _providers_from_triton_fields(config)
+    if "cpu" not in names and not names:
+        names = ("cpu",)
+    return ProviderPlan(names, _flag(params, "allow_provider_fallback", False))
+
+
+def _providers_from_triton_fields(config: ModelConfig) -> tuple[str, ...]:
+    gpu = any(group.kind == "KIND_GPU" for group in config.instance_group)
+    accelerators = config.optimization.get("execution_accelerators", {})
+    gpu_accels = accelerators.get("gpu_execution_accelerator", []) if isinstance(accelerators, dict) else []
+    if isinstance(gpu_accels, dict):
+        gpu_accels = [gpu_accels]
+    names: list[str] = []
+    if gpu and any(isinstance(a, dict) and a.get("name") == "tensorrt" for a in gpu_accels):
+        names.append("tensorrt")
+    if gpu:
+        names.append("cuda")
+    names.append("cpu")
+    return tuple(names)
+
+
+class OnnxRuntimeBackend:
+    name = "onnxruntime"
+
+    def describe(self, model_path: Path) -> ModelSignature:
+        ort = _import_ort()
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        session = _create_session(ort, model_path, options, ["CPUExecutionProvider"], [{}])
+        return ModelSignature(
+            inputs=tuple(_signature(arg) for arg in session.get_inputs()),
+            outputs=tuple(_signature(arg) for arg in session.get_outputs()),
+        )
+
+    def load(self, model_path: Path, config: ModelConfig, instance_index: int) -> OnnxRuntimeInstance:
+        ort = _import_ort()
+        plan = plan_providers(config)
+        available = set(ort.get_available_providers())
+        chosen: list[str] = []
+        missing: list[str] = []
+        for short in plan.requested:
+            (chosen if PROVIDER_NAMES[short] in available else missing).append(short)
+        fallback = None
+        if missing:
+            reason = (f"execution provider(s) {', '.join(missing)} requested by model {config.name} are not "
+                      f"available in this onnxruntime build (available: {', '.join(sorted(available))})")
+            if not plan.allow_fallback or not chosen:
+                raise BackendUnavailable(reason + "; install a build with them (on a Jetson, NVIDIA's "
+                                         "onnxruntime-gpu) or set parameter allow_provider_fallback to \"true\"")
+            fallback = reason
+            log.warning("%s; falling back to %s as the config allows", reason, ", ".join(chosen))
+        options = _session_options(ort, config)
+        provider_options = [_provider_options(short, config, model_path) for short in chosen]
+        session = _create_session(ort, model_path, options, [PROVIDER_NAMES[s] for s in chosen],
+                                  provider_options)
+        shrink = config.parameters.get("memory.enable_memory_arena_shrinkage", "")
+        info = InstanceInfo(device="cuda:0" if {"cuda", "tensorrt"} & set(chosen) else "cpu",
+                            providers=tuple(session.get_providers()), fallback=fallback,
+                            details={"onnxruntime": ort.__version__, "instance": instance_index})
+        return OnnxRuntimeInstance(ort, session, info, shrink)
+
+    def runtime_info(self) -> dict[str, Any]:
+        try:
+            ort = _import_ort()
+        except BackendUnavailable as e:
+            return {"available": False, "reason": str(e)}
+        return {"available": True, "version": ort.__version__, "providers": ort.get_available_providers()}
+
+
+def _signature(arg: Any) -> TensorSignature:
+    data_type = ORT_TO_TRITON.get(arg.type, f"UNSUPPORTED({arg.type})")
+    dims: list[int] = []
+    symbols: list[str | None] = []
+    for dim in arg.shape:
+        if isinstance(dim, int) and dim >= 0:
+            dims.append(dim)
+            symbols.append(None)
+        else:
+            dims.append(-1)
+            symbols.append(dim if isinstance(dim, str) else None)
+    return TensorSignature(arg.name, data_type, tuple(dims), tuple(symbols))
+
+
+def _session_options(ort: Any, config: ModelConfig) -> Any:
+    params = config.parameters
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = _int_param(params, "intra_op_thread_count", 1)
+    options.inter_op_num_threads = _int_param(params, "inter_op_thread_count", 1)
+    options.enable_cpu_mem_arena = _flag(params, "enable_mem_arena", True)
+    options.enable_mem_pattern = _flag(params, "enable_mem_pattern", True)
+    level = params.get("graph_optimization_level", "all").lower()
+    levels = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
+              "all": "ORT_ENABLE_ALL"}
+    if level not in levels:
+        raise ModelLoadError(f"model {config.name}: parameter graph_optimization_level: expected one of "
+                             f"{', '.join(levels)}, found {level!r}")
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, levels[level])
+    options.log_severity_level = 3
+    return options
+
+
+def _provider_options(short: str, config: ModelConfig, model_path: Path) -> dict[str, str]:
+    params = config.parameters
+    if short == "cuda":
+        options = {"arena_extend_strategy": params.get("arena_extend_strategy", "kSameAsRequested")}
+        if "gpu_mem_limit" in params:
+            options["gpu_mem_limit"] = str(_int_param(params, "gpu_mem_limit", 0))
+        return options
+    if short == "tensorrt":
+        cache = params.get("trt_engine_cache_path") or str(model_path.parent / "trt_cache")
+        options = {"trt_engine_cache_enable": "True", "trt_engine_cache_path": cache}
+        if params.get("precision_mode", "").upper() == "FP16":
+            options["trt_fp16_enable"] = "True"
+        return options
+    return {}
+
+
+def _create_session(ort: Any, model_path: Path, options: Any, providers: list[str],
+                    provider_options: list[dict[str, str]]) -> Any:
+    try:
+        return ort.InferenceSession(str(model_path), sess_options=options, providers=providers,
+                                    provider_options=provider_options)
+    except Exception as e:  # onnxruntime raises its own exception types for every load failure
+        raise ModelLoadError(f"onnxruntime could not load {model_path}: {e}") from e
+
+
+class OnnxRuntimeInstance:
+    """One ONNX Runtime session; ``run`` is thread-safe as ORT sessions are."""
+
+    def __init__(self, ort: Any, session: Any, info: InstanceInfo, shrinkage: str) -> None:
+        self._session: Any = session
+        self.info = info
+        # As in Triton's ONNX Runtime backend, shrinkage applies to every run when the config asks for it:
+        # the CPU arena never shrinks by itself after a large batch (FIELD-NOTES.md).
+        self._run_options: Any = None
+        if shrinkage:
+            self._run_options = ort.RunOptions()
+            self._run_options.add_run_config_entry("memory.enable_memory_arena_shrinkage", shrinkage)
+
+    def run(self, inputs: Mapping[str, Array], output_names: Sequence[str]) -> dict[str, Array]:
+        session = self._session
+        if session is None:
+            raise InferenceFailed("the ONNX Runtime session was closed")
+        try:
+            results = session.run(output_names, inputs, self._run_options)
+        except Exception as e:  # translate ORT's errors at the boundary
+            message = str(e)
+            if "INVALID_ARGUMENT" in message or "Got invalid dimensions" in message:
+                raise InvalidInput(f"onnxruntime rejected the input: {message}") from e
+            raise InferenceFailed(f"onnxruntime failed: {message}") from e
+        return dict(zip(output_names, results, strict=True))
+
+    def release_memory(self) -> None:
+        # Nothing to do between runs: arena shrinkage rides on the run options, and the session's memory
+        # goes back when close() drops it.
+        return
+
+    def close(self) -> None:
+        self._session = None

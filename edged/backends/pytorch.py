@@ -1,0 +1,154 @@
+"""PyTorch backend: TorchScript (``model.pt``) and torch.export programs (``model.pt2``).
+
+As in Triton's PyTorch backend, a model needs an explicit config: inputs are passed positionally in config
+order (or by the index in a ``NAME__<i>`` name), outputs are taken from the returned tensor, tuple or dict in
+config order (or by ``__<i>`` index, or by key). Runs under ``torch.inference_mode`` on CUDA when the config asks
+for a GPU instance and CUDA is available, else on the CPU; a GPU request without CUDA fails the load unless
+``allow_provider_fallback`` is "true".
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edged.backends.base import Array, InstanceInfo
+from edged.errors import BackendUnavailable, InferenceFailed, InvalidInput, ModelLoadError
+from edged.repository.model_config import ModelConfig, ModelSignature
+
+log = logging.getLogger(__name__)
+
+_INDEXED_NAME = re.compile(r"__(\d+)$")
+
+
+def _import_torch() -> Any:
+    try:
+        import torch
+    except ImportError as e:
+        raise BackendUnavailable(
+            "torch is not installed: install edged with the 'torch' extra; on a Jetson use NVIDIA's torch "
+            "build for your JetPack") from e
+    return torch
+
+
+def positional_order(names: Sequence[str]) -> list[int]:
+    """Position of each config tensor: its ``__<i>`` index when every name has one, else config order."""
+    indices = [_INDEXED_NAME.search(name) for name in names]
+    if names and all(indices):
+        return [int(m.group(1)) for m in indices if m is not None]
+    return list(range(len(names)))
+
+
+class PyTorchBackend:
+    name = "pytorch"
+
+    def describe(self, model_path: Path) -> ModelSignature:
+        raise ModelLoadError(
+            f"{model_path}: PyTorch models carry no input/output description edged can trust; write a "
+            "config.pbtxt listing every input and output (name, data_type, dims)")
+
+    def load(self, model_path: Path, config: ModelConfig, instance_index: int) -> PyTorchInstance:
+        torch = _import_torch()
+        if not config.input or not config.output:
+            self.describe(model_path)
+        device, fallback = _choose_device(torch, config)
+        threads = config.parameters.get("intra_op_thread_count")
+        if threads:
+            torch.set_num_threads(int(threads))
+        try:
+            if model_path.suffix == ".pt2":
+                module = torch.export.load(str(model_path)).module()
+                module.to(device)
+            else:
+                module = torch.jit.load(str(model_path), map_location=device)
+                module.eval()
+        except Exception as e:  # torch raises many types for a bad file
+            raise ModelLoadError(f"torch could not load {model_path}: {e}") from e
+        info = InstanceInfo(device=str(device), fallback=fallback,
+                            details={"torch": torch.__version__, "format": model_path.suffix.lstrip("."),
+                                     "instance": instance_index})
+        return PyTorchInstance(torch, module, device, config, info)
+
+    def runtime_info(self) -> dict[str, Any]:
+        try:
+            torch = _import_torch()
+        except BackendUnavailable as e:
+            return {"available": False, "reason": str(e)}
+        return {"available": True, "version": torch.__version__, "cuda": bool(torch.cuda.is_available())}
+
+
+def _choose_device(torch: Any, config: ModelConfig) -> tuple[Any, str | None]:
+    wants_gpu = any(group.kind == "KIND_GPU" for group in config.instance_group)
+    if not wants_gpu:
+        return torch.device("cpu"), None
+    if torch.cuda.is_available():
+        gpus = [gpu for group in config.instance_group for gpu in group.gpus]
+        return torch.device(f"cuda:{gpus[0] if gpus else 0}"), None
+    reason = f"model {config.name} asks for a GPU instance but torch has no CUDA device"
+    if config.parameters.get("allow_provider_fallback", "").lower() != "true":
+        raise BackendUnavailable(reason + "; set parameter allow_provider_fallback to \"true\" to run on the "
+                                 "CPU")
+    log.warning("%s; running on the CPU as the config allows", reason)
+    return torch.device("cpu"), reason
+
+
+class PyTorchInstance:
+    def __init__(self, torch: Any, module: Any, device: Any, config: ModelConfig, info: InstanceInfo) -> None:
+        self._torch = torch
+        self._module: Any = module
+        self._device = device
+        self.info = info
+        self._input_names = [t.name for t in config.input]
+        self._input_positions = positional_order(self._input_names)
+        self._output_names = [t.name for t in config.output]
+        self._output_positions = dict(zip(self._output_names, positional_order(self._output_names),
+                                          strict=True))
+        # TorchScript modules are not documented as safe for concurrent calls; instances > 1 give parallelism.
+        self._lock = threading.Lock()
+
+    def run(self, inputs: Mapping[str, Array], output_names: Sequence[str]) -> dict[str, Array]:
+        torch = self._torch
+        module = self._module
+        if module is None:
+            raise InferenceFailed("the PyTorch module was closed")
+        args: list[Any] = [None] * len(self._input_names)
+        for name, position in zip(self._input_names, self._input_positions, strict=True):
+            if name in inputs:
+                args[position] = torch.from_numpy(np.ascontiguousarray(inputs[name])).to(self._device)
+        try:
+            with self._lock, torch.inference_mode():
+                result = module(*args)
+        except RuntimeError as e:
+            raise InvalidInput(f"torch rejected the input: {str(e).splitlines()[0]}") from e
+        except Exception as e:  # a model may raise anything from its forward()
+            raise InferenceFailed(f"torch failed: {e}") from e
+        return {name: self._pick(result, name) for name in output_names}
+
+    def _pick(self, result: Any, name: str) -> Array:
+        if isinstance(result, dict):
+            tensor = result.get(name)
+        elif isinstance(result, list | tuple):
+            position = self._output_positions[name]
+            tensor = result[position] if position < len(result) else None
+        else:
+            tensor = result if self._output_positions[name] == 0 else None
+        if tensor is None:
+            raise InferenceFailed(f"the PyTorch model returned no value for output {name}")
+        array: Array = tensor.detach().cpu().numpy()
+        return array
+
+    def release_memory(self) -> None:
+        if self._device.type == "cuda":
+            self._torch.cuda.empty_cache()
+
+    def close(self) -> None:
+        device = self._device
+        self._module = None
+        if device.type == "cuda":
+            self._torch.cuda.empty_cache()

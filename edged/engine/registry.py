@@ -1,0 +1,309 @@
+"""The models of one repository and the rules that load, reload and unload their versions.
+
+A reload builds the new versions next to the serving ones and swaps only when they are ready: a failed reload
+leaves the old versions serving. All changes run under one lock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from edged.backends import Backend
+from edged.config import ModelsConfig
+from edged.engine.lifecycle import ModelState
+from edged.engine.version import ModelVersion
+from edged.errors import EdgedError, ModelLoadError, ModelNotFound, ModelNotReady, Unavailable
+from edged.repository import (
+    autocomplete,
+    check_model_name,
+    detect_runtime,
+    find_models,
+    list_versions,
+    load_model_config,
+    normalize,
+    select_versions,
+)
+from edged.repository.model_config import ModelConfig
+
+log = logging.getLogger(__name__)
+
+
+class ModelRecord:
+    """A model known to the service: its served versions and the outcome of the last load."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.versions: dict[int, ModelVersion] = {}
+        self.failed: dict[int, ModelVersion] = {}  # versions whose last load failed, with the reason
+        self.error = ""  # a failure before any version could be tried (bad config, missing runtime)
+        self.fingerprint: tuple[Any, ...] = ()
+        self.loaded_explicitly = False
+
+    def ready_versions(self) -> list[ModelVersion]:
+        return [v for _, v in sorted(self.versions.items()) if v.state is ModelState.READY]
+
+    def all_versions(self) -> list[ModelVersion]:
+        return [v for _, v in sorted(self.versions.items())]
+
+
+class Registry:
+    def __init__(self, root: Path, settings: ModelsConfig, max_elements: int,
+                 backend_loader: Callable[[str], Backend], memory: Any, unload_timeout_s: float) -> None:
+        self._root = root
+        self._settings = settings
+        self._max_elements = max_elements
+        self._backend_loader = backend_loader
+        self._memory = memory
+        self._unload_timeout_s = unload_timeout_s
+        self._records: dict[str, ModelRecord] = {}
+        self._lazy: set[str] = set()
+        self._lock = threading.RLock()
+        self.started = False
+
+    # --- queries -------------------------------------------------------------------------------------------
+    def records(self) -> list[ModelRecord]:
+        return list(self._records.values())
+
+    def names(self) -> list[str]:
+        return sorted(set(self._records) | self._lazy)
+
+    def record(self, name: str) -> ModelRecord:
+        record = self._records.get(name)
+        if record is None:
+            if name in self._lazy:
+                raise ModelNotReady(f"model {name} is not loaded yet (lazy loading loads it on first use)")
+            raise ModelNotFound(f"unknown model: {name!r} is not in the repository or not loaded")
+        return record
+
+    def resolve(self, name: str, version: str) -> ModelVersion:
+        record = self.record(name)
+        if not version:
+            ready = record.ready_versions()
+            if ready:
+                return ready[-1]
+            if record.error:
+                raise ModelNotReady(f"model {name} is not ready: {record.error}")
+            raise ModelNotReady(f"model {name} has no ready version")
+        try:
+            number = int(version)
+        except ValueError:
+            raise ModelNotFound(f"model {name}: version {version!r} is not a version number") from None
+        served = record.versions.get(number) or record.failed.get(number)
+        if served is None:
+            known = ", ".join(str(v) for v in sorted(record.versions)) or "none"
+            raise ModelNotFound(f"model {name} has no version {version} (served versions: {known})")
+        return served
+
+    def needs_lazy_load(self, name: str) -> bool:
+        return name in self._lazy
+
+    def all_expected_ready(self) -> bool:
+        return all(record.ready_versions() or record.error or record.failed for record in self.records())
+
+    def index(self, ready_only: bool) -> list[dict[str, Any]]:
+        entries: list[dict[str, Any]] = []
+        names = sorted(set(self._safe_find_models()) | set(self._records))
+        for name in names:
+            record = self._records.get(name)
+            versions = sorted({**(record.failed if record else {}), **(record.versions if record else {})}.items())
+            if not versions:
+                if not ready_only:
+                    reason = record.error if record else ""
+                    entries.append({"name": name, "version": "", "state": "UNAVAILABLE" if record else "",
+                                    "reason": reason})
+                continue
+            for number, version in versions:
+                if ready_only and version.state is not ModelState.READY:
+                    continue
+                entries.append({"name": name, "version": str(number), "state": version.state.value,
+                                "reason": version.lifecycle.reason})
+        return entries
+
+    def _safe_find_models(self) -> list[str]:
+        try:
+            return find_models(self._root)
+        except (OSError, EdgedError):
+            return []
+
+    # --- changes -------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        names = find_models(self._root)
+        mode = self._settings.control_mode
+        if mode == "explicit":
+            wanted = set(self._settings.startup_models)
+            names = names if "*" in wanted else [n for n in names if n in wanted]
+        with self._lock:
+            for name in names:
+                if self._settings.load == "lazy":
+                    self._lazy.add(name)
+                    continue
+                try:
+                    self.load(name, None, explicit=False)
+                except EdgedError as e:
+                    log.error("model %s failed to load: %s", name, e)
+            self.started = True
+
+    def load(self, name: str, override: ModelConfig | None, explicit: bool) -> None:
+        if explicit and self._settings.control_mode != "explicit":
+            raise Unavailable(f"explicit model load / unload is not allowed in model control mode "
+                              f"{self._settings.control_mode!r}; start edged with --model-control-mode explicit")
+        check_model_name(name)
+        with self._lock:
+            self._lazy.discard(name)
+            record = self._records.setdefault(name, ModelRecord(name))
+            record.loaded_explicitly = explicit
+            try:
+                self._load_record(record, override)
+            except EdgedError as e:
+                if not record.versions:
+                    record.error = str(e)
+                raise
+
+    def _load_record(self, record: ModelRecord, override: ModelConfig | None) -> None:
+        model_dir = self._root / record.name
+        if not model_dir.is_dir():
+            raise ModelNotFound(f"model {record.name} is not in the repository {self._root}")
+        available = list_versions(model_dir)
+        config = override or load_model_config(model_dir)
+        runtime = (config.runtime if config else "") or detect_runtime(model_dir, available) or ""
+        if not runtime:
+            raise ModelLoadError(f"model {record.name}: no config.pbtxt platform/backend and no model file "
+                                 f"edged recognises in {model_dir} (model.onnx, model.plan, model.pt, model.pt2)")
+        backend = self._backend_loader(runtime)
+        config = self._complete(record.name, config, runtime, backend, model_dir, available)
+        wanted = select_versions(config.version_policy, available)
+        if not wanted:
+            raise ModelLoadError(f"model {record.name}: no version to serve in {model_dir} (found versions: "
+                                 f"{available or 'none'}; version_policy {config.version_policy.kind})")
+        self._swap_in(record, config, backend, model_dir, wanted)
+        record.fingerprint = fingerprint(model_dir)
+
+    def _complete(self, name: str, config: ModelConfig | None, runtime: str, backend: Backend, model_dir: Path,
+                  available: list[int]) -> ModelConfig:
+        if runtime == "pytorch":  # no trustworthy signature in the file: the config must say it all
+            if config is None or not config.input or not config.output:
+                raise ModelLoadError(f"model {name}: PyTorch models need a config.pbtxt listing every input "
+                                     "and output (name, data_type, dims)")
+            return normalize(config if config.name else dataclasses.replace(config, name=name))
+        if not available:
+            raise ModelLoadError(f"model {name}: no numbered version folder in {model_dir}")
+        probe = ModelConfig(name=name, backend=runtime) if config is None else config
+        path = model_dir / str(max(available)) / probe.model_filename
+        return autocomplete(config, name, backend.describe(path), runtime)
+
+    def _swap_in(self, record: ModelRecord, config: ModelConfig, backend: Backend, model_dir: Path,
+                 wanted: list[int]) -> None:
+        fresh: dict[int, ModelVersion] = {}
+        errors: list[str] = []
+        for number in wanted:
+            version = ModelVersion(config, number, model_dir, self._max_elements)
+            try:
+                self._load_version(version, backend)
+            except EdgedError as e:
+                record.failed[number] = version
+                errors.append(str(e))
+                continue
+            fresh[number] = version
+            record.failed.pop(number, None)
+        if not fresh:
+            raise ModelLoadError("; ".join(errors) if errors else f"model {record.name}: nothing loaded")
+        old = record.versions
+        record.versions = {**{n: v for n, v in old.items() if n not in fresh and n in wanted and errors}, **fresh}
+        record.error = ""
+        for number, version in old.items():
+            if record.versions.get(number) is not version:
+                version.unload(self._unload_timeout_s)
+        self._after_unload()
+        if errors:
+            log.warning("model %s: some versions failed to load: %s", record.name, "; ".join(errors))
+
+    def _load_version(self, version: ModelVersion, backend: Backend) -> None:
+        memory = self._memory
+        if memory is None:
+            version.load(backend, self._settings.warmup)
+            return
+        memory.before_load(version, self._eviction_candidates, self._evict)
+        with memory.measure() as footprint:
+            version.load(backend, self._settings.warmup)
+        memory.after_load(version, footprint)
+
+    def _eviction_candidates(self) -> list[ModelVersion]:
+        return [v for r in self._records.values() for v in r.ready_versions()]
+
+    def _evict(self, version: ModelVersion) -> None:
+        record = self._records.get(version.config.name)
+        log.info("evicting model %s version %s to make room (least recently used)", version.config.name,
+                 version.version)
+        version.unload(self._unload_timeout_s)
+        if record is not None:
+            record.versions.pop(version.version, None)
+            if not record.versions:
+                del self._records[record.name]
+                if self._settings.load == "lazy":
+                    self._lazy.add(record.name)
+
+    def unload(self, name: str, explicit: bool) -> None:
+        if explicit and self._settings.control_mode != "explicit":
+            raise Unavailable(f"explicit model load / unload is not allowed in model control mode "
+                              f"{self._settings.control_mode!r}; start edged with --model-control-mode explicit")
+        with self._lock:
+            record = self._records.pop(name, None)
+            if record is None:
+                if name in self._lazy:
+                    return
+                raise ModelNotFound(f"unknown model: {name!r} is not loaded")
+            for version in record.all_versions():
+                version.unload(self._unload_timeout_s)
+            self._after_unload()
+
+    def _after_unload(self) -> None:
+        if self._memory is not None:
+            self._memory.after_unload()
+
+    def poll(self) -> None:
+        with self._lock:
+            present = set(self._safe_find_models())
+            for name in sorted(set(self._records) - present):
+                log.info("model %s disappeared from the repository; unloading", name)
+                self.unload(name, explicit=False)
+            for name in sorted(present):
+                record = self._records.get(name)
+                if record is not None and record.fingerprint == fingerprint(self._root / name):
+                    continue
+                if record is None and name in self._lazy:
+                    continue
+                try:
+                    self.load(name, None, explicit=False)
+                except EdgedError as e:
+                    log.error("model %s: reload failed, previous versions keep serving: %s", name, e)
+
+    def close(self, timeout_s: float) -> None:
+        with self._lock:
+            for record in list(self._records.values()):
+                for version in record.all_versions():
+                    version.unload(timeout_s)
+            self._records.clear()
+            self._after_unload()
+
+
+def fingerprint(model_dir: Path) -> tuple[Any, ...]:
+    """What poll compares to notice a change: names, sizes and mtimes of the config and version files."""
+    entries: list[tuple[str, int, int]] = []
+    try:
+        for dirpath, _dirs, files in os.walk(model_dir):
+            for file in files:
+                path = os.path.join(dirpath, file)
+                try:
+                    st = os.stat(path)
+                except OSError:
+                    continue
+                entries.append((os.path.relpath(path, model_dir), st.st_size, st.st_mtime_ns))
+    except OSError:
+        return ()
+    return tuple(sorted(entries))

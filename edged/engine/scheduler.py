@@ -1,0 +1,333 @@
+"""Dynamic batching by group commit: whoever finds an idle instance runs the queue.
+
+A submitter that finds an idle model instance executes the queued requests itself ("inline"), batching every
+compatible request that queued up meanwhile; a submitter that finds all instances busy only enqueues, and the
+busy executor picks its request up when its current batch ends. So an idle model pays no thread hop (about
+70 µs on these machines, FIELD-NOTES.md), and under load requests batch themselves. Submitters that must not
+block (an event loop with a slow model) or models with a queue delay use worker threads instead, one per
+instance, started on first need. A request that fails inside a batch is retried alone, so it fails alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from edged.backends.base import ModelInstance
+from edged.engine.stats import VersionStats
+from edged.engine.types import Array, InferRequest, InferResponse
+from edged.engine.validation import InputPlan
+from edged.errors import EdgedError, InferenceFailed, QueueFull, RequestTimeout, Unavailable
+from edged.repository.model_config import ModelConfig
+
+log = logging.getLogger(__name__)
+
+Done = Callable[[InferResponse | EdgedError], None]
+# Triton leaves max_queue_size 0 as unbounded; a device with a few GB cannot, so 0 means this many.
+DEFAULT_MAX_QUEUE = 1024
+# An inline executor serves other callers' requests for at most this many batches after its own are done.
+INLINE_EXTRA_BATCHES = 4
+
+
+class Pending:
+    __slots__ = ("deadline_ns", "done", "enqueued_ns", "plan", "request")
+
+    def __init__(self, request: InferRequest, plan: InputPlan, done: Done, timeout_ns: int) -> None:
+        self.request = request
+        self.plan = plan
+        self.done = done
+        self.enqueued_ns = time.perf_counter_ns()
+        self.deadline_ns = self.enqueued_ns + timeout_ns if timeout_ns > 0 else 0
+
+
+class Scheduler:
+    def __init__(self, config: ModelConfig, version: str, instances: Sequence[ModelInstance],
+                 stats: VersionStats) -> None:
+        self._config = config
+        self._version = version
+        self._stats = stats
+        self._idle: list[ModelInstance] = list(instances)
+        self._instance_count = len(instances)
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        batching = config.dynamic_batching
+        levels = max(1, batching.priority_levels) if batching else 1
+        self._queues: list[deque[Pending]] = [deque() for _ in range(levels)]
+        self._default_level = (batching.default_priority_level or 1) if batching else 1
+        self._queued = 0
+        self._executing = 0
+        policy = batching.default_queue_policy if batching else None
+        self._max_queue = (policy.max_queue_size if policy and policy.max_queue_size else DEFAULT_MAX_QUEUE)
+        self._default_timeout_ns = policy.default_timeout_microseconds * 1000 if policy else 0
+        self._allow_timeout_override = bool(policy and policy.allow_timeout_override)
+        self._max_batch = config.max_batch_size if (batching and config.max_batch_size > 0) else 0
+        self._preferred = tuple(sorted(batching.preferred_batch_size)) if batching else ()
+        self._delay_ns = batching.max_queue_delay_microseconds * 1000 if batching else 0
+        self._output_names = [t.name for t in config.output]
+        self._workers: list[threading.Thread] = []
+        self._closed = False
+        self.last_used = time.monotonic()
+
+    # --- submission ----------------------------------------------------------------------------------------
+    def pending(self, request: InferRequest, plan: InputPlan, done: Done) -> Pending:
+        timeout_ns = self._default_timeout_ns
+        if request.timeout_us and (self._allow_timeout_override or not timeout_ns):
+            timeout_ns = request.timeout_us * 1000
+        return Pending(request, plan, done, timeout_ns)
+
+    def submit(self, items: Sequence[Pending], inline: bool) -> None:
+        """Queue ``items``; with ``inline`` the caller may execute them (and others) before returning."""
+        rejected: list[tuple[Pending, EdgedError]] = []
+        instance: ModelInstance | None = None
+        with self._lock:
+            self.last_used = time.monotonic()
+            for item in items:
+                error = self._admit_locked(item)
+                if error is not None:
+                    rejected.append((item, error))
+            if self._queued:
+                if inline and not self._delay_ns and self._idle:
+                    instance = self._idle.pop()
+                    self._executing += 1
+                else:
+                    self._ensure_workers_locked()
+                    self._wake.notify()
+        for item, error in rejected:
+            self._finish_error(item, error)
+        if instance is not None:
+            self._drain_inline(instance, items)
+
+    def _admit_locked(self, item: Pending) -> EdgedError | None:
+        if self._closed:
+            return Unavailable(f"model {self._config.name} version {self._version} is unloading")
+        if self._queued >= self._max_queue:
+            return QueueFull(f"model {self._config.name}: queue is full ({self._max_queue} requests waiting); "
+                             "retry later")
+        level = item.request.priority or self._default_level
+        self._queues[min(max(level, 1), len(self._queues)) - 1].append(item)
+        self._queued += 1
+        return None
+
+    @property
+    def in_flight(self) -> int:
+        return self._queued + self._executing
+
+    # --- executors -----------------------------------------------------------------------------------------
+    def _drain_inline(self, instance: ModelInstance, own: Sequence[Pending]) -> None:
+        extra = 0
+        try:
+            while True:
+                with self._lock:
+                    batch, expired = self._take_batch_locked()
+                    mine_done = all(item.request is None for item in own)
+                    if not batch or (mine_done and extra >= INLINE_EXTRA_BATCHES):
+                        if batch:  # hand the rest to a worker and let the caller go
+                            self._requeue_front_locked(batch)
+                            self._ensure_workers_locked()
+                        self._idle.append(instance)
+                        self._executing -= 1
+                        self._wake.notify()
+                        instance = None  # type: ignore[assignment]
+                for item in expired:
+                    self._finish_timeout(item)
+                if instance is None:
+                    return
+                if mine_done:
+                    extra += 1
+                self._execute(instance, batch)
+        except BaseException:
+            if instance is not None:
+                with self._lock:
+                    self._idle.append(instance)
+                    self._executing -= 1
+                    self._wake.notify()
+            raise
+
+    def _ensure_workers_locked(self, closing: bool = False) -> None:
+        if self._workers or (self._closed and not closing):
+            return
+        for index in range(self._instance_count):
+            thread = threading.Thread(target=self._worker, name=f"edged-{self._config.name}-{index}",
+                                      daemon=True)
+            self._workers.append(thread)
+            thread.start()
+
+    def _worker(self) -> None:
+        self._lock.acquire()
+        try:
+            while True:
+                if not (self._queued and self._idle):
+                    if self._closed and not self._queued:
+                        return  # closed and drained
+                    self._wake.wait()
+                    continue
+                wait_s = self._batch_wait_locked()
+                if wait_s > 0 and not self._closed:
+                    self._wake.wait(wait_s)
+                    continue
+                instance = self._idle.pop()
+                self._executing += 1
+                batch, expired = self._take_batch_locked()
+                self._lock.release()
+                try:
+                    for item in expired:
+                        self._finish_timeout(item)
+                    if batch:
+                        self._execute(instance, batch)
+                finally:
+                    self._lock.acquire()
+                    self._idle.append(instance)
+                    self._executing -= 1
+                    self._wake.notify_all()
+        finally:
+            self._lock.release()
+
+    def _batch_wait_locked(self) -> float:
+        """Seconds to keep waiting for a fuller batch (max_queue_delay_microseconds), or 0 to run now."""
+        if not self._delay_ns or not self._max_batch:
+            return 0.0
+        queue = next(q for q in self._queues if q)
+        target = self._preferred[-1] if self._preferred else self._max_batch
+        if sum(item.plan.batch_size for item in queue) >= target:
+            return 0.0
+        remaining = queue[0].enqueued_ns + self._delay_ns - time.perf_counter_ns()
+        return max(0.0, remaining / 1e9)
+
+    # --- batch formation -----------------------------------------------------------------------------------
+    def _take_batch_locked(self) -> tuple[list[Pending], list[Pending]]:
+        expired: list[Pending] = []
+        now = time.perf_counter_ns()
+        for queue in self._queues:
+            while queue and queue[0].deadline_ns and queue[0].deadline_ns < now:
+                expired.append(queue.popleft())
+                self._queued -= 1
+            if queue:
+                batch = self._take_from_locked(queue)
+                return batch, expired
+        return [], expired
+
+    def _take_from_locked(self, queue: deque[Pending]) -> list[Pending]:
+        first = queue.popleft()
+        self._queued -= 1
+        batch = [first]
+        if not self._max_batch:
+            return batch
+        total = first.plan.batch_size
+        signature = first.plan.signature
+        while queue and queue[0].plan.signature == signature and total + queue[0].plan.batch_size <= self._max_batch:
+            item = queue.popleft()
+            self._queued -= 1
+            batch.append(item)
+            total += item.plan.batch_size
+        if self._preferred and total not in self._preferred:
+            batch = self._trim_to_preferred_locked(batch, queue)
+        return batch
+
+    def _trim_to_preferred_locked(self, batch: list[Pending], queue: deque[Pending]) -> list[Pending]:
+        running = 0
+        best = len(batch)
+        for index, item in enumerate(batch, start=1):
+            running += item.plan.batch_size
+            if running in self._preferred:
+                best = index
+        for item in reversed(batch[best:]):
+            queue.appendleft(item)
+            self._queued += 1
+        return batch[:best]
+
+    def _requeue_front_locked(self, batch: list[Pending]) -> None:
+        for item in reversed(batch):
+            level = item.request.priority or self._default_level
+            self._queues[min(max(level, 1), len(self._queues)) - 1].appendleft(item)
+            self._queued += 1
+
+    # --- execution -----------------------------------------------------------------------------------------
+    def _execute(self, instance: ModelInstance, batch: list[Pending]) -> None:
+        start = time.perf_counter_ns()
+        try:
+            inputs = batch[0].plan.inputs if len(batch) == 1 else _concatenate(batch)
+            merged = time.perf_counter_ns()
+            outputs = instance.run(inputs, self._output_names)
+            ran = time.perf_counter_ns()
+        except Exception as e:
+            if len(batch) > 1:  # find the culprit: each request alone, so only a bad one fails
+                for item in batch:
+                    self._execute(instance, [item])
+                return
+            error = e if isinstance(e, EdgedError) else InferenceFailed(f"model {self._config.name}: {e}")
+            if not isinstance(e, EdgedError):
+                log.exception("model %s: backend raised an unexpected error", self._config.name)
+            self._finish_error(batch[0], error)
+            return
+        responses = self._split(batch, outputs)
+        finished = time.perf_counter_ns()
+        total_batch = sum(item.plan.batch_size for item in batch)
+        self._stats.record_execution(total_batch, len(batch), merged - start, ran - merged, finished - ran)
+        for item, response in zip(batch, responses, strict=True):
+            self._stats.record_request(True, finished - item.enqueued_ns, start - item.enqueued_ns)
+            self._call(item, response)
+
+    def _split(self, batch: list[Pending], outputs: dict[str, Array]) -> list[InferResponse]:
+        responses = []
+        offset = 0
+        for item in batch:
+            request = item.request
+            wanted = [o.name for o in request.outputs] or self._output_names
+            size = item.plan.batch_size
+            if len(batch) == 1:
+                selected = {name: outputs[name] for name in wanted}
+            else:
+                selected = {name: outputs[name][offset:offset + size] for name in wanted}
+            offset += size
+            responses.append(InferResponse(self._config.name, self._version, selected, request.id))
+        return responses
+
+    def _finish_timeout(self, item: Pending) -> None:
+        waited_us = (time.perf_counter_ns() - item.enqueued_ns) // 1000
+        self._finish_error(item, RequestTimeout(
+            f"model {self._config.name}: request timed out after {waited_us} µs in the queue"))
+
+    def _finish_error(self, item: Pending, error: EdgedError) -> None:
+        self._stats.record_request(False, time.perf_counter_ns() - item.enqueued_ns, 0)
+        self._call(item, error)
+
+    def _call(self, item: Pending, result: InferResponse | EdgedError) -> None:
+        done = item.done
+        item.request = None  # type: ignore[assignment]  # marks the item finished for inline executors
+        try:
+            done(result)
+        except Exception:
+            log.exception("model %s: a completion callback raised", self._config.name)
+
+    # --- shutdown ------------------------------------------------------------------------------------------
+    def close(self, timeout_s: float) -> bool:
+        """Refuse new requests, let queued ones finish within ``timeout_s``; True if all finished."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            self._closed = True
+            if self._queued:
+                self._ensure_workers_locked(closing=True)
+            self._wake.notify_all()
+            while self._queued + self._executing and time.monotonic() < deadline:
+                self._wake.wait(min(0.05, max(0.0, deadline - time.monotonic())))
+            leftover = [item for queue in self._queues for item in queue]
+            for queue in self._queues:
+                queue.clear()
+            self._queued = 0
+            clean = not leftover and not self._executing
+        for item in leftover:
+            self._finish_error(item, Unavailable(f"model {self._config.name} unloaded before the request ran"))
+        for thread in self._workers:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        return clean
+
+
+def _concatenate(batch: list[Pending]) -> dict[str, Any]:
+    names = batch[0].plan.inputs.keys()
+    return {name: np.concatenate([item.plan.inputs[name] for item in batch]) for name in names}

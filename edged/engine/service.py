@@ -1,0 +1,186 @@
+"""`InferenceService`: the engine as front ends and in-process users see it.
+
+It owns the models of one repository: their versions, lifecycles, schedulers and statistics. Loading is
+serialised by one lock (a device loads one model at a time anyway, and memory admission needs a stable view);
+inference takes no service-wide lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from edged import __version__
+from edged.backends import Backend, load_backend
+from edged.config import ModelsConfig
+from edged.engine.lifecycle import ModelState
+from edged.engine.metadata import model_metadata
+from edged.engine.registry import ModelRecord, Registry
+from edged.engine.scheduler import Done
+from edged.engine.types import InferRequest, InferResponse
+from edged.engine.version import ModelVersion
+from edged.errors import EdgedError, ModelNotFound, ModelNotReady, RequestTimeout, Unavailable
+from edged.repository.model_config import ModelConfig
+
+log = logging.getLogger(__name__)
+
+EXTENSIONS = ("classification", "model_repository", "model_configuration", "system_shared_memory",
+              "binary_tensor_data", "parameters", "statistics", "schedule_policy")
+
+
+class InferenceService:
+    def __init__(self, repository: Path, models: ModelsConfig, *, max_elements: int = 64 * 1024 * 1024,
+                 backend_loader: Callable[[str], Backend] = load_backend,
+                 memory: Any = None, unload_timeout_s: float = 10.0) -> None:
+        self.repository = repository
+        self.settings = models
+        self._registry = Registry(repository, models, max_elements, backend_loader, memory, unload_timeout_s)
+        self._closed = False
+
+    # --- lifecycle of the service --------------------------------------------------------------------------
+    def start(self) -> None:
+        """Load (or, with load = "lazy", register) the models the control mode asks for."""
+        self._registry.start()
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        self._closed = True
+        self._registry.close(timeout_s)
+
+    @property
+    def live(self) -> bool:
+        return not self._closed
+
+    @property
+    def ready(self) -> bool:
+        """Ready once start() has run and every model that is to be loaded eagerly is ready."""
+        return not self._closed and self._registry.started and self._registry.all_expected_ready()
+
+    # --- repository API ------------------------------------------------------------------------------------
+    def load_model(self, name: str, config_override: ModelConfig | None = None) -> None:
+        self._registry.load(name, config_override, explicit=True)
+
+    def unload_model(self, name: str) -> None:
+        self._registry.unload(name, explicit=True)
+
+    def poll(self) -> None:
+        """Rescan the repository (model control mode poll): load new and changed models, unload removed."""
+        self._registry.poll()
+
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        return self._registry.index(ready_only)
+
+    def model_names(self) -> list[str]:
+        return self._registry.names()
+
+    def needs_load(self, name: str) -> bool:
+        """True when the model is known but not loaded and lazy loading would load it on first use."""
+        return self._registry.needs_lazy_load(name)
+
+    def ensure_loaded(self, name: str) -> None:
+        if self._registry.needs_lazy_load(name):
+            self._registry.load(name, None, explicit=False)
+
+    # --- model information ---------------------------------------------------------------------------------
+    def model_ready(self, name: str, version: str = "") -> bool:
+        try:
+            return self._registry.resolve(name, version).state is ModelState.READY
+        except EdgedError:
+            return False
+
+    def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
+        record = self._registry.record(name)
+        served = self._registry.resolve(name, version)
+        return model_metadata(name, record.ready_versions() or [served], served.config)
+
+    def model_config(self, name: str, version: str = "") -> ModelConfig:
+        return self._registry.resolve(name, version).config
+
+    def version_info(self, name: str, version: str = "") -> ModelVersion:
+        return self._registry.resolve(name, version)
+
+    def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
+        """Triton's statistics extension document for one model (version) or all."""
+        if name:
+            record = self._registry.record(name)
+            versions = [self._registry.resolve(name, version)] if version else record.all_versions()
+        else:
+            versions = [v for r in self._registry.records() for v in r.all_versions()]
+        return {"model_stats": [v.stats.as_json() for v in versions]}
+
+    def loaded_versions(self) -> list[ModelVersion]:
+        return [v for r in self._registry.records() for v in r.all_versions()]
+
+    def model_activity(self) -> dict[str, tuple[int, int]]:
+        """Model name → (inference count, compute ns), cumulative; telemetry attributes energy with it."""
+        activity: dict[str, tuple[int, int]] = {}
+        for version in self.loaded_versions():
+            doc = version.stats.as_json()
+            count, ns = activity.get(version.config.name, (0, 0))
+            compute = doc["inference_stats"]["compute_infer"]["ns"]
+            activity[version.config.name] = (count + doc["inference_count"], ns + compute)
+        return activity
+
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": "edged", "version": __version__, "extensions": list(EXTENSIONS)}
+
+    # --- inference -----------------------------------------------------------------------------------------
+    def should_inline(self, name: str, version: str = "") -> bool:
+        """Whether a caller on an event loop may execute this model itself (fast models only)."""
+        try:
+            served = self._registry.resolve(name, version)
+        except EdgedError:
+            return True  # the submit will fail fast anyway
+        p50 = served.exec_p50_us
+        return p50 is not None and p50 <= self.settings.inline_execution_max_us
+
+    def submit(self, request: InferRequest, done: Done, inline: bool = True) -> None:
+        """Queue ``request``; ``done`` gets the response or the error, possibly before submit returns.
+
+        Errors found before queueing (unknown model, bad input) are raised here, not passed to ``done``.
+        """
+        if self._closed:
+            raise Unavailable("the server is shutting down")
+        served = self._registry.resolve(request.model, request.version)
+        if served.state is not ModelState.READY:
+            raise ModelNotReady(f"model {request.model} version {served.version} is "
+                                f"{served.state.value.lower()}")
+        served.submit(request, done, inline)
+
+    def infer(self, request: InferRequest, timeout_s: float | None = None) -> InferResponse:
+        """Run ``request`` and wait for its response (thread-safe; batches with concurrent callers)."""
+        if self._registry.needs_lazy_load(request.model):
+            self.ensure_loaded(request.model)
+        waiter = _Waiter()
+        self.submit(request, waiter.set, inline=True)
+        return waiter.wait(request.model, timeout_s)
+
+    def record_for(self, name: str) -> ModelRecord:
+        return self._registry.record(name)
+
+
+class _Waiter:
+    """A one-shot result slot; a pre-acquired lock is CPython's cheapest cross-thread wake-up."""
+
+    __slots__ = ("_lock", "_result")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self._result: InferResponse | EdgedError | None = None
+
+    def set(self, result: InferResponse | EdgedError) -> None:
+        self._result = result
+        self._lock.release()
+
+    def wait(self, model: str, timeout_s: float | None) -> InferResponse:
+        if self._result is None and not self._lock.acquire(timeout=-1 if timeout_s is None else timeout_s):
+            raise RequestTimeout(f"model {model}: no response within {timeout_s} s")
+        result = self._result
+        if isinstance(result, EdgedError):
+            raise result
+        if result is None:
+            raise ModelNotFound(f"model {model}: no result")  # unreachable: set() always stores one
+        return result

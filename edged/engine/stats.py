@@ -1,0 +1,113 @@
+"""Per model version statistics with Triton's fields (statistics extension), plus a latency histogram.
+
+Counters are plain integers under one lock; recording a request costs a few hundred nanoseconds.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+# Request latency buckets in seconds for Prometheus (a 14 µs model up to a 10 s one).
+LATENCY_BUCKETS_S: tuple[float, ...] = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)
+
+
+@dataclass
+class _Duration:
+    count: int = 0
+    ns: int = 0
+
+    def add(self, ns: int, count: int = 1) -> None:
+        self.count += count
+        self.ns += ns
+
+    def as_json(self) -> dict[str, int]:
+        return {"count": self.count, "ns": self.ns}
+
+
+@dataclass
+class _BatchStat:
+    compute_input: _Duration = field(default_factory=_Duration)
+    compute_infer: _Duration = field(default_factory=_Duration)
+    compute_output: _Duration = field(default_factory=_Duration)
+
+
+class VersionStats:
+    def __init__(self, model: str, version: str) -> None:
+        self.model = model
+        self.version = version
+        self._lock = threading.Lock()
+        self.success = _Duration()
+        self.fail = _Duration()
+        self.queue = _Duration()
+        self.compute_input = _Duration()
+        self.compute_infer = _Duration()
+        self.compute_output = _Duration()
+        self.inference_count = 0
+        self.execution_count = 0
+        self.last_inference_ms = 0
+        self._batches: dict[int, _BatchStat] = {}
+        self.latency_counts = [0] * (len(LATENCY_BUCKETS_S) + 1)
+        self.latency_sum_ns = 0
+
+    def record_execution(self, batch_size: int, requests: int, input_ns: int, infer_ns: int,
+                         output_ns: int) -> None:
+        """One backend execution covering ``requests`` requests and ``batch_size`` inferences."""
+        with self._lock:
+            self.execution_count += 1
+            self.inference_count += batch_size
+            self.compute_input.add(input_ns * requests, requests)
+            self.compute_infer.add(infer_ns * requests, requests)
+            self.compute_output.add(output_ns * requests, requests)
+            batch = self._batches.get(batch_size)
+            if batch is None:
+                batch = self._batches[batch_size] = _BatchStat()
+            batch.compute_input.add(input_ns)
+            batch.compute_infer.add(infer_ns)
+            batch.compute_output.add(output_ns)
+            self.last_inference_ms = time.time_ns() // 1_000_000
+
+    def record_request(self, ok: bool, total_ns: int, queue_ns: int) -> None:
+        with self._lock:
+            if ok:
+                self.success.add(total_ns)
+                self.queue.add(queue_ns)
+                self.latency_counts[bisect.bisect_left(LATENCY_BUCKETS_S, total_ns / 1e9)] += 1
+                self.latency_sum_ns += total_ns
+            else:
+                self.fail.add(total_ns)
+
+    def as_json(self) -> dict[str, Any]:
+        """Triton's ModelStatistics JSON for this version."""
+        with self._lock:
+            return {
+                "name": self.model,
+                "version": self.version,
+                "last_inference": self.last_inference_ms,
+                "inference_count": self.inference_count,
+                "execution_count": self.execution_count,
+                "inference_stats": {
+                    "success": self.success.as_json(), "fail": self.fail.as_json(),
+                    "queue": self.queue.as_json(), "compute_input": self.compute_input.as_json(),
+                    "compute_infer": self.compute_infer.as_json(),
+                    "compute_output": self.compute_output.as_json(),
+                    "cache_hit": {"count": 0, "ns": 0}, "cache_miss": {"count": 0, "ns": 0},
+                },
+                "response_stats": {},
+                "batch_stats": [
+                    {"batch_size": size, "compute_input": b.compute_input.as_json(),
+                     "compute_infer": b.compute_infer.as_json(), "compute_output": b.compute_output.as_json()}
+                    for size, b in sorted(self._batches.items())
+                ],
+                "memory_usage": [],
+            }
+
+    def latency_histogram(self) -> tuple[list[int], int, int]:
+        """(cumulative-free bucket counts, sum ns, count) for Prometheus rendering."""
+        with self._lock:
+            return list(self.latency_counts), self.latency_sum_ns, self.success.count

@@ -1,0 +1,128 @@
+"""One version of one model: its config, instances, scheduler, validator, statistics and lifecycle."""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from edged.backends import Backend, ModelInstance
+from edged.engine.lifecycle import Lifecycle, ModelState
+from edged.engine.scheduler import Done, Scheduler
+from edged.engine.stats import VersionStats
+from edged.engine.types import InferRequest
+from edged.engine.validation import RequestValidator
+from edged.engine.warmup import warmup_samples
+from edged.errors import EdgedError, ModelLoadError, ModelNotReady
+from edged.repository.model_config import ModelConfig
+
+log = logging.getLogger(__name__)
+
+
+class ModelVersion:
+    def __init__(self, config: ModelConfig, version: int, model_dir: Path, max_elements: int) -> None:
+        self.config = config
+        self.version = version
+        self.version_str = str(version)
+        self.model_dir = model_dir
+        self.path = model_dir / str(version) / config.model_filename
+        self.lifecycle = Lifecycle()
+        self.stats = VersionStats(config.name, self.version_str)
+        self.validator = RequestValidator(config, max_elements)
+        self.instances: list[ModelInstance] = []
+        self.scheduler: Scheduler | None = None
+        self.exec_p50_us: float | None = None  # measured during warm-up; decides inline execution
+        self.footprint_bytes: int | None = None
+        self.load_seconds: float | None = None
+
+    @property
+    def state(self) -> ModelState:
+        return self.lifecycle.state
+
+    @property
+    def in_flight(self) -> int:
+        return self.scheduler.in_flight if self.scheduler else 0
+
+    @property
+    def last_used(self) -> float:
+        return self.scheduler.last_used if self.scheduler else 0.0
+
+    def load(self, backend: Backend, warmup: bool) -> None:
+        """Create the instances and warm them up; on failure the version is FAILED and holds nothing."""
+        started = time.monotonic()
+        try:
+            if not self.path.is_file():
+                raise ModelLoadError(f"model {self.config.name} version {self.version}: model file {self.path} "
+                                     "does not exist")
+            for index in range(self.config.instance_count):
+                self.instances.append(backend.load(self.path, self.config, index))
+            self.scheduler = Scheduler(self.config, self.version_str, self.instances, self.stats)
+            if warmup:
+                self._warm_up()
+        except EdgedError as e:
+            self._close_instances()
+            self.lifecycle.move(ModelState.FAILED, str(e))
+            raise
+        except Exception as e:  # a runtime raising something unexpected must not take the daemon down
+            self._close_instances()
+            reason = f"model {self.config.name} version {self.version}: load failed: {e}"
+            self.lifecycle.move(ModelState.FAILED, reason)
+            raise ModelLoadError(reason) from e
+        self.load_seconds = time.monotonic() - started
+        self.lifecycle.move(ModelState.READY)
+
+    def _warm_up(self) -> None:
+        samples = warmup_samples(self.config, self.model_dir)
+        output_names = [t.name for t in self.config.output]
+        timings: list[float] = []
+        for inputs, count in samples:
+            for instance in self.instances:
+                for _ in range(count + 2):  # two extra runs to time the steady state
+                    began = time.perf_counter_ns()
+                    try:
+                        instance.run(inputs, output_names)
+                    except EdgedError as e:
+                        raise ModelLoadError(f"model {self.config.name} version {self.version}: warm-up "
+                                             f"failed: {e}") from e
+                    timings.append((time.perf_counter_ns() - began) / 1000)
+        if timings:
+            self.exec_p50_us = statistics.median(timings[-3:])
+
+    def submit(self, request: InferRequest, done: Done, inline: bool) -> None:
+        scheduler = self.scheduler
+        if scheduler is None or self.lifecycle.state is not ModelState.READY:
+            raise ModelNotReady(f"model {self.config.name} version {self.version} is "
+                                f"{self.lifecycle.state.value.lower()}")
+        plan = self.validator.check(request)
+        scheduler.submit((scheduler.pending(request, plan, done),), inline)
+
+    def unload(self, timeout_s: float) -> None:
+        """Stop taking requests, finish queued ones within ``timeout_s``, then drop the instances."""
+        if self.lifecycle.state is ModelState.READY:
+            self.lifecycle.move(ModelState.UNLOADING)
+        if self.scheduler is not None and not self.scheduler.close(timeout_s):
+            log.warning("model %s version %s: requests still running after %.1f s; unloading anyway",
+                        self.config.name, self.version, timeout_s)
+        self._close_instances()
+        self.scheduler = None
+        if self.lifecycle.state is not ModelState.UNLOADED:
+            self.lifecycle.move(ModelState.UNLOADED, "unloaded")
+
+    def _close_instances(self) -> None:
+        for instance in self.instances:
+            try:
+                instance.close()
+            except Exception:
+                log.exception("model %s: closing an instance failed", self.config.name)
+        for instance in self.instances:
+            try:
+                instance.release_memory()
+            except Exception:
+                log.exception("model %s: releasing memory failed", self.config.name)
+        self.instances = []
+
+    def describe_instances(self) -> list[dict[str, Any]]:
+        return [{"device": i.info.device, "providers": list(i.info.providers), "fallback": i.info.fallback,
+                 **i.info.details} for i in self.instances]

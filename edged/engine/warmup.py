@@ -1,0 +1,67 @@
+"""Warm-up inputs: from the config's ``model_warmup`` entries, or generated from the input specs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edged.engine.types import Array
+from edged.errors import ModelLoadError
+from edged.repository.datatypes import TRITON_TO_NUMPY
+from edged.repository.model_config import ModelConfig, WarmupInput
+
+
+def warmup_samples(config: ModelConfig, model_dir: Path) -> list[tuple[dict[str, Array], int]]:
+    """(inputs, repeat count) pairs to run before a version is ready; empty when inputs cannot be made up."""
+    if config.model_warmup:
+        return [(_from_entry(config, entry.inputs, entry.batch_size, model_dir), max(1, entry.count))
+                for entry in config.model_warmup]
+    generated: dict[str, Array] = {}
+    for spec in config.input:
+        if spec.data_type not in TRITON_TO_NUMPY or spec.data_type == "TYPE_STRING" or spec.optional:
+            return []  # no safe made-up value (strings, optional inputs): skip generated warm-up
+        dims = [1 if d < 0 else d for d in spec.dims]
+        shape = [1, *dims] if config.max_batch_size > 0 else dims
+        generated[spec.name] = np.zeros(shape, dtype=TRITON_TO_NUMPY[spec.data_type])
+    return [(generated, 1)] if generated else []
+
+
+def _from_entry(config: ModelConfig, inputs: dict[str, WarmupInput], batch_size: int,
+                model_dir: Path) -> dict[str, Array]:
+    arrays: dict[str, Array] = {}
+    rng = np.random.default_rng(0)
+    for name, spec in inputs.items():
+        dtype = TRITON_TO_NUMPY.get(spec.data_type)
+        if dtype is None:
+            raise ModelLoadError(f"model {config.name}: warm-up input {name!r} has unsupported type {spec.data_type}")
+        shape = [d if d > 0 else 1 for d in spec.dims]
+        if config.max_batch_size > 0:
+            shape = [max(1, batch_size), *shape]
+        arrays[name] = _warmup_array(config, name, spec, shape, dtype, rng, model_dir)
+    return arrays
+
+
+def _warmup_array(config: ModelConfig, name: str, spec: WarmupInput, shape: list[int], dtype: Any,
+                  rng: np.random.Generator, model_dir: Path) -> Array:
+    if spec.source == "zero_data":
+        return np.zeros(shape, dtype=dtype)
+    if spec.source == "random_data":
+        if dtype.kind == "f":
+            return rng.random(shape).astype(dtype)
+        if dtype.kind in "iub":
+            return rng.integers(0, 2, size=shape).astype(dtype)
+        return np.zeros(shape, dtype=dtype)
+    path = model_dir / "warmup" / spec.input_data_file  # Triton's location for input_data_file
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ModelLoadError(f"model {config.name}: warm-up input {name!r}: cannot read {path}: {e.strerror}") from e
+    count = int(np.prod(shape))
+    data = np.frombuffer(raw, dtype=dtype)
+    if data.size < count:
+        raise ModelLoadError(f"model {config.name}: warm-up file {path} holds {data.size} elements, expected "
+                             f"{count} for shape {shape}")
+    result: Array = data[:count].reshape(shape).copy()
+    return result

@@ -1,0 +1,327 @@
+"""Encode and decode KServe v2 inference requests and responses.
+
+JSON tensors carry ``data`` as a flat row-major list (nested lists are accepted and flattened, as Triton
+does). With the binary-data extension the JSON header is followed by raw tensor bytes: the header's length is
+the ``Inference-Header-Content-Length`` HTTP header (or its MQTT equivalent), and each binary tensor's
+``parameters.binary_data_size`` gives its byte count, in the order of the tensors. BYTES elements are each
+prefixed with a 4-byte little-endian length, both in binary data and in responses.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import orjson
+
+from edged.errors import InvalidInput, PayloadTooLarge
+from edged.protocol.datatypes import kserve_datatype, numpy_for
+
+Array = np.ndarray[Any, Any]
+
+_LENGTH = struct.Struct("<I")
+
+
+@dataclass(frozen=True)
+class OutputRequest:
+    name: str
+    binary_data: bool | None = None
+    class_count: int = 0
+
+
+@dataclass
+class DecodedRequest:
+    """The fields of an infer request; front ends turn them into the engine's InferRequest."""
+
+    inputs: dict[str, Array]
+    outputs: tuple[OutputRequest, ...] = ()
+    id: str = ""
+    parameters: dict[str, Any] = field(default_factory=dict)
+    priority: int = 0
+    timeout_us: int = 0
+    binary_outputs: dict[str, bool] = field(default_factory=dict)  # per-output binary_data flags
+    binary_default: bool = False  # request-level parameters.binary_data_output
+
+
+class ResponseLike(Protocol):
+    model: str
+    version: str
+    id: str
+    outputs: dict[str, Array]
+    parameters: dict[str, Any]
+
+
+def decode_request(body: bytes, header_length: int | None,
+                   max_elements: int = 64 * 1024 * 1024) -> DecodedRequest:
+    """Parse an infer request body; every problem is an InvalidInput naming the tensor and the field."""
+    if header_length is not None and not 0 < header_length <= len(body):
+        raise InvalidInput(f"Inference-Header-Content-Length is {header_length} but the body has {len(body)} "
+                           "bytes")
+    header_bytes = body if header_length is None else body[:header_length]
+    try:
+        doc = orjson.loads(header_bytes)
+    except orjson.JSONDecodeError as e:
+        raise InvalidInput(f"request body is not valid JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise InvalidInput("request body must be a JSON object with an \"inputs\" list")
+    raw_inputs = doc.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise InvalidInput("request must have a non-empty \"inputs\" list")
+    binary = memoryview(body)[header_length:] if header_length is not None else memoryview(b"")
+    offset = 0
+    inputs: dict[str, Array] = {}
+    for entry in raw_inputs:
+        name, array, used = _decode_input(entry, binary, offset, max_elements)
+        if name in inputs:
+            raise InvalidInput(f"input {name!r} appears twice in the request")
+        inputs[name] = array
+        offset += used
+    if offset != len(binary):
+        raise InvalidInput(f"binary data is {len(binary)} bytes but the inputs' binary_data_size add up to "
+                           f"{offset}")
+    outputs, flags = _decode_outputs(doc.get("outputs"))
+    params = doc.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise InvalidInput("request \"parameters\" must be a JSON object")
+    return DecodedRequest(inputs, outputs, _request_id(doc), params, _int_param(params, "priority"),
+                          _int_param(params, "timeout"), flags, bool(params.get("binary_data_output", False)))
+
+
+def _request_id(doc: Mapping[str, Any]) -> str:
+    value = doc.get("id", "")
+    if not isinstance(value, str):
+        raise InvalidInput(f"request \"id\" must be a string, found {type(value).__name__}")
+    return value
+
+
+def _int_param(params: Mapping[str, Any], key: str) -> int:
+    value = params.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidInput(f"request parameter {key!r} must be a non-negative integer, found {value!r}")
+    return value
+
+
+def _shape(entry: Mapping[str, Any], name: str) -> tuple[int, ...]:
+    shape = entry.get("shape")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                              for d in shape):
+        raise InvalidInput(f"input {name!r}: \"shape\" must be a list of non-negative integers, found {shape!r}")
+    return tuple(shape)
+
+
+def _decode_input(entry: Any, binary: memoryview, offset: int, max_elements: int) -> tuple[str, Array, int]:
+    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+        raise InvalidInput("each input must be an object with a string \"name\"")
+    name: str = entry["name"]
+    shape = _shape(entry, name)
+    datatype = entry.get("datatype")
+    if not isinstance(datatype, str):
+        raise InvalidInput(f"input {name!r}: \"datatype\" must be a string such as \"FP32\"")
+    dtype = numpy_for(datatype, name)
+    count = 1
+    for dim in shape:
+        count *= dim
+    if count > max_elements:
+        raise PayloadTooLarge(f"input {name!r} has {count} elements, more than the limit of {max_elements}")
+    params = entry.get("parameters") or {}
+    size = params.get("binary_data_size") if isinstance(params, dict) else None
+    if size is not None:
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise InvalidInput(f"input {name!r}: binary_data_size must be a non-negative integer")
+        if offset + size > len(binary):
+            raise InvalidInput(f"input {name!r}: binary_data_size {size} goes past the end of the body "
+                               f"({len(binary) - offset} bytes left)")
+        chunk = binary[offset:offset + size]
+        return name, _from_binary(name, chunk, dtype, shape, count), size
+    if "data" not in entry:
+        raise InvalidInput(f"input {name!r} has neither \"data\" nor parameters.binary_data_size")
+    return name, _from_json(name, entry["data"], dtype, datatype, shape, count), 0
+
+
+def _from_binary(name: str, chunk: memoryview, dtype: np.dtype[Any], shape: tuple[int, ...],
+                 count: int) -> Array:
+    if dtype.kind == "O":
+        return _bytes_elements(name, chunk, count).reshape(shape)
+    expected = count * dtype.itemsize
+    if len(chunk) != expected:
+        raise InvalidInput(f"input {name!r}: binary_data_size is {len(chunk)} bytes, expected {expected} for "
+                           f"shape {list(shape)} of {dtype.name}")
+    array: Array = np.frombuffer(chunk, dtype=dtype.newbyteorder("<")).reshape(shape)
+    return array
+
+
+def _bytes_elements(name: str, chunk: memoryview, count: int) -> Array:
+    items: list[bytes] = []
+    position = 0
+    raw = bytes(chunk)
+    while position < len(raw):
+        if position + 4 > len(raw):
+            raise InvalidInput(f"input {name!r}: truncated BYTES element length at byte {position}")
+        (length,) = _LENGTH.unpack_from(raw, position)
+        position += 4
+        if position + length > len(raw):
+            raise InvalidInput(f"input {name!r}: BYTES element of {length} bytes runs past the data")
+        items.append(raw[position:position + length])
+        position += length
+    if len(items) != count:
+        raise InvalidInput(f"input {name!r}: found {len(items)} BYTES elements, expected {count} for its shape")
+    array = np.empty(count, dtype=object)
+    array[:] = items
+    return array
+
+
+def _from_json(name: str, data: Any, dtype: np.dtype[Any], datatype: str, shape: tuple[int, ...],
+               count: int) -> Array:
+    if not isinstance(data, list):
+        data = [data]
+    try:
+        if dtype.kind == "O":
+            flat = np.empty(count, dtype=object)
+            values = np.asarray(data, dtype=object).ravel()
+            if values.size != count:
+                raise InvalidInput(f"input {name!r}: {values.size} values for shape {list(shape)} "
+                                   f"({count} elements)")
+            flat[:] = [v.encode() if isinstance(v, str) else v for v in values]
+            return flat.reshape(shape)
+        array = np.asarray(data)
+    except ValueError:
+        raise InvalidInput(f"input {name!r}: \"data\" is not a regular list of {datatype} values") from None
+    if array.dtype.kind not in "biuf":
+        raise InvalidInput(f"input {name!r}: \"data\" holds {array.dtype.kind!r}-kind values, expected "
+                           f"{datatype} numbers")
+    if array.size != count:
+        raise InvalidInput(f"input {name!r}: {array.size} values for shape {list(shape)} ({count} elements)")
+    if dtype.kind in "iu" and array.dtype.kind == "f":
+        raise InvalidInput(f"input {name!r}: \"data\" holds fractional numbers, expected {datatype}")
+    try:
+        with np.errstate(over="raise", invalid="raise"):
+            converted: Array = array.astype(dtype, casting="unsafe").reshape(shape)
+    except (FloatingPointError, OverflowError):
+        raise InvalidInput(f"input {name!r}: a value does not fit in {datatype}") from None
+    if dtype.kind in "iu" and not np.array_equal(converted.ravel(), array.ravel()):
+        raise InvalidInput(f"input {name!r}: a value does not fit in {datatype}")
+    return converted
+
+
+def _decode_outputs(raw: Any) -> tuple[tuple[OutputRequest, ...], dict[str, bool]]:
+    if raw is None:
+        return (), {}
+    if not isinstance(raw, list):
+        raise InvalidInput("request \"outputs\" must be a list")
+    outputs = []
+    flags: dict[str, bool] = {}
+    for entry in raw:
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            raise InvalidInput("each requested output must be an object with a string \"name\"")
+        params = entry.get("parameters") or {}
+        if not isinstance(params, dict):
+            raise InvalidInput(f"output {entry['name']!r}: \"parameters\" must be an object")
+        binary = params.get("binary_data")
+        classes = params.get("classification", 0)
+        if isinstance(classes, bool) or not isinstance(classes, int) or classes < 0:
+            raise InvalidInput(f"output {entry['name']!r}: classification must be a non-negative integer")
+        if binary is not None:
+            flags[entry["name"]] = bool(binary)
+        outputs.append(OutputRequest(entry["name"], None if binary is None else bool(binary), classes))
+    return tuple(outputs), flags
+
+
+# --- responses -----------------------------------------------------------------------------------------------
+def encode_response(response: ResponseLike, binary_outputs: Mapping[str, bool], binary_default: bool,
+                    datatypes: Mapping[str, str] | None = None) -> tuple[bytes, int | None]:
+    """(body, header length or None when all outputs are JSON)."""
+    entries: list[dict[str, Any]] = []
+    chunks: list[bytes] = []
+    for name, array in response.outputs.items():
+        datatype = (datatypes or {}).get(name) or kserve_datatype(array)
+        entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
+        if binary_outputs.get(name, binary_default):
+            raw = _to_binary(array)
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            chunks.append(raw)
+        else:
+            entry["data"] = _to_json_data(array)
+        entries.append(entry)
+    doc: dict[str, Any] = {"model_name": response.model, "model_version": response.version, "outputs": entries}
+    if response.id:
+        doc["id"] = response.id
+    if response.parameters:
+        doc["parameters"] = response.parameters
+    header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+    if not chunks:
+        return header, None
+    return b"".join([header, *chunks]), len(header)
+
+
+def _to_binary(array: Array) -> bytes:
+    if array.dtype.kind in "OSU":
+        parts = []
+        for item in array.ravel():
+            raw = item.encode() if isinstance(item, str) else bytes(item)
+            parts.append(_LENGTH.pack(len(raw)))
+            parts.append(raw)
+        return b"".join(parts)
+    return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+
+
+def _to_json_data(array: Array) -> Any:
+    if array.dtype.kind in "OSU":
+        return [item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item) for item in array.ravel()]
+    if array.dtype.kind in "biuf" and array.dtype != np.float16:
+        return np.ascontiguousarray(array).ravel()  # orjson serialises numpy natively
+    return array.ravel().tolist()
+
+
+def error_body(message: str) -> bytes:
+    return orjson.dumps({"error": message})
+
+
+# --- client side ---------------------------------------------------------------------------------------------
+def encode_request(inputs: Mapping[str, Array], outputs: Sequence[str] = (), binary: bool = True,
+                   request_id: str = "", parameters: Mapping[str, Any] | None = None) -> tuple[bytes, int | None]:
+    """Build an infer request body (binary-data extension unless ``binary`` is False)."""
+    entries: list[dict[str, Any]] = []
+    chunks: list[bytes] = []
+    for name, array in inputs.items():
+        entry: dict[str, Any] = {"name": name, "datatype": kserve_datatype(array), "shape": list(array.shape)}
+        if binary:
+            raw = _to_binary(array)
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            chunks.append(raw)
+        else:
+            entry["data"] = _to_json_data(array)
+        entries.append(entry)
+    doc: dict[str, Any] = {"inputs": entries}
+    if request_id:
+        doc["id"] = request_id
+    params = dict(parameters or {})
+    if binary:
+        params["binary_data_output"] = True
+    if params:
+        doc["parameters"] = params
+    if outputs:
+        doc["outputs"] = [{"name": o, "parameters": {"binary_data": binary}} for o in outputs]
+    header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+    if not chunks:
+        return header, None
+    return b"".join([header, *chunks]), len(header)
+
+
+def decode_response(body: bytes, header_length: int | None) -> tuple[dict[str, Any], dict[str, Array]]:
+    """(the JSON document, outputs as numpy arrays) from an infer response body."""
+    header = body if header_length is None else body[:header_length]
+    try:
+        doc = orjson.loads(header)
+    except orjson.JSONDecodeError as e:
+        raise InvalidInput(f"response is not valid JSON: {e}") from None
+    binary = memoryview(body)[header_length:] if header_length is not None else memoryview(b"")
+    offset = 0
+    outputs: dict[str, Array] = {}
+    for entry in doc.get("outputs", []):
+        name, array, used = _decode_input(entry, binary, offset, 1 << 62)
+        outputs[name] = array
+        offset += used
+    return doc, outputs
