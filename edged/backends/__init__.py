@@ -7,6 +7,7 @@ without onnxruntime, torch or TensorRT installed.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 
 from edged.backends.base import Backend, InstanceInfo, ModelInstance
 from edged.errors import BackendUnavailable
@@ -20,13 +21,20 @@ BACKENDS: dict[str, str] = {
 }
 
 
-def load_backend(name: str) -> Backend:
-    """Instantiate the backend called ``name`` (a Triton backend name such as "onnxruntime")."""
-    target = BACKENDS.get(name)
+def load_backend(name: str, extra: Mapping[str, str] | None = None) -> Backend:
+    """Instantiate the backend called ``name`` (a Triton backend name such as "onnxruntime").
+
+    ``extra`` maps further names to "module:Class" (the ``[models] backends`` config table).
+    """
+    table = {**BACKENDS, **(extra or {})}
+    target = table.get(name)
     if target is None:
-        known = ", ".join(sorted(BACKENDS))
+        known = ", ".join(sorted(table))
         raise BackendUnavailable(f"unknown backend {name!r}: edged supports {known}")
-    module_name, class_name = target.split(":")
-    module = importlib.import_module(module_name)
-    backend: Backend = getattr(module, class_name)()
+    module_name, _, class_name = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+        backend: Backend = getattr(module, class_name)()
+    except (ImportError, AttributeError) as e:
+        raise BackendUnavailable(f"backend {name!r} ({target}) cannot be loaded: {e}") from e
     return backend

@@ -17,6 +17,7 @@ from typing import Any
 from edged.backends import Backend
 from edged.config import ModelsConfig
 from edged.engine.lifecycle import ModelState
+from edged.engine.memory_governor import MemoryGovernor
 from edged.engine.version import ModelVersion
 from edged.errors import EdgedError, ModelLoadError, ModelNotFound, ModelNotReady, Unavailable
 from edged.repository import (
@@ -54,7 +55,8 @@ class ModelRecord:
 
 class Registry:
     def __init__(self, root: Path, settings: ModelsConfig, max_elements: int,
-                 backend_loader: Callable[[str], Backend], memory: Any, unload_timeout_s: float) -> None:
+                 backend_loader: Callable[[str], Backend], memory: MemoryGovernor | None,
+                 unload_timeout_s: float) -> None:
         self._root = root
         self._settings = settings
         self._max_elements = max_elements
@@ -63,6 +65,7 @@ class Registry:
         self._unload_timeout_s = unload_timeout_s
         self._records: dict[str, ModelRecord] = {}
         self._lazy: set[str] = set()
+        self._backends: dict[str, Backend] = {}
         self._lock = threading.RLock()
         self.started = False
 
@@ -175,7 +178,9 @@ class Registry:
         if not runtime:
             raise ModelLoadError(f"model {record.name}: no config.pbtxt platform/backend and no model file "
                                  f"edged recognises in {model_dir} (model.onnx, model.plan, model.pt, model.pt2)")
-        backend = self._backend_loader(runtime)
+        backend = self._backends.get(runtime)
+        if backend is None:  # one backend object per runtime: TensorRT's scratch area is shared through it
+            backend = self._backends[runtime] = self._backend_loader(runtime)
         config = self._complete(record.name, config, runtime, backend, model_dir, available)
         wanted = select_versions(config.version_policy, available)
         if not wanted:
@@ -218,7 +223,7 @@ class Registry:
         record.error = ""
         for number, version in old.items():
             if record.versions.get(number) is not version:
-                version.unload(self._unload_timeout_s)
+                self._unload_version(version, self._unload_timeout_s, forget=number not in fresh)
         self._after_unload()
         if errors:
             log.warning("model %s: some versions failed to load: %s", record.name, "; ".join(errors))
@@ -229,9 +234,18 @@ class Registry:
             version.load(backend, self._settings.warmup)
             return
         memory.before_load(version, self._eviction_candidates, self._evict)
-        with memory.measure() as footprint:
-            version.load(backend, self._settings.warmup)
-        memory.after_load(version, footprint)
+        try:
+            with memory.measure() as probe:
+                version.load(backend, self._settings.warmup)
+        except BaseException:
+            memory.forget(version)
+            raise
+        memory.after_load(version, probe)
+
+    def _unload_version(self, version: ModelVersion, timeout_s: float, forget: bool = True) -> None:
+        version.unload(timeout_s)
+        if self._memory is not None and forget:  # a reloaded version number keeps the new copy's charge
+            self._memory.forget(version)
 
     def _eviction_candidates(self) -> list[ModelVersion]:
         return [v for r in self._records.values() for v in r.ready_versions()]
@@ -240,7 +254,7 @@ class Registry:
         record = self._records.get(version.config.name)
         log.info("evicting model %s version %s to make room (least recently used)", version.config.name,
                  version.version)
-        version.unload(self._unload_timeout_s)
+        self._unload_version(version, self._unload_timeout_s)
         if record is not None:
             record.versions.pop(version.version, None)
             if not record.versions:
@@ -259,12 +273,12 @@ class Registry:
                     return
                 raise ModelNotFound(f"unknown model: {name!r} is not loaded")
             for version in record.all_versions():
-                version.unload(self._unload_timeout_s)
+                self._unload_version(version, self._unload_timeout_s)
             self._after_unload()
 
     def _after_unload(self) -> None:
         if self._memory is not None:
-            self._memory.after_unload()
+            self._memory.release()
 
     def poll(self) -> None:
         with self._lock:
@@ -287,8 +301,13 @@ class Registry:
         with self._lock:
             for record in list(self._records.values()):
                 for version in record.all_versions():
-                    version.unload(timeout_s)
+                    self._unload_version(version, timeout_s)
             self._records.clear()
+            for backend in self._backends.values():
+                close = getattr(backend, "close", None)  # optional: backends holding process-wide memory
+                if callable(close):
+                    close()
+            self._backends.clear()
             self._after_unload()
 
 

@@ -71,6 +71,7 @@ class Scheduler:
         self._delay_ns = batching.max_queue_delay_microseconds * 1000 if batching else 0
         self._output_names = [t.name for t in config.output]
         self._workers: list[threading.Thread] = []
+        self._running_since: dict[int, int] = {}  # id(instance) → perf_counter_ns when its execution began
         self._closed = False
         self.last_used = time.monotonic()
 
@@ -117,6 +118,11 @@ class Scheduler:
     @property
     def in_flight(self) -> int:
         return self._queued + self._executing
+
+    def longest_execution_s(self) -> float:
+        """How long the longest execution now running has taken (0 when idle); the watchdog reads it."""
+        started = list(self._running_since.values())
+        return (time.perf_counter_ns() - min(started)) / 1e9 if started else 0.0
 
     # --- executors -----------------------------------------------------------------------------------------
     def _drain_inline(self, instance: ModelInstance, own: Sequence[Pending]) -> None:
@@ -250,6 +256,13 @@ class Scheduler:
     # --- execution -----------------------------------------------------------------------------------------
     def _execute(self, instance: ModelInstance, batch: list[Pending]) -> None:
         start = time.perf_counter_ns()
+        self._running_since[id(instance)] = start
+        try:
+            self._execute_batch(instance, batch, start)
+        finally:
+            self._running_since.pop(id(instance), None)
+
+    def _execute_batch(self, instance: ModelInstance, batch: list[Pending], start: int) -> None:
         try:
             inputs = batch[0].plan.inputs if len(batch) == 1 else _concatenate(batch)
             merged = time.perf_counter_ns()
@@ -258,7 +271,7 @@ class Scheduler:
         except Exception as e:
             if len(batch) > 1:  # find the culprit: each request alone, so only a bad one fails
                 for item in batch:
-                    self._execute(instance, [item])
+                    self._execute_batch(instance, [item], time.perf_counter_ns())
                 return
             error = e if isinstance(e, EdgedError) else InferenceFailed(f"model {self._config.name}: {e}")
             if not isinstance(e, EdgedError):

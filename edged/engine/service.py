@@ -17,6 +17,7 @@ from edged import __version__
 from edged.backends import Backend, load_backend
 from edged.config import ModelsConfig
 from edged.engine.lifecycle import ModelState
+from edged.engine.memory_governor import MemoryGovernor
 from edged.engine.metadata import model_metadata
 from edged.engine.registry import ModelRecord, Registry
 from edged.engine.scheduler import Done
@@ -33,10 +34,16 @@ EXTENSIONS = ("classification", "model_repository", "model_configuration", "syst
 
 class InferenceService:
     def __init__(self, repository: Path, models: ModelsConfig, *, max_elements: int = 64 * 1024 * 1024,
-                 backend_loader: Callable[[str], Backend] = load_backend,
-                 memory: Any = None, unload_timeout_s: float = 10.0) -> None:
+                 backend_loader: Callable[[str], Backend] | None = None,
+                 memory: MemoryGovernor | None = None, unload_timeout_s: float = 10.0) -> None:
         self.repository = repository
         self.settings = models
+        self.memory = memory
+        if backend_loader is None:
+            extra = dict(models.backends)
+
+            def backend_loader(name: str) -> Backend:
+                return load_backend(name, extra)
         self._registry = Registry(repository, models, max_elements, backend_loader, memory, unload_timeout_s)
         self._closed = False
 
@@ -122,6 +129,15 @@ class InferenceService:
             compute = doc["inference_stats"]["compute_infer"]["ns"]
             activity[version.config.name] = (count + doc["inference_count"], ns + compute)
         return activity
+
+    def stalled(self, limit_s: float) -> list[str]:
+        """Model versions with an execution running longer than ``limit_s``: a wedged backend."""
+        stalled = []
+        for version in self.loaded_versions():
+            scheduler = version.scheduler
+            if scheduler is not None and scheduler.longest_execution_s() > limit_s:
+                stalled.append(f"{version.config.name}/{version.version}")
+        return stalled
 
     def server_metadata(self) -> dict[str, Any]:
         return {"name": "edged", "version": __version__, "extensions": list(EXTENSIONS)}

@@ -1,0 +1,103 @@
+"""The in-process transport: the engine called from threads, beside raw onnxruntime on the same model."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edged.bench._stats import Result, summarize
+from edged.config import ModelsConfig
+from edged.engine import InferenceService, InferRequest
+from edged.repository.datatypes import numpy_dtype
+
+
+def make_inputs(service: InferenceService, model: str, batch: int) -> dict[str, Any]:
+    config = service.model_config(model)
+    rng = np.random.default_rng(0)
+    inputs = {}
+    for spec in config.input:
+        dims = [d if d > 0 else 1 for d in spec.dims]
+        shape = [batch, *dims] if config.max_batch_size > 0 else dims
+        inputs[spec.name] = rng.random(shape).astype(numpy_dtype(spec.data_type))
+    return inputs
+
+
+def start_service(repository: Path, model: str) -> InferenceService:
+    service = InferenceService(repository, ModelsConfig(control_mode="explicit", startup_models=(model,)))
+    service.start()
+    return service
+
+
+def set_batching(service: InferenceService, model: str, enabled: bool) -> None:
+    """Reload ``model`` with dynamic batching on (as configured, or an empty block) or off."""
+    config = service.model_config(model)
+    if enabled:
+        from edged.repository.model_config import DynamicBatching
+        config = dataclasses.replace(config, dynamic_batching=config.dynamic_batching or DynamicBatching())
+    else:
+        config = dataclasses.replace(config, dynamic_batching=None)
+    service.load_model(model, config)
+
+
+def run_engine(service: InferenceService, label: str, model: str, inputs: dict[str, Any], concurrency: int,
+               duration_s: float, batch: int) -> Result:
+    latencies: list[list[float]] = [[] for _ in range(concurrency)]
+    errors = [0] * concurrency
+    start_line = threading.Barrier(concurrency + 1)
+    deadline = [0.0]
+
+    def worker(index: int) -> None:
+        own = latencies[index]
+        start_line.wait()
+        end = deadline[0]
+        clock = time.perf_counter
+        while True:
+            began = clock()
+            if began >= end:
+                return
+            try:
+                service.infer(InferRequest(model, inputs))
+            except Exception:
+                errors[index] += 1
+                continue
+            own.append((clock() - began) * 1e6)
+
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(concurrency)]
+    for thread in threads:
+        thread.start()
+    deadline[0] = time.perf_counter() + duration_s
+    began = time.perf_counter()
+    start_line.wait()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - began
+    merged = [value for own in latencies for value in own]
+    return summarize(label, "inproc", model, concurrency, batch, merged, sum(errors), elapsed)
+
+
+def run_raw_onnxruntime(model_path: Path, label: str, model: str, inputs: dict[str, Any], duration_s: float,
+                        batch: int) -> Result:
+    """The physical limit: a bare ``session.run`` loop with the same thread settings as edged's default."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    latencies: list[float] = []
+    clock = time.perf_counter
+    end = clock() + duration_s
+    began_all = clock()
+    while True:
+        began = clock()
+        if began >= end:
+            break
+        session.run(names, inputs)
+        latencies.append((clock() - began) * 1e6)
+    return summarize(label, "raw-onnxruntime", model, 1, batch, latencies, 0, clock() - began_all)

@@ -1,0 +1,103 @@
+"""Runs scenarios over their transports and collects results, with progress on stderr."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from edged.bench._inproc import make_inputs, run_engine, run_raw_onnxruntime, set_batching, start_service
+from edged.bench._scenario import Scenario
+from edged.bench._socket import remote_inputs, run_socket, wait_ready
+from edged.bench._stats import Result
+from edged.errors import ConfigError
+
+Progress = Callable[[str], None]
+
+
+def run_inproc(scenario: Scenario, repository: Path, progress: Progress) -> list[Result]:
+    service = start_service(repository, scenario.model)
+    results: list[Result] = []
+    try:
+        inputs = make_inputs(service, scenario.model, scenario.batch)
+        variants = {"both": (True, False), "on": (True,), "off": (False,)}.get(scenario.batching, (None,))
+        for batching in variants:
+            if batching is not None:
+                set_batching(service, scenario.model, batching)
+            suffix = "" if batching is None else (" batching" if batching else " no-batching")
+            for concurrency in scenario.concurrency:
+                progress(f"{scenario.label}{suffix}: concurrency {concurrency} for {scenario.duration_s:.0f} s")
+                run_engine(service, "warm-up", scenario.model, inputs, concurrency, scenario.warmup_s,
+                           scenario.batch)
+                results.append(run_engine(service, scenario.label + suffix, scenario.model, inputs, concurrency,
+                                          scenario.duration_s, scenario.batch))
+        version = service.version_info(scenario.model)
+        if scenario.compare_raw and version.config.runtime == "onnxruntime":
+            progress(f"raw onnxruntime session.run on {scenario.model} for {scenario.duration_s:.0f} s")
+            run_raw_onnxruntime(version.path, "warm-up", scenario.model, inputs, scenario.warmup_s, scenario.batch)
+            results.append(run_raw_onnxruntime(version.path, f"raw onnxruntime {scenario.model}", scenario.model,
+                                               inputs, scenario.duration_s, scenario.batch))
+    finally:
+        service.close()
+    return results
+
+
+def run_remote(scenario: Scenario, target: dict[str, Any], progress: Progress) -> list[Result]:
+    inputs = remote_inputs(target, scenario.model, scenario.batch)
+    results = []
+    for concurrency in scenario.concurrency:
+        progress(f"{scenario.label}: concurrency {concurrency} for {scenario.duration_s:.0f} s")
+        run_socket("warm-up", scenario.transport, target, scenario.model, inputs, concurrency, scenario.warmup_s,
+                   scenario.batch)
+        results.append(run_socket(scenario.label, scenario.transport, target, scenario.model, inputs, concurrency,
+                                  scenario.duration_s, scenario.batch))
+    return results
+
+
+@contextlib.contextmanager
+def spawned_daemon(repository: Path, http_port: int | None) -> Iterator[dict[str, Any]]:
+    """A daemon in a child process on a private socket, for self-contained socket benchmarks."""
+    with tempfile.TemporaryDirectory(prefix="edged-bench-") as tmp:
+        sock = os.path.join(tmp, "edged.sock")
+        config = Path(tmp) / "edged.toml"
+        config.write_text('[telemetry]\nsource = "off"\n', encoding="utf-8")  # measure serving alone
+        command = [sys.executable, "-m", "edged", "serve", "--config", str(config), "--socket", sock,
+                   "--model-repository", str(repository), "--state-dir", tmp, "--log-level", "warning"]
+        if http_port:
+            command += ["--http-port", str(http_port)]
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+        try:
+            target: dict[str, Any] = {"unix": sock, "port": http_port}
+            wait_ready(target, 120)
+            yield target
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def run_all(scenarios: list[Scenario], repository: Path, target: dict[str, Any] | None,
+            progress: Progress) -> list[Result]:
+    results: list[Result] = []
+    for scenario in scenarios:
+        if scenario.transport == "inproc":
+            results += run_inproc(scenario, repository, progress)
+        elif scenario.transport in ("uds", "http"):
+            if target is None:
+                raise ConfigError(f"scenario {scenario.label}: transport {scenario.transport} needs a daemon: pass "
+                                  "--socket / --http-port, or --spawn")
+            remote = target if scenario.transport == "uds" else {"host": "127.0.0.1", "port": target.get("port")}
+            if scenario.transport == "http" and not remote["port"]:
+                raise ConfigError("transport http needs --http-port N (the daemon's loopback listener)")
+            results += run_remote(scenario, remote, progress)
+        else:
+            from edged.bench._mqtt import run_mqtt
+            results += run_mqtt(scenario, repository, progress)
+    return results

@@ -1,0 +1,54 @@
+"""Benchmark scenarios from command-line flags or a TOML file (``[[scenario]]`` tables)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from edged.config._loader import build
+from edged.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+Transport = Literal["inproc", "uds", "http", "mqtt"]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    model: str = "tiny_mlp"
+    transport: Transport = "inproc"
+    name: str = ""
+    concurrency: tuple[int, ...] = (1,)
+    batch: int = 1
+    duration_s: float = 5.0
+    warmup_s: float = 1.0
+    batching: Literal["config", "on", "off", "both"] = "config"
+    compare_raw: bool = True  # inproc: raw onnxruntime session.run on the same model in the same run
+
+    @property
+    def label(self) -> str:
+        return self.name or f"{self.transport} {self.model} b{self.batch}"
+
+
+@dataclass(frozen=True)
+class ScenarioFile:
+    scenario: tuple[Scenario, ...] = ()
+
+
+def load_scenarios(path: Path) -> list[Scenario]:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(f"cannot read scenario file {path}: {e}") from e
+    try:
+        scenarios = build(ScenarioFile, data).scenario
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from e
+    if not scenarios:
+        raise ConfigError(f"{path}: no [[scenario]] tables")
+    return list(scenarios)

@@ -1,0 +1,91 @@
+"""The socket transports (``uds`` and ``http``): a daemon measured from a separate client process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+from edged.bench._stats import Result, summarize
+from edged.errors import ClientError
+from edged.protocol import encode_request
+
+
+def run_socket(label: str, transport: str, target: dict[str, Any], model: str, inputs: dict[str, Any],
+               concurrency: int, duration_s: float, batch: int) -> Result:
+    body, header_length = encode_request(inputs, binary=True)
+    job = {**target, "model": model, "body_hex": body.hex(), "header_length": header_length,
+           "concurrency": concurrency, "duration_s": duration_s}
+    completed = subprocess.run([sys.executable, "-m", "edged.bench._socket_worker"], input=json.dumps(job),
+                               capture_output=True, text=True, timeout=duration_s + 60, check=False)
+    if completed.returncode != 0:
+        raise ClientError(f"load generator failed: {completed.stderr.strip()[-2000:]}")
+    result = json.loads(completed.stdout)
+    if result["errors"] and not result["latencies_us"]:
+        raise ClientError(f"every request failed ({result['first_error']}); is model {model} loaded?")
+    return summarize(label, transport, model, concurrency, batch, result["latencies_us"], result["errors"],
+                     result["seconds"])
+
+
+class _UnixConnection:
+    """The smallest GET over a Unix socket or TCP, for metadata and readiness before a run."""
+
+    def __init__(self, target: dict[str, Any]) -> None:
+        self.target = target
+
+    def get_json(self, path: str) -> Any:
+        import http.client
+        import socket
+
+        if self.target.get("unix"):
+            connection = http.client.HTTPConnection("edged", timeout=5)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(5)
+            sock.connect(self.target["unix"])
+            connection.sock = sock
+        else:
+            connection = http.client.HTTPConnection(self.target["host"], self.target["port"], timeout=5)
+        try:
+            connection.request("GET", path)
+            response = connection.getresponse()
+            body = response.read()
+            if response.status != 200:
+                raise ClientError(f"GET {path}: HTTP {response.status}: {body[:300]!r}")
+            return json.loads(body)
+        finally:
+            connection.close()
+
+
+def remote_inputs(target: dict[str, Any], model: str, batch: int) -> dict[str, Any]:
+    import numpy as np
+
+    from edged.protocol import KSERVE_TO_NUMPY
+
+    try:
+        metadata = _UnixConnection(target).get_json(f"/v2/models/{model}")
+    except OSError as e:
+        where = target.get("unix") or f"{target.get('host')}:{target.get('port')}"
+        raise ClientError(f"nothing answers on {where}: {e}; start the daemon (edged serve) or pass --spawn") from e
+    rng = np.random.default_rng(0)
+    inputs = {}
+    for spec in metadata["inputs"]:
+        shape = [d if d > 0 else 1 for d in spec["shape"]]
+        if spec["shape"] and spec["shape"][0] == -1:
+            shape[0] = batch
+        inputs[spec["name"]] = rng.random(shape).astype(KSERVE_TO_NUMPY[spec["datatype"]])
+    return inputs
+
+
+def wait_ready(target: dict[str, Any], timeout_s: float) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            _UnixConnection(target).get_json("/v2/health/ready")
+            return
+        except (OSError, ClientError, ValueError):
+            if time.monotonic() > deadline:
+                raise ClientError(f"the spawned daemon was not ready within {timeout_s:.0f} s") from None
+            time.sleep(0.1)

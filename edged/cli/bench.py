@@ -1,0 +1,83 @@
+"""``edged bench``: throughput and latency percentiles over a transport, next to raw onnxruntime."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "bench", help="measure throughput and latency over a transport",
+        description="Measure throughput and p50/p99/p999 latency at chosen concurrency levels. The inproc "
+        "transport runs the engine in this process beside a raw onnxruntime session.run loop on the same model; "
+        "uds and http measure a daemon from a separate client process; mqtt goes through a broker. Scenarios "
+        "come from flags or from a TOML file of [[scenario]] tables (the same keys as the flags).")
+    parser.add_argument("--scenarios", type=Path, metavar="FILE", help="TOML file with [[scenario]] tables")
+    parser.add_argument("--model", default="tiny_mlp")
+    parser.add_argument("--transport", choices=("inproc", "uds", "http", "mqtt"), default="inproc")
+    parser.add_argument("--concurrency", default="1", help="comma-separated levels, e.g. 1,4,16")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per measurement")
+    parser.add_argument("--batching", choices=("config", "on", "off", "both"), default="config",
+                        help="inproc: run with dynamic batching as configured, forced on, off, or both")
+    parser.add_argument("--no-raw", action="store_true", help="inproc: skip the raw onnxruntime comparison")
+    parser.add_argument("--model-repository", type=Path, help="repository for inproc and --spawn "
+                        "(default: the bundled sample models)")
+    parser.add_argument("--socket", help="uds: the daemon's socket (default: found as the other commands do)")
+    parser.add_argument("--http-port", type=int, help="http: the daemon's loopback port")
+    parser.add_argument("--spawn", action="store_true", help="start a private daemon for uds/http scenarios")
+    parser.add_argument("--json", type=Path, metavar="FILE", help="also write the results as JSON")
+    parser.set_defaults(handler=run)
+
+
+def _scenarios(args: argparse.Namespace) -> list[Any]:
+    from edged.bench import Scenario, load_scenarios
+    from edged.errors import ConfigError
+
+    if args.scenarios:
+        return load_scenarios(args.scenarios)
+    try:
+        levels = tuple(int(level) for level in args.concurrency.split(","))
+    except ValueError:
+        raise ConfigError(f"--concurrency: expected comma-separated integers, found {args.concurrency!r}") from None
+    return [Scenario(model=args.model, transport=args.transport, concurrency=levels, batch=args.batch,
+                     duration_s=args.duration, batching=args.batching, compare_raw=not args.no_raw)]
+
+
+def run(args: argparse.Namespace) -> int:
+    from edged.bench import run_all, spawned_daemon, table
+    from edged.daemon.paths import bundled_models
+
+    scenarios = _scenarios(args)
+    repository = args.model_repository or bundled_models()
+    needs_daemon = any(s.transport in ("uds", "http") for s in scenarios)
+
+    def progress(message: str) -> None:
+        print(f"edged bench: {message}", file=sys.stderr, flush=True)
+
+    with contextlib.ExitStack() as stack:
+        target = None
+        if needs_daemon and args.spawn:
+            progress("starting a private daemon")
+            target = stack.enter_context(spawned_daemon(repository, args.http_port))
+        elif needs_daemon:
+            target = {"unix": args.socket or _discover_socket(), "port": args.http_port}
+        results = run_all(scenarios, repository, target, progress)
+    print(table(results))
+    if args.json:
+        args.json.write_text(json.dumps([r.as_json() for r in results], indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+def _discover_socket() -> str:
+    from edged.client._discovery import find_sockets
+
+    search = find_sockets(None)
+    if not search.existing:
+        raise search.unreachable("no socket file exists; or pass --spawn to start a private daemon")
+    return search.existing[0]

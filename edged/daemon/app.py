@@ -1,0 +1,276 @@
+"""`Daemon`: builds the parts in order, runs them on one asyncio loop, and stops them in reverse.
+
+Start-up order: listeners open first (so a socket-activated connection waits instead of failing and
+``/v2/health/live`` answers during loading), then the models load in a thread while systemd's start timeout is
+extended, then MQTT and telemetry start, and only then READY=1. Stop order is the reverse; SIGHUP rescans the
+repository and re-reads what can change without a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from edged import __version__
+from edged.config import EdgedConfig, load_config
+from edged.daemon._sdnotify import SystemdNotifier
+from edged.daemon.paths import bundled_models, state_dir
+from edged.engine import InferenceService
+from edged.engine.memory_governor import MemoryGovernor
+from edged.errors import ConfigError, EdgedError
+from edged.memory import PressureMonitor, active_allocator
+from edged.serving import HttpServer
+from edged.serving.listeners import default_socket_path, open_listeners
+from edged.telemetry import TelemetryService, default_database_path, summary_payload
+
+log = logging.getLogger(__name__)
+
+EXTEND_TIMEOUT_EVERY_S = 5.0
+
+
+class Daemon:
+    def __init__(self, config: EdgedConfig, environ: Mapping[str, str] | None = None) -> None:
+        self.config = config
+        self.environ = dict(os.environ if environ is None else environ)
+        self.started_at = time.time()
+        self.state_dir = state_dir(config.state_dir, self.environ)
+        self.repository = Path(config.models.repository) if config.models.repository else bundled_models()
+        self.socket_path = Path(config.server.socket) if config.server.socket else default_socket_path(self.environ)
+        self.notifier = SystemdNotifier.from_environ(self.environ)
+        pressure = PressureMonitor.from_config(config.memory, on_change=self._pressure_changed)
+        self.memory = MemoryGovernor(config.memory, pressure)
+        self.service = InferenceService(self.repository, config.models, max_elements=config.server.max_tensor_elements,
+                                        memory=self.memory, unload_timeout_s=config.server.shutdown_timeout_s)
+        self.telemetry: TelemetryService | None = None
+        if config.telemetry.source != "off":
+            database = default_database_path(str(self.state_dir), config.telemetry.database)
+            self.telemetry = TelemetryService(config.telemetry, database, activity=self.service)
+        self.mqtt: Any = None
+        if config.mqtt.broker:
+            from edged.mqtt import MqttFrontEnd  # only when configured: paho and threads cost memory
+            self.mqtt = MqttFrontEnd(self.service, config.mqtt, self.state_dir, version=__version__)
+        self.server = HttpServer(self.service, config.server, telemetry=self.telemetry,
+                                 status_provider=self.status, metrics_provider=self._extra_metrics)
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # --- run -----------------------------------------------------------------------------------------------
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop.set)
+        loop.add_signal_handler(signal.SIGHUP, lambda: self._spawn(self._reload()))
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        listeners = open_listeners(self.config.server, self.socket_path, self.environ)
+        await self.server.start([listener.socket for listener in listeners])
+        for listener in listeners:
+            how = "inherited from systemd" if listener.inherited else "opened"
+            print(f"edged {__version__}: listening on {listener.kind}:{listener.address} ({how})", flush=True)
+        await self._load_models()
+        if self.telemetry is not None:
+            self.telemetry.start()
+        if self.mqtt is not None:
+            self.mqtt.start()
+        self._start_background_tasks()
+        summary = self.summary_line()
+        print(f"edged: ready: {summary}", flush=True)
+        if self.notifier is not None:
+            self.notifier.ready(summary)
+        await self._stop.wait()
+        await self._shutdown()
+        return 0
+
+    async def _load_models(self) -> None:
+        loop = asyncio.get_running_loop()
+        loading = loop.run_in_executor(None, self.service.start)
+        while True:
+            done, _ = await asyncio.wait({loading}, timeout=EXTEND_TIMEOUT_EVERY_S)
+            if done:
+                loading.result()
+                return
+            if self.notifier is not None:  # long loads: keep systemd from timing out the start
+                self.notifier.extend_timeout(int(3 * EXTEND_TIMEOUT_EVERY_S * 1e6))
+                self.notifier.status(f"loading models ({len(self.service.loaded_versions())} loaded so far)")
+
+    def _start_background_tasks(self) -> None:
+        interval = self.notifier.watchdog_interval() if self.notifier is not None else None
+        if interval:
+            self._spawn(self._watchdog(interval))
+        if self.config.models.control_mode == "poll":
+            self._spawn(self._poll_repository())
+        self._spawn(self._watch_pressure())
+        if self.mqtt is not None and self.telemetry is not None and self.config.mqtt.telemetry_interval_s > 0:
+            self._spawn(self._publish_telemetry())
+
+    def _spawn(self, coroutine: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.append(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        if task in self._tasks:
+            self._tasks.remove(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background task failed: %r", task.exception())
+
+    async def _shutdown(self) -> None:
+        timeout = self.config.server.shutdown_timeout_s
+        log.info("stopping: finishing requests in flight (up to %.0f s)", timeout)
+        if self.notifier is not None:
+            self.notifier.stopping()
+        for task in list(self._tasks):
+            task.cancel()
+        await self.server.stop(timeout)
+        loop = asyncio.get_running_loop()
+        if self.mqtt is not None:
+            await loop.run_in_executor(None, self.mqtt.stop, timeout)
+        if self.telemetry is not None:
+            await loop.run_in_executor(None, self.telemetry.stop)
+        await loop.run_in_executor(None, self.service.close, timeout)
+        print("edged: stopped", flush=True)
+
+    # --- periodic work -------------------------------------------------------------------------------------
+    async def _watchdog(self, interval: float) -> None:
+        """WATCHDOG=1 only while the loop turns and no backend execution is stuck."""
+        assert self.notifier is not None  # noqa: S101 - only spawned with a notifier
+        complained = False
+        while True:
+            stalled = self.service.stalled(self.config.models.stall_timeout_s)
+            if stalled:
+                if not complained:
+                    log.error("engine wedged: %s running longer than %.0f s; withholding watchdog pings",
+                              ", ".join(stalled), self.config.models.stall_timeout_s)
+                complained = True
+            else:
+                complained = False
+                self.notifier.watchdog()
+            await asyncio.sleep(interval)
+
+    async def _poll_repository(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.config.models.poll_interval_s)
+            await loop.run_in_executor(None, self.service.poll)
+
+    async def _watch_pressure(self) -> None:
+        pressure = self.memory.pressure
+        if pressure is None:
+            return
+        while True:
+            await asyncio.sleep(self.config.memory.pressure_check_interval_s)
+            pressure.check()
+
+    async def _publish_telemetry(self) -> None:
+        assert self.telemetry is not None and self.mqtt is not None  # noqa: S101 - only spawned with both
+        previous: dict[str, Any] | None = None
+        while True:
+            await asyncio.sleep(self.config.mqtt.telemetry_interval_s)
+            snapshot = self.telemetry.snapshot()
+            try:
+                payload = summary_payload(snapshot, previous, self.config.mqtt.telemetry_deadband_bytes)
+            except EdgedError as e:
+                log.warning("telemetry summary not published: %s", e)
+                continue
+            if payload is not None:
+                self.mqtt.publish_telemetry(payload)
+                previous = snapshot
+
+    async def _reload(self) -> None:
+        if self.notifier is not None:
+            self.notifier.reloading()
+        log.info("SIGHUP: re-reading the config and rescanning the repository")
+        if self.config.source:
+            try:
+                fresh = load_config(self.config.source)
+            except ConfigError as e:
+                log.error("SIGHUP: config not reloaded, keeping the running one: %s", e)
+            else:
+                changed = [name for name in ("server", "mqtt", "memory", "telemetry")
+                           if getattr(fresh, name) != getattr(self.config, name)]
+                if changed:
+                    log.warning("SIGHUP: changes to [%s] take effect at the next restart", "], [".join(changed))
+                logging.getLogger().setLevel(fresh.logging.level.upper())
+        await asyncio.get_running_loop().run_in_executor(None, self.service.poll)
+        if self.notifier is not None:
+            self.notifier.ready(self.summary_line())
+
+    def _pressure_changed(self, state: Any) -> None:
+        log.warning("memory pressure %s: %s", "began" if state.under_pressure else "ended", state.reason)
+        if self.telemetry is not None:
+            self.telemetry.record_event("memory_pressure" if state.under_pressure else "memory_pressure_end",
+                                        None, state.reason)
+
+    # --- reporting -----------------------------------------------------------------------------------------
+    def summary_line(self) -> str:
+        index = self.service.repository_index()
+        ready = sum(1 for entry in index if entry.get("state") == "READY")
+        parts = [f"{ready} model version(s) ready"]
+        if self.mqtt is not None:
+            parts.append("mqtt " + ("connected" if self.mqtt.status().get("connected") else "disconnected"))
+        if self.telemetry is not None:
+            parts.append(f"telemetry {self.telemetry.choice.name}")
+        return "; ".join(parts)
+
+    def status(self) -> dict[str, Any]:
+        allocator = active_allocator()
+        return {
+            "version": __version__,
+            "pid": os.getpid(),
+            "uptime_s": round(time.time() - self.started_at, 1),
+            "live": self.service.live,
+            "ready": self.service.ready,
+            "socket": str(self.socket_path),
+            "http_port": self.config.server.http_port,
+            "model_repository": str(self.repository),
+            "model_control_mode": self.config.models.control_mode,
+            "models": self.service.repository_index(),
+            "mqtt": self.mqtt.status() if self.mqtt is not None else {"enabled": False},
+            "memory": {**self.memory.describe(), "allocator": allocator.name,
+                       "allocator_library": str(allocator.library or ""), "allocator_settings": allocator.settings},
+            "telemetry": ({"source": self.telemetry.choice.name, "reason": self.telemetry.choice.reason}
+                          if self.telemetry is not None else {"source": "off"}),
+        }
+
+    def _extra_metrics(self) -> str:
+        lines = [self.memory_metrics()]
+        if self.mqtt is not None:
+            lines.append(self.mqtt.prometheus_lines())
+        return "".join(lines)
+
+    def memory_metrics(self) -> str:
+        described = self.memory.describe()
+        out = ["# HELP edged_memory_budget_bytes The model memory budget (0: none).\n",
+               "# TYPE edged_memory_budget_bytes gauge\n",
+               f"edged_memory_budget_bytes {described['budget_bytes'] or 0}\n",
+               "# HELP edged_memory_pressure 1 while the system is under memory pressure.\n",
+               "# TYPE edged_memory_pressure gauge\n",
+               f"edged_memory_pressure {int(described['under_pressure'])}\n",
+               "# HELP edged_model_memory_bytes Measured footprint of each loaded model version.\n",
+               "# TYPE edged_model_memory_bytes gauge\n"]
+        for version in self.service.loaded_versions():
+            if version.footprint_bytes is not None:
+                out.append(f'edged_model_memory_bytes{{model="{version.config.name}",version="{version.version}"}} '
+                           f"{version.footprint_bytes}\n")
+        allocator = active_allocator()
+        out += ["# HELP edged_allocator_info The malloc implementation in use.\n", "# TYPE edged_allocator_info gauge\n",
+                f'edged_allocator_info{{allocator="{allocator.name}"}} 1\n']
+        return "".join(out)
+
+
+def run_daemon(config: EdgedConfig) -> int:
+    """Run the daemon in the foreground until SIGTERM/SIGINT; the return value is the exit status."""
+    daemon = Daemon(config)
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(daemon.run())
+    with contextlib.suppress(AttributeError):
+        return int(uvloop.run(daemon.run()))
+    return asyncio.run(daemon.run())
