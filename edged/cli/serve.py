@@ -53,5 +53,5 @@ def run(args: argparse.Namespace) -> int:
     ensure_allocator(config.memory, list(getattr(sys, "orig_argv", sys.argv)))
     from edged.daemon._logging import configure_logging
     configure_logging(config.logging.level, config.logging.format)
-    from edged.daemon import run_daemon
+    from edged.daemon.app import run_daemon
     return run_daemon(config)

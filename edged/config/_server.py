@@ -38,6 +38,9 @@ class ServerConfig:
     socket_group: str | None = None
     http_port: int | None = field(default=None, metadata={"check": _port})  # loopback TCP; off when None
     http_host: str = "127.0.0.1"
+    # A non-loopback http_host exposes inference with no access control to the network: refused unless set.
+    http_allow_non_loopback: bool = False
+    listen_backlog: int = field(default=128, metadata={"check": _positive})
     max_body_bytes: int = field(default=64 * 1024 * 1024, metadata={"check": _positive})
     max_header_bytes: int = field(default=16 * 1024, metadata={"check": _positive})
     max_tensor_elements: int = field(default=64 * 1024 * 1024, metadata={"check": _positive})

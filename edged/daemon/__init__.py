@@ -1,6 +1,6 @@
 """The composition root: reads the config, builds every part in order, owns the event loop, threads,
-signals, sd_notify and the watchdog. Nothing else wires parts together."""
+signals, sd_notify and the watchdog. Nothing else wires parts together.
 
-from edged.daemon.app import Daemon, run_daemon
-
-__all__ = ["Daemon", "run_daemon"]
+`edged.daemon.app.run_daemon` is the entry point; it is not imported here, so that the small systemd helpers
+in this package can be imported without the serving stack.
+"""

@@ -34,6 +34,9 @@ from edged.repository.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
 
+# Runtimes whose model files carry their inputs and outputs, so a config is completed and checked from them.
+SELF_DESCRIBING = frozenset({"onnxruntime", "tensorrt"})
+
 
 class ModelRecord:
     """A model known to the service: its served versions and the outcome of the last load."""
@@ -157,6 +160,8 @@ class Registry:
             raise Unavailable(f"explicit model load / unload is not allowed in model control mode "
                               f"{self._settings.control_mode!r}; start edged with --model-control-mode explicit")
         check_model_name(name)
+        if not (self._root / name).is_dir():
+            raise ModelNotFound(f"unknown model: {name!r} is not in the repository {self._root}")
         with self._lock:
             self._lazy.discard(name)
             record = self._records.setdefault(name, ModelRecord(name))
@@ -191,11 +196,14 @@ class Registry:
 
     def _complete(self, name: str, config: ModelConfig | None, runtime: str, backend: Backend, model_dir: Path,
                   available: list[int]) -> ModelConfig:
-        if runtime == "pytorch":  # no trustworthy signature in the file: the config must say it all
-            if config is None or not config.input or not config.output:
-                raise ModelLoadError(f"model {name}: PyTorch models need a config.pbtxt listing every input "
-                                     "and output (name, data_type, dims)")
+        """Auto-complete from the model file where the format describes itself (ONNX, TensorRT), which also
+        checks the config against the file; other runtimes need a config that lists inputs and outputs."""
+        complete = config is not None and bool(config.input) and bool(config.output)
+        if runtime not in SELF_DESCRIBING and config is not None and complete:
             return normalize(config if config.name else dataclasses.replace(config, name=name))
+        if runtime == "pytorch":
+            raise ModelLoadError(f"model {name}: PyTorch models need a config.pbtxt listing every input and "
+                                 "output (name, data_type, dims)")
         if not available:
             raise ModelLoadError(f"model {name}: no numbered version folder in {model_dir}")
         probe = ModelConfig(name=name, backend=runtime) if config is None else config
@@ -221,10 +229,11 @@ class Registry:
         old = record.versions
         record.versions = {**{n: v for n, v in old.items() if n not in fresh and n in wanted and errors}, **fresh}
         record.error = ""
-        for number, version in old.items():
-            if record.versions.get(number) is not version:
-                self._unload_version(version, self._unload_timeout_s, forget=number not in fresh)
-        self._after_unload()
+        retired = [(n, v) for n, v in old.items() if record.versions.get(n) is not v]
+        for number, version in retired:
+            self._unload_version(version, self._unload_timeout_s, forget=number not in fresh)
+        if retired:
+            self._after_unload()
         if errors:
             log.warning("model %s: some versions failed to load: %s", record.name, "; ".join(errors))
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +164,22 @@ class InferenceService:
             raise ModelNotReady(f"model {request.model} version {served.version} is "
                                 f"{served.state.value.lower()}")
         served.submit(request, done, inline)
+
+    def submit_many(self, model: str, version: str, calls: Sequence[tuple[InferRequest, Done]],
+                    inline: bool = True) -> None:
+        """Queue requests for one model version together, so the scheduler can batch them (one group commit).
+
+        Unlike `submit`, every error, also one found before queueing, reaches that request's callback.
+        """
+        try:
+            if self._closed:
+                raise Unavailable("the server is shutting down")
+            served = self._registry.resolve(model, version)
+        except EdgedError as e:
+            for _, done in calls:
+                done(e)
+            return
+        served.submit_many(calls, inline)
 
     def infer(self, request: InferRequest, timeout_s: float | None = None) -> InferResponse:
         """Run ``request`` and wait for its response (thread-safe; batches with concurrent callers)."""

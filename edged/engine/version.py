@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +98,25 @@ class ModelVersion:
                                 f"{self.lifecycle.state.value.lower()}")
         plan = self.validator.check(request)
         scheduler.submit((scheduler.pending(request, plan, done),), inline)
+
+    def submit_many(self, calls: Sequence[tuple[InferRequest, Done]], inline: bool) -> None:
+        """Queue several requests at once so they can share a batch; a request that fails validation gets
+        its error through its own callback, the others still run."""
+        scheduler = self.scheduler
+        if scheduler is None or self.lifecycle.state is not ModelState.READY:
+            error = ModelNotReady(f"model {self.config.name} version {self.version} is "
+                                  f"{self.lifecycle.state.value.lower()}")
+            for _, done in calls:
+                done(error)
+            return
+        items = []
+        for request, done in calls:
+            try:
+                items.append(scheduler.pending(request, self.validator.check(request), done))
+            except EdgedError as e:
+                done(e)
+        if items:
+            scheduler.submit(items, inline)
 
     def unload(self, timeout_s: float) -> None:
         """Stop taking requests, finish queued ones within ``timeout_s``, then drop the instances."""

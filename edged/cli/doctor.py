@@ -1,0 +1,101 @@
+"""``edged doctor``: what works and what does not on this device, each problem with the fix to apply.
+
+Prints a table a technician can read (or JSON with ``--json``); exits 1 when a check fails (with
+``--strict``, also on warnings).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from edged.cli import _doctor_checks as checks
+from edged.cli import _doctor_socket as sockets
+from edged.cli._doctor_checks import Check
+from edged.config import load_config
+
+LABELS = {"ok": "OK", "warn": "WARN", "fail": "FAIL", "info": "INFO"}
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("doctor", help="check this device's setup and say how to fix problems",
+                                   description=__doc__.splitlines()[0])
+    parser.add_argument("--config", help="config file (default /etc/edged/edged.toml when it exists)")
+    parser.add_argument("--socket", help="the daemon's socket (default: as every edged command finds it)")
+    parser.add_argument("--root", default="/", help="read the Jetson identification files under this root")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--strict", action="store_true", help="exit 1 on warnings too")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    results = collect(args, os.environ)
+    if args.json:
+        print(json.dumps([dataclasses.asdict(c) for c in results], indent=2))
+    else:
+        print(render(results))
+    failing = {"fail", "warn"} if args.strict else {"fail"}
+    return 1 if any(c.status in failing for c in results) else 0
+
+
+def collect(args: argparse.Namespace, env: Any) -> list[Check]:
+    config = load_config(args.config)
+    root = Path(args.root)
+    jetson = checks.is_jetson(root)
+    results = [*checks.check_platform(root), checks.check_tensorrt(jetson), checks.check_onnxruntime(jetson),
+               checks.check_torch(jetson), checks.check_allocator(config.memory.allocator, env),
+               checks.check_telemetry(config.telemetry, jetson)]
+    results.extend(socket_checks(args.socket, env))
+    results.append(sockets.check_broker(config.mqtt.broker))
+    results.append(checks.check_disk("state", config.state_dir or _default_state_dir(env)))
+    results.append(checks.check_disk("models", config.models.repository))
+    results.append(checks.check_service())
+    return results
+
+
+def socket_checks(explicit: str | None, env: Any) -> list[Check]:
+    path, tried = sockets.find_socket(explicit, env)
+    if path is None:
+        return [Check("socket", "fail", "no socket at " + ", ".join(tried),
+                      "start the daemon: sudo systemctl start edged (or `edged serve`), or pass --socket")]
+    permissions = sockets.check_socket_permissions(path)
+    if permissions.status == "fail":
+        return [permissions]
+    return [permissions, sockets.check_daemon(path)]
+
+
+def _default_state_dir(env: Any) -> str:
+    if env.get("STATE_DIRECTORY"):
+        return str(env["STATE_DIRECTORY"]).split(":")[0]
+    if os.path.isdir("/var/lib/edged"):
+        return "/var/lib/edged"
+    base = env.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return os.path.join(base, "edged")
+
+
+def render(results: list[Check], width: int = 100) -> str:
+    name_width = max(len(c.name) for c in results)
+    lines = []
+    for check in results:
+        head = f"{LABELS[check.status]:<5} {check.name:<{name_width}}  "
+        body = textwrap.wrap(check.detail, max(40, width - len(head)), break_on_hyphens=False) or [""]
+        lines.append(head + body[0])
+        lines.extend(" " * len(head) + more for more in body[1:])
+        if check.fix:
+            lines.append(" " * len(head) + "fix: " + check.fix)
+    problems = sum(c.status in ("fail", "warn") for c in results)
+    lines.append("")
+    lines.append("no problems found" if problems == 0 else f"{problems} problem(s): apply the fixes above")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    from edged.cli.main import main
+
+    sys.exit(main(["doctor", *sys.argv[1:]]))

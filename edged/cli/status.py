@@ -1,0 +1,117 @@
+"""``edged status``: is the daemon live and ready, which models are ready, MQTT, memory and telemetry source.
+
+Reads the health routes and ``/v2/edged/status``. Exits 0 when the daemon is ready, 1 when it answers but is
+not ready (or on any error), so scripts can wait on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from edged.cli._socket import add_client_options, client_from
+from edged.client import ModelNotFoundError
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("status", help="the running daemon's health, models, MQTT, memory, telemetry",
+                                   description="Show whether the daemon is live and ready, its models, MQTT, "
+                                   "memory and telemetry source. Exits 0 when ready, 1 otherwise.")
+    parser.add_argument("--json", action="store_true", help="print the status document as JSON")
+    add_client_options(parser)
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    with client_from(args) as client:
+        live = client.live()
+        ready = client.ready()
+        try:
+            doc = client.status()
+        except ModelNotFoundError:  # a daemon without edged's status route: report what Triton's API gives
+            doc = {"models": client.repository_index()}
+        socket_path = client.socket_path
+    doc = {**doc, "live": live, "ready": ready}
+    doc.setdefault("socket", socket_path)
+    if args.json:
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print("\n".join(describe(doc)))
+    return 0 if ready else 1
+
+
+def describe(doc: Mapping[str, Any]) -> list[str]:
+    lines = [_row("daemon", _daemon(doc)),
+             _row("server", f"live {_yes(doc.get('live'))}, ready {_yes(doc.get('ready'))}")]
+    lines.extend(_models(doc.get("models", [])))
+    lines.append(_row("mqtt", _mqtt(doc.get("mqtt"))))
+    lines.append(_row("memory", _memory(doc.get("memory"))))
+    lines.append(_row("telemetry", _telemetry(doc.get("telemetry"))))
+    return lines
+
+
+def _row(label: str, text: str) -> str:
+    return f"{label:<10} {text}"
+
+
+def _yes(value: Any) -> str:
+    return "yes" if value else "no"
+
+
+def _daemon(doc: Mapping[str, Any]) -> str:
+    parts = [f"edged {doc.get('version', '?')}"]
+    if "pid" in doc:
+        parts.append(f"pid {doc['pid']}")
+    if "uptime_s" in doc:
+        parts.append(f"up {float(doc['uptime_s']):.0f} s")
+    parts.append(f"socket {doc.get('socket') or '?'}")
+    if doc.get("http_port"):
+        parts.append(f"http 127.0.0.1:{doc['http_port']}")
+    return ", ".join(parts)
+
+
+def _models(models: Any) -> list[str]:
+    if not isinstance(models, list) or not models:
+        return [_row("models", "none")]
+    ready = sum(1 for m in models if str(m.get("state", "")).upper() == "READY")
+    lines = [_row("models", f"{ready} of {len(models)} ready")]
+    for m in models:
+        version = f" v{m['version']}" if m.get("version") else ""
+        reason = f": {m['reason']}" if m.get("reason") else ""
+        lines.append(_row("", f"{m.get('name', '?')}{version} {m.get('state', '?')}{reason}"))
+    return lines
+
+
+def _mqtt(mqtt: Any) -> str:
+    if not isinstance(mqtt, dict) or mqtt.get("enabled") is False:
+        return "disabled"
+    state = "connected" if mqtt.get("connected") else "disconnected"
+    broker = mqtt.get("broker")
+    extras = [f"{key} {mqtt[key]}" for key in ("outbox_pending", "dropped") if key in mqtt]
+    return ", ".join([state + (f" to {broker}" if broker else ""), *extras])
+
+
+def _memory(memory: Any) -> str:
+    if not isinstance(memory, dict):
+        return "-"
+    budget = memory.get("budget_bytes")
+    parts = [f"budget {_mib(budget)}" if budget else "no budget",
+             f"pressure {_yes(memory.get('under_pressure'))}"]
+    if memory.get("allocator"):
+        parts.append(f"allocator {memory['allocator']}")
+    return ", ".join(parts)
+
+
+def _mib(value: Any) -> str:
+    return f"{int(value) / (1 << 20):.0f} MiB"
+
+
+def _telemetry(telemetry: Any) -> str:
+    if not isinstance(telemetry, dict):
+        return "-"
+    reason = f" ({telemetry['reason']})" if telemetry.get("reason") else ""
+    return f"source {telemetry.get('source', '?')}{reason}"

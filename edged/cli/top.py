@@ -1,0 +1,147 @@
+"""``edged top``: a live terminal view in the spirit of jtop, fed by the daemon over its Unix socket.
+
+It reads ``GET /v2/edged/telemetry`` (the telemetry snapshot) and ``GET /v2/models/stats`` (Triton statistics
+JSON) with plain `http.client` over AF_UNIX. ``--once`` prints one frame and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import socket
+import time
+from typing import Any
+
+from edged.errors import ClientError, ServerUnreachable
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float = 5.0) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.unix_path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.unix_path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+def default_socket() -> str:
+    """$EDGED_SOCKET, $RUNTIME_DIRECTORY/edged.sock, $XDG_RUNTIME_DIR/edged/edged.sock, /run/edged/edged.sock."""
+    if os.environ.get("EDGED_SOCKET"):
+        return os.environ["EDGED_SOCKET"]
+    if os.environ.get("RUNTIME_DIRECTORY"):
+        return os.path.join(os.environ["RUNTIME_DIRECTORY"].split(":")[0], "edged.sock")
+    if os.environ.get("XDG_RUNTIME_DIR"):
+        return os.path.join(os.environ["XDG_RUNTIME_DIR"], "edged", "edged.sock")
+    return "/run/edged/edged.sock"
+
+
+def get_json(socket_path: str, path: str) -> Any:
+    conn = UnixHTTPConnection(socket_path)
+    try:
+        conn.request("GET", path, headers={"Accept": "application/json"})
+        response = conn.getresponse()
+        body = response.read()
+    except OSError as e:
+        raise ServerUnreachable(f"nothing answered on {socket_path}: {e.strerror or e}") from e
+    finally:
+        conn.close()
+    if response.status != 200:
+        raise ClientError(f"GET {path} on {socket_path}: HTTP {response.status}: {body[:200]!r}")
+    try:
+        return json.loads(body)
+    except ValueError as e:
+        raise ClientError(f"GET {path} on {socket_path}: expected JSON, found {body[:80]!r}") from e
+
+
+def _bar(pct: float | None, width: int = 20) -> str:
+    if pct is None:
+        return "off".ljust(width + 7)
+    filled = round(max(0.0, min(100.0, pct)) / 100 * width)
+    return f"[{'#' * filled}{'.' * (width - filled)}] {pct:3.0f}%"
+
+
+def _system_table(snap: dict[str, Any]) -> Any:
+    from rich.table import Table
+
+    s = snap.get("sample") or {}
+    table = Table(title=f"edged top - source {snap.get('source')}, power mode {snap.get('power_mode') or '-'}",
+                  show_header=False, expand=True)
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    for i, core in enumerate(s.get("cpu") or []):
+        freq = f" @{core['freq_mhz']} MHz" if core.get("freq_mhz") else ""
+        table.add_row(f"CPU{i}", _bar(core.get("load_pct")) + freq)
+    gpu_freq = f" @{s['gpu_freq_mhz']} MHz" if s.get("gpu_freq_mhz") is not None else ""
+    table.add_row("GPU", _bar(s.get("gpu_load_pct")) + gpu_freq)
+    if s.get("ram_total_mb"):
+        table.add_row("RAM", _bar(100 * s["ram_used_mb"] / s["ram_total_mb"])
+                      + f" {s['ram_used_mb']}/{s['ram_total_mb']} MB")
+    rails = ", ".join(f"{k} {v['now']} mW" for k, v in (s.get("power_mw") or {}).items())
+    table.add_row("Power", f"in {snap.get('power_in_mw') or '-'} mW  ({rails or 'no rails'})")
+    temps = ", ".join(f"{k} {v:.1f}C" for k, v in (s.get("temps_c") or {}).items())
+    table.add_row("Temp", temps or "-")
+    if snap.get("throttle_active"):
+        table.add_row("Throttle", ", ".join(snap["throttle_active"]), style="red")
+    return table
+
+
+def _models_table(stats: dict[str, Any], snap: dict[str, Any]) -> Any:
+    from rich.table import Table
+
+    energy = snap.get("energy_per_inference_mj") or {}
+    table = Table(title="models", expand=True)
+    for column in ("model", "version", "inferences", "executions", "avg compute ms", "mJ/inference"):
+        table.add_column(column, justify="left" if column == "model" else "right")
+    for m in stats.get("model_stats") or []:
+        infer = (m.get("inference_stats") or {}).get("compute_infer") or {}
+        avg = infer.get("ns", 0) / infer["count"] / 1e6 if infer.get("count") else None
+        mj = energy.get(m.get("name"))
+        table.add_row(str(m.get("name")), str(m.get("version", "")), str(m.get("inference_count", 0)),
+                      str(m.get("execution_count", 0)), f"{avg:.2f}" if avg is not None else "-",
+                      f"{mj:.1f}" if mj is not None else "-")
+    return table
+
+
+def frame(snap: dict[str, Any], stats: dict[str, Any]) -> Any:
+    from rich.console import Group
+
+    return Group(_system_table(snap), _models_table(stats, snap))
+
+
+def _fetch(socket_path: str) -> Any:
+    return frame(get_json(socket_path, "/v2/edged/telemetry"), get_json(socket_path, "/v2/models/stats"))
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        from rich.console import Console
+        from rich.live import Live
+    except ImportError as e:
+        raise ClientError("edged top needs rich: pip install 'edged[view]'") from e
+    socket_path = args.socket or default_socket()
+    console = Console()
+    if args.once:
+        console.print(_fetch(socket_path))
+        return 0
+    with Live(_fetch(socket_path), console=console, screen=False, auto_refresh=False) as live:
+        while True:
+            time.sleep(args.interval)  # the refresh period of an interactive view, not a readiness wait
+            live.update(_fetch(socket_path), refresh=True)
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser("top", help="live view of the device and the models (like jtop)")
+    parser.add_argument("--socket", help="daemon socket (default: $EDGED_SOCKET, $RUNTIME_DIRECTORY/edged.sock, "
+                        "$XDG_RUNTIME_DIR/edged/edged.sock, /run/edged/edged.sock)")
+    parser.add_argument("--once", action="store_true", help="print one frame and exit")
+    parser.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+    parser.set_defaults(handler=_run)

@@ -1,0 +1,59 @@
+"""Where the daemon's Unix socket is: the one search order shared by the client and every CLI command.
+
+Order: an explicit path (alone, when given), ``$EDGED_SOCKET``, systemd's ``$RUNTIME_DIRECTORY/edged.sock``,
+``$XDG_RUNTIME_DIR/edged/edged.sock``, ``/tmp/edged-$UID/edged.sock``, ``/run/edged/edged.sock``. The first
+that exists is used; when none answers, the error names every path tried and how to start the daemon.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from edged.errors import ServerUnreachable
+
+SYSTEM_SOCKET = "/run/edged/edged.sock"
+START_HINT = "start the daemon with `edged serve` (or `sudo systemctl start edged`), or name its socket with " \
+             "--socket PATH or $EDGED_SOCKET"
+
+
+@dataclass(frozen=True)
+class SocketSearch:
+    """The candidates in order; ``existing`` are those present on disk, in the same order."""
+
+    candidates: tuple[str, ...]
+    existing: tuple[str, ...]
+
+    def unreachable(self, reason: str = "") -> ServerUnreachable:
+        return ServerUnreachable(unreachable_message(self.candidates, reason))
+
+
+def socket_candidates(explicit: str | os.PathLike[str] | None = None,
+                      environ: Mapping[str, str] | None = None, uid: int | None = None) -> tuple[str, ...]:
+    if explicit is not None and os.fspath(explicit):
+        return (os.fspath(explicit),)
+    env = os.environ if environ is None else environ
+    found: list[str] = []
+    if env.get("EDGED_SOCKET"):
+        found.append(env["EDGED_SOCKET"])
+    if env.get("RUNTIME_DIRECTORY"):
+        # systemd joins several RuntimeDirectory= entries with ':'; edged's is the first
+        found.append(os.path.join(env["RUNTIME_DIRECTORY"].split(":")[0], "edged.sock"))
+    if env.get("XDG_RUNTIME_DIR"):
+        found.append(os.path.join(env["XDG_RUNTIME_DIR"], "edged", "edged.sock"))
+    found.append(os.path.join("/tmp", f"edged-{os.getuid() if uid is None else uid}", "edged.sock"))
+    found.append(SYSTEM_SOCKET)
+    return tuple(dict.fromkeys(found))
+
+
+def find_sockets(explicit: str | os.PathLike[str] | None = None,
+                 environ: Mapping[str, str] | None = None) -> SocketSearch:
+    candidates = socket_candidates(explicit, environ)
+    return SocketSearch(candidates, tuple(path for path in candidates if os.path.exists(path)))
+
+
+def unreachable_message(tried: tuple[str, ...] | list[str], reason: str = "") -> str:
+    paths = ", ".join(tried)
+    detail = f" ({reason})" if reason else ""
+    return f"no edged daemon answered on {paths}{detail}; {START_HINT}"

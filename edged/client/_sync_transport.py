@@ -1,0 +1,104 @@
+"""Blocking HTTP/1.1 over the daemon's Unix socket: one keep-alive ``http.client`` connection.
+
+A connection the daemon closed while idle is noticed on the next request, which is then sent once more on a
+fresh connection; a failure on a fresh connection is reported as ServerUnreachable naming the socket.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import socket
+from collections.abc import Mapping
+
+from edged.client._calls import Call, Reply
+from edged.client._discovery import SocketSearch, find_sockets
+from edged.client._errors import ClientTimeout, ProtocolError
+
+_DISCONNECTED = (ConnectionError, http.client.RemoteDisconnected, http.client.BadStatusLine)
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """http.client over AF_UNIX; the host name only fills the Host header."""
+
+    def __init__(self, path: str, timeout: float | None) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.unix_path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.unix_path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+class SyncTransport:
+    def __init__(self, socket_path: str | os.PathLike[str] | None, timeout_s: float | None,
+                 environ: Mapping[str, str] | None) -> None:
+        self._explicit = socket_path
+        self._environ = environ
+        self._timeout_s = timeout_s
+        self._conn: UnixHTTPConnection | None = None
+        self.socket_path: str | None = None
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def exchange(self, call: Call) -> Reply:
+        reused = self._conn is not None
+        try:
+            return self._send(call)
+        except _DISCONNECTED as e:
+            self.close()
+            if not reused:
+                raise self._search().unreachable(f"{self.socket_path}: {e or type(e).__name__}") from e
+        try:
+            return self._send(call)
+        except _DISCONNECTED as e:
+            self.close()
+            raise self._search().unreachable(f"{self.socket_path}: {e or type(e).__name__}") from e
+
+    def _send(self, call: Call) -> Reply:
+        conn = self._connection()
+        headers = dict(call.headers)
+        try:
+            conn.request(call.method, call.path, body=call.body if call.method != "GET" else None, headers=headers)
+            response = conn.getresponse()
+            body = response.read()
+        except TimeoutError as e:
+            self.close()
+            raise ClientTimeout(f"{call.what}: no answer from {self.socket_path} within {self._timeout_s} s") from e
+        except _DISCONNECTED:
+            raise
+        except (http.client.HTTPException, OSError) as e:
+            self.close()
+            raise ProtocolError(f"{call.what}: bad answer from {self.socket_path}: {e!r}") from e
+        if response.will_close:
+            self.close()
+        return Reply(response.status, {k.lower(): v for k, v in response.getheaders()}, body)
+
+    def _search(self) -> SocketSearch:
+        return find_sockets(self._explicit, self._environ)
+
+    def _connection(self) -> UnixHTTPConnection:
+        if self._conn is not None:
+            return self._conn
+        search = self._search()
+        paths = search.existing if self._explicit is None else search.candidates
+        reasons: list[str] = []
+        for path in paths:
+            conn = UnixHTTPConnection(path, self._timeout_s)
+            try:
+                conn.connect()
+            except OSError as e:
+                reasons.append(f"{path}: {e.strerror or e}")
+                continue
+            self._conn, self.socket_path = conn, path
+            return conn
+        raise search.unreachable("; ".join(reasons) or "none of these exists")

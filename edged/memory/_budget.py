@@ -1,0 +1,128 @@
+"""Memory budget and admission control for model versions (pure logic, no I/O).
+
+The budget is ``memory.budget_mb`` or ``memory.budget_percent`` of MemTotal; neither means no limit. Each
+model version (its key, e.g. ``"resnet/1"``) is charged first with an estimate when admitted, then with its
+measured footprint once loaded (``commit``), and discharged when unloaded (``release``). The estimate of a
+never-loaded model is its file size x ``memory.load_estimate_factor`` (default 1.5); a model measured before
+keeps its measured number. Measured with ONNX Runtime on the CPU (scripts/bench_memory.py, 50 MB of weights):
+after load + release_memory 1.0x the file; at the load's peak 1.4x under jemalloc/tcmalloc, 2.6-2.9x on glibc
+(file bytes, parsed weights and prepacked copies coexist), so a tight budget on glibc needs a factor of 3.
+Invariants: admitted charges never exceed the budget except while the keys ``admit`` returned for eviction
+are still being unloaded; a candidate with requests in flight is never chosen; policy "refuse" chooses none.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from edged.config import MemoryConfig
+from edged.errors import MemoryBudgetExceeded
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class EvictionCandidate:
+    key: str
+    last_used: float  # monotonic seconds of the last request; LRU = smallest first
+    in_flight: int  # requests queued or running; > 0 means it cannot be evicted now
+
+
+Evictable = Callable[[], Sequence[EvictionCandidate]]
+
+
+def budget_bytes(config: MemoryConfig, total_memory_bytes: int) -> int | None:
+    if config.budget_mb is not None:
+        return int(config.budget_mb * MIB)
+    if config.budget_percent is not None:
+        return int(total_memory_bytes * config.budget_percent / 100)
+    return None
+
+
+class MemoryBudget:
+    def __init__(self, config: MemoryConfig, total_memory_bytes: int) -> None:
+        self.limit_bytes = budget_bytes(config, total_memory_bytes)
+        self._policy = config.policy
+        self._factor = config.load_estimate_factor
+        self._charges: dict[str, int] = {}
+        self._measured: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def used_bytes(self) -> int:
+        with self._lock:
+            return sum(self._charges.values())
+
+    def charges(self) -> Mapping[str, int]:
+        with self._lock:
+            return dict(self._charges)
+
+    def estimate(self, key: str, file_bytes: int) -> int:
+        """Bytes ``key`` is expected to need: its last measured footprint, else file size x factor."""
+        with self._lock:
+            measured = self._measured.get(key)
+        return measured if measured is not None else int(file_bytes * self._factor)
+
+    def admit(self, key: str, needed_bytes: int, evictable: Evictable) -> list[str]:
+        """Reserve ``needed_bytes`` for ``key``; return the keys the caller must unload first (LRU first).
+
+        Raises MemoryBudgetExceeded when it cannot fit; then the charges are as before. ``evictable`` is
+        called (only when eviction is needed) with the budget's lock held: it must not call the budget.
+        """
+        with self._lock:
+            previous = self._charges.pop(key, None)  # a reload replaces its own charge
+            try:
+                victims = self._choose(key, needed_bytes, evictable)
+            except MemoryBudgetExceeded:
+                if previous is not None:
+                    self._charges[key] = previous
+                raise
+            self._charges[key] = needed_bytes
+            return victims
+
+    def commit(self, key: str, measured_bytes: int) -> None:
+        """Replace ``key``'s estimate with its measured footprint after the load."""
+        with self._lock:
+            self._charges[key] = measured_bytes
+            self._measured[key] = measured_bytes
+
+    def release(self, key: str) -> None:
+        """Discharge ``key`` (unloaded, evicted, or its load failed); unknown keys are ignored."""
+        with self._lock:
+            self._charges.pop(key, None)
+
+    def _choose(self, key: str, needed: int, evictable: Evictable) -> list[str]:
+        limit = self.limit_bytes
+        if limit is None:
+            return []
+        used = sum(self._charges.values())
+        if used + needed <= limit:
+            return []
+        if needed > limit:
+            raise MemoryBudgetExceeded(self._message(key, needed, used, "it alone exceeds the budget"))
+        if self._policy == "refuse":
+            raise MemoryBudgetExceeded(self._message(key, needed, used, "policy 'refuse' evicts nothing"))
+        victims: list[str] = []
+        busy: list[str] = []
+        for candidate in sorted(evictable(), key=lambda c: c.last_used):
+            if candidate.key == key or candidate.key not in self._charges:
+                continue
+            if candidate.in_flight > 0:
+                busy.append(candidate.key)
+                continue
+            victims.append(candidate.key)
+            used -= self._charges[candidate.key]
+            if used + needed <= limit:
+                return victims
+        why = "evicting every idle model would not free enough"
+        if busy:
+            why += f" ({', '.join(busy)} have requests in flight)"
+        raise MemoryBudgetExceeded(self._message(key, needed, sum(self._charges.values()), why))
+
+    def _message(self, key: str, needed: int, used: int, why: str) -> str:
+        in_use = ", ".join(f"{k} {v / MIB:.1f} MiB" for k, v in sorted(self._charges.items())) or "nothing"
+        limit = (self.limit_bytes or 0) / MIB
+        return (f"cannot load {key}: it needs {needed / MIB:.1f} MiB, the memory budget is {limit:.1f} MiB "
+                f"and {used / MIB:.1f} MiB is in use ({in_use}); {why}")

@@ -1,0 +1,37 @@
+"""Transport-neutral MQTT messages: what the paho adapter hands in and what the front end hands out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+UserProperties = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class Inbound:
+    topic: str
+    payload: bytes
+    qos: int
+    retain: bool = False
+    response_topic: str | None = None  # MQTT v5 only
+    correlation_data: bytes | None = None  # MQTT v5 only
+    content_type: str | None = None  # MQTT v5 only
+    user_properties: UserProperties = ()
+    received_ns: int = 0  # time.time_ns() when the adapter received it
+
+    def user_property(self, key: str) -> str | None:
+        """The first user property named ``key`` (case-insensitive, as HTTP headers are)."""
+        wanted = key.lower()
+        return next((v for k, v in self.user_properties if k.lower() == wanted), None)
+
+
+@dataclass(frozen=True)
+class Outbound:
+    topic: str
+    payload: bytes
+    qos: int = 1
+    retain: bool = False
+    correlation_data: bytes | None = None
+    content_type: str | None = None
+    user_properties: UserProperties = ()
+    message_id: str = ""  # edged's own id; duplicates after a redelivery carry the same one

@@ -1,0 +1,233 @@
+"""The only module that imports paho-mqtt: one connection, its network thread, reconnects and conversions.
+
+The network thread runs paho's ``loop()`` itself (rather than ``loop_start``) so that reconnects use our own
+exponential backoff with full jitter, and so that a refused or dropped connection is never reported as
+connected. Messages paho already took for QoS>=1 stay in paho's session and are retransmitted after a
+reconnect; the durable outbox above covers restarts of the process.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import socket
+import ssl
+import threading
+import time
+from typing import Any, Protocol
+
+import paho.mqtt.client as paho
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
+
+from edged.errors import MqttError
+from edged.mqtt._message import Inbound, Outbound
+from edged.mqtt._settings import ConnectionSettings
+
+log = logging.getLogger(__name__)
+
+
+class Listener(Protocol):
+    def on_connected(self, session_present: bool) -> None: ...
+    def on_disconnected(self, reason: str) -> None: ...
+    def on_message(self, message: Inbound) -> None: ...
+    def on_acked(self, mid: int, ok: bool) -> None: ...
+
+
+def backoff_delay(attempt: int, min_s: float, max_s: float, rng: random.Random) -> float:
+    """Exponential backoff with full jitter: uniform in [min_s, min(max_s, min_s * 2**attempt)]."""
+    ceiling = min(max_s, min_s * (2 ** min(attempt, 30)))
+    return rng.uniform(min_s, max(min_s, ceiling))
+
+
+class Connection:
+    def __init__(self, settings: ConnectionSettings, listener: Listener, will: Outbound,
+                 subscriptions: list[tuple[str, int]]) -> None:
+        self._settings = settings
+        self._listener = listener
+        self._subscriptions = subscriptions
+        self._v5 = settings.protocol == "5"
+        self._stopping = threading.Event()
+        self._connected = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._rng = random.Random()
+        self.last_error = ""
+        self.connects = 0
+        self._attempt = 0
+        self._stop_deadline = 0.0
+        self._client = self._make_client(will)
+
+    @property
+    def v5(self) -> bool:
+        return self._v5
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    # --- setup ---------------------------------------------------------------------------------------------
+    def _make_client(self, will: Outbound) -> paho.Client:
+        s = self._settings
+        client = paho.Client(CallbackAPIVersion.VERSION2, client_id=s.client_id,
+                             protocol=paho.MQTTv5 if self._v5 else paho.MQTTv311,
+                             clean_session=None if self._v5 else False, reconnect_on_failure=False)
+        client.max_inflight_messages_set(0)  # the outbox bounds what is in flight
+        client.max_queued_messages_set(0)
+        if s.username is not None:
+            client.username_pw_set(s.username, s.password)
+        if s.tls:
+            try:
+                client.tls_set(ca_certs=s.ca_file, certfile=s.cert_file, keyfile=s.key_file,
+                               cert_reqs=ssl.CERT_REQUIRED)
+            except (OSError, ssl.SSLError, ValueError) as e:
+                raise MqttError(f"mqtt TLS setup failed (ca_file={s.ca_file}, cert_file={s.cert_file}): {e}") \
+                    from e
+            client.tls_insecure_set(s.tls_insecure)
+        client.will_set(will.topic, will.payload, will.qos, will.retain, self._properties(will))
+        client.on_connect = self._on_connect
+        client.on_disconnect = self._on_disconnect
+        client.on_message = self._on_message
+        client.on_publish = self._on_publish
+        client.on_socket_open = self._on_socket_open
+        return client
+
+    def _connect_properties(self) -> Properties | None:
+        if not self._v5:
+            return None
+        props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+        props.SessionExpiryInterval = self._settings.session_expiry_s
+        return props
+
+    # --- lifecycle -----------------------------------------------------------------------------------------
+    def start(self) -> None:
+        s = self._settings
+        if self._v5:
+            self._client.connect_async(s.host, s.port, s.keepalive_s, clean_start=False,
+                                       properties=self._connect_properties())
+        else:
+            self._client.connect_async(s.host, s.port, s.keepalive_s)
+        self._thread = threading.Thread(target=self._run, name="edged-mqtt-net", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float) -> None:
+        """Disconnect cleanly (no last will) and end the network thread."""
+        self._stop_deadline = time.monotonic() + timeout_s
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s + 1.0)
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            if self._client.socket() is None and not self._try_connect():
+                self._backoff()
+                continue
+            rc = self._client.loop(timeout=1.0)
+            if rc != paho.MQTT_ERR_SUCCESS and not self._stopping.is_set():
+                self._mark_down(f"connection lost ({paho.error_string(rc)})")
+                self._backoff()
+        self._disconnect()
+
+    def _backoff(self) -> None:
+        s = self._settings
+        self._stopping.wait(backoff_delay(self._attempt, s.reconnect_min_s, s.reconnect_max_s, self._rng))
+        self._attempt += 1
+
+    def _disconnect(self) -> None:
+        if self._client.socket() is not None and self._connected.is_set():
+            self._client.disconnect()
+            while self._client.socket() is not None and time.monotonic() < self._stop_deadline:
+                self._client.loop(timeout=0.05)
+        self._connected.clear()
+
+    def _try_connect(self) -> bool:
+        try:
+            self._client.reconnect()
+            return True
+        except (OSError, ssl.SSLError, ValueError, paho.WebsocketConnectionError) as e:
+            self._mark_down(f"cannot connect to {self._settings.host}:{self._settings.port}: {e}")
+            return False
+
+    def _mark_down(self, reason: str) -> None:
+        self.last_error = reason
+        if self._connected.is_set():
+            self._connected.clear()
+            self._listener.on_disconnected(reason)
+
+    # --- paho callbacks (network thread) -------------------------------------------------------------------
+    def _on_socket_open(self, client: paho.Client, userdata: Any, sock: Any) -> None:
+        _nodelay(sock)
+
+    def _on_connect(self, client: paho.Client, userdata: Any, flags: Any, reason: ReasonCode,
+                    properties: Any) -> None:
+        if reason.is_failure:
+            self.last_error = f"broker refused the connection: {reason}"
+            log.warning("mqtt: %s", self.last_error)
+            return
+        _nodelay(client.socket())  # paho never sets TCP_NODELAY; Nagle costs ~40 ms per reply
+        if self._subscriptions:
+            client.subscribe(self._subscriptions)
+        self.connects += 1
+        self._attempt = 0
+        self.last_error = ""
+        self._connected.set()
+        self._listener.on_connected(bool(flags.session_present))
+
+    def _on_disconnect(self, client: paho.Client, userdata: Any, flags: Any, reason: ReasonCode,
+                       properties: Any) -> None:
+        self._mark_down(f"disconnected: {reason}")
+
+    def _on_message(self, client: paho.Client, userdata: Any, msg: paho.MQTTMessage) -> None:
+        props = getattr(msg, "properties", None)
+        inbound = Inbound(
+            topic=msg.topic, payload=bytes(msg.payload), qos=msg.qos, retain=bool(msg.retain),
+            response_topic=getattr(props, "ResponseTopic", None), correlation_data=getattr(
+                props, "CorrelationData", None), content_type=getattr(props, "ContentType", None),
+            user_properties=tuple((str(k), str(v)) for k, v in getattr(props, "UserProperty", []) or []),
+            received_ns=time.time_ns())
+        try:
+            self._listener.on_message(inbound)
+        except Exception:  # a bug in one handler must not kill the network thread
+            log.exception("mqtt: handling a message on %r failed", msg.topic)
+
+    def _on_publish(self, client: paho.Client, userdata: Any, mid: int, reason: ReasonCode,
+                    properties: Any) -> None:
+        self._listener.on_acked(mid, not reason.is_failure)
+
+    # --- publishing ----------------------------------------------------------------------------------------
+    def publish(self, message: Outbound) -> int | None:
+        """Hand a message to paho; its mid, or None when it was not taken (never connected, bad topic)."""
+        try:
+            info = self._client.publish(message.topic, message.payload, message.qos, message.retain,
+                                        self._properties(message))
+        except (ValueError, TypeError) as e:
+            log.warning("mqtt: cannot publish to %r: %s", message.topic, e)
+            return None
+        if info.rc not in (paho.MQTT_ERR_SUCCESS, paho.MQTT_ERR_NO_CONN):
+            return None
+        return int(info.mid)
+
+    def _properties(self, message: Outbound) -> Properties | None:
+        if not self._v5:
+            return None
+        props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+        if message.correlation_data is not None:
+            props.CorrelationData = message.correlation_data
+        if message.content_type:
+            props.ContentType = message.content_type
+        user = list(message.user_properties)
+        if message.message_id:
+            user.append(("edged-message-id", message.message_id))
+        if user:
+            props.UserProperty = user
+        return props
+
+
+def _nodelay(sock: Any) -> None:
+    if sock is None:
+        return
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except (OSError, AttributeError):
+        log.debug("mqtt: cannot set TCP_NODELAY on %r", sock)

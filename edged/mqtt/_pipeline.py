@@ -1,0 +1,117 @@
+"""Sensor pipelines: ``input`` topic filter → decode → model → optional top-k → ``output`` topic template.
+
+One worker per pipeline takes whatever has queued (up to ``max_in_flight``), submits it all to the engine so
+the dynamic batcher can batch it, then publishes the results in arrival order: results keep the order of
+their input topic. Failures are published to the output topic as ``{"error": ...}`` and counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from edged.config import MqttConfig, PipelineConfig
+from edged.engine import InferenceService
+from edged.errors import EdgedError, PayloadError
+from edged.mqtt._codecs import BINARY_TYPE, HEADER_LENGTH, JSON_TYPE, codec_for
+from edged.mqtt._message import Inbound, Outbound
+from edged.mqtt._metrics import Metrics
+from edged.mqtt._queue import BoundedQueue
+from edged.mqtt._requests import MAX_ELEMENTS, Publisher
+from edged.mqtt._topics import check_filter, check_template, filter_matches, render, wildcard_count
+from edged.mqtt._work import Job, finish, load_labels, start
+
+log = logging.getLogger(__name__)
+
+
+class Pipeline:
+    def __init__(self, index: int, service: InferenceService, pipeline: PipelineConfig, config: MqttConfig,
+                 v5: bool, publisher: Publisher, metrics: Metrics, new_id: Callable[[], str]) -> None:
+        try:
+            check_filter(pipeline.input)
+            check_template(pipeline.output, wildcard_count(pipeline.input))
+        except PayloadError as e:
+            raise EdgedError(f"mqtt.pipelines[{index}]: {e}") from e
+        self.config = pipeline
+        self.name = f"pipelines[{index}]"
+        self._service = service
+        self._max_payload = config.max_payload_bytes
+        self._v5 = v5
+        self._publisher = publisher
+        self._metrics = metrics
+        self._new_id = new_id
+        self._queue: BoundedQueue[Job] = BoundedQueue(pipeline.max_in_flight, pipeline.backpressure)
+        self._labels: dict[str, list[str]] | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    def match(self, topic: str) -> tuple[str, ...] | None:
+        return filter_matches(self.config.input, topic)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._work, name=f"edged-mqtt-{self.name}", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float) -> None:
+        self._queue.close()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        left = self._queue.clear()
+        if left:
+            self._metrics.drop("shutdown", left)
+
+    # --- network thread ------------------------------------------------------------------------------------
+    def accept(self, message: Inbound, captures: tuple[str, ...]) -> None:
+        try:
+            topic = render(self.config.output, captures)
+        except PayloadError as e:
+            self._metrics.drop("bad_topic")
+            log.info("mqtt %s: input %r gives no valid output topic: %s", self.name, message.topic[:200], e)
+            return
+        codec = codec_for(message, self.config.codec) if self._v5 else self.config.codec
+        job = Job(message, self.config.model, self.config.version or "", codec, topic, self._v5,
+                  self._new_id(), self.config.input_name)
+        dropped = self._queue.put(job)
+        if dropped is not None:
+            self._metrics.drop("backpressure" if dropped is not job else "shutdown")
+            log.debug("mqtt %s: dropped a message from %r (backpressure)", self.name, dropped.message.topic)
+
+    # --- worker --------------------------------------------------------------------------------------------
+    def _work(self) -> None:
+        while not self._queue.finished:
+            batch = self._queue.take(self.config.max_in_flight)
+            try:
+                self._run(batch)
+            except Exception:  # keep the pipeline alive whatever one batch does
+                log.exception("mqtt %s: a batch of %d failed", self.name, len(batch))
+                self._metrics.error("internal", len(batch))
+
+    def _run(self, batch: list[Job]) -> None:
+        for job in batch:
+            start(self._service, job, self._max_payload, MAX_ELEMENTS, inline=False)
+        labels = self._label_table()
+        for job in batch:
+            body, header_length, ok = finish(job, labels, self.config.top_k)
+            if not ok:
+                self._metrics.error("pipeline")
+            user = ((HEADER_LENGTH, str(header_length)),) if header_length is not None else ()
+            self._publisher.send(Outbound(
+                job.reply_topic or "", body, self.config.qos,
+                content_type=BINARY_TYPE if header_length is not None else JSON_TYPE, user_properties=user,
+                message_id=job.message_id))
+
+    def _label_table(self) -> dict[str, list[str]] | None:
+        if self.config.postprocess != "topk":
+            return None
+        if self._labels is None:
+            try:
+                self._labels = load_labels(self._service, self.config.model, self.config.version or "",
+                                           self.config.labels)
+            except EdgedError as e:
+                log.warning("mqtt %s: no labels (%s); top-k results carry indices only", self.name, e)
+                return {}
+        return self._labels

@@ -1,0 +1,67 @@
+"""A bounded hand-off queue between the network thread and a worker, with a backpressure policy.
+
+``block`` makes the producer (paho's network thread) wait for room, which stops reading from the broker: the
+broker queues for us (set its max_queued_messages). ``drop_oldest`` never waits: it drops the oldest queued
+message and counts it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class BoundedQueue(Generic[T]):
+    def __init__(self, capacity: int, policy: str) -> None:
+        self._capacity = capacity
+        self._policy = policy
+        self._items: deque[T] = deque()
+        self._cond = threading.Condition()
+        self._closed = False
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put(self, item: T) -> T | None:
+        """Queue ``item``; returns the item dropped to make room (drop_oldest), the item itself when the queue
+        is closed, else None."""
+        with self._cond:
+            while self._policy == "block" and len(self._items) >= self._capacity and not self._closed:
+                self._cond.wait(0.5)
+            if self._closed:
+                return item
+            dropped = None
+            if len(self._items) >= self._capacity:
+                dropped = self._items.popleft()
+            self._items.append(item)
+            self._cond.notify_all()
+            return dropped
+
+    def take(self, most: int, timeout_s: float = 0.5) -> list[T]:
+        """Up to ``most`` items, waiting up to ``timeout_s`` for the first; [] when closed and empty."""
+        with self._cond:
+            if not self._items and not self._closed:
+                self._cond.wait(timeout_s)
+            batch = [self._items.popleft() for _ in range(min(most, len(self._items)))]
+            if batch:
+                self._cond.notify_all()
+            return batch
+
+    def close(self) -> None:
+        """Refuse new items; what is queued can still be taken."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def clear(self) -> int:
+        with self._cond:
+            count = len(self._items)
+            self._items.clear()
+            return count
+
+    @property
+    def finished(self) -> bool:
+        return self._closed and not self._items

@@ -1,0 +1,122 @@
+"""Request/response over ``{prefix}/infer/{model}[/{version}]``.
+
+The reply goes to the MQTT v5 ResponseTopic with the request's CorrelationData, or (MQTT 3.1.1) to the topic
+named by ``reply_to`` in the JSON request. A request with no usable reply topic is dropped and counted. A pool
+of workers serves requests in any order; a full queue answers its oldest request with an error.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Protocol
+
+from edged.config import MqttConfig
+from edged.engine import InferenceService
+from edged.errors import EdgedError, PayloadError, QueueFull
+from edged.mqtt._codecs import BINARY_TYPE, HEADER_LENGTH, JSON_TYPE, codec_for, error_payload, reply_topic_in
+from edged.mqtt._message import Inbound, Outbound
+from edged.mqtt._metrics import Metrics
+from edged.mqtt._queue import BoundedQueue
+from edged.mqtt._topics import check_topic_name
+from edged.mqtt._work import Job, finish, start
+
+log = logging.getLogger(__name__)
+MAX_ELEMENTS = 64 * 1024 * 1024
+
+
+class Publisher(Protocol):
+    def send(self, message: Outbound) -> None: ...
+
+
+class RequestHandler:
+    def __init__(self, service: InferenceService, config: MqttConfig, v5: bool, publisher: Publisher,
+                 metrics: Metrics, new_id: Callable[[], str]) -> None:
+        self._service = service
+        self._config = config
+        self._v5 = v5
+        self._publisher = publisher
+        self._metrics = metrics
+        self._new_id = new_id
+        self._queue: BoundedQueue[Job] = BoundedQueue(config.request_workers * 64, "drop_oldest")
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        for index in range(self._config.request_workers):
+            thread = threading.Thread(target=self._work, name=f"edged-mqtt-request-{index}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self, timeout_s: float) -> None:
+        self._queue.close()
+        for thread in self._threads:
+            thread.join(timeout_s / max(1, len(self._threads)))
+        left = self._queue.clear()
+        if left:
+            self._metrics.drop("shutdown", left)
+
+    # --- network thread ------------------------------------------------------------------------------------
+    def accept(self, message: Inbound, model: str, version: str) -> None:
+        reply = self._reply_topic(message)
+        if reply is None:
+            return
+        job = Job(message, model, version, codec_for(message, "json"), reply, self._v5, self._new_id())
+        dropped = self._queue.put(job)
+        if dropped is not None:
+            self._metrics.drop("backpressure")
+            self.reply_error(dropped.message, QueueFull(
+                f"the MQTT request queue is full ({self._config.request_workers * 64} requests); try again "
+                "later"), dropped.reply_topic)
+
+    def reject(self, message: Inbound, error: EdgedError) -> None:
+        """Answer a request that cannot even be queued (bad topic, oversized) if it has a reply topic."""
+        reply = self._reply_topic(message)
+        if reply is not None:
+            self._metrics.error(type(error).__name__)
+            self.reply_error(message, error, reply)
+
+    def reply_error(self, message: Inbound, error: EdgedError, topic: str | None) -> None:
+        if topic is None:
+            return
+        self._publisher.send(Outbound(topic, error_payload(str(error)), message.qos,
+                                      correlation_data=message.correlation_data, content_type=JSON_TYPE,
+                                      message_id=self._new_id()))
+
+    def _reply_topic(self, message: Inbound) -> str | None:
+        topic = message.response_topic
+        if topic is None and len(message.payload) <= self._config.max_payload_bytes:
+            topic = reply_topic_in(message)
+        if topic is None:
+            self._metrics.drop("no_reply_topic")
+            log.info("mqtt: request on %r has no reply topic (v5 ResponseTopic or \"reply_to\"); dropped",
+                     message.topic[:200])
+            return None
+        try:
+            return check_topic_name(topic)
+        except PayloadError as e:
+            self._metrics.drop("bad_topic")
+            log.info("mqtt: request on %r: %s; dropped", message.topic[:200], e)
+            return None
+
+    # --- workers -------------------------------------------------------------------------------------------
+    def _work(self) -> None:
+        while not self._queue.finished:
+            for job in self._queue.take(1):
+                try:
+                    self._serve(job)
+                except Exception:  # one bad request must not end the worker
+                    log.exception("mqtt: serving a request on %r failed", job.message.topic[:200])
+                    self._metrics.error("internal")
+
+    def _serve(self, job: Job) -> None:
+        start(self._service, job, self._config.max_payload_bytes, MAX_ELEMENTS, inline=True)
+        body, header_length, ok = finish(job, None, 0)
+        if not ok:
+            self._metrics.error("request")
+        user = ((HEADER_LENGTH, str(header_length)),) if header_length is not None else ()
+        if job.reply_topic is not None:
+            self._publisher.send(Outbound(
+                job.reply_topic, body, job.message.qos, correlation_data=job.message.correlation_data,
+                content_type=BINARY_TYPE if header_length is not None else JSON_TYPE, user_properties=user,
+                message_id=job.message_id))

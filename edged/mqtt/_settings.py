@@ -1,0 +1,88 @@
+"""Connection settings derived from the ``[mqtt]`` section: broker URL, identity, credentials, TLS."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from edged.config import MqttConfig
+from edged.errors import ConfigError
+
+CREDENTIAL_NAME = "mqtt-password"
+_SAFE_ID = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+@dataclass(frozen=True)
+class ConnectionSettings:
+    host: str
+    port: int
+    tls: bool
+    protocol: str  # "5" or "3.1.1"
+    client_id: str
+    keepalive_s: int
+    session_expiry_s: int
+    reconnect_min_s: float
+    reconnect_max_s: float
+    username: str | None = None
+    password: str | None = None
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    tls_insecure: bool = False
+
+
+def device_id_of(config: MqttConfig) -> str:
+    """The device id used in topics and the client id: configured, else the host name, made topic-safe."""
+    raw = config.device_id or socket.gethostname() or "edged"
+    return _SAFE_ID.sub("_", raw)
+
+
+def parse_broker(url: str) -> tuple[str, int, bool]:
+    """(host, port, tls) from ``mqtt://host[:port]`` or ``mqtts://host[:port]`` (a bare host:port is mqtt)."""
+    parts = urlsplit(url if "://" in url else f"mqtt://{url}")
+    if parts.scheme not in ("mqtt", "mqtts", "tcp", "ssl"):
+        raise ConfigError(f"mqtt.broker: expected mqtt://host:port or mqtts://host:port, found {url!r}")
+    tls = parts.scheme in ("mqtts", "ssl")
+    if not parts.hostname:
+        raise ConfigError(f"mqtt.broker: no host in {url!r}")
+    try:
+        port = parts.port or (8883 if tls else 1883)
+    except ValueError as e:
+        raise ConfigError(f"mqtt.broker: bad port in {url!r}") from e
+    return parts.hostname, port, tls
+
+
+def read_password(config: MqttConfig, environ: dict[str, str] | None = None) -> str | None:
+    """The password from ``password_file``, else the systemd credential, else None. Never from argv."""
+    env = os.environ if environ is None else environ
+    candidates = []
+    if config.password_file:
+        candidates.append(Path(config.password_file))
+    elif env.get("CREDENTIALS_DIRECTORY"):
+        candidates.append(Path(env["CREDENTIALS_DIRECTORY"]) / CREDENTIAL_NAME)
+    for path in candidates:
+        try:
+            return path.read_text(encoding="utf-8").rstrip("\r\n")
+        except FileNotFoundError:
+            if config.password_file:
+                raise ConfigError(f"mqtt.password_file: {path} does not exist") from None
+        except OSError as e:
+            raise ConfigError(f"mqtt password: cannot read {path}: {e}") from e
+    return None
+
+
+def connection_settings(config: MqttConfig, environ: dict[str, str] | None = None) -> ConnectionSettings:
+    if not config.broker:
+        raise ConfigError("mqtt.broker is not set")
+    host, port, tls = parse_broker(config.broker)
+    return ConnectionSettings(
+        host=host, port=port, tls=tls or config.ca_file is not None, protocol=config.protocol,
+        client_id=f"edged-{device_id_of(config)}", keepalive_s=config.keepalive_s,
+        session_expiry_s=config.session_expiry_s, reconnect_min_s=config.reconnect_min_s,
+        reconnect_max_s=max(config.reconnect_min_s, config.reconnect_max_s), username=config.username,
+        password=read_password(config, environ), ca_file=config.ca_file, cert_file=config.cert_file,
+        key_file=config.key_file, tls_insecure=config.tls_insecure)

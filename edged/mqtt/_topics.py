@@ -1,0 +1,86 @@
+"""Topic names, filters and templates. Pure functions; every problem is a PayloadError naming the topic."""
+
+from __future__ import annotations
+
+import re
+
+from edged.errors import PayloadError
+
+_MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+_VERSION = re.compile(r"[0-9]{1,18}")
+_PLACEHOLDER = re.compile(r"\{(\d+)\}")
+MAX_TOPIC_BYTES = 65535
+
+
+def filter_matches(topic_filter: str, topic: str) -> tuple[str, ...] | None:
+    """The segments the filter's wildcards matched (``#`` gives the rest joined by '/'), or None."""
+    if topic.startswith("$") and topic_filter[:1] in ("+", "#"):
+        return None  # MQTT 4.7.2: wildcards at the first level never match $-topics
+    wanted = topic_filter.split("/")
+    parts = topic.split("/")
+    captures: list[str] = []
+    for index, level in enumerate(wanted):
+        if level == "#":
+            captures.append("/".join(parts[index:]))
+            return tuple(captures)
+        if index >= len(parts):
+            return None
+        if level == "+":
+            captures.append(parts[index])
+        elif level != parts[index]:
+            return None
+    return tuple(captures) if len(parts) == len(wanted) else None
+
+
+def check_filter(topic_filter: str) -> None:
+    levels = topic_filter.split("/")
+    for index, level in enumerate(levels):
+        if ("#" in level and (level != "#" or index != len(levels) - 1)) or ("+" in level and level != "+"):
+            raise PayloadError(f"topic filter {topic_filter!r}: '+' and '#' must fill a whole level, '#' only "
+                               "the last")
+    if not topic_filter or "\0" in topic_filter:
+        raise PayloadError(f"topic filter {topic_filter!r} is empty or holds NUL")
+
+
+def wildcard_count(topic_filter: str) -> int:
+    return sum(1 for level in topic_filter.split("/") if level in ("+", "#"))
+
+
+def check_template(template: str, wildcards: int) -> None:
+    for match in _PLACEHOLDER.finditer(template):
+        number = int(match.group(1))
+        if not 1 <= number <= wildcards:
+            raise PayloadError(f"output template {template!r}: {{{number}}} but the input filter has "
+                               f"{wildcards} wildcards")
+    check_topic_name(_PLACEHOLDER.sub("x", template))
+
+
+def render(template: str, captures: tuple[str, ...]) -> str:
+    topic = _PLACEHOLDER.sub(lambda m: captures[int(m.group(1)) - 1], template)
+    check_topic_name(topic)
+    return topic
+
+
+def check_topic_name(topic: str) -> str:
+    """A topic edged may publish to: non-empty, no wildcards, no NUL, not a $-topic, within MQTT's length."""
+    if not topic or "+" in topic or "#" in topic or "\0" in topic or topic.startswith("$"):
+        raise PayloadError(f"topic {topic[:200]!r} is not a valid topic to publish to (empty, wildcard, NUL "
+                           "or $-topic)")
+    if len(topic.encode("utf-8", "surrogatepass")) > MAX_TOPIC_BYTES:
+        raise PayloadError(f"topic is {len(topic)} characters, more than MQTT's {MAX_TOPIC_BYTES} bytes")
+    return topic
+
+
+def parse_infer_topic(prefix: str, topic: str) -> tuple[str, str] | None:
+    """(model, version) from ``{prefix}/infer/{model}[/{version}]``; None when the topic is not an infer topic."""
+    head = f"{prefix}/infer/"
+    if not topic.startswith(head):
+        return None
+    rest = topic[len(head):].split("/")
+    if len(rest) > 2 or not _MODEL_NAME.fullmatch(rest[0]) or rest[0] in (".", ".."):
+        raise PayloadError(f"infer topic {topic[:200]!r}: expected {prefix}/infer/<model>[/<version>] with a "
+                           "model name of letters, digits, '_', '.', '-'")
+    version = rest[1] if len(rest) == 2 else ""
+    if version and not _VERSION.fullmatch(version):
+        raise PayloadError(f"infer topic {topic[:200]!r}: version must be a number, found {version[:50]!r}")
+    return rest[0], version

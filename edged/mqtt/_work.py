@@ -1,0 +1,124 @@
+"""One inbound message on its way through the engine: decode, submit, wait, encode.
+
+Shared by request/response topics and pipelines. Every failure becomes an ``{"error": ...}`` payload with the
+engine's own message, exactly as the socket API words it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from edged.engine import InferenceService, InferRequest, InferResponse, RequestedOutput
+from edged.errors import EdgedError, PayloadError, PayloadTooLarge, RequestTimeout
+from edged.mqtt._codecs import decode, encode, error_payload, top_k
+from edged.mqtt._message import Inbound
+from edged.protocol import DecodedRequest
+
+RESULT_TIMEOUT_S = 120.0
+
+
+class Slot:
+    """A one-shot result slot filled by the engine's done callback (possibly before submit returns)."""
+
+    __slots__ = ("_event", "result")
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.result: InferResponse | EdgedError | None = None
+
+    def set(self, result: InferResponse | EdgedError) -> None:
+        self.result = result
+        self._event.set()
+
+    def wait(self, model: str, timeout_s: float) -> InferResponse | EdgedError:
+        if not self._event.wait(timeout_s) or self.result is None:
+            return RequestTimeout(f"model {model}: no response within {timeout_s} s")
+        return self.result
+
+
+@dataclass
+class Job:
+    """What a worker knows about one message: where it came from, what it asks, where the answer goes."""
+
+    message: Inbound
+    model: str
+    version: str
+    codec: str
+    reply_topic: str | None
+    binary_ok: bool
+    message_id: str
+    input_name: str | None = None
+    decoded: DecodedRequest | None = None
+    slot: Slot = field(default_factory=Slot)
+
+    def parameters(self) -> dict[str, Any]:
+        """edged's own fields in a result: its message id and the input's timestamp, for de-duplication and
+        latency measurements."""
+        stamp: Any = None
+        if self.decoded is not None:
+            stamp = self.decoded.parameters.get("timestamp")
+        if stamp is None:
+            stamp = self.message.user_property("timestamp")
+        return {"edged_message_id": self.message_id, "input_timestamp": stamp if stamp is not None else
+                self.message.received_ns, "received_ns": self.message.received_ns}
+
+
+def start(service: InferenceService, job: Job, max_payload: int, max_elements: int, inline: bool) -> None:
+    """Decode and submit; the outcome (response or error) lands in ``job.slot``."""
+    try:
+        if len(job.message.payload) > max_payload:
+            raise PayloadTooLarge(f"message is {len(job.message.payload)} bytes, more than the limit of "
+                                  f"{max_payload}")
+        if service.needs_load(job.model):
+            service.ensure_loaded(job.model)
+        config = service.model_config(job.model, job.version)
+        job.decoded = decode(job.message, job.codec, config, job.input_name, max_elements)
+        service.submit(_request(job, job.decoded), job.slot.set, inline)
+    except EdgedError as e:
+        job.slot.set(e)
+
+
+def _request(job: Job, decoded: DecodedRequest) -> InferRequest:
+    outputs = tuple(RequestedOutput(o.name, o.binary_data, o.class_count) for o in decoded.outputs)
+    return InferRequest(job.model, decoded.inputs, job.version, decoded.id, outputs, decoded.parameters,
+                        decoded.priority, decoded.timeout_us)
+
+
+def finish(job: Job, labels: dict[str, list[str]] | None, k: int,
+           deadline_s: float = RESULT_TIMEOUT_S) -> tuple[bytes, int | None, bool]:
+    """(payload, binary header length, ok) for the job's outcome."""
+    result = job.slot.wait(job.model, deadline_s)
+    request_id = job.decoded.id if job.decoded is not None else ""
+    if isinstance(result, EdgedError):
+        return error_payload(str(result), request_id, job.parameters()), None, False
+    if labels is not None:
+        result.outputs = top_k(result.outputs, labels, k)
+    try:
+        body, length = encode(result, job.decoded or DecodedRequest({}), job.parameters(), job.binary_ok)
+    except (EdgedError, TypeError, ValueError) as e:
+        return error_payload(f"cannot encode the response: {e}", request_id, job.parameters()), None, False
+    return body, length, True
+
+
+def load_labels(service: InferenceService, model: str, version: str, override: str | None) -> dict[str, list[str]]:
+    """Output name → labels, from the pipeline's label file or each output's label_filename."""
+    config = service.model_config(model, version)
+    labels: dict[str, list[str]] = {}
+    for output in config.output:
+        name = override or output.label_filename
+        if not name:
+            continue
+        path = Path(name) if Path(name).is_absolute() else Path(service.repository) / model / name
+        try:
+            labels[output.name] = path.read_text(encoding="utf-8").splitlines()
+        except OSError as e:
+            raise PayloadError(f"model {model}: cannot read label file {path}: {e}") from e
+    return labels
+
+
+def now_ns() -> int:
+    return time.time_ns()

@@ -1,0 +1,160 @@
+"""The MQTT front end: one broker connection, request/response topics, sensor pipelines, the durable outbox.
+
+Built by the daemon only when ``[mqtt] broker`` is set. ``start()`` never blocks and never fails because the
+broker is down: the connection retries with backoff and jitter while results accumulate in the outbox.
+Status messages (birth, will, stopped) bypass the outbox on purpose: they describe the current connection,
+and a stale "online" replayed after a restart would be wrong; a birth is published on every (re)connect.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+from edged.config import MqttConfig
+from edged.engine import InferenceService
+from edged.errors import PayloadError
+from edged.mqtt._codecs import JSON_TYPE
+from edged.mqtt._message import Inbound, Outbound
+from edged.mqtt._metrics import Metrics, render_prometheus
+from edged.mqtt._outbox import Outbox
+from edged.mqtt._paho import Connection
+from edged.mqtt._pipeline import Pipeline
+from edged.mqtt._requests import RequestHandler
+from edged.mqtt._settings import connection_settings, device_id_of
+from edged.mqtt._status import birth, offline, stopped
+from edged.mqtt._topics import parse_infer_topic
+
+log = logging.getLogger(__name__)
+OUTBOX_FILE = "mqtt-outbox.sqlite3"
+
+
+class MqttFrontEnd:
+    def __init__(self, service: InferenceService, config: MqttConfig, state_dir: Path, *, version: str) -> None:
+        self._service = service
+        self._config = config
+        self._version = version
+        self._settings = connection_settings(config)
+        self.device_id = device_id_of(config)
+        self.prefix = f"edged/{self.device_id}"
+        self._metrics = Metrics()
+        self._run_id = secrets.token_hex(6)
+        self._counter = itertools.count(1)
+        self._outbox = Outbox(state_dir / OUTBOX_FILE, config.outbox, self._metrics)
+        v5 = config.protocol == "5"
+        self._requests = RequestHandler(service, config, v5, self, self._metrics, self.new_message_id)
+        self._pipelines = [Pipeline(i, service, p, config, v5, self, self._metrics, self.new_message_id)
+                           for i, p in enumerate(config.pipelines)]
+        subscriptions = [(f"{self.prefix}/infer/#", config.qos)]
+        subscriptions += [(p.input, p.qos) for p in config.pipelines]
+        will = Outbound(self._status_topic, offline(self.device_id), 1, retain=True, content_type=JSON_TYPE)
+        self._connection = Connection(self._settings, self, will, subscriptions)
+        self._started = False
+
+    @property
+    def _status_topic(self) -> str:
+        return f"{self.prefix}/status"
+
+    def new_message_id(self) -> str:
+        return f"{self._run_id}-{next(self._counter)}"
+
+    # --- lifecycle -----------------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._outbox.start(self._connection.publish)
+        self._requests.start()
+        for pipeline in self._pipelines:
+            pipeline.start()
+        self._connection.start()
+        self._started = True
+        log.info("mqtt: connecting to %s:%d as %s", self._settings.host, self._settings.port,
+                 self._settings.client_id)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Finish queued work, publish "stopped", deliver what the outbox holds (while connected), disconnect."""
+        deadline = time.monotonic() + timeout_s
+        self._requests.stop(max(0.1, (deadline - time.monotonic()) / 2))
+        for pipeline in self._pipelines:
+            pipeline.stop(max(0.1, (deadline - time.monotonic()) / 2))
+        if self._connection.connected:
+            self._connection.publish(Outbound(self._status_topic, stopped(self.device_id), 1, retain=True,
+                                              content_type=JSON_TYPE))
+        self._outbox.wait_drained(max(0.0, deadline - time.monotonic()))
+        self._connection.stop(max(0.1, deadline - time.monotonic()))
+        self._outbox.stop(max(0.1, deadline - time.monotonic()))
+        self._started = False
+
+    # --- what the daemon reports ---------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        snapshot = self._metrics.snapshot()
+        return {
+            "enabled": True, "connected": self._connection.connected,
+            "broker": f"{self._settings.host}:{self._settings.port}", "tls": self._settings.tls,
+            "protocol": self._settings.protocol, "client_id": self._settings.client_id,
+            "device_id": self.device_id, "prefix": self.prefix, "connects": self._connection.connects,
+            "last_error": self._connection.last_error,
+            "messages_in": snapshot["counts"].get("received", 0),
+            "messages_out": snapshot["counts"].get("published", 0),
+            "outbox": {"depth": self._outbox.depth, "bytes": self._outbox.stored_bytes,
+                       "in_flight": self._outbox.in_flight, "fsync": self._config.outbox.fsync},
+            "pipelines": [{"input": p.config.input, "model": p.config.model, "output": p.config.output,
+                           "queued": p.queued} for p in self._pipelines],
+            "drops": snapshot["drops"], "errors": snapshot["errors"],
+        }
+
+    def prometheus_lines(self) -> str:
+        return render_prometheus(self._metrics.snapshot(), self._connection.connected, self._outbox.depth,
+                                 self._outbox.stored_bytes, self._outbox.in_flight)
+
+    def publish_telemetry(self, payload: bytes) -> None:
+        self.send(Outbound(f"{self.prefix}/telemetry", payload, self._config.qos, content_type=JSON_TYPE,
+                           message_id=self.new_message_id()))
+
+    # --- Publisher -----------------------------------------------------------------------------------------
+    def send(self, message: Outbound) -> None:
+        if message.qos >= 1:
+            self._outbox.put(message)
+        elif self._connection.connected and self._connection.publish(message) is not None:
+            self._metrics.add("published")
+        else:
+            self._metrics.drop("not_connected")
+
+    # --- Listener (network thread) -------------------------------------------------------------------------
+    def on_connected(self, session_present: bool) -> None:
+        self._metrics.add("connects")
+        log.info("mqtt: connected to %s:%d (session present: %s)", self._settings.host, self._settings.port,
+                 session_present)
+        payload = birth(self.device_id, self._version, self._service.model_names(), self._config,
+                        self._settings.protocol)
+        self._connection.publish(Outbound(self._status_topic, payload, 1, retain=True, content_type=JSON_TYPE))
+        self._outbox.set_connected(True)
+
+    def on_disconnected(self, reason: str) -> None:
+        log.warning("mqtt: %s; results wait in the outbox", reason)
+        self._outbox.set_connected(False)
+
+    def on_acked(self, mid: int, ok: bool) -> None:
+        self._outbox.on_acked(mid, ok)
+
+    def on_message(self, message: Inbound) -> None:
+        self._metrics.add("received")
+        if message.retain:  # replayed at subscribe time: old state, not a new request
+            self._metrics.drop("retained")
+            return
+        try:
+            target = parse_infer_topic(self.prefix, message.topic)
+        except PayloadError as e:
+            self._requests.reject(message, e)
+            return
+        if target is not None:
+            self._requests.accept(message, *target)
+            return
+        for pipeline in self._pipelines:
+            captures = pipeline.match(message.topic)
+            if captures is not None:
+                pipeline.accept(message, captures)
+                return
+        self._metrics.drop("unrouted")

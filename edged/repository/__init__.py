@@ -1,0 +1,50 @@
+"""The model repository: Triton's layout, ``config.pbtxt`` parsing, auto-complete, versions, atomic install.
+
+The typed config values live in `edged.repository.model_config`; this package turns files into them and
+them into Triton's JSON form. It imports no runtime: signatures come from the backends.
+"""
+
+from edged.repository._autocomplete import DEFAULT_MAX_BATCH_SIZE, autocomplete
+from edged.repository._build import build_model_config, parse_model_config, unknown_fields
+from edged.repository._from_json import model_config_from_json
+from edged.repository._json import model_config_to_json
+from edged.repository._normalize import normalize
+from edged.repository._pbtxt import Field, Ident, Message, dump, parse
+from edged.repository.layout import (
+    CONFIG_FILENAME,
+    check_model_name,
+    detect_runtime,
+    find_models,
+    install_version,
+    list_versions,
+    load_model_config,
+    missing_versions,
+    select_versions,
+    write_file_atomic,
+)
+
+__all__ = [
+    "CONFIG_FILENAME",
+    "DEFAULT_MAX_BATCH_SIZE",
+    "Field",
+    "Ident",
+    "Message",
+    "autocomplete",
+    "build_model_config",
+    "check_model_name",
+    "detect_runtime",
+    "dump",
+    "find_models",
+    "install_version",
+    "list_versions",
+    "load_model_config",
+    "missing_versions",
+    "model_config_from_json",
+    "model_config_to_json",
+    "normalize",
+    "parse",
+    "parse_model_config",
+    "select_versions",
+    "unknown_fields",
+    "write_file_atomic",
+]

@@ -1,0 +1,111 @@
+"""Typed readers for the fields of a text-format tree: each checks the value's type and range and raises a
+ModelConfigError at the field's line and column naming the field, what was expected and what was found.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from edged.errors import ModelConfigError
+from edged.repository._pbtxt import Field, Ident, Message, format_scalar
+from edged.repository._plain import BOOL_IDENTS, plain_fields
+
+INT32 = (-(2**31), 2**31 - 1)
+UINT32 = (0, 2**32 - 1)
+INT64 = (-(2**63), 2**63 - 1)
+UINT64 = (0, 2**64 - 1)
+
+
+def describe(value: Message | Ident | int | float | str) -> str:
+    if isinstance(value, Message):
+        return "a message"
+    if isinstance(value, Ident):
+        return f"identifier {value.name}"
+    if isinstance(value, str):
+        return f"string {format_scalar(value)}"
+    return f"{type(value).__name__} {format_scalar(value)}"
+
+
+@dataclass
+class Reader:
+    """Reads one config file; collects the fields edged does not model (kept in ``extra``)."""
+
+    path: str | None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def error(self, message: str, node: Field | Message) -> ModelConfigError:
+        return ModelConfigError(message, self.path, node.line or None, node.column or None)
+
+    def group(self, message: Message, where: str, known: frozenset[str],
+              repeated: frozenset[str] = frozenset()) -> dict[str, list[Field]]:
+        """Fields of a message by name; unknown ones go to ``extra`` under their dotted path."""
+        groups: dict[str, list[Field]] = {}
+        for item in message.fields:
+            groups.setdefault(item.name, []).append(item)
+        for name, items in list(groups.items()):
+            if name not in known:
+                self.extra[where + name] = plain_fields(name, items)
+                del groups[name]
+            elif name not in repeated and len(items) > 1:
+                raise self.error(f"field '{where}{name}' is not repeated but is given {len(items)} times",
+                                 items[1])
+        return groups
+
+    def integer(self, item: Field, where: str, bounds: tuple[int, int]) -> int:
+        value = item.value
+        if not isinstance(value, int):
+            raise self.error(f"field '{where}{item.name}' expects an integer, found {describe(value)}", item)
+        low, high = bounds
+        if not low <= value <= high:
+            raise self.error(f"field '{where}{item.name}' must be in [{low}, {high}], found {value}", item)
+        return value
+
+    def boolean(self, item: Field, where: str) -> bool:
+        value = item.value
+        if isinstance(value, Ident) and value.name in BOOL_IDENTS:
+            return BOOL_IDENTS[value.name]
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+        raise self.error(f"field '{where}{item.name}' expects true or false, found {describe(value)}", item)
+
+    def string(self, item: Field, where: str) -> str:
+        if not isinstance(item.value, str):
+            raise self.error(f"field '{where}{item.name}' expects a quoted string, found "
+                             f"{describe(item.value)}", item)
+        return item.value
+
+    def enum(self, item: Field, where: str, allowed: tuple[str, ...]) -> str:
+        value = item.value
+        if isinstance(value, Ident) and value.name in allowed:
+            return value.name
+        if isinstance(value, int) and 0 <= value < len(allowed):
+            return allowed[value]  # protobuf text format also accepts an enum's number
+        shown = [name for name in allowed if name != "TYPE_INVALID"]  # a placeholder, never a valid choice
+        raise self.error(f"field '{where}{item.name}' expects one of {', '.join(shown)}; found "
+                         f"{describe(value)}", item)
+
+    def message(self, item: Field, where: str) -> Message:
+        if not isinstance(item.value, Message):
+            raise self.error(f"field '{where}{item.name}' expects a message {{ ... }}, found "
+                             f"{describe(item.value)}", item)
+        return item.value
+
+    def map_entries(self, items: list[Field], where: str) -> list[tuple[Field, Field | None, Field | None]]:
+        """Entries of a map field: (entry, key field, value field); a missing key or value is the default."""
+        out: list[tuple[Field, Field | None, Field | None]] = []
+        for item in items:
+            entry = self.message(item, where)
+            groups = self.group(entry, f"{where}{item.name}.", frozenset({"key", "value"}))
+            key = groups.get("key", [None])[0]
+            value = groups.get("value", [None])[0]
+            out.append((item, key, value))
+        return out
+
+    def ints(self, items: list[Field] | None, where: str, bounds: tuple[int, int]) -> tuple[int, ...]:
+        return tuple(self.integer(item, where, bounds) for item in items or [])
+
+
+def one(groups: dict[str, list[Field]], name: str) -> Field | None:
+    items = groups.get(name)
+    return items[0] if items else None

@@ -1,0 +1,191 @@
+"""The on-disk layout of a Triton model repository: ``<repo>/<model>/config.pbtxt`` and
+``<repo>/<model>/<version>/<model file>``.
+
+Model names are single safe path segments; versions are positive decimal folder names (anything else in a
+model folder is ignored with a log line, as Triton does). Installing a version is atomic: the version appears
+complete or not at all, even across a power cut.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import secrets
+import shutil
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from edged.errors import ModelConfigError, ModelError
+from edged.repository._build import parse_model_config
+from edged.repository.model_config import ModelConfig, VersionPolicy
+
+logger = logging.getLogger(__name__)
+
+CONFIG_FILENAME = "config.pbtxt"
+# File name → runtime, in the order detect_runtime prefers them.
+RUNTIME_FILES: tuple[tuple[str, str], ...] = (
+    ("model.onnx", "onnxruntime"),
+    ("model.plan", "tensorrt"),
+    ("model.pt", "pytorch"),
+    ("model.pt2", "pytorch"),
+)
+_VERSION = re.compile(r"[1-9][0-9]{0,18}")
+_MAX_NAME = 255
+
+
+def check_model_name(name: str) -> str:
+    """Return ``name`` if it is one safe path segment; raise ModelConfigError otherwise."""
+    problem = None
+    if not name:
+        problem = "is empty"
+    elif "/" in name or "\\" in name:
+        problem = "contains a path separator"
+    elif "\0" in name:
+        problem = "contains a NUL character"
+    elif name.startswith("."):
+        problem = "starts with '.' (hidden, '.' or '..')"
+    elif len(name.encode("utf-8", "surrogateescape")) > _MAX_NAME:
+        problem = f"is longer than {_MAX_NAME} bytes"
+    if problem is not None:
+        raise ModelConfigError(f"model name {name!r} {problem}; expected a single path segment such as "
+                               "'resnet50'")
+    return name
+
+
+def find_models(root: Path | str) -> list[str]:
+    """Names of the model folders in a repository, sorted; hidden entries and files are skipped."""
+    root = Path(root)
+    try:
+        entries = list(os.scandir(root))
+    except OSError as e:
+        raise ModelError(f"model repository {str(root)!r} cannot be listed: {e.strerror}") from e
+    return sorted(entry.name for entry in entries
+                  if not entry.name.startswith(".") and entry.is_dir(follow_symlinks=True))
+
+
+def list_versions(model_dir: Path | str) -> list[int]:
+    """The numeric version folders of a model, ascending; other entries are logged and ignored."""
+    model_dir = Path(model_dir)
+    versions: list[int] = []
+    for entry in os.scandir(model_dir):
+        if not entry.is_dir(follow_symlinks=True):
+            continue
+        if _VERSION.fullmatch(entry.name):
+            versions.append(int(entry.name))
+        elif not entry.name.startswith("."):
+            logger.info("model %s: ignoring folder %r, which is not a version number (expected 1, 2, ...)",
+                        model_dir.name, entry.name)
+    return sorted(versions)
+
+
+def select_versions(policy: VersionPolicy, available: Iterable[int]) -> list[int]:
+    """The versions a policy serves, ascending. Specific versions that are missing are logged."""
+    present = sorted(set(available))
+    if policy.kind == "all":
+        return present
+    if policy.kind == "latest":
+        return present[-policy.num_versions:] if policy.num_versions > 0 else []
+    missing = missing_versions(policy, present)
+    if missing:
+        logger.warning("version policy names versions %s, which are not in the repository (present: %s)",
+                       missing, present)
+    return sorted(set(policy.versions) & set(present))
+
+
+def missing_versions(policy: VersionPolicy, available: Iterable[int]) -> list[int]:
+    """Versions a ``specific`` policy names that are not available (empty for other policies)."""
+    if policy.kind != "specific":
+        return []
+    return sorted(set(policy.versions) - set(available))
+
+
+def detect_runtime(model_dir: Path | str, versions: Iterable[int]) -> str | None:
+    """The runtime whose model file is in the newest version folder that has one, or None."""
+    model_dir = Path(model_dir)
+    for version in sorted(versions, reverse=True):
+        for filename, runtime in RUNTIME_FILES:
+            if (model_dir / str(version) / filename).exists():
+                return runtime
+    return None
+
+
+def load_model_config(model_dir: Path | str) -> ModelConfig | None:
+    """Parse a model folder's ``config.pbtxt``; None when there is none. The name defaults to the folder's."""
+    model_dir = Path(model_dir)
+    name = check_model_name(model_dir.name)
+    path = model_dir / CONFIG_FILENAME
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise ModelConfigError(f"cannot read the model config: {e.strerror}", str(path)) from e
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ModelConfigError(f"the file is not UTF-8 text (byte {e.start})", str(path)) from e
+    config = parse_model_config(text, str(path), default_name=name)
+    if config.name != name:
+        raise ModelConfigError(f"the config names the model '{config.name}' but its folder is '{name}'; "
+                               "expected them to match", str(path))
+    return config
+
+
+# --- atomic installation ------------------------------------------------------------------------------------
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_file_atomic(path: Path | str, data: bytes) -> None:
+    """Write a file so that a reader sees the old or the new content, never a part: temp, fsync, rename."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    try:
+        with open(tmp, "xb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def install_version(model_dir: Path | str, version: int, populate: Callable[[Path], None]) -> Path:
+    """Create ``<model_dir>/<version>`` atomically: ``populate`` fills a hidden temporary folder, every file
+    and folder in it is fsynced, then it is renamed into place and the model folder is fsynced."""
+    model_dir = Path(model_dir)
+    if version < 1:
+        raise ModelError(f"model {model_dir.name}: version must be >= 1, found {version}")
+    target = model_dir / str(version)
+    if target.exists():
+        raise ModelError(f"model {model_dir.name}: version {version} already exists at {str(target)!r}")
+    model_dir.mkdir(parents=True, exist_ok=True)
+    tmp = model_dir / f".install-{version}-{secrets.token_hex(6)}"
+    tmp.mkdir()
+    try:
+        populate(tmp)
+        _fsync_tree(tmp)
+        os.rename(tmp, target)  # fails rather than merges if the version appeared meanwhile
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    fsync_dir(model_dir)
+    return target
+
+
+def _fsync_tree(root: Path) -> None:
+    for folder, _dirs, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(folder, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(Path(folder))

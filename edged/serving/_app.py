@@ -1,0 +1,131 @@
+"""The request dispatcher shared by every connection: routing, access control, draining, executor hops."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+import httptools
+
+from edged.config import ServerConfig
+from edged.engine import InferenceService
+from edged.errors import EdgedError, InvalidInput
+from edged.serving._access import AccessPolicy
+from edged.serving._handlers import Handlers, load_override
+from edged.serving._http import Connection, Incoming, Slot
+from edged.serving._infer import InferPath
+from edged.serving._response import Response, error_for, error_response, render
+from edged.serving._routes import SPECS, Kind, Route, match
+
+log = logging.getLogger(__name__)
+
+_LAZY_KINDS = frozenset({Kind.INFER, Kind.MODEL_METADATA, Kind.MODEL_CONFIG})
+_ACTIONS = {Kind.INFER: "run inference", Kind.LOAD: "load models", Kind.UNLOAD: "unload models"}
+
+
+class App:
+    def __init__(self, service: InferenceService, config: ServerConfig, access: AccessPolicy,
+                 handlers: Handlers) -> None:
+        self.service = service
+        self.limits = config
+        self.access = access
+        self.handlers = handlers
+        self.connections: set[Connection] = set()
+        self.active = 0
+        self.draining = False
+        self.infer = InferPath(service, config.max_tensor_elements)
+        self._loop = asyncio.get_running_loop()
+
+    def dispatch(self, connection: Connection, incoming: Incoming, slot: Slot) -> None:
+        try:
+            route = match(httptools.parse_url(incoming.url).path)
+        except httptools.HttpParserInvalidURLError:
+            self._answer(connection, incoming, slot, error_response(400, "malformed request URL"))
+            return
+        except InvalidInput as e:
+            self._answer(connection, incoming, slot, error_for(e))
+            return
+        if route is None:
+            self._answer(connection, incoming, slot, error_response(404, "Not Found"))
+            return
+        spec = SPECS[route.kind]
+        if incoming.method != spec.method:
+            self._answer(connection, incoming, slot, error_response(
+                405, f"method {incoming.method.decode('latin-1')} is not allowed here; use "
+                     f"{spec.method.decode()}"))
+            return
+        if self.draining:
+            self._answer(connection, incoming, slot, error_response(503, "the server is shutting down", True))
+            return
+        if spec.permission != "open" and not self._permitted(connection, incoming, slot, route):
+            return
+        if route.kind in _LAZY_KINDS and self.service.needs_load(route.model):
+            self._in_executor(connection, incoming, slot, lambda: self.service.ensure_loaded(route.model),
+                              lambda _: self._route(connection, incoming, slot, route))
+            return
+        self._route(connection, incoming, slot, route)
+
+    def _route(self, connection: Connection, incoming: Incoming, slot: Slot, route: Route) -> None:
+        if route.kind is Kind.INFER:
+            self.infer.handle(connection, incoming, slot, route.model, route.version)
+        elif route.kind is Kind.LOAD or route.kind is Kind.UNLOAD:
+            self._repository_change(connection, incoming, slot, route)
+        else:
+            try:
+                response = self.handlers.handle(route, incoming)
+            except EdgedError as e:
+                response = error_for(e)
+            self._answer(connection, incoming, slot, response)
+
+    def _permitted(self, connection: Connection, incoming: Incoming, slot: Slot, route: Route) -> bool:
+        action = _ACTIONS.get(route.kind, route.kind.value)
+        try:
+            self.access.check(connection.peer, SPECS[route.kind].permission, action)
+        except EdgedError as e:
+            denied = self.handlers.denied
+            denied[action] = denied.get(action, 0) + 1
+            log.warning("%s (model %s)", e, route.model or "-")
+            self._answer(connection, incoming, slot, error_for(e))
+            return False
+        return True
+
+    def _repository_change(self, connection: Connection, incoming: Incoming, slot: Slot, route: Route) -> None:
+        service = self.service
+        model = route.model
+        work: Callable[[], None]
+        if route.kind is Kind.LOAD:
+            try:
+                override = load_override(incoming.body, model)
+            except EdgedError as e:
+                self._answer(connection, incoming, slot, error_for(e))
+                return
+            work = lambda: service.load_model(model, override)  # noqa: E731
+        else:
+            work = lambda: service.unload_model(model)  # noqa: E731
+        log.info("%s of model %s requested by %s", route.kind.value, model, connection.peer.describe())
+        self._in_executor(connection, incoming, slot, work,
+                          lambda _: self._answer(connection, incoming, slot, Response(200, b"")))
+
+    def _in_executor(self, connection: Connection, incoming: Incoming, slot: Slot, work: Callable[[], Any],
+                     then: Callable[[Any], None]) -> None:
+        """Run blocking ``work`` off the loop; ``then`` gets its result on the loop, errors answer the request."""
+        future = self._loop.run_in_executor(None, work)
+
+        def finished(done: asyncio.Future[Any] | Future[Any]) -> None:
+            error = done.exception()
+            if error is None:
+                then(done.result())
+            elif isinstance(error, EdgedError):
+                self._answer(connection, incoming, slot, error_for(error))
+            else:
+                log.error("unexpected error in a blocking request handler", exc_info=error)
+                self._answer(connection, incoming, slot, error_response(500, f"internal error: {error}"))
+
+        future.add_done_callback(finished)
+
+    def _answer(self, connection: Connection, incoming: Incoming, slot: Slot, response: Response) -> None:
+        close = response.close or not incoming.keep_alive
+        connection.respond(slot, render(response, incoming.keep_alive), close)

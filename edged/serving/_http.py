@@ -1,0 +1,265 @@
+"""One HTTP/1.1 connection: an asyncio Protocol around the httptools parser.
+
+Invariants: responses leave in request order (pipelining-safe: each request takes a slot in a queue and a
+slot is written only once every slot before it has been); a connection that sent something malformed, too
+large or too slow gets one 4xx response and is closed, and nothing it sent afterwards is read; a client that
+does not read its responses stops being read from (pause_reading) instead of growing our buffers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections import deque
+from typing import TYPE_CHECKING
+
+import httptools
+
+from edged.errors import InvalidInput
+from edged.serving._access import UNKNOWN_PEER, Peer, peer_of
+from edged.serving._response import error_response, render
+
+if TYPE_CHECKING:
+    from edged.serving._app import App
+
+log = logging.getLogger(__name__)
+
+MAX_PIPELINED = 32  # responses owed on one connection before we stop reading from it
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+class Slot:
+    """A place in a connection's response order."""
+
+    __slots__ = ("close", "data")
+
+    def __init__(self) -> None:
+        self.data: bytes | None = None
+        self.close = False
+
+
+class Incoming:
+    """A complete request as the parser delivered it."""
+
+    __slots__ = ("body", "headers", "keep_alive", "method", "url")
+
+    def __init__(self, method: bytes, url: bytes, headers: dict[bytes, bytes], body: bytes,
+                 keep_alive: bool) -> None:
+        self.method = method
+        self.url = url
+        self.headers = headers
+        self.body = body
+        self.keep_alive = keep_alive
+
+
+class _Reject(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Connection(asyncio.Protocol):
+    def __init__(self, app: App, kind: str) -> None:
+        self.app = app
+        self.kind = kind
+        self.peer: Peer = UNKNOWN_PEER
+        self.last_activity = 0.0
+        self.request_started = 0.0  # loop time the current request's first byte came; 0 between requests
+        self._loop = asyncio.get_running_loop()
+        self._transport: asyncio.Transport | None = None
+        self._parser = httptools.HttpRequestParser(self)
+        self._slots: deque[Slot] = deque()
+        self._url = b""
+        self._headers: dict[bytes, bytes] = {}
+        self._header_bytes = 0
+        self._body: list[bytes] = []
+        self._body_bytes = 0
+        self._closing = False
+        self._reading_paused = False
+        self._writing_paused = False
+        self._limits = app.limits
+
+    # --- asyncio callbacks ---------------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+        self.last_activity = self._loop.time()
+        if self.kind == "uds":
+            sock = transport.get_extra_info("socket")
+            try:
+                self.peer = peer_of(sock)
+            except (OSError, AttributeError):
+                log.warning("could not read the peer credentials of a Unix-socket client")
+        else:
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.app.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._transport = None
+        self._closing = True
+        self.app.connections.discard(self)
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+        self._update_reading()
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        self._update_reading()
+
+    def data_received(self, data: bytes) -> None:
+        if self._closing:
+            return
+        self.last_activity = self._loop.time()
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self.reject(400, "protocol upgrades (Upgrade, CONNECT) are not supported")
+        except httptools.HttpParserCallbackError as e:
+            cause = e.__context__
+            if isinstance(cause, _Reject):
+                self.reject(cause.status, str(cause))
+            else:
+                log.error("internal error while handling a request", exc_info=cause)
+                self.reject(500, "internal server error while parsing the request")
+        except httptools.HttpParserError as e:
+            self.reject(400, f"malformed HTTP request: {e}")
+
+    def eof_received(self) -> bool | None:
+        if self._slots:
+            return True  # half-closed: keep the write side open for the responses still owed
+        return None
+
+    # --- parser callbacks ----------------------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        self.request_started = self._loop.time()
+        self._url = b""
+        self._headers = {}
+        self._header_bytes = 0
+        self._body = []
+        self._body_bytes = 0
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+        self._count_header_bytes(len(url))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_header_bytes(len(name) + len(value) + 4)
+        key = name.lower()
+        if key in self._headers:
+            self._headers[key] += b"," + value
+        else:
+            self._headers[key] = value
+
+    def on_headers_complete(self) -> None:
+        if self._parser.get_http_version() not in ("1.1", "1.0"):
+            raise _Reject(505, f"HTTP version {self._parser.get_http_version()} is not supported; use HTTP/1.1")
+        length = self._headers.get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self._limits.max_body_bytes:
+            raise _Reject(413, f"request body of {int(length)} bytes is larger than the limit of "
+                               f"{self._limits.max_body_bytes} bytes")
+        if self._headers.get(b"expect", b"").lower() == b"100-continue" and not self._slots and self._transport:
+            self._transport.write(_CONTINUE)
+
+    def on_body(self, body: bytes) -> None:
+        self._body_bytes += len(body)
+        if self._body_bytes > self._limits.max_body_bytes:
+            raise _Reject(413, f"request body is larger than the limit of {self._limits.max_body_bytes} bytes")
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        self.request_started = 0.0
+        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        method = self._parser.get_method()
+        request = Incoming(method, self._url, self._headers, body, self._parser.should_keep_alive())
+        slot = Slot()
+        self._slots.append(slot)
+        self.app.active += 1
+        if len(self._slots) > MAX_PIPELINED:
+            self._update_reading()
+        self.app.dispatch(self, request, slot)
+
+    def _count_header_bytes(self, count: int) -> None:
+        self._header_bytes += count
+        if self._header_bytes > self._limits.max_header_bytes:
+            raise _Reject(431, f"request line and headers are larger than the limit of "
+                               f"{self._limits.max_header_bytes} bytes")
+
+    # --- responses -----------------------------------------------------------------------------------------
+    def respond(self, slot: Slot, data: bytes, close: bool = False) -> None:
+        """Fill ``slot``; writes it, and any filled slots after it, once the slots before it are written."""
+        self.app.active -= 1
+        slot.data = data
+        slot.close = close
+        slots = self._slots
+        if not slots or slots[0] is not slot:
+            return
+        transport = self._transport
+        while slots and slots[0].data is not None:
+            done = slots.popleft()
+            if transport is None:
+                continue
+            transport.write(done.data)  # type: ignore[arg-type]
+            if done.close:
+                self._close_after_write()
+                return
+        if self._reading_paused:
+            self._update_reading()
+
+    def reject(self, status: int, message: str) -> None:
+        """Answer a request we will not read to the end, after the responses already owed, then close."""
+        if self._closing:
+            return
+        self._closing = True
+        self.request_started = 0.0
+        log.info("closing a %s connection from %s: %d %s", self.kind, self.peer.describe(), status, message)
+        slot = Slot()
+        self._slots.append(slot)
+        self.app.active += 1
+        self.respond(slot, render(error_response(status, message, close=True), keep_alive=False), close=True)
+
+    def close_idle(self) -> None:
+        if self._transport is not None and not self._slots:
+            self._closing = True
+            self._transport.close()
+
+    def close_now(self) -> None:
+        self._closing = True
+        if self._transport is not None:
+            self._transport.close()
+
+    @property
+    def idle(self) -> bool:
+        return not self._slots and not self.request_started
+
+    def _close_after_write(self) -> None:
+        self._closing = True
+        self._slots.clear()
+        if self._transport is not None:
+            self._transport.close()  # flushes what was written, then closes
+
+    def _update_reading(self) -> None:
+        transport = self._transport
+        if transport is None:
+            return
+        should_pause = self._writing_paused or len(self._slots) > MAX_PIPELINED
+        if should_pause and not self._reading_paused:
+            self._reading_paused = True
+            transport.pause_reading()
+        elif not should_pause and self._reading_paused:
+            self._reading_paused = False
+            transport.resume_reading()
+
+
+def header_int(headers: dict[bytes, bytes], name: bytes) -> int | None:
+    """An integer header's value, None when absent; a malformed value is an InvalidInput."""
+    raw = headers.get(name)
+    if raw is None:
+        return None
+    if not raw.strip().isdigit():
+        raise InvalidInput(f"header {name.decode()} must be a non-negative integer, found {raw[:40]!r}")
+    return int(raw)

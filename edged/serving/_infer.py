@@ -1,0 +1,117 @@
+"""The infer hot path: body → DecodedRequest → InferRequest → engine → encoded response.
+
+Requests are not submitted from ``data_received``: they are collected and submitted from one ``call_soon``
+flush, so requests that arrive on several connections in the same event-loop iteration reach the model's
+scheduler together and can run as one batch. A fast model executes inline on the loop thread and its done
+callback writes the response directly; otherwise the callback comes from a worker thread and hops back with
+``call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+
+from edged.engine import InferenceService, InferRequest, InferResponse, RequestedOutput
+from edged.errors import EdgedError
+from edged.protocol import DecodedRequest, decode_request, encode_response
+from edged.serving._http import Connection, Incoming, Slot, header_int
+from edged.serving._response import error_for, render
+
+_JSON_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%s\r\n"
+_BINARY_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\ncontent-length: %d\r\n"
+                b"inference-header-content-length: %d\r\n%s\r\n")
+_CLOSE = b"connection: close\r\n"
+
+
+class _Call:
+    """One infer request in flight; calling it with the result answers the client."""
+
+    __slots__ = ("connection", "decoded", "keep_alive", "path", "request", "slot")
+
+    def __init__(self, path: InferPath, connection: Connection, slot: Slot, request: InferRequest,
+                 decoded: DecodedRequest, keep_alive: bool) -> None:
+        self.path = path
+        self.connection = connection
+        self.slot = slot
+        self.request = request
+        self.decoded = decoded
+        self.keep_alive = keep_alive
+
+    def __call__(self, result: InferResponse | EdgedError) -> None:
+        path = self.path
+        if threading.get_ident() == path.loop_thread:
+            path.finish(self, result)
+        else:
+            path.loop.call_soon_threadsafe(path.finish, self, result)
+
+
+class InferPath:
+    def __init__(self, service: InferenceService, max_elements: int) -> None:
+        self._service = service
+        self._max_elements = max_elements
+        self.loop = asyncio.get_running_loop()
+        self.loop_thread = threading.get_ident()
+        self._queued: list[_Call] = []
+
+    def handle(self, connection: Connection, incoming: Incoming, slot: Slot, model: str, version: str) -> None:
+        try:
+            header_length = header_int(incoming.headers, b"inference-header-content-length")
+            decoded = decode_request(incoming.body, header_length, self._max_elements)
+        except EdgedError as e:
+            connection.respond(slot, render(error_for(e), incoming.keep_alive), not incoming.keep_alive)
+            return
+        outputs = tuple(RequestedOutput(o.name, o.binary_data, o.class_count) for o in decoded.outputs)
+        request = InferRequest(model, decoded.inputs, version, decoded.id, outputs, decoded.parameters,
+                               decoded.priority, decoded.timeout_us)
+        if not self._queued:
+            self.loop.call_soon(self._flush)
+        self._queued.append(_Call(self, connection, slot, request, decoded, incoming.keep_alive))
+
+    def _flush(self) -> None:
+        calls = self._queued
+        self._queued = []
+        if len(calls) == 1:
+            self._submit_one(calls[0])
+            return
+        groups: dict[tuple[str, str], list[_Call]] = {}
+        for call in calls:
+            groups.setdefault((call.request.model, call.request.version), []).append(call)
+        for (model, version), group in groups.items():
+            if len(group) == 1:
+                self._submit_one(group[0])
+            else:
+                self._submit_group(model, version, group)
+
+    def _submit_one(self, call: _Call) -> None:
+        service = self._service
+        try:
+            service.submit(call.request, call, inline=service.should_inline(call.request.model,
+                                                                            call.request.version))
+        except EdgedError as e:
+            self.finish(call, e)
+
+    def _submit_group(self, model: str, version: str, calls: Sequence[_Call]) -> None:
+        """Queue the calls together so that the scheduler can batch them (one group commit)."""
+        service = self._service
+        service.submit_many(model, version, [(call.request, call) for call in calls],
+                            service.should_inline(model, version))
+
+    def finish(self, call: _Call, result: InferResponse | EdgedError) -> None:
+        keep_alive = call.keep_alive
+        if isinstance(result, EdgedError):
+            call.connection.respond(call.slot, render(error_for(result), keep_alive), not keep_alive)
+            return
+        decoded = call.decoded
+        try:
+            body, header_length = encode_response(result, decoded.binary_outputs, decoded.binary_default)
+        except EdgedError as e:
+            call.connection.respond(call.slot, render(error_for(e), keep_alive), not keep_alive)
+            return
+        tail = b"" if keep_alive else _CLOSE
+        if header_length is None:
+            head = _JSON_HEAD % (len(body), tail)
+        else:
+            head = _BINARY_HEAD % (len(body), header_length, tail)
+        call.connection.respond(call.slot, head + body, not keep_alive)

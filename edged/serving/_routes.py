@@ -1,0 +1,130 @@
+"""The URL space of the socket API: Triton's paths plus edged's own under ``/v2/edged``.
+
+A path is matched segment by segment after percent-decoding each segment on its own, so ``%2F`` can never
+become a separator; names that are not one safe path segment are refused before any handler sees them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Literal
+from urllib.parse import unquote
+
+from edged.errors import InvalidInput
+
+Permission = Literal["open", "infer", "admin"]
+
+
+class Kind(Enum):
+    SERVER_METADATA = "server_metadata"
+    LIVE = "live"
+    READY = "ready"
+    ALL_STATS = "all_stats"
+    MODEL_METADATA = "model_metadata"
+    MODEL_READY = "model_ready"
+    MODEL_CONFIG = "model_config"
+    MODEL_STATS = "model_stats"
+    INFER = "infer"
+    REPOSITORY_INDEX = "repository_index"
+    LOAD = "load"
+    UNLOAD = "unload"
+    METRICS = "metrics"
+    STATUS = "status"
+    TELEMETRY = "telemetry"
+    OPENAPI = "openapi"
+
+
+@dataclass(frozen=True)
+class RouteSpec:
+    method: bytes
+    permission: Permission
+
+
+SPECS: dict[Kind, RouteSpec] = {
+    Kind.SERVER_METADATA: RouteSpec(b"GET", "open"), Kind.LIVE: RouteSpec(b"GET", "open"),
+    Kind.READY: RouteSpec(b"GET", "open"), Kind.ALL_STATS: RouteSpec(b"GET", "open"),
+    Kind.MODEL_METADATA: RouteSpec(b"GET", "open"), Kind.MODEL_READY: RouteSpec(b"GET", "open"),
+    Kind.MODEL_CONFIG: RouteSpec(b"GET", "open"), Kind.MODEL_STATS: RouteSpec(b"GET", "open"),
+    Kind.INFER: RouteSpec(b"POST", "infer"), Kind.REPOSITORY_INDEX: RouteSpec(b"POST", "open"),
+    Kind.LOAD: RouteSpec(b"POST", "admin"), Kind.UNLOAD: RouteSpec(b"POST", "admin"),
+    Kind.METRICS: RouteSpec(b"GET", "open"), Kind.STATUS: RouteSpec(b"GET", "open"),
+    Kind.TELEMETRY: RouteSpec(b"GET", "open"), Kind.OPENAPI: RouteSpec(b"GET", "open"),
+}
+
+_FIXED: dict[tuple[str, ...], Kind] = {
+    ("v2",): Kind.SERVER_METADATA, ("v2", "health", "live"): Kind.LIVE, ("v2", "health", "ready"): Kind.READY,
+    ("v2", "models", "stats"): Kind.ALL_STATS, ("v2", "repository", "index"): Kind.REPOSITORY_INDEX,
+    ("metrics",): Kind.METRICS, ("v2", "edged", "status"): Kind.STATUS,
+    ("v2", "edged", "telemetry"): Kind.TELEMETRY, ("v2", "edged", "openapi.json"): Kind.OPENAPI,
+}
+_MODEL_SUFFIX: dict[str, Kind] = {
+    "ready": Kind.MODEL_READY, "config": Kind.MODEL_CONFIG, "stats": Kind.MODEL_STATS, "infer": Kind.INFER,
+}
+_MAX_SEGMENT = 255
+
+
+@dataclass(frozen=True)
+class Route:
+    kind: Kind
+    model: str = ""
+    version: str = ""
+
+
+def match(path: bytes) -> Route | None:
+    """The route for a request path (without the query), None when no route has that shape."""
+    raw = path.split(b"/")
+    if raw[0] != b"":
+        raise InvalidInput("request path must start with '/'")
+    if raw[-1] == b"" and len(raw) > 2:
+        raw = raw[:-1]  # one trailing slash is tolerated
+    parts = tuple(_segment(s) for s in raw[1:])
+    fixed = _FIXED.get(parts)
+    if fixed is not None:
+        return Route(fixed)
+    if len(parts) >= 3 and parts[:2] == ("v2", "models"):
+        return _model_route(parts[2:])
+    if len(parts) == 5 and parts[:3] == ("v2", "repository", "models") and parts[4] in ("load", "unload"):
+        return Route(Kind.LOAD if parts[4] == "load" else Kind.UNLOAD, _name(parts[3]))
+    return None
+
+
+def _model_route(rest: tuple[str, ...]) -> Route | None:
+    model = _name(rest[0])
+    version = ""
+    tail = rest[1:]
+    if len(tail) >= 2 and tail[0] == "versions":
+        version = _version(tail[1])
+        tail = tail[2:]
+    if not tail:
+        return Route(Kind.MODEL_METADATA, model, version)
+    if len(tail) == 1 and tail[0] in _MODEL_SUFFIX:
+        return Route(_MODEL_SUFFIX[tail[0]], model, version)
+    return None
+
+
+def _segment(raw: bytes) -> str:
+    if b"%" not in raw and b"\\" not in raw and raw.isascii():
+        return raw.decode("ascii")  # the common case: nothing to decode, and "/" cannot appear
+    try:
+        text = unquote(raw.decode("ascii"), errors="strict")
+    except (UnicodeDecodeError, ValueError):
+        raise InvalidInput(f"request path segment {raw!r} is not valid percent-encoded UTF-8") from None
+    if "/" in text or "\\" in text or "\0" in text:
+        raise InvalidInput(f"request path segment {text!r} contains a path separator or NUL")
+    return text
+
+
+def _name(segment: str) -> str:
+    if not segment or segment in (".", "..") or segment.startswith("."):
+        raise InvalidInput(f"model name {segment!r} is not a valid model name; expected one path segment such "
+                           "as 'resnet50'")
+    if len(segment.encode()) > _MAX_SEGMENT or not segment.isprintable():
+        raise InvalidInput(f"model name {segment!r} is too long or holds control characters")
+    return segment
+
+
+def _version(segment: str) -> str:
+    if not segment.isascii() or not segment.isdigit():
+        raise InvalidInput(f"model version {segment!r} is not a version number such as '1'")
+    return segment

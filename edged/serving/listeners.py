@@ -1,0 +1,185 @@
+"""The sockets the server listens on: a Unix socket, systemd-activated sockets, and optional loopback TCP.
+
+A Unix socket is bound under a restrictive umask (0o177), so it is never reachable by others between bind and
+chmod; only then is it given ``socket_mode`` and ``socket_group``. An existing socket file is replaced only
+when nothing answers on it (a live daemon would otherwise lose its socket). Inherited sockets (LISTEN_FDS)
+are used only when LISTEN_PID names this process, as sd_listen_fds(3) requires.
+"""
+
+from __future__ import annotations
+
+import errno
+import grp
+import ipaddress
+import logging
+import os
+import socket
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from edged.config import ServerConfig
+from edged.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+SD_LISTEN_FDS_START = 3
+_BIND_UMASK = 0o177
+
+
+@dataclass(frozen=True)
+class Listener:
+    socket: socket.socket
+    kind: Literal["uds", "tcp"]
+    address: str
+    inherited: bool = False
+
+
+def default_socket_path(environ: Mapping[str, str] = os.environ) -> Path:
+    """$RUNTIME_DIRECTORY/edged.sock, else $XDG_RUNTIME_DIR/edged/edged.sock, else /tmp/edged-$UID/edged.sock."""
+    runtime = environ.get("RUNTIME_DIRECTORY", "")
+    xdg = environ.get("XDG_RUNTIME_DIR", "")
+    if runtime:
+        directory = Path(runtime.split(":")[0])
+    elif xdg:
+        directory = Path(xdg) / "edged"
+    else:
+        directory = Path(f"/tmp/edged-{os.getuid()}")
+    _private_directory(directory)
+    return directory / "edged.sock"
+
+
+def _private_directory(directory: Path) -> None:
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = directory.lstat()
+    except OSError as e:
+        raise ConfigError(f"cannot create the socket directory {directory}: {e.strerror}") from e
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise ConfigError(f"socket directory {directory} is not a directory owned by uid {os.getuid()} "
+                          f"(owner uid {info.st_uid}); refusing to use it")
+    if info.st_mode & 0o022:
+        raise ConfigError(f"socket directory {directory} is writable by others (mode {info.st_mode & 0o777:04o}); "
+                          "expected 0700")
+
+
+def open_listeners(config: ServerConfig, socket_path: Path,
+                   environ: Mapping[str, str] = os.environ) -> list[Listener]:
+    """Inherited sockets when systemd passed some to this process, else a new Unix socket; plus TCP if set."""
+    listeners = inherited_listeners(environ)
+    if not listeners:
+        listeners = [unix_listener(config, socket_path)]
+    if config.http_port is not None and not any(item.kind == "tcp" for item in listeners):
+        try:
+            listeners.append(tcp_listener(config))
+        except BaseException:
+            for item in listeners:
+                item.socket.close()
+            raise
+    return listeners
+
+
+def inherited_listeners(environ: Mapping[str, str]) -> list[Listener]:
+    if environ.get("LISTEN_PID", "") != str(os.getpid()):
+        return []
+    try:
+        count = int(environ.get("LISTEN_FDS", "0"))
+    except ValueError:
+        raise ConfigError(f"LISTEN_FDS is {environ.get('LISTEN_FDS')!r}, expected a number") from None
+    names = environ.get("LISTEN_FDNAMES", "").split(":") if environ.get("LISTEN_FDNAMES") else []
+    listeners = []
+    for index in range(count):
+        fd = SD_LISTEN_FDS_START + index
+        os.set_inheritable(fd, False)
+        sock = socket.socket(fileno=fd)
+        name = names[index] if index < len(names) else ""
+        if sock.family == socket.AF_UNIX:
+            address = str(sock.getsockname()) or name
+            listeners.append(Listener(sock, "uds", address, inherited=True))
+        elif sock.family in (socket.AF_INET, socket.AF_INET6):
+            host, port = sock.getsockname()[:2]
+            listeners.append(Listener(sock, "tcp", f"{host}:{port}", inherited=True))
+        else:
+            sock.detach()
+            raise ConfigError(f"inherited socket {fd} ({name or 'unnamed'}) has address family {sock.family}; "
+                              "expected a Unix or TCP stream socket")
+    return listeners
+
+
+def unix_listener(config: ServerConfig, path: Path) -> Listener:
+    _remove_stale(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        previous = os.umask(_BIND_UMASK)
+        try:
+            sock.bind(str(path))
+        finally:
+            os.umask(previous)
+        os.chmod(path, int(config.socket_mode, 8))
+        if config.socket_group:
+            os.chown(path, -1, _gid(config.socket_group))
+        sock.listen(config.listen_backlog)
+    except OSError as e:
+        sock.close()
+        raise ConfigError(f"cannot listen on Unix socket {path}: {e.strerror or e}") from e
+    except BaseException:
+        sock.close()
+        raise
+    return Listener(sock, "uds", str(path))
+
+
+def _remove_stale(path: Path) -> None:
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(info.st_mode):
+        raise ConfigError(f"socket path {path} exists and is not a socket; remove it or choose another path")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(str(path))
+    except ConnectionRefusedError:
+        log.info("removing stale socket %s (nothing is listening on it)", path)
+        path.unlink(missing_ok=True)
+        return
+    except OSError as e:
+        if e.errno in (errno.ENOENT,):
+            return
+        raise ConfigError(f"cannot check existing socket {path}: {e.strerror}") from e
+    finally:
+        probe.close()
+    raise ConfigError(f"another edged is listening on {path}; stop it or choose another socket path")
+
+
+def _gid(name: str) -> int:
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        raise ConfigError(f"server.socket_group: unknown group {name!r}") from None
+
+
+def tcp_listener(config: ServerConfig) -> Listener:
+    host = config.http_host
+    if not config.http_allow_non_loopback and not _is_loopback(host):
+        raise ConfigError(f"server.http_host {host!r} is not a loopback address; the HTTP listener has no access "
+                          "control, so it listens on loopback only unless server.http_allow_non_loopback = true")
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.create_server((host, config.http_port or 0), family=family,
+                                    backlog=config.listen_backlog)
+    except OSError as e:
+        raise ConfigError(f"cannot listen on {host}:{config.http_port}: {e.strerror or e}") from e
+    bound_host, port = sock.getsockname()[:2]
+    return Listener(sock, "tcp", f"{bound_host}:{port}")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

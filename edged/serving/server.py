@@ -1,0 +1,115 @@
+"""`HttpServer`: the KServe v2 HTTP/1.1 server on the daemon's event loop, over Unix sockets and loopback TCP.
+
+The daemon opens the sockets (`open_listeners`) and owns the loop; the server serves them until `stop`, which
+stops accepting, lets requests in flight finish within its timeout and then closes every connection. A
+sweeper closes idle keep-alive connections and answers 408 to requests that take too long to arrive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+from edged.config import ServerConfig
+from edged.engine import InferenceService
+from edged.serving._access import AccessPolicy
+from edged.serving._app import App
+from edged.serving._handlers import Handlers
+from edged.serving._http import Connection
+from edged.serving._openapi import openapi_document
+
+log = logging.getLogger(__name__)
+
+
+class HttpServer:
+    def __init__(self, service: InferenceService, config: ServerConfig, *, telemetry: Any = None,
+                 status_provider: Callable[[], dict[str, Any]] | None = None,
+                 metrics_provider: Callable[[], str] | None = None) -> None:
+        self._service = service
+        self._metrics_provider = metrics_provider
+        self._config = config
+        self._telemetry = telemetry
+        self._status_provider = status_provider
+        self._access = AccessPolicy(config.access)  # unknown user or group names fail here, at build time
+        self._app: App | None = None
+        self._servers: list[asyncio.AbstractServer] = []
+        self._sweeper: asyncio.Task[None] | None = None
+        self._addresses: list[str] = []
+
+    @property
+    def active_requests(self) -> int:
+        return self._app.active if self._app is not None else 0
+
+    @property
+    def connection_count(self) -> int:
+        return len(self._app.connections) if self._app is not None else 0
+
+    async def start(self, sockets: list[socket.socket]) -> None:
+        loop = asyncio.get_running_loop()
+        handlers = Handlers(self._service, self._telemetry, self._status_provider, openapi_document(),
+                            self._metrics_provider)
+        handlers.status_extra = self._status_extra
+        app = self._app = App(self._service, self._config, self._access, handlers)
+        for sock in sockets:
+            sock.setblocking(False)
+            if sock.family == socket.AF_UNIX:
+                server = await loop.create_unix_server(lambda: Connection(app, "uds"), sock=sock)
+            else:
+                server = await loop.create_server(lambda: Connection(app, "tcp"), sock=sock)
+            self._servers.append(server)
+            self._addresses.append(str(sock.getsockname()))
+        self._sweeper = loop.create_task(self._sweep(), name="edged-http-sweeper")
+        log.info("serving the KServe v2 API on %s", ", ".join(self._addresses))
+
+    async def stop(self, timeout_s: float) -> None:
+        """Stop accepting, let requests in flight finish within ``timeout_s``, then close every connection."""
+        app = self._app
+        if app is None:
+            return
+        app.draining = app.handlers.draining = True
+        for server in self._servers:
+            server.close()
+        deadline = time.monotonic() + timeout_s
+        while app.active and time.monotonic() < deadline:
+            for connection in list(app.connections):
+                connection.close_idle()
+            await asyncio.sleep(0.01)
+        if app.active:
+            log.warning("%d requests still in flight after %.1f s; closing their connections", app.active,
+                        timeout_s)
+        for connection in list(app.connections):
+            connection.close_now()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+        for server in self._servers:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(server.wait_closed(), max(0.1, deadline - time.monotonic()))
+        self._servers = []
+
+    async def _sweep(self) -> None:
+        config = self._config
+        interval = max(0.05, min(1.0, config.idle_timeout_s / 4, config.request_timeout_s / 4))
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(interval)
+            app = self._app
+            if app is None:
+                continue
+            now = loop.time()
+            for connection in list(app.connections):
+                if connection.request_started and now - connection.request_started > config.request_timeout_s:
+                    connection.reject(408, f"the request did not arrive completely within "
+                                           f"{config.request_timeout_s} s")
+                elif connection.idle and now - connection.last_activity > config.idle_timeout_s:
+                    connection.close_idle()
+
+    def _status_extra(self) -> dict[str, Any]:
+        return {"listeners": list(self._addresses), "connections": self.connection_count,
+                "active_requests": self.active_requests}

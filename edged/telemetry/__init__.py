@@ -1,0 +1,37 @@
+"""Telemetry in place of DCGM: sources, the tegrastats parser, the SQLite history, energy per inference.
+
+Public API (everything else is private):
+- `TelemetryService(config, database, activity=None, source=None)`: start()/stop(), snapshot(),
+  render_prometheus(), record_event(kind, subject, detail), choice.
+- `choose_source(config) -> SourceChoice(name, reason)`, `describe_source(config) -> str`: which source
+  ``auto`` picks and why, for the daemon's log and `edged doctor`.
+- `ModelActivity`: the Protocol the engine implements (model -> cumulative (count, compute_ns)).
+- `parse_tegrastats(line) -> Sample`, `Sample.to_json()`: the ``edged telemetry parse`` contract.
+- `summary_payload(snapshot, previous, max_bytes)`, `render_prometheus(snapshot)`.
+- `default_database_path(state_dir, database)`; `TelemetryReader(path)` with summary(), points(), events();
+  `parse_duration("6h")`; `plot_history(reader, since_s, out_path)` in `edged.telemetry.plot` (matplotlib).
+"""
+
+from __future__ import annotations
+
+from edged.telemetry._derived import Event, ModelActivity
+from edged.telemetry._export import render_prometheus, summary_payload
+from edged.telemetry._paths import default_database_path
+from edged.telemetry._query import Point, TelemetryReader, parse_duration
+from edged.telemetry._sample import CpuCore, Engine, Rail, Sample
+from edged.telemetry._service import TelemetryService
+from edged.telemetry._source import (
+    SourceChoice,
+    TelemetrySource,
+    choose_source,
+    describe_source,
+    open_source,
+)
+from edged.telemetry.tegrastats import parse_tegrastats
+
+__all__ = [
+    "CpuCore", "Engine", "Event", "ModelActivity", "Point", "Rail", "Sample", "SourceChoice",
+    "TelemetryReader", "TelemetryService", "TelemetrySource", "choose_source", "default_database_path",
+    "describe_source",
+    "open_source", "parse_duration", "parse_tegrastats", "render_prometheus", "summary_payload",
+]

@@ -1,0 +1,121 @@
+"""Derived numbers: input power, energy per inference per model, throttling and over-temperature events.
+
+Energy attribution: over each interval between two samples, the module's input power (VDD_IN, POM_5V_IN, or
+the sum of all rails where neither exists) times the interval is the energy spent. When models ran in that
+interval, all of it is split between them by their share of the compute time they reported; an interval
+without inference is idle energy and goes to no model. Energy per inference is then a model's attributed
+energy over its inference count, since the service started.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from edged.telemetry._sample import Sample
+
+INPUT_RAILS = ("VDD_IN", "POM_5V_IN", "VIN")
+
+
+class ModelActivity(Protocol):
+    """Implemented by the engine: model name -> (inference_count, compute_ns), both cumulative."""
+
+    def model_activity(self) -> Mapping[str, tuple[int, int]]: ...
+
+
+@dataclass(frozen=True)
+class Event:
+    t: float
+    kind: str  # "throttle", "throttle_end", "over_temperature", "over_temperature_end", "power_mode",
+    #            "model_load", "model_unload", ...
+    subject: str | None = None
+    value: float | None = None
+    detail: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelInterval:
+    model: str
+    dt_s: float
+    inferences: int
+    compute_ns: int
+    energy_mj: float
+
+
+def input_power_mw(sample: Sample) -> int | None:
+    """The module's input power: a known input rail, else the sum of all rails, else None."""
+    for name in INPUT_RAILS:
+        if name in sample.power_mw:
+            return sample.power_mw[name].now_mw
+    if not sample.power_mw:
+        return None
+    return sum(r.now_mw for r in sample.power_mw.values())
+
+
+@dataclass
+class EnergyAttributor:
+    last_t: float | None = None
+    last_counts: dict[str, tuple[int, int]] = field(default_factory=dict)
+    energy_mj: dict[str, float] = field(default_factory=dict)  # cumulative, since start
+    inferences: dict[str, int] = field(default_factory=dict)
+
+    def update(self, t: float, power_mw: int | None,
+               activity: Mapping[str, tuple[int, int]]) -> list[ModelInterval]:
+        deltas = {}
+        for model, (count, ns) in activity.items():
+            c0, ns0 = self.last_counts.get(model, (count, ns))
+            if count < c0 or ns < ns0:  # the model was reloaded: its counters restarted
+                c0, ns0 = 0, 0
+            if count > c0:
+                deltas[model] = (count - c0, ns - ns0)
+        self.last_counts = dict(activity)
+        dt = t - self.last_t if self.last_t is not None else 0.0
+        self.last_t = t
+        if not deltas or dt <= 0:
+            return []
+        energy = (power_mw or 0) * dt  # mW * s = mJ
+        total_ns = sum(ns for _, ns in deltas.values())
+        out = []
+        for model, (count, ns) in deltas.items():
+            share = ns / total_ns if total_ns > 0 else 1 / len(deltas)
+            self.energy_mj[model] = self.energy_mj.get(model, 0.0) + energy * share
+            self.inferences[model] = self.inferences.get(model, 0) + count
+            out.append(ModelInterval(model, dt, count, ns, energy * share))
+        return out
+
+    def per_inference_mj(self) -> dict[str, float]:
+        return {m: self.energy_mj[m] / n for m, n in self.inferences.items() if n > 0}
+
+
+@dataclass
+class ThrottleDetector:
+    """Turns frequency caps and temperatures over trip points into enter/leave events; counts entries."""
+
+    over_temp_c: float
+    active: set[str] = field(default_factory=set)
+    counts: dict[str, int] = field(default_factory=dict)  # "throttle:gpu", "over_temperature:cpu" -> entries
+
+    def _edge(self, key: str, on: bool, t: float, value: float, detail: str) -> list[Event]:
+        kind, subject = key.split(":", 1)
+        if on and key not in self.active:
+            self.active.add(key)
+            self.counts[key] = self.counts.get(key, 0) + 1
+            return [Event(t, kind, subject, value, detail)]
+        if not on and key in self.active:
+            self.active.discard(key)
+            return [Event(t, f"{kind}_end", subject, value, detail)]
+        return []
+
+    def update(self, sample: Sample) -> list[Event]:
+        events: list[Event] = []
+        for domain, (cap, hw_max) in sample.freq_caps.items():
+            events += self._edge(f"throttle:{domain}", cap < hw_max, sample.t, float(cap),
+                                 f"frequency capped at {cap} MHz of {hw_max} MHz")
+        for sensor, temp in sample.temps_c.items():
+            if sensor.upper().startswith("PMIC"):
+                continue  # PMIC-Die reads a constant 100 C on JP4 modules (JETSON.md §4)
+            trip = sample.trips_c.get(sensor, self.over_temp_c)
+            events += self._edge(f"over_temperature:{sensor}", temp >= trip, sample.t, temp,
+                                 f"{temp:.1f} C, trip point {trip:.1f} C")
+        return events

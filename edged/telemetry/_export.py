@@ -1,0 +1,105 @@
+"""Exports of a snapshot: Prometheus text exposition, and a compact MQTT summary with a byte budget.
+
+Metric names follow DCGM-exporter's spirit (one gauge per physical quantity, labels for the instance).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from edged.errors import TelemetryError
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _metric(name: str, kind: str, help_text: str,
+            samples: Iterable[tuple[dict[str, str], float]]) -> list[str]:
+    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+    for labels, value in samples:
+        label_text = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
+        lines.append(f"{name}{{{label_text}}} {value:g}" if label_text else f"{name} {value:g}")
+    return lines if len(lines) > 2 else []
+
+
+def render_prometheus(snapshot: Mapping[str, Any]) -> str:
+    """Prometheus text exposition (version 0.0.4) of a `TelemetryService.snapshot()`."""
+    s: Mapping[str, Any] = snapshot.get("sample") or {}
+    lines: list[str] = []
+    one: list[tuple[dict[str, str], float]]
+    one = [({}, float(v)) for v in [s.get("gpu_load_pct")] if v is not None]
+    lines += _metric("edged_gpu_utilization", "gauge", "GPU load in percent.", one)
+    one = [({}, float(v)) for v in [s.get("gpu_freq_mhz")] if v is not None]
+    lines += _metric("edged_gpu_frequency_mhz", "gauge", "GPU clock in MHz.", one)
+    one = [({}, float(v) * 1024 * 1024) for v in [s.get("ram_used_mb")] if v is not None]
+    lines += _metric("edged_memory_used_bytes", "gauge", "RAM in use (shared by CPU and GPU).", one)
+    one = [({}, float(v)) for v in [snapshot.get("power_in_mw")] if v is not None]
+    lines += _metric("edged_power_input_milliwatts", "gauge", "Module input power (input rail or sum).", one)
+    rails = [({"rail": k}, float(v["now"])) for k, v in (s.get("power_mw") or {}).items()]
+    lines += _metric("edged_power_milliwatts", "gauge", "Power per rail in mW.", rails)
+    temps = [({"sensor": k}, float(v)) for k, v in (s.get("temps_c") or {}).items()]
+    lines += _metric("edged_temperature_celsius", "gauge", "Temperature per sensor.", temps)
+    cpus = [({"core": str(i)}, float(c["load_pct"])) for i, c in enumerate(s.get("cpu") or [])
+            if c.get("load_pct") is not None]
+    lines += _metric("edged_cpu_utilization", "gauge", "CPU load per online core in percent.", cpus)
+    energy = [({"model": k}, float(v)) for k, v in (snapshot.get("energy_per_inference_mj") or {}).items()]
+    lines += _metric("edged_energy_per_inference_millijoules", "gauge",
+                     "Module energy attributed per inference, since start.", energy)
+    throttles = [({"kind": k.split(":", 1)[0], "subject": k.split(":", 1)[1]}, float(v))
+                 for k, v in (snapshot.get("throttle_counts") or {}).items()]
+    lines += _metric("edged_throttle_events_total", "counter",
+                     "Times a frequency cap or a trip point was entered.", throttles)
+    lines += _metric("edged_telemetry_samples_total", "counter", "Telemetry samples taken.",
+                     [({"source": str(snapshot.get("source"))}, float(snapshot.get("samples") or 0))])
+    return "\n".join(lines) + "\n"
+
+
+def _compact(snapshot: Mapping[str, Any], level: int) -> dict[str, Any]:
+    s: Mapping[str, Any] = snapshot.get("sample") or {}
+    temps = s.get("temps_c") or {}
+    out: dict[str, Any] = {"t": round(snapshot.get("t") or 0.0, 1), "gpu": s.get("gpu_load_pct"),
+                           "cpu": _round(snapshot.get("cpu_load_pct")), "ram": s.get("ram_used_mb"),
+                           "pin": snapshot.get("power_in_mw"),
+                           "tmax": max(temps.values()) if temps else None}
+    if level >= 1 and snapshot.get("throttle_active"):
+        out["thr"] = list(snapshot["throttle_active"])
+    if level >= 2:
+        out["mj"] = {k: round(v, 2) for k, v in (snapshot.get("energy_per_inference_mj") or {}).items()}
+    if level >= 3:
+        out["temps"] = {k: round(v, 1) for k, v in temps.items()}
+    return out
+
+
+def _round(value: float | None) -> float | None:
+    return round(value, 1) if value is not None else None
+
+
+_DEADBAND = {"gpu": 5.0, "cpu": 5.0, "ram": 64.0, "pin": 250.0, "tmax": 1.0}
+
+
+def _changed(now: Mapping[str, Any], before: Mapping[str, Any]) -> bool:
+    for key, band in _DEADBAND.items():
+        a, b = now.get(key), before.get(key)
+        if (a is None) != (b is None) or (a is not None and b is not None and math.fabs(a - b) >= band):
+            return True
+    return now.get("thr") != before.get("thr")
+
+
+def summary_payload(snapshot: Mapping[str, Any], previous: Mapping[str, Any] | None,
+                    max_bytes: int) -> bytes | None:
+    """A compact JSON summary for ``{prefix}/telemetry``, or None when nothing moved past the deadband.
+
+    The richest form that fits ``max_bytes`` is chosen (per-sensor temperatures and per-model energy are
+    dropped first). Raises `TelemetryError` when even the minimal form does not fit.
+    """
+    if previous is not None and not _changed(_compact(snapshot, 1), _compact(previous, 1)):
+        return None
+    for level in (3, 2, 1, 0):
+        payload = json.dumps(_compact(snapshot, level), separators=(",", ":")).encode()
+        if len(payload) <= max_bytes:
+            return payload
+    raise TelemetryError(f"telemetry summary needs at least {len(payload)} bytes, budget is {max_bytes}")

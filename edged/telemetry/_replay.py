@@ -1,0 +1,87 @@
+"""Replay a file of recorded tegrastats lines at real or accelerated speed.
+
+Spacing comes from the lines' own timestamps when they have them, else from the configured interval. Sample
+times are laid out from the moment the replay starts, so a replayed history looks like a live one. Lines that
+are not tegrastats (comments, blanks, garbage) are skipped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+from edged.errors import TelemetryError, TelemetryParseError
+from edged.telemetry._sample import Sample
+from edged.telemetry.tegrastats import parse_tegrastats
+
+log = logging.getLogger(__name__)
+
+
+def _stamp(timestamp: str | None) -> float | None:
+    if timestamp is None:
+        return None
+    try:
+        return datetime.strptime(timestamp, "%m-%d-%Y %H:%M:%S").timestamp()
+    except ValueError:
+        return None
+
+
+class ReplaySource:
+    def __init__(self, path: str, speed: float = 1.0, interval_s: float = 1.0, loop: bool = False) -> None:
+        if speed <= 0:
+            raise TelemetryError(f"replay speed must be positive, found {speed}")
+        try:
+            self._lines = [ln for ln in Path(path).read_text(encoding="utf-8").splitlines()
+                           if ln.strip() and not ln.startswith("#")]
+        except OSError as e:
+            raise TelemetryError(f"cannot read replay file {path}: {e.strerror}") from e
+        self._speed = speed
+        self._interval = interval_s
+        self._loop = loop
+        self._iter = self._samples()
+        self._start: float | None = None
+
+    @property
+    def name(self) -> str:
+        return "replay"
+
+    def _samples(self) -> Iterator[tuple[float, Sample]]:
+        """Yield (offset in sample time, sample) forever when looping."""
+        offset = 0.0
+        while True:
+            prev: float | None = None
+            for line in self._lines:
+                try:
+                    sample = parse_tegrastats(line)
+                except TelemetryParseError as e:
+                    log.warning("replay: %s", e)
+                    continue
+                stamp = _stamp(sample.timestamp)
+                gap = stamp - prev if stamp is not None and prev is not None else None
+                # Lines concatenated from several captures jump in time: such gaps count as one interval.
+                step = gap if gap is not None and 0 < gap <= 60 * self._interval else self._interval
+                prev = stamp
+                offset += step
+                yield offset, sample
+            if not self._loop:
+                return
+
+    def next_sample(self, stop: threading.Event) -> Sample | None:
+        if self._start is None:
+            self._start = time.time()
+        item = next(self._iter, None)
+        if item is None or stop.is_set():
+            return None
+        offset, sample = item
+        wait = self._start + offset / self._speed - time.time()
+        if wait > 0.001 and stop.wait(wait):  # shorter waits only hand the GIL to the writer thread
+            return None
+        return dataclasses.replace(sample, t=self._start + offset)
+
+    def close(self) -> None:
+        self._iter = iter(())

@@ -1,0 +1,79 @@
+"""The telemetry database schema, versioned by ``PRAGMA user_version`` and upgraded by ordered migrations.
+
+Layout: ``samples`` holds one row per sample (scalars); ``rails``, ``temperatures`` and ``engine_loads``
+one row per value, keyed by (t, name_id) in WITHOUT ROWID tables so that the key is the only index;
+``names`` maps the series names (``power_mw:VDD_IN``, ``temp_c:cpu``, ``engine_load_pct:VIC``,
+``model:resnet``, and the scalar columns of ``samples``) to small integers. ``model_stats`` is per-model
+inference counts and energy per sample interval, ``events`` throttling, over-temperature, power-mode and
+model load/unload. ``rollup_1m`` and ``rollup_1h`` hold min/mean/max/count per series and bucket.
+
+Space: deleted pages go to SQLite's freelist and are reused by later inserts (auto_vacuum stays NONE, no
+VACUUM ever runs): at steady state the file stops growing at its high-water mark.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+
+_V1 = """
+CREATE TABLE names (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE);
+CREATE TABLE samples (
+    t REAL PRIMARY KEY, ram_used_mb INTEGER, ram_total_mb INTEGER, swap_used_mb INTEGER,
+    swap_total_mb INTEGER, cpu_load_pct REAL, cpu_json TEXT, gpu_load_pct INTEGER, gpu_freq_mhz INTEGER,
+    emc_load_pct INTEGER, emc_freq_mhz INTEGER, power_in_mw INTEGER
+) WITHOUT ROWID;
+CREATE TABLE rails (t REAL, name_id INTEGER, now_mw INTEGER, avg_mw INTEGER,
+    PRIMARY KEY (t, name_id)) WITHOUT ROWID;
+CREATE TABLE temperatures (t REAL, name_id INTEGER, celsius REAL, PRIMARY KEY (t, name_id)) WITHOUT ROWID;
+CREATE TABLE engine_loads (t REAL, name_id INTEGER, on_ INTEGER, load_pct INTEGER, freq_mhz INTEGER,
+    PRIMARY KEY (t, name_id)) WITHOUT ROWID;
+CREATE TABLE model_stats (t REAL, name_id INTEGER, dt_s REAL, inferences INTEGER, compute_ns INTEGER,
+    energy_mj REAL, PRIMARY KEY (t, name_id)) WITHOUT ROWID;
+CREATE TABLE events (id INTEGER PRIMARY KEY, t REAL NOT NULL, kind TEXT NOT NULL, subject TEXT,
+    value REAL, detail TEXT);
+CREATE INDEX events_t ON events (t);
+CREATE TABLE rollup_1m (bucket INTEGER, name_id INTEGER, min REAL, mean REAL, max REAL, n INTEGER,
+    PRIMARY KEY (bucket, name_id)) WITHOUT ROWID;
+CREATE TABLE rollup_1h (bucket INTEGER, name_id INTEGER, min REAL, mean REAL, max REAL, n INTEGER,
+    PRIMARY KEY (bucket, name_id)) WITHOUT ROWID;
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT);
+"""
+
+
+def _run_script(conn: sqlite3.Connection, script: str) -> None:
+    # executescript() would commit the migration's transaction first; run statement by statement instead.
+    for statement in script.split(";"):
+        if statement.strip():
+            conn.execute(statement)
+
+
+def _v1(conn: sqlite3.Connection) -> None:
+    _run_script(conn, _V1)
+
+
+# Index i upgrades user_version i to i + 1. Append, never edit a released step.
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_v1,)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+# Scalar columns of `samples` that are rolled up, under their series names.
+SAMPLE_SERIES = ("gpu_load_pct", "cpu_load_pct", "emc_load_pct", "ram_used_mb", "power_in_mw")
+
+
+def migrate(conn: sqlite3.Connection) -> int:
+    """Bring the schema to SCHEMA_VERSION, one transaction per step; return the version found."""
+    found: int = conn.execute("PRAGMA user_version").fetchone()[0]
+    if found > SCHEMA_VERSION:
+        from edged.errors import TelemetryError
+        raise TelemetryError(f"telemetry database schema is version {found}, newer than this edged "
+                             f"({SCHEMA_VERSION}); upgrade edged or point [telemetry] database elsewhere")
+    for version in range(found, SCHEMA_VERSION):
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            MIGRATIONS[version](conn)
+            conn.execute(f"PRAGMA user_version = {version + 1}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+    return found

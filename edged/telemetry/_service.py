@@ -1,0 +1,160 @@
+"""`TelemetryService`: the part the daemon composes. It owns the sampler thread and the store.
+
+The daemon builds it with the ``[telemetry]`` section, the database path and the engine as `ModelActivity`,
+calls `start()` and `stop()`; the serving layer calls `snapshot()` and `render_prometheus()`, the MQTT front
+end `snapshot()` (through `summary_payload`). Nothing here starts at construction time.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from edged.config import TelemetryConfig
+from edged.errors import TelemetryError
+from edged.telemetry._derived import EnergyAttributor, Event, ModelActivity, ThrottleDetector, input_power_mw
+from edged.telemetry._sample import Sample
+from edged.telemetry._source import SourceChoice, TelemetrySource, choose_source, open_source
+from edged.telemetry._store import Record, TelemetryStore
+from edged.telemetry._sysfs_read import read_power_mode
+
+log = logging.getLogger(__name__)
+_POWER_MODE_EVERY_S = 30.0
+
+
+class TelemetryService:
+    def __init__(self, config: TelemetryConfig, database: str, activity: ModelActivity | None = None,
+                 source: TelemetrySource | None = None) -> None:
+        self._config = config
+        self._database = database
+        self._activity = activity
+        self._source = source
+        self._choice = SourceChoice(source.name, "given by the caller") if source is not None else None
+        self._store: TelemetryStore | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._ended = False
+        self._latest: Sample | None = None
+        self._latest_power: int | None = None
+        self._energy = EnergyAttributor()
+        self._throttle = ThrottleDetector(config.over_temp_c)
+        self._power_mode: str | None = None
+        self._power_mode_checked = 0.0
+        self.samples = 0
+
+    @property
+    def choice(self) -> SourceChoice:
+        return self._choice or choose_source(self._config)
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("TelemetryService.start() called twice")
+        if self._source is None:
+            self._choice = choose_source(self._config)
+            self._source = open_source(self._config, self._choice)
+        log.info("telemetry source: %s (%s)", self.choice.name, self.choice.reason)
+        if self._source is None:
+            self._ended = True
+            return
+        Path(self._database).parent.mkdir(parents=True, exist_ok=True)
+        self._store = TelemetryStore(self._database, self._config)
+        self._store.start()
+        self._thread = threading.Thread(target=self._run, name="edged-telemetry-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._source is not None:
+            self._source.close()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._store is not None:
+            self._store.stop()
+            self._store = None
+
+    def wait_samples(self, count: int, timeout: float) -> bool:
+        """Block until ``count`` samples were taken (for tools and tests); False on timeout or source end."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while self.samples < count:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._ended:
+                    return False
+                self._changed.wait(left)
+        return True
+
+    def record_event(self, kind: str, subject: str | None = None, detail: str | None = None) -> None:
+        """Model load/unload and other events from the daemon; dropped when telemetry is off."""
+        if self._store is not None:
+            self._store.put_event(Event(time.time(), kind, subject, None, detail))
+
+    def _run(self) -> None:
+        source, store = self._source, self._store
+        if source is None or store is None:
+            return
+        while not self._stop.is_set():
+            try:
+                sample = source.next_sample(self._stop)
+            except TelemetryError as e:
+                log.error("telemetry source %s failed: %s", source.name, e)
+                break
+            if sample is None:
+                break
+            store.put(self._derive(sample))
+        with self._lock:
+            self._ended = True
+            self._changed.notify_all()
+
+    def _derive(self, sample: Sample) -> Record:
+        power = input_power_mw(sample)
+        activity = dict(self._activity.model_activity()) if self._activity is not None else {}
+        with self._lock:
+            models = self._energy.update(sample.t, power, activity)
+            events = self._throttle.update(sample) + self._check_power_mode(sample.t)
+            self._latest, self._latest_power = sample, power
+            self.samples += 1
+            self._changed.notify_all()
+        return Record(sample, power, tuple(models), tuple(events))
+
+    def _check_power_mode(self, t: float) -> list[Event]:
+        if t - self._power_mode_checked < _POWER_MODE_EVERY_S:
+            return []
+        self._power_mode_checked = t
+        mode = read_power_mode(Path(self._config.sysfs_root))
+        if mode is None or mode == self._power_mode:
+            return []
+        self._power_mode = mode
+        return [Event(t, "power_mode", mode)]
+
+    def snapshot(self) -> dict[str, Any]:
+        """The latest sample and derived numbers, JSON-able (``GET /v2/edged/telemetry``)."""
+        with self._lock:
+            sample, power = self._latest, self._latest_power
+            out: dict[str, Any] = {
+                "source": self.choice.name,
+                "source_reason": self.choice.reason,
+                "samples": self.samples,
+                "t": sample.t if sample else None,
+                "sample": sample.to_json() if sample else None,
+                "cpu_load_pct": sample.cpu_mean_load() if sample else None,
+                "power_in_mw": power,
+                "power_mode": self._power_mode,
+                "energy_per_inference_mj": self._energy.per_inference_mj(),
+                "inferences": dict(self._energy.inferences),
+                "throttle_counts": dict(self._throttle.counts),
+                "throttle_active": sorted(self._throttle.active),
+            }
+        store = self._store
+        out["store_error"] = str(store.error) if store is not None and store.error else None
+        out["store_dropped"] = store.dropped if store is not None else 0
+        return out
+
+    def render_prometheus(self) -> str:
+        from edged.telemetry._export import render_prometheus
+        return render_prometheus(self.snapshot())

@@ -1,0 +1,263 @@
+#!/usr/bin/env bash
+# Install (or upgrade, or roll back) edged from this unpacked tarball, without any network.
+#
+#   sudo ./install.sh              install or upgrade; the previous release is kept for --rollback
+#   sudo ./install.sh --rollback   switch back to the previous release
+#
+# Options: --root DIR (install under DIR instead of /: directories and files only, no users, no systemctl),
+#          --no-systemd (create the user and directories by hand, do not install the units),
+#          --dry-run (check everything, print what would be done, change nothing), --python PATH.
+#
+# Layout: /opt/edged/releases/<version> is a venv (--system-site-packages, so JetPack's TensorRT is
+# visible); /opt/edged/current and /opt/edged/previous are symlinks switched atomically (rename of a new
+# link over the old one). A release is built in a temporary directory and renamed into place at the end;
+# any failure removes it and leaves the installed release untouched.
+set -euo pipefail
+umask 022
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT=""
+DRY_RUN=0
+ROLLBACK=0
+USE_SYSTEMD=auto
+PYTHON=""
+MIN_FREE_MB=0
+
+say() { printf 'install.sh: %s\n' "$*"; }
+die() { printf 'install.sh: error: %s\n' "$*" >&2; exit 1; }
+act() {  # run a command that changes the system, or print it under --dry-run
+    if [ "$DRY_RUN" = 1 ]; then printf 'install.sh: would run: %s\n' "$*"; else "$@"; fi
+}
+usage() { sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+
+parse_args() {
+    while [ $# -gt 0 ]; do
+        case "$1" in
+            --root) ROOT="${2:?--root needs a directory}"; shift ;;
+            --root=*) ROOT="${1#--root=}" ;;
+            --no-systemd) USE_SYSTEMD=no ;;
+            --dry-run) DRY_RUN=1 ;;
+            --rollback) ROLLBACK=1 ;;
+            --python) PYTHON="${2:?--python needs a path}"; shift ;;
+            --python=*) PYTHON="${1#--python=}" ;;
+            --min-free-mb) MIN_FREE_MB="${2:?--min-free-mb needs a number}"; shift ;;
+            -h|--help) usage; exit 0 ;;
+            *) die "unknown option $1 (see --help)" ;;
+        esac
+        shift
+    done
+    if [ -n "$ROOT" ]; then
+        mkdir -p "$ROOT" && ROOT="$(cd "$ROOT" && pwd)"
+        [ "$ROOT" = / ] && ROOT=""
+    fi
+    OPT="$ROOT/opt/edged"
+    if [ "$USE_SYSTEMD" = auto ]; then
+        if [ -z "$ROOT" ] && [ -d /run/systemd/system ]; then USE_SYSTEMD=yes; else USE_SYSTEMD=no; fi
+    fi
+}
+
+manifest() {  # manifest KEY: a top-level value of manifest.json
+    "$PYTHON" -c 'import json,sys; v=json.load(open(sys.argv[1]))[sys.argv[2]]; print("" if v is None else v)' \
+        "$HERE/manifest.json" "$1"
+}
+
+find_python() {
+    local want candidate
+    want="$(grep -o '"python": *"[0-9.]*"' "$HERE/manifest.json" | grep -o '[0-9][0-9.]*' || true)"
+    [ -n "$want" ] || die "$HERE/manifest.json names no Python version: is this an edged tarball?"
+    if [ -z "$PYTHON" ]; then
+        for candidate in "python$want" python3 /usr/bin/python3; do
+            if command -v "$candidate" >/dev/null 2>&1; then PYTHON="$(command -v "$candidate")"; break; fi
+        done
+    fi
+    [ -n "$PYTHON" ] || die "this package is built for Python $want and no python$want was found; install it or pass --python PATH"
+    local have
+    have="$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+    [ "$have" = "$want" ] || die "this package is built for Python $want, but $PYTHON is Python $have: use a tarball built with --python $have, or pass --python PATH to a Python $want"
+    "$PYTHON" -c 'import venv, ensurepip' 2>/dev/null \
+        || die "$PYTHON cannot create virtual environments: install python$want-venv"
+}
+
+check_platform() {
+    local platform machine
+    platform="$(manifest platform)"
+    machine="linux_$(uname -m)"
+    [ "$platform" = "$machine" ] \
+        || die "this package is built for $platform, but this machine is $machine: build one with --platform $machine"
+}
+
+check_sums() {
+    say "checking SHA256SUMS"
+    (cd "$HERE" && sha256sum --quiet --strict -c SHA256SUMS) >&2 \
+        || die "the package is damaged (SHA256SUMS mismatch above); download or copy it again"
+}
+
+check_space() {
+    local need_kb free_kb dir="$OPT"
+    need_kb=$(( $(du -sk "$HERE/wheelhouse" | cut -f1) * 4 + 65536 + MIN_FREE_MB * 1024 ))
+    while [ ! -d "$dir" ]; do dir="$(dirname "$dir")"; done
+    free_kb="$(df -Pk "$dir" | awk 'NR == 2 { print $4 }')"
+    [ "$free_kb" -ge "$need_kb" ] \
+        || die "not enough free space on $dir: need $(( need_kb / 1024 )) MB, have $(( free_kb / 1024 )) MB; free some space (old releases live in $OPT/releases)"
+}
+
+PARTIAL=""
+CREATED=""  # the topmost directory this run created for the release, removed again on failure
+cleanup() {
+    local status=$?
+    if [ -n "$PARTIAL" ] && [ "$DRY_RUN" = 0 ]; then
+        say "failed: removing the incomplete release $PARTIAL"
+        rm -rf "$PARTIAL"
+        if [ -n "$CREATED" ]; then rm -rf "$CREATED"; fi
+    fi
+    exit "$status"
+}
+
+switch_link() {  # switch_link NAME TARGET: point $OPT/NAME at TARGET (relative) by renaming a new link over it
+    act ln -sfn "$2" "$OPT/.$1.new"
+    act mv -T "$OPT/.$1.new" "$OPT/$1"
+}
+
+relocate() {  # relocate TMP FINAL: rewrite the venv's own paths before it is renamed into place
+    local tmp="$1" final="$2" file
+    if [ "$DRY_RUN" = 1 ]; then say "would rewrite the venv's paths from $tmp to $final"; return; fi
+    while IFS= read -r file; do
+        act sed -i "s|$tmp|$final|g" "$file"
+    done < <(find "$tmp/bin" -maxdepth 1 -type f -exec grep -lF "$tmp" {} + ; grep -lF "$tmp" "$tmp/pyvenv.cfg" || true)
+    # Byte code carries source paths for tracebacks: compile it for the final path (the service cannot
+    # write to /opt, so nothing would be cached at run time).
+    act "$tmp/bin/python" -m compileall -q -j 0 -s "$tmp" -p "$final" "$tmp/lib" >/dev/null
+}
+
+build_release() {  # build_release VERSION EXTRAS
+    local version="$1" extras="$2" rel="$OPT/releases/$1" tmp="$OPT/releases/.partial-$1" spec="edged"
+    if [ -f "$rel/.edged-release" ]; then say "release $version is already installed in $rel"; return; fi
+    if [ -e "$rel" ]; then say "removing the incomplete release $rel"; act rm -rf "$rel"; fi
+    local dir="$OPT/releases"
+    while [ ! -e "$dir" ]; do CREATED="$dir"; dir="$(dirname "$dir")"; done
+    [ -n "$extras" ] && spec="edged[$extras]"
+    act mkdir -p "$OPT/releases"
+    PARTIAL="$tmp"
+    act rm -rf "$tmp"
+    say "creating the venv for $version (with the system site packages, for JetPack's TensorRT)"
+    act "$PYTHON" -m venv --system-site-packages "$tmp"
+    say "installing $spec==$version from the wheelhouse (no network)"
+    act env PIP_NO_INDEX=1 PIP_CONFIG_FILE=/dev/null "$tmp/bin/python" -m pip install --quiet --no-index \
+        --no-cache-dir --no-compile --disable-pip-version-check --find-links "$HERE/wheelhouse" "$spec==$version"
+    relocate "$tmp" "$rel"
+    act mkdir -p "$tmp/share/edged"
+    act cp -R "$HERE/systemd" "$HERE/edged.toml" "$HERE/manifest.json" "$HERE/install.sh" "$HERE/uninstall.sh" \
+        "$tmp/share/edged/"
+    act touch "$tmp/.edged-release"
+    act mv -T "$tmp" "$rel"
+    PARTIAL=""
+    say "installed edged $version in $rel"
+}
+
+activate() {  # activate VERSION: previous <- current, current <- the release
+    local new="releases/$1" old
+    old="$(readlink "$OPT/current" 2>/dev/null || true)"
+    if [ "$old" = "$new" ]; then say "edged $1 is already the current release"; return; fi
+    if [ -n "$old" ]; then switch_link previous "$old"; say "previous -> $old"; fi
+    switch_link current "$new"
+    say "current -> $new"
+}
+
+prune() {  # keep only the current and the previous release
+    local keep_current keep_previous dir
+    keep_current="$(readlink "$OPT/current" 2>/dev/null || true)"
+    keep_previous="$(readlink "$OPT/previous" 2>/dev/null || true)"
+    for dir in "$OPT"/releases/*; do
+        [ -d "$dir" ] || continue
+        case "releases/${dir##*/}" in
+            "$keep_current"|"$keep_previous") ;;
+            *) say "removing the old release $dir"; act rm -rf "$dir" ;;
+        esac
+    done
+}
+
+setup_user_and_dirs() {
+    if [ -n "$ROOT" ]; then
+        act install -d -m 0750 "$ROOT/etc/edged" "$ROOT/var/lib/edged" "$ROOT/var/log/edged"
+        return
+    fi
+    if [ "$USE_SYSTEMD" = yes ]; then
+        act systemd-sysusers /etc/sysusers.d/edged.conf
+        act systemd-tmpfiles --create /etc/tmpfiles.d/edged.conf
+        return
+    fi
+    getent group edged >/dev/null || act groupadd --system edged
+    id edged >/dev/null 2>&1 || act useradd --system --gid edged --home-dir /var/lib/edged --no-create-home \
+        --shell /usr/sbin/nologin --comment "edged inference daemon" edged
+    local group
+    for group in video render; do
+        if getent group "$group" >/dev/null; then act usermod -aG "$group" edged; fi
+    done
+    act install -d -m 0750 -o edged -g edged /var/lib/edged /var/log/edged
+    act install -d -m 0750 -o root -g edged /etc/edged
+}
+
+install_units() {
+    [ "$USE_SYSTEMD" = yes ] || [ -n "$ROOT" ] || { say "not installing the systemd units (--no-systemd)"; return; }
+    act install -D -m 0644 "$HERE/systemd/edged.service" "$ROOT/etc/systemd/system/edged.service"
+    act install -D -m 0644 "$HERE/systemd/edged.socket" "$ROOT/etc/systemd/system/edged.socket"
+    act install -D -m 0644 "$HERE/systemd/sysusers.d/edged.conf" "$ROOT/etc/sysusers.d/edged.conf"
+    act install -D -m 0644 "$HERE/systemd/tmpfiles.d/edged.conf" "$ROOT/etc/tmpfiles.d/edged.conf"
+    say "installed the units in $ROOT/etc/systemd/system"
+}
+
+enable_units() {
+    [ "$USE_SYSTEMD" = yes ] || return 0
+    act systemctl daemon-reload
+    act systemctl enable edged.socket edged.service
+    act systemctl try-restart edged.service
+    say "enabled edged.socket and edged.service (start now: systemctl start edged)"
+}
+
+install_config() {
+    local config="$ROOT/etc/edged/edged.toml"
+    if [ -e "$config" ]; then
+        say "kept the existing $config (the new defaults are in $OPT/current/share/edged/edged.toml)"
+        return
+    fi
+    if [ -n "$ROOT" ]; then act install -m 0640 "$HERE/edged.toml" "$config"
+    else act install -m 0640 -o root -g edged "$HERE/edged.toml" "$config"; fi
+    say "wrote the default configuration $config"
+}
+
+rollback() {
+    local current previous
+    previous="$(readlink "$OPT/previous" 2>/dev/null || true)"
+    current="$(readlink "$OPT/current" 2>/dev/null || true)"
+    [ -n "$previous" ] || die "no previous release to roll back to in $OPT"
+    [ -f "$OPT/$previous/.edged-release" ] || die "the previous release $OPT/$previous is missing or incomplete"
+    switch_link current "$previous"
+    if [ -n "$current" ]; then switch_link previous "$current"; fi
+    say "rolled back: current -> $previous${current:+ (previous -> $current)}"
+    if [ "$USE_SYSTEMD" = yes ]; then act systemctl try-restart edged.service; fi
+}
+
+main() {
+    parse_args "$@"
+    [ -z "$ROOT" ] && [ "$(id -u)" != 0 ] && [ "$DRY_RUN" = 0 ] && die "run as root (or use --root DIR)"
+    if [ "$ROLLBACK" = 1 ]; then rollback; return; fi
+    find_python
+    check_platform
+    check_sums
+    check_space
+    local version extras
+    version="$(manifest version)"
+    extras="$("$PYTHON" -c 'import json,sys; print(",".join(json.load(open(sys.argv[1]))["extras"]))' "$HERE/manifest.json")"
+    [ "$DRY_RUN" = 1 ] && say "dry run: nothing will be changed"
+    trap cleanup EXIT
+    build_release "$version" "$extras"
+    install_units
+    setup_user_and_dirs
+    install_config
+    activate "$version"
+    prune
+    enable_units
+    say "done: edged $version is installed in $OPT/current${ROOT:+ (under $ROOT)}"
+}
+
+main "$@"

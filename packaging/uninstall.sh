@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Remove what edged's install.sh put down: the releases in /opt/edged, the units, the sysusers and
+# tmpfiles entries and the runtime directory. The configuration (/etc/edged), the state (/var/lib/edged)
+# and the logs (/var/log/edged) are kept unless --purge, which also removes the edged user.
+#
+# Options: --root DIR (uninstall from under DIR), --no-systemd (do not call systemctl), --purge, --dry-run.
+set -euo pipefail
+
+ROOT=""
+PURGE=0
+DRY_RUN=0
+USE_SYSTEMD=auto
+
+say() { printf 'uninstall.sh: %s\n' "$*"; }
+die() { printf 'uninstall.sh: error: %s\n' "$*" >&2; exit 1; }
+act() { if [ "$DRY_RUN" = 1 ]; then printf 'uninstall.sh: would run: %s\n' "$*"; else "$@"; fi; }
+
+parse_args() {
+    while [ $# -gt 0 ]; do
+        case "$1" in
+            --root) ROOT="${2:?--root needs a directory}"; shift ;;
+            --root=*) ROOT="${1#--root=}" ;;
+            --purge) PURGE=1 ;;
+            --dry-run) DRY_RUN=1 ;;
+            --no-systemd) USE_SYSTEMD=no ;;
+            -h|--help) sed -n '2,7p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+            *) die "unknown option $1 (see --help)" ;;
+        esac
+        shift
+    done
+    if [ -n "$ROOT" ]; then
+        [ -d "$ROOT" ] || die "--root $ROOT is not a directory"
+        ROOT="$(cd "$ROOT" && pwd)"
+        [ "$ROOT" = / ] && ROOT=""
+    fi
+    if [ "$USE_SYSTEMD" = auto ]; then
+        if [ -z "$ROOT" ] && [ -d /run/systemd/system ]; then USE_SYSTEMD=yes; else USE_SYSTEMD=no; fi
+    fi
+}
+
+remove() {  # remove PATH...: delete what exists, say what went
+    local path
+    for path in "$@"; do
+        if [ -e "$path" ] || [ -L "$path" ]; then act rm -rf "$path"; say "removed $path"; fi
+    done
+}
+
+stop_units() {
+    [ "$USE_SYSTEMD" = yes ] || return 0
+    act systemctl disable --now edged.service edged.socket || true
+}
+
+main() {
+    parse_args "$@"
+    [ -z "$ROOT" ] && [ "$(id -u)" != 0 ] && [ "$DRY_RUN" = 0 ] && die "run as root (or use --root DIR)"
+    stop_units
+    remove "$ROOT/etc/systemd/system/edged.service" "$ROOT/etc/systemd/system/edged.socket" \
+        "$ROOT/etc/sysusers.d/edged.conf" "$ROOT/etc/tmpfiles.d/edged.conf" \
+        "$ROOT/opt/edged" "$ROOT/run/edged"
+    [ "$USE_SYSTEMD" = yes ] && act systemctl daemon-reload
+    if [ "$PURGE" = 1 ]; then
+        remove "$ROOT/etc/edged" "$ROOT/var/lib/edged" "$ROOT/var/log/edged" \
+            "$ROOT/etc/systemd/system/edged.service.d"
+        if [ -z "$ROOT" ] && id edged >/dev/null 2>&1; then act userdel edged; say "removed the user edged"; fi
+    else
+        say "kept the configuration $ROOT/etc/edged, the state $ROOT/var/lib/edged and the logs $ROOT/var/log/edged (--purge removes them)"
+    fi
+    say "done"
+}
+
+main "$@"

@@ -1,0 +1,111 @@
+"""`edged infer`, `edged models` and `edged status` as real processes against the real server, found through
+$EDGED_SOCKET or --socket; failures exit non-zero with a message naming the socket."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+harness = sys.modules["edged_client_test_harness"]
+
+
+def edged(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(harness.EDGED), *args], check=False, capture_output=True, text=True,
+                          timeout=60, env=env)
+
+
+def test_infer_from_npy_prints_json_outputs(server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    x = np.random.default_rng(0).standard_normal((2, 64)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    done = edged("infer", "tiny_mlp", "--input", f"input={tmp_path / 'x.npy'}", env=server.env())
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["model_name"] == "tiny_mlp"
+    out = doc["outputs"][0]
+    assert out["name"] == "output" and out["datatype"] == "FP32" and out["shape"] == [2, 10]
+    with harness.EdgedClient(server.socket_path) as client:
+        expected = client.infer("tiny_mlp", {"input": x}).as_numpy("output")
+    np.testing.assert_allclose(np.array(out["data"]).reshape(2, 10), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_infer_from_json_over_the_json_transport_to_npy_files(server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    row = [0.5] * 64  # no batch dimension: the CLI adds a batch of one; the datatype comes from the metadata
+    (tmp_path / "x.json").write_text(json.dumps(row))
+    done = edged("infer", "tiny_mlp", "--input", f"input=@{tmp_path / 'x.json'}", "--json-transport",
+                 "--output-format", "npy", "--output-dir", str(tmp_path / "out"), "--socket", server.socket_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(tmp_path / "out" / "output.npy")
+    out = np.load(tmp_path / "out" / "output.npy")
+    assert out.shape == (1, 10) and out.dtype == np.float32
+    inline = edged("infer", "tiny_mlp", "--input", json.dumps([row]), env=server.env())
+    assert inline.returncode == 0, inline.stderr
+    np.testing.assert_allclose(np.array(json.loads(inline.stdout)["outputs"][0]["data"]), out.ravel(), rtol=1e-6)
+
+
+def test_infer_errors_exit_non_zero_with_the_servers_message(server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    np.save(tmp_path / "bad.npy", np.zeros((1, 63), np.float32))
+    done = edged("infer", "tiny_mlp", "--input", f"input={tmp_path / 'bad.npy'}", env=server.env())
+    assert done.returncode == 1
+    assert "edged infer: error:" in done.stderr and "63" in done.stderr
+    missing = edged("infer", "nope", "--input", "[1]", env=server.env())
+    assert missing.returncode == 1 and "nope" in missing.stderr
+    wrong = edged("infer", "tiny_mlp", "--input", "other=[1]", env=server.env())
+    assert wrong.returncode == 1 and "other" in wrong.stderr and "input" in wrong.stderr
+
+
+def test_models_list_table_and_json(server) -> None:  # type: ignore[no-untyped-def]
+    table = edged("models", env=server.env())
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[0].split() == ["MODEL", "VERSION", "STATE", "REASON"]
+    assert any(line.split()[:3] == ["tiny_mlp", "1", "READY"] for line in lines[1:])
+    as_json = edged("models", "list", "--json", env=server.env())
+    assert {"name": "tiny_mlp", "version": "1", "state": "READY", "reason": ""} in json.loads(as_json.stdout)
+    parent_flag = edged("models", "--json", "list", env=server.env())
+    assert json.loads(parent_flag.stdout) == json.loads(as_json.stdout)
+
+
+def test_models_show(server) -> None:  # type: ignore[no-untyped-def]
+    shown = edged("models", "show", "tiny_mlp", env=server.env())
+    assert shown.returncode == 0, shown.stderr
+    assert "ready     yes" in shown.stdout and "max batch 64" in shown.stdout
+    assert any(line.split()[:3] == ["input", "input", "FP32"] for line in shown.stdout.splitlines())
+    doc = json.loads(edged("models", "show", "tiny_mlp", "--json", env=server.env()).stdout)
+    assert doc["ready"] is True and doc["config"]["max_batch_size"] == 64
+
+
+def test_models_load_and_unload(explicit_server) -> None:  # type: ignore[no-untyped-def]
+    env = explicit_server.env()
+    loaded = edged("models", "load", "digits_onnx", env=env)
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stdout.strip() == "digits_onnx: loaded"
+    unloaded = edged("models", "unload", "digits_onnx", env=env)
+    assert unloaded.returncode == 0 and unloaded.stdout.strip() == "digits_onnx: unloaded"
+    bad = edged("models", "load", "ghost", env=env)
+    assert bad.returncode == 1 and "ghost" in bad.stderr
+
+
+def test_status_human_and_json(server) -> None:  # type: ignore[no-untyped-def]
+    human = edged("status", env=server.env())
+    assert human.returncode == 0, human.stderr
+    assert "live yes, ready yes" in human.stdout
+    assert "tiny_mlp v1 READY" in human.stdout
+    doc = json.loads(edged("status", "--json", env=server.env()).stdout)
+    assert doc["live"] is True and doc["ready"] is True
+    assert any(m["name"] == "tiny_mlp" for m in doc["models"])
+
+
+def test_every_command_names_the_socket_it_tried(tmp_path: Path) -> None:
+    path = str(tmp_path / "absent.sock")
+    for args in (["status"], ["models"], ["models", "show", "m"], ["infer", "m", "--input", "[1]"]):
+        done = edged(*args, "--socket", path)
+        assert done.returncode == 1, args
+        assert path in done.stderr and "edged serve" in done.stderr, done.stderr
+    env = {"PATH": "/usr/bin:/bin", "EDGED_SOCKET": path, "XDG_RUNTIME_DIR": str(tmp_path)}
+    done = edged("status", env=env)
+    assert done.returncode == 1
+    assert path in done.stderr and str(tmp_path / "edged" / "edged.sock") in done.stderr

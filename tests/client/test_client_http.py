@@ -1,0 +1,149 @@
+"""The clients' HTTP handling against canned responses from a raw Unix-socket peer: chunked bodies, a daemon
+that closes after answering, status codes and the X-Edged-Error family header mapped to typed errors."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edged.client import (
+    AsyncEdgedClient,
+    EdgedClient,
+    InferenceFailedError,
+    ModelNotReadyError,
+    PayloadTooLargeError,
+    ProtocolError,
+    QueueFullError,
+    UnavailableError,
+)
+
+
+class CannedPeer:
+    """Accepts connections on a Unix socket; answers each request with the next canned response."""
+
+    def __init__(self, path: str, responses: list[bytes]) -> None:
+        self.path = path
+        self.responses = list(responses)
+        self.requests: list[bytes] = []
+        self.listener = socket.socket(socket.AF_UNIX)
+        self.listener.bind(path)
+        self.listener.listen(4)
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while self.responses:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            with conn:
+                self._answer(conn)
+
+    def _answer(self, conn: socket.socket) -> None:
+        while self.responses:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                data += chunk
+            self.requests.append(data)
+            response = self.responses.pop(0)
+            conn.sendall(response)
+            if b"connection: close" in response.lower():
+                return
+
+    def close(self) -> None:
+        self.listener.close()
+        self.thread.join(5)
+        os.unlink(self.path)
+
+
+@pytest.fixture
+def peer(tmp_path: Path) -> Iterator[list[CannedPeer]]:
+    made: list[CannedPeer] = []
+    yield made
+    for p in made:
+        p.close()
+
+
+def canned(tmp_path: Path, made: list[CannedPeer], *responses: bytes) -> str:
+    path = str(tmp_path / f"canned{len(made)}.sock")
+    made.append(CannedPeer(path, list(responses)))
+    return path
+
+
+CHUNKED = (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-type: application/json\r\n\r\n"
+           b"7\r\n{\"name\"\r\nA\r\n: \"edged\"}\r\n0\r\n\r\n")
+CLOSING = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}"
+
+
+def error(status: int, message: str, family: str = "") -> bytes:
+    body = f'{{"error": "{message}"}}'.encode()
+    extra = f"x-edged-error: {family}\r\n".encode() if family else b""
+    return b"HTTP/1.1 %d X\r\ncontent-length: %d\r\n%s\r\n%s" % (status, len(body), extra, body)
+
+
+def test_sync_reads_chunked_and_reconnects_after_connection_close(tmp_path: Path, peer) -> None:  # type: ignore[no-untyped-def]
+    path = canned(tmp_path, peer, CHUNKED, CLOSING, CHUNKED)
+    with EdgedClient(path) as client:
+        assert client.server_metadata() == {"name": "edged"}
+        assert client.status() == {}
+        assert client.server_metadata() == {"name": "edged"}
+
+
+def test_async_reads_chunked_and_reconnects_after_connection_close(tmp_path: Path, peer) -> None:  # type: ignore[no-untyped-def]
+    path = canned(tmp_path, peer, CHUNKED, CLOSING, CHUNKED)
+
+    async def scenario() -> None:
+        async with AsyncEdgedClient(path) as client:
+            assert await client.server_metadata() == {"name": "edged"}
+            assert await client.status() == {}
+            assert await client.server_metadata() == {"name": "edged"}
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(("response", "expected"), [
+    (error(503, "model m is loading"), UnavailableError),
+    (error(503, "model m is loading", "ModelNotReady"), ModelNotReadyError),
+    (error(503, "queue of m is full", "QueueFull"), QueueFullError),
+    (error(413, "input too large"), PayloadTooLargeError),
+    (error(500, "backend crashed"), InferenceFailedError),
+    (error(502, "bad gateway"), InferenceFailedError),
+])
+def test_status_and_family_map_to_typed_errors_keeping_the_message(tmp_path: Path, peer, response: bytes,  # type: ignore[no-untyped-def]
+                                                                    expected: type[Exception]) -> None:
+    path = canned(tmp_path, peer, response, response)
+    message = response.rsplit(b'"error": "', 1)[1].split(b'"')[0].decode()
+    with EdgedClient(path) as client, pytest.raises(expected) as raised:
+        client.model_config("m")
+    assert str(raised.value) == message and type(raised.value) is expected
+
+    async def scenario() -> None:
+        async with AsyncEdgedClient(path) as client:
+            await client.model_config("m")
+    with pytest.raises(expected):
+        asyncio.run(scenario())
+
+
+def test_a_non_json_answer_is_a_protocol_error(tmp_path: Path, peer) -> None:  # type: ignore[no-untyped-def]
+    path = canned(tmp_path, peer, b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello")
+    with EdgedClient(path) as client, pytest.raises(ProtocolError, match=r"server metadata.*not JSON"):
+        client.server_metadata()
+
+
+def test_requests_carry_the_binary_extension_header(tmp_path: Path, peer) -> None:  # type: ignore[no-untyped-def]
+    path = canned(tmp_path, peer, error(400, "stop"))
+    with EdgedClient(path) as client, pytest.raises(Exception, match="stop"):
+        client.infer("m", {"x": np.zeros((1, 2), np.float32)})
+    request = peer[0].requests[0].lower()
+    assert request.startswith(b"post /v2/models/m/infer http/1.1")
+    assert b"inference-header-content-length: " in request

@@ -1,0 +1,91 @@
+"""Triton's own Python client (tritonclient.http) against edged's loopback TCP listener: the same calls an
+application written for Triton makes must work unchanged."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+httpclient = pytest.importorskip("tritonclient.http")
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+from edged.client import EdgedClient  # noqa: E402
+
+
+@pytest.fixture
+def triton(tcp_server):  # type: ignore[no-untyped-def]
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{tcp_server.port}")
+    yield client
+    client.close()
+
+
+def test_server_health_and_metadata(triton) -> None:  # type: ignore[no-untyped-def]
+    assert triton.is_server_live() and triton.is_server_ready()
+    meta = triton.get_server_metadata()
+    assert meta["name"] == "edged" and "binary_tensor_data" in meta["extensions"]
+
+
+def test_model_metadata_config_and_readiness(triton) -> None:  # type: ignore[no-untyped-def]
+    meta = triton.get_model_metadata("tiny_mlp")
+    assert meta["inputs"][0] == {"name": "input", "datatype": "FP32", "shape": [-1, 64]}
+    assert meta["outputs"][0]["name"] == "output"
+    config = triton.get_model_config("tiny_mlp")
+    assert config["max_batch_size"] == 64 and config["input"][0]["dims"] == [64]
+    assert triton.is_model_ready("tiny_mlp") and triton.is_model_ready("tiny_mlp", "1")
+    assert not triton.is_model_ready("no_such_model")
+
+
+@pytest.mark.parametrize(("binary_in", "binary_out"), [(True, True), (False, False), (True, False), (False, True)])
+def test_inference_json_and_binary(triton, tcp_server, binary_in: bool, binary_out: bool) -> None:  # type: ignore[no-untyped-def]
+    x = np.random.default_rng(5).standard_normal((4, 64)).astype(np.float32)
+    tensor = httpclient.InferInput("input", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x, binary_data=binary_in)
+    wanted = httpclient.InferRequestedOutput("output", binary_data=binary_out)
+    result = triton.infer("tiny_mlp", [tensor], outputs=[wanted], request_id="t1")
+    out = result.as_numpy("output")
+    with EdgedClient(tcp_server.socket_path) as client:
+        expected = client.infer("tiny_mlp", {"input": x}).as_numpy("output")
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
+    response = result.get_response()
+    assert response["model_name"] == "tiny_mlp" and response["id"] == "t1"
+
+
+def test_errors_raise_inference_server_exception_with_the_message(triton) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(InferenceServerException, match="no_such_model"):
+        triton.get_model_metadata("no_such_model")
+    tensor = httpclient.InferInput("input", [1, 3], "FP32")
+    tensor.set_data_from_numpy(np.zeros((1, 3), np.float32))
+    with pytest.raises(InferenceServerException, match="input"):
+        triton.infer("tiny_mlp", [tensor])
+
+
+def test_statistics(triton) -> None:  # type: ignore[no-untyped-def]
+    tensor = httpclient.InferInput("input", [1, 64], "FP32")
+    tensor.set_data_from_numpy(np.zeros((1, 64), np.float32))
+    triton.infer("tiny_mlp", [tensor])
+    stats = triton.get_inference_statistics("tiny_mlp")["model_stats"][0]
+    assert stats["name"] == "tiny_mlp" and stats["version"] == "1"
+    assert stats["inference_count"] >= 1 and stats["inference_stats"]["success"]["count"] >= 1
+    assert stats["inference_stats"]["compute_infer"]["ns"] > 0
+    everything = triton.get_inference_statistics()["model_stats"]
+    assert {s["name"] for s in everything} >= {"tiny_mlp", "digits_onnx"}
+
+
+def test_repository_index_load_and_unload_in_explicit_mode(explicit_tcp_server) -> None:  # type: ignore[no-untyped-def]
+    triton = httpclient.InferenceServerClient(f"127.0.0.1:{explicit_tcp_server.port}")
+    try:
+        index = {m["name"]: m for m in triton.get_model_repository_index()}
+        assert index["tiny_mlp"]["state"] == "READY" and index["digits_onnx"].get("state") != "READY"
+        triton.load_model("digits_onnx")
+        assert triton.is_model_ready("digits_onnx")
+        config = triton.get_model_config("tiny_mlp")
+        triton.load_model("tiny_mlp", config=json.dumps({**config, "max_batch_size": 4}))
+        assert triton.get_model_config("tiny_mlp")["max_batch_size"] == 4
+        triton.unload_model("digits_onnx")
+        assert not triton.is_model_ready("digits_onnx")
+        with pytest.raises(InferenceServerException, match="ghost"):
+            triton.load_model("ghost")
+    finally:
+        triton.close()

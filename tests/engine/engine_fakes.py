@@ -1,0 +1,73 @@
+"""Test backends that stand in for a runtime at the hardware edge: they compute y = 2x, and can be told by
+their config parameters to fail on a marker value, to be slow, or to count concurrent executions."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edged.backends.base import InstanceInfo
+from edged.errors import InferenceFailed, ModelLoadError
+from edged.repository.model_config import ModelConfig, ModelSignature
+
+# Shared across instances of one test process on purpose: tests read how many ran at once.
+CONCURRENCY = {"now": 0, "max": 0, "calls": 0, "batches": []}
+LOCK = threading.Lock()
+RELEASE = threading.Event()
+
+
+class DoublingInstance:
+    def __init__(self, config: ModelConfig) -> None:
+        self.info = InstanceInfo(device="cpu", details={"fake": True})
+        self._delay = float(config.parameters.get("delay_s", "0"))
+        self._fail_marker = float(config.parameters.get("fail_on", "nan"))
+        self._block = config.parameters.get("block_until_released", "") == "true"
+
+    def run(self, inputs: Mapping[str, Any], output_names: Sequence[str]) -> dict[str, Any]:
+        x = inputs["input"]
+        with LOCK:
+            CONCURRENCY["now"] += 1
+            CONCURRENCY["calls"] += 1
+            CONCURRENCY["max"] = max(CONCURRENCY["max"], CONCURRENCY["now"])
+            CONCURRENCY["batches"].append(int(x.shape[0]))
+        try:
+            if self._block:
+                RELEASE.wait(30)
+            if self._delay:
+                time.sleep(self._delay)
+            if np.any(x == self._fail_marker):
+                raise InferenceFailed(f"input holds the marker value {self._fail_marker}")
+            return {"output": x * 2}
+        finally:
+            with LOCK:
+                CONCURRENCY["now"] -= 1
+
+    def release_memory(self) -> None:
+        return
+
+    def close(self) -> None:
+        return
+
+
+class DoublingBackend:
+    name = "doubling"
+
+    def describe(self, model_path: Path) -> ModelSignature:
+        raise ModelLoadError("the doubling test backend needs a full config")
+
+    def load(self, model_path: Path, config: ModelConfig, instance_index: int) -> DoublingInstance:
+        return DoublingInstance(config)
+
+    def runtime_info(self) -> dict[str, Any]:
+        return {"available": True}
+
+
+def reset() -> None:
+    with LOCK:
+        CONCURRENCY.update(now=0, max=0, calls=0, batches=[])
+    RELEASE.clear()

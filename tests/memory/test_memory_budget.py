@@ -1,0 +1,117 @@
+"""Admission control: what fits, what is evicted (LRU, never busy), what is refused, and why."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from edged.config import MemoryConfig
+from edged.errors import MemoryBudgetExceeded
+from edged.memory import EvictionCandidate, MemoryBudget
+
+MIB = 1024 * 1024
+
+
+def budget(limit_mb: float = 100, policy: str = "evict_lru") -> MemoryBudget:
+    return MemoryBudget(MemoryConfig(budget_mb=limit_mb, policy=policy), total_memory_bytes=8 * 1024 * MIB)  # type: ignore[arg-type]
+
+
+def loaded(budget_: MemoryBudget, **models_mb: int) -> None:
+    for key, mb in models_mb.items():
+        assert budget_.admit(key, mb * MIB, list) == []
+        budget_.commit(key, mb * MIB)
+
+
+def test_a_model_that_fits_evicts_nothing_and_is_charged() -> None:
+    b = budget()
+    assert b.admit("a/1", 40 * MIB, list) == []
+    assert b.used_bytes == 40 * MIB
+
+
+def test_no_budget_admits_everything() -> None:
+    b = MemoryBudget(MemoryConfig(), total_memory_bytes=MIB)
+    assert b.limit_bytes is None
+    assert b.admit("huge/1", 10**12, list) == []
+
+
+def test_budget_percent_is_a_share_of_total_memory() -> None:
+    b = MemoryBudget(MemoryConfig(budget_percent=25), total_memory_bytes=8000 * MIB)
+    assert b.limit_bytes == 2000 * MIB
+
+
+def test_lru_idle_models_are_evicted_first_and_busy_ones_never() -> None:
+    b = budget()
+    loaded(b, a=30, b=30, c=30)
+    candidates = [EvictionCandidate("a", last_used=1.0, in_flight=2), EvictionCandidate("b", 3.0, 0),
+                  EvictionCandidate("c", 2.0, 0)]
+    assert b.admit("d", 50 * MIB, lambda: candidates) == ["c", "b"]
+
+
+def test_refuse_policy_names_budget_usage_and_need() -> None:
+    b = budget(policy="refuse")
+    loaded(b, a=80)
+    with pytest.raises(MemoryBudgetExceeded) as caught:
+        b.admit("big/2", 30 * MIB, lambda: [EvictionCandidate("a", 0.0, 0)])
+    message = str(caught.value)
+    for part in ("big/2", "30.0 MiB", "100.0 MiB", "80.0 MiB is in use", "a 80.0 MiB", "refuse"):
+        assert part in message
+
+
+def test_busy_models_that_block_a_load_are_named() -> None:
+    b = budget()
+    loaded(b, a=60, b=30)
+    candidates = [EvictionCandidate("a", 0.0, 1), EvictionCandidate("b", 1.0, 0)]
+    with pytest.raises(MemoryBudgetExceeded, match="a have requests in flight"):
+        b.admit("c", 50 * MIB, lambda: candidates)
+    assert b.charges() == {"a": 60 * MIB, "b": 30 * MIB}
+
+
+def test_a_model_bigger_than_the_whole_budget_is_refused_without_evicting() -> None:
+    b = budget()
+    loaded(b, a=10)
+    with pytest.raises(MemoryBudgetExceeded, match="alone exceeds"):
+        b.admit("x", 101 * MIB, lambda: [EvictionCandidate("a", 0.0, 0)])
+
+
+def test_measured_footprint_replaces_the_estimate() -> None:
+    b = budget()
+    assert b.estimate("a", file_bytes=10 * MIB) == 15 * MIB  # the default factor 1.5
+    b.admit("a", b.estimate("a", 10 * MIB), list)
+    b.commit("a", 12 * MIB)
+    assert b.used_bytes == 12 * MIB
+    b.release("a")
+    assert b.used_bytes == 0
+    assert b.estimate("a", file_bytes=10 * MIB) == 12 * MIB
+
+
+def test_a_failed_admission_keeps_the_previous_charge_of_a_reload() -> None:
+    b = budget(policy="refuse")
+    loaded(b, a=50, b=40)
+    with pytest.raises(MemoryBudgetExceeded):
+        b.admit("a", 70 * MIB, list)
+    assert b.charges()["a"] == 50 * MIB
+
+
+sizes = st.integers(min_value=1, max_value=60)
+
+
+@given(st.lists(st.tuples(sizes, st.floats(0, 100), st.integers(0, 2)), min_size=1, max_size=8), sizes)
+def test_eviction_fits_the_budget_in_lru_order_and_spares_busy_models(
+        models: list[tuple[int, float, int]], need: int) -> None:
+    b = MemoryBudget(MemoryConfig(budget_mb=200, policy="evict_lru"), total_memory_bytes=0)
+    candidates = []
+    for i, (mb, last_used, in_flight) in enumerate(models):
+        b.commit(f"m{i}", mb * MIB)
+        candidates.append(EvictionCandidate(f"m{i}", last_used, in_flight))
+    before = b.charges()
+    try:
+        victims = b.admit("new", need * MIB, lambda: candidates)
+    except MemoryBudgetExceeded:
+        idle = sum(before[c.key] for c in candidates if c.in_flight == 0)
+        assert sum(before.values()) - idle + need * MIB > 200 * MIB
+        return
+    by_key = {c.key: c for c in candidates}
+    assert all(by_key[v].in_flight == 0 for v in victims)
+    assert [by_key[v].last_used for v in victims] == sorted(by_key[v].last_used for v in victims)
+    assert sum(before.values()) - sum(before[v] for v in victims) + need * MIB <= 200 * MIB

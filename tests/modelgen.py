@@ -1,0 +1,71 @@
+"""Builds real ONNX models and model repositories for tests (nothing is downloaded)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+ROOT = Path(__file__).resolve().parent.parent
+BUNDLED_MODELS = ROOT / "models"
+
+
+def mlp_weights(in_dim: int = 64, hidden: int = 256, out_dim: int = 10, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal((in_dim, hidden)).astype(np.float32) * 0.1, np.zeros(hidden, np.float32),
+            rng.standard_normal((hidden, out_dim)).astype(np.float32) * 0.1, np.zeros(out_dim, np.float32)]
+
+
+def mlp_reference(weights: list[np.ndarray], x: np.ndarray) -> np.ndarray:
+    w0, b0, w1, b1 = weights
+    return np.maximum(x @ w0 + b0, 0) @ w1 + b1
+
+
+def write_mlp_onnx(path: Path, weights: list[np.ndarray], batch_dim: str | int = "batch",
+                   input_name: str = "input", output_name: str = "output") -> None:
+    w0, b0, w1, b1 = weights
+    nodes = [helper.make_node("MatMul", [input_name, "w0"], ["h0"]), helper.make_node("Add", ["h0", "b0"], ["h1"]),
+             helper.make_node("Relu", ["h1"], ["h2"]), helper.make_node("MatMul", ["h2", "w1"], ["h3"]),
+             helper.make_node("Add", ["h3", "b1"], [output_name])]
+    graph = helper.make_graph(
+        nodes, "mlp",
+        [helper.make_tensor_value_info(input_name, TensorProto.FLOAT, [batch_dim, w0.shape[0]])],
+        [helper.make_tensor_value_info(output_name, TensorProto.FLOAT, [batch_dim, w1.shape[1]])],
+        [numpy_helper.from_array(w0, "w0"), numpy_helper.from_array(b0, "b0"), numpy_helper.from_array(w1, "w1"),
+         numpy_helper.from_array(b1, "b1")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(path))
+
+
+def add_model(repo: Path, name: str, config: str | None, versions: dict[int, list[np.ndarray]]) -> Path:
+    """A model folder with an optional config.pbtxt and one MLP ONNX file per version."""
+    folder = repo / name
+    folder.mkdir(parents=True, exist_ok=True)
+    if config is not None:
+        (folder / "config.pbtxt").write_text(config)
+    for version, weights in versions.items():
+        write_mlp_onnx(folder / str(version) / "model.onnx", weights)
+    return folder
+
+
+def custom_config(name: str, backend: str, extra: str = "", max_batch: int = 8) -> str:
+    return f"""name: "{name}"
+backend: "{backend}"
+max_batch_size: {max_batch}
+input [ {{ name: "input", data_type: TYPE_FP32, dims: [ 4 ] }} ]
+output [ {{ name: "output", data_type: TYPE_FP32, dims: [ 4 ] }} ]
+{extra}
+"""
+
+
+def add_custom_model(repo: Path, name: str, backend: str, extra: str = "", max_batch: int = 8) -> Path:
+    """A model served by a test backend (see engine_fakes.py); its version file only has to exist."""
+    folder = repo / name
+    (folder / "1").mkdir(parents=True, exist_ok=True)
+    (folder / "1" / "model").write_bytes(b"test backend model\n")
+    (folder / "config.pbtxt").write_text(custom_config(name, backend, extra, max_batch))
+    return folder

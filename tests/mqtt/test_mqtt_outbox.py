@@ -1,0 +1,202 @@
+"""The durable outbox: bounds, restarts, and delivery through broker restarts, broker kills and edged kills."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import orjson
+import paho.mqtt.client as paho
+import pytest
+from conftest import Broker, Subscriber, env_with_root, python, wait_until
+from paho.mqtt.enums import CallbackAPIVersion
+
+from edged.config import MqttConfig, OutboxConfig, PipelineConfig
+from edged.engine import InferenceService
+from edged.mqtt import MqttFrontEnd
+from edged.mqtt._message import Inbound, Outbound
+from edged.mqtt._metrics import Metrics
+from edged.mqtt._outbox import Outbox
+from edged.protocol import encode_request
+
+RUNNER = Path(__file__).with_name("mqtt_runner.py")
+
+
+def frame(index: int) -> bytes:
+    body, _ = encode_request({"input": np.full((1, 64), index % 17 / 16, np.float32)}, binary=False,
+                             request_id=f"m-{index}")
+    return body
+
+
+def ids_of(messages: list[paho.MQTTMessage]) -> tuple[set[str], int, dict[str, set[str]]]:
+    """(request ids, duplicates, request id -> edged message ids)."""
+    seen: dict[str, set[str]] = {}
+    count = 0
+    for msg in messages:
+        doc = orjson.loads(msg.payload)
+        seen.setdefault(doc["id"], set()).add(doc["parameters"]["edged_message_id"])
+        count += 1
+    return set(seen), count - len(seen), seen
+
+
+# --- the outbox on its own -----------------------------------------------------------------------------------
+def test_outbox_bounds_drop_oldest_counted_and_survive_reopen(tmp_path: Path) -> None:
+    metrics = Metrics()
+    path = tmp_path / "outbox.sqlite3"
+    outbox = Outbox(path, OutboxConfig(max_messages=10), metrics)
+    outbox.start(lambda message: None)
+    for i in range(25):
+        outbox.put(Outbound("t/x", f"{i}".encode(), 1, message_id=f"id-{i}"))
+    wait_until(lambda: metrics.snapshot()["drops"].get("outbox_full") == 15, what="15 drops")
+    assert outbox.depth == 10
+    outbox.stop(5)
+
+    sent: list[Outbound] = []
+    mids = iter(range(1, 1000))
+    reopened = Outbox(path, OutboxConfig(max_messages=10), Metrics())
+    assert reopened.depth == 10
+
+    def publish(message: Outbound) -> int:
+        sent.append(message)
+        mid = next(mids)
+        threading.Thread(target=reopened.on_acked, args=(mid, True)).start()
+        return mid
+
+    reopened.start(publish)
+    reopened.set_connected(True)
+    assert reopened.wait_drained(5)
+    assert [m.message_id for m in sent] == [f"id-{i}" for i in range(15, 25)]
+    reopened.stop(5)
+    assert Outbox(path, OutboxConfig(), Metrics()).depth == 0
+
+
+def test_outbox_expires_old_messages_by_age(tmp_path: Path) -> None:
+    metrics = Metrics()
+    outbox = Outbox(tmp_path / "o.sqlite3", OutboxConfig(max_age_s=0.2), metrics)
+    outbox.start(lambda message: None)
+    outbox.put(Outbound("t/x", b"old", 1))
+    wait_until(lambda: outbox.stored_bytes == 3, what="stored")
+    assert outbox.depth == 1
+    wait_until(lambda: metrics.snapshot()["drops"].get("outbox_expired") == 1, 10, "expired")
+    assert outbox.depth == 0 and outbox.stored_bytes == 0
+    outbox.stop(5)
+
+
+# --- end to end through brokers --------------------------------------------------------------------------
+def stream_config(broker: Broker, device: str) -> MqttConfig:
+    return MqttConfig(broker=broker.url, device_id=device, reconnect_min_s=0.05, reconnect_max_s=0.5,
+                      pipelines=(PipelineConfig(input="stream/+/in", model="tiny_mlp", output="stream/{1}/out",
+                                                qos=1, max_in_flight=256),
+                                 PipelineConfig(input="sensors/+/frame", model="tiny_mlp",
+                                                output="stream/{1}/out", qos=1)))
+
+
+@pytest.fixture
+def stream_front(service: InferenceService, broker: Broker, tmp_path: Path) -> Iterator[MqttFrontEnd]:
+    fe = MqttFrontEnd(service, stream_config(broker, "dev3"), tmp_path / "state", version="test")
+    fe.start()
+    wait_until(lambda: fe.status()["connected"], what="connected")
+    yield fe
+    fe.stop(5)
+
+
+def persistent_subscriber(broker: Broker, name: str) -> Subscriber:
+    sub = Subscriber(broker.port, ["stream/+/out"], client_id=name, persistent=True)
+    sub.client.publish("stream/probe/out", b'{"id": "probe", "parameters": {"edged_message_id": "p"}}', 1)
+    sub.wait_for(1)
+    with sub.cond:
+        sub.messages.clear()
+    return sub
+
+
+def test_broker_sigterm_restarted_three_times_during_2000_messages_loses_nothing(
+        stream_front: MqttFrontEnd, broker: Broker) -> None:
+    sub = persistent_subscriber(broker, "results-restarts")
+    pub = paho.Client(CallbackAPIVersion.VERSION2, client_id="sensor-restarts", protocol=paho.MQTTv311,
+                      clean_session=False)
+    pub.reconnect_delay_set(0.05, 0.5)  # type: ignore[arg-type]
+    pub.connect("127.0.0.1", broker.port)
+    pub.loop_start()
+
+    def restart_three_times() -> None:
+        for _ in range(3):
+            time.sleep(0.6)
+            broker.stop(signal.SIGTERM)
+            broker.start()
+
+    restarter = threading.Thread(target=restart_three_times)
+    restarter.start()
+    for i in range(2000):
+        pub.publish(f"stream/s{i % 4}/in", frame(i), 1)
+        time.sleep(0.001)
+    restarter.join()
+    try:
+        wait_until(lambda: len(ids_of(list(sub.messages))[0] - {"probe"}) >= 2000, 30, "all 2000 results")
+    except AssertionError:
+        got = ids_of(list(sub.messages))[0]
+        missing = sorted(int(x[2:]) for x in {f"m-{i}" for i in range(2000)} - got)
+        print("MISSING", len(missing), missing[:50], missing[-10:])
+        print("STATUS", stream_front.status())
+        raise
+    ids, duplicates, by_id = ids_of(list(sub.messages))
+    assert ids - {"probe"} == {f"m-{i}" for i in range(2000)}
+    assert stream_front.status()["connects"] >= 4
+    print(f"2000 results, {duplicates} duplicates, {len(sub.messages)} messages")
+    pub.loop_stop()
+    sub.close()
+
+
+def test_broker_sigkill_results_produced_while_down_arrive_after_restart(
+        stream_front: MqttFrontEnd, broker: Broker) -> None:
+    sub = persistent_subscriber(broker, "results-kill")
+    time.sleep(1.5)  # mosquitto's autosave_interval is 1 s: the subscriber's session must be on disk
+    broker.stop(signal.SIGKILL)
+    wait_until(lambda: not stream_front.status()["connected"], what="disconnect noticed")
+    for i in range(300):
+        stream_front.on_message(Inbound("sensors/down/frame", frame(i), 1, received_ns=time.time_ns()))
+    wait_until(lambda: stream_front.status()["outbox"]["depth"] == 300, 20, "300 results in the outbox")
+    broker.start()
+    wait_until(lambda: len(ids_of(list(sub.messages))[0]) >= 300, 30, "300 results after restart")
+    assert ids_of(list(sub.messages))[0] == {f"m-{i}" for i in range(300)}
+    wait_until(lambda: stream_front.status()["outbox"]["depth"] == 0, what="outbox empty")
+    sub.close()
+
+
+def test_edged_sigkill_while_broker_down_delivers_outbox_after_both_restart(
+        broker: Broker, repository: Path, tmp_path: Path) -> None:
+    config = tmp_path / "edged.toml"
+    config.write_text(f"""
+[mqtt]
+broker = "{broker.url}"
+device_id = "dev4"
+reconnect_min_s = 0.05
+reconnect_max_s = 0.5
+[[mqtt.pipelines]]
+input = "sensors/+/frame"
+model = "tiny_mlp"
+output = "stream/{{1}}/out"
+""")
+    sub = persistent_subscriber(broker, "results-edged-kill")
+    time.sleep(1.5)  # let mosquitto autosave the subscriber's session before it stops
+    broker.stop(signal.SIGTERM)
+    command = [python(), str(RUNNER), "--config", str(config), "--repository", str(repository),
+               "--state-dir", str(tmp_path / "state")]
+    first = subprocess.Popen([*command, "--inject", "400"], stdout=subprocess.PIPE, env=env_with_root())
+    assert first.stdout is not None
+    assert first.stdout.readline().strip() == b"injected"
+    first.send_signal(signal.SIGKILL)
+    first.wait(10)
+    broker.start()
+    second = subprocess.Popen(command, stdout=subprocess.PIPE, env=env_with_root())
+    try:
+        wait_until(lambda: len(ids_of(list(sub.messages))[0]) >= 400, 60, "400 results after restarts")
+        assert ids_of(list(sub.messages))[0] == {f"inject-{i}" for i in range(400)}
+    finally:
+        second.send_signal(signal.SIGTERM)
+        second.wait(20)
+    sub.close()

@@ -1,0 +1,160 @@
+"""Sensor pipelines over real mosquitto: wildcards, templated outputs, top-k labels, order, hostile input."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+from conftest import Broker, Subscriber, wait_until
+from PIL import Image
+from test_mqtt_requests import wait_subscribed
+
+from edged.config import MqttConfig, PipelineConfig
+from edged.engine import InferenceService
+from edged.mqtt import MqttFrontEnd
+from edged.protocol import encode_request
+
+
+def frame(value: float, request_id: str = "", timestamp: float | None = None) -> bytes:
+    params = {"timestamp": timestamp} if timestamp is not None else None
+    body, _ = encode_request({"input": np.full((1, 64), value, np.float32)}, binary=False, request_id=request_id,
+                             parameters=params)
+    return body
+
+
+@pytest.fixture
+def pipelines(service: InferenceService, broker: Broker, tmp_path: Path) -> Iterator[MqttFrontEnd]:
+    config = MqttConfig(broker=broker.url, device_id="dev2", max_payload_bytes=16 * 1024, pipelines=(
+        PipelineConfig(input="sensors/+/frame", model="digits_onnx", output="results/{1}/digits",
+                       postprocess="topk", top_k=3),
+        PipelineConfig(input="cams/+/+/jpeg", model="digits_onnx", output="vision/{2}/{1}", codec="image"),
+        PipelineConfig(input="raw/#", model="tiny_mlp", output="raw-out/{1}", codec="raw", qos=0),
+        PipelineConfig(input="flood/+", model="tiny_mlp", output="flood-out/{1}", max_in_flight=4,
+                       backpressure="drop_oldest"),
+    ))
+    fe = MqttFrontEnd(service, config, tmp_path / "state", version="test")
+    fe.start()
+    wait_until(lambda: fe.status()["connected"], what="front end connected")
+    yield fe
+    fe.stop(5)
+
+
+def test_wildcard_topics_route_to_templated_outputs_with_topk_labels(pipelines: MqttFrontEnd,
+                                                                     broker: Broker) -> None:
+    sub = Subscriber(broker.port, ["results/#"])
+    wait_subscribed_to(sub, "results/probe/digits")
+    for sensor in ("kitchen", "garage"):
+        for i in range(20):
+            sub.client.publish(f"sensors/{sensor}/frame", frame(i / 20, f"{sensor}-{i}", timestamp=1000.0 + i), 1)
+    messages = sub.wait_for(40)
+    assert len(messages) == 40
+    by_topic: dict[str, list[dict]] = {}
+    for msg in messages:
+        by_topic.setdefault(msg.topic, []).append(orjson.loads(msg.payload))
+    assert set(by_topic) == {"results/kitchen/digits", "results/garage/digits"}
+    for sensor in ("kitchen", "garage"):
+        docs = by_topic[f"results/{sensor}/digits"]
+        assert [d["id"] for d in docs] == [f"{sensor}-{i}" for i in range(20)]  # order of the input topic
+        assert [d["parameters"]["input_timestamp"] for d in docs] == [1000.0 + i for i in range(20)]
+        top = docs[0]["outputs"][0]
+        assert top["datatype"] == "BYTES" and top["shape"] == [1, 3]
+        score, index, label = top["data"][0].split(":")
+        assert 0 <= float(score) <= 1 and label == ["zero", "one", "two", "three", "four", "five", "six",
+                                                    "seven", "eight", "nine"][int(index)] or label
+    assert len({d["parameters"]["edged_message_id"] for ds in by_topic.values() for d in ds}) == 40
+    sub.close()
+
+
+def wait_subscribed_to(sub: Subscriber, topic: str) -> None:
+    sub.client.publish(topic, b"probe", 1)
+    sub.wait_for(1)
+    with sub.cond:
+        sub.messages.clear()
+
+
+def test_two_wildcards_and_image_codec(pipelines: MqttFrontEnd, broker: Broker) -> None:
+    sub = Subscriber(broker.port, ["vision/#"])
+    wait_subscribed_to(sub, "vision/probe")
+    image = Image.fromarray(np.full((16, 16), 128, np.uint8), mode="L")  # resized to 8x8 by the pipeline
+    buffer = io.BytesIO()
+    image.save(buffer, format="JPEG")
+    sub.client.publish("cams/front/door/jpeg", buffer.getvalue(), 1)
+    msg = sub.wait_for(1)[0]
+    assert msg.topic == "vision/door/front"
+    assert orjson.loads(msg.payload)["outputs"][0]["shape"] == [1, 10]
+    sub.close()
+
+
+def test_hash_wildcard_captures_the_rest_and_raw_tensors_use_model_dims(pipelines: MqttFrontEnd,
+                                                                        broker: Broker) -> None:
+    sub = Subscriber(broker.port, ["raw-out/#"])
+    wait_subscribed_to(sub, "raw-out/probe")
+    sub.client.publish("raw/line/3/cell", np.ones(64, np.float32).tobytes(), 1)
+    msg = sub.wait_for(1)[0]
+    assert msg.topic == "raw-out/line/3/cell"
+    assert orjson.loads(msg.payload)["outputs"][0]["shape"] == [1, 10]
+    sub.close()
+
+
+def test_bad_payloads_give_error_results_and_never_stall_other_pipelines(pipelines: MqttFrontEnd,
+                                                                        broker: Broker) -> None:
+    sub = Subscriber(broker.port, ["results/#", "raw-out/#"])
+    wait_subscribed_to(sub, "results/probe/digits")
+    bad = [b"", b"\xff\xfe", b"[]", b'{"inputs": 3}', b"x" * (17 * 1024),
+           b'{"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}',
+           b'{"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 64], "data": "nope"}]}',
+           b'{"inputs": [{"name": "input", "datatype": "INT8", "shape": [1, 64], "data": [' + b"1000," * 63 +
+           b"1]}]}"]
+    for payload in bad:
+        sub.client.publish("sensors/evil/frame", payload, 1)
+    sub.client.publish("raw/ok", np.ones(64, np.float32).tobytes(), 1)
+    sub.client.publish("raw/short", b"\x00" * 7, 1)
+    sub.client.publish("sensors/good/frame", frame(0.5, "good"), 1)
+    messages = sub.wait_for(len(bad) + 3)
+    evil = [orjson.loads(m.payload) for m in messages if m.topic == "results/evil/digits"]
+    assert len(evil) == len(bad) and all("error" in d for d in evil)
+    assert "more than the limit" in evil[4]["error"]
+    good = [orjson.loads(m.payload) for m in messages if m.topic == "results/good/digits"]
+    assert good[0]["id"] == "good" and "outputs" in good[0]
+    raw = {m.topic: orjson.loads(m.payload) for m in messages if m.topic.startswith("raw-out/")}
+    assert "outputs" in raw["raw-out/ok"] and "error" in raw["raw-out/short"]
+    status = pipelines.status()
+    assert status["errors"]["pipeline"] >= len(bad) + 1
+    sub.close()
+
+
+def test_flood_on_drop_oldest_pipeline_counts_drops_and_others_keep_flowing(pipelines: MqttFrontEnd,
+                                                                           broker: Broker) -> None:
+    sub = Subscriber(broker.port, ["flood-out/#", "results/#"])
+    wait_subscribed_to(sub, "results/probe/digits")
+    payload = frame(0.1)
+    for i in range(3000):
+        sub.client.publish(f"flood/{i % 3}", payload, 0)
+    sub.client.publish("sensors/calm/frame", frame(0.2, "calm"), 1)
+    wait_until(lambda: any(m.topic == "results/calm/digits" for m in list(sub.messages)), 20, "calm result")
+    wait_until(lambda: pipelines.status()["pipelines"][3]["queued"] == 0, 20, "flood drained")
+    flood = [m for m in sub.wait_for(1) if m.topic.startswith("flood-out/")]
+    drops = pipelines.status()["drops"].get("backpressure", 0)
+    wait_until(lambda: len([m for m in sub.messages if m.topic.startswith("flood-out/")]) + drops >= 3000 -
+               10, 20, "every flood message either answered or counted")
+    assert drops > 0 and len(flood) > 0
+    text = pipelines.prometheus_lines()
+    assert 'edged_mqtt_dropped_total{reason="backpressure"}' in text
+    assert "edged_mqtt_connected 1" in text
+    sub.close()
+
+
+def test_requests_without_reply_topic_are_counted_not_processed(pipelines: MqttFrontEnd,
+                                                                  broker: Broker) -> None:
+    sub = Subscriber(broker.port, ["results/#"])
+    wait_subscribed_to(sub, "results/probe/digits")
+    sub.client.publish("sensors/a/b/frame", frame(0.3), 1)  # '+' matches one level only
+    sub.client.publish("edged/dev2/infer/../etc/passwd", b"{}", 1)  # a bad topic and no reply topic
+    sub.client.publish("edged/dev2/infer/digits_onnx", frame(0.3), 1)  # no reply topic
+    wait_until(lambda: pipelines.status()["drops"].get("no_reply_topic", 0) >= 2, what="drops counted")
+    assert sub.messages == []
+    sub.close()

@@ -1,0 +1,172 @@
+"""Request/response over real mosquitto: MQTT v5 and 3.1.1, JSON, binary, raw and image payloads, errors."""
+
+from __future__ import annotations
+
+import io
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import paho.mqtt.client as paho
+import pytest
+from conftest import Broker, Subscriber
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from PIL import Image
+
+from edged.config import MqttConfig
+from edged.engine import InferenceService, InferRequest
+from edged.mqtt import MqttFrontEnd
+from edged.protocol import decode_response, encode_request
+
+PIXELS = np.linspace(0, 1, 64, dtype=np.float32).reshape(1, 64)
+
+
+@pytest.fixture
+def front(service: InferenceService, broker: Broker, tmp_path: Path) -> Iterator[MqttFrontEnd]:
+    config = MqttConfig(broker=broker.url, device_id="dev1", max_payload_bytes=64 * 1024)
+    fe = MqttFrontEnd(service, config, tmp_path / "state", version="test")
+    fe.start()
+    yield fe
+    fe.stop(5)
+
+
+class Requester(Subscriber):
+    """Sends v5 requests with a ResponseTopic and CorrelationData and waits for the matching reply."""
+
+    def __init__(self, port: int) -> None:
+        self.reply_topic = f"replies/{uuid.uuid4().hex}"
+        super().__init__(port, [self.reply_topic])
+        wait_subscribed(self)
+
+    def request(self, topic: str, payload: bytes, content_type: str | None = None,
+                user: list[tuple[str, str]] | None = None, qos: int = 1) -> paho.MQTTMessage:
+        correlation = uuid.uuid4().bytes
+        props = Properties(PacketTypes.PUBLISH)
+        props.ResponseTopic = self.reply_topic
+        props.CorrelationData = correlation
+        if content_type:
+            props.ContentType = content_type
+        if user:
+            props.UserProperty = user
+        self.client.publish(topic, payload, qos, properties=props)
+        deadline = time.monotonic() + 10
+        with self.cond:
+            while time.monotonic() < deadline:
+                for msg in self.messages:
+                    if msg.properties.CorrelationData == correlation:
+                        return msg
+                self.cond.wait(0.1)
+        raise AssertionError(f"no reply for a request on {topic}")
+
+
+def wait_subscribed(client: Subscriber) -> None:
+    """A round trip through the broker proves our SUBSCRIBE was processed (packets are handled in order)."""
+    probe = client.topics[0]
+    client.client.publish(probe, b"probe", 1)
+    client.wait_for(1)
+    with client.cond:
+        client.messages.clear()
+
+
+def expected_output() -> np.ndarray:
+    return np.asarray(EXPECTED["output"])
+
+
+EXPECTED: dict[str, Any] = {}
+
+
+@pytest.fixture(autouse=True)
+def _expected(service: InferenceService) -> None:
+    EXPECTED["output"] = service.infer(InferRequest("digits_onnx", {"input": PIXELS})).outputs["output"]
+
+
+def test_v5_json_request_gets_kserve_reply_with_correlation(front: MqttFrontEnd, broker: Broker) -> None:
+    client = Requester(broker.port)
+    body, _ = encode_request({"input": PIXELS}, binary=False, request_id="r-1")
+    reply = client.request("edged/dev1/infer/digits_onnx", body, "application/json")
+    doc = orjson.loads(reply.payload)
+    assert doc["id"] == "r-1" and doc["model_name"] == "digits_onnx"
+    np.testing.assert_allclose(np.asarray(doc["outputs"][0]["data"]).reshape(1, 10), expected_output(), rtol=1e-5)
+    assert doc["parameters"]["edged_message_id"]
+    client.close()
+
+
+def test_v5_binary_request_gets_binary_reply(front: MqttFrontEnd, broker: Broker) -> None:
+    client = Requester(broker.port)
+    body, length = encode_request({"input": PIXELS}, binary=True)
+    reply = client.request("edged/dev1/infer/digits_onnx/1", body, "application/octet-stream",
+                           [("Inference-Header-Content-Length", str(length))])
+    header = dict(reply.properties.UserProperty)["Inference-Header-Content-Length"]
+    _, outputs = decode_response(reply.payload, int(header))
+    np.testing.assert_allclose(outputs["output"], expected_output(), rtol=1e-5)
+    client.close()
+
+
+def test_v5_raw_tensor_with_shape_in_user_properties(front: MqttFrontEnd, broker: Broker) -> None:
+    client = Requester(broker.port)
+    reply = client.request("edged/dev1/infer/digits_onnx", PIXELS.tobytes(), "application/octet-stream",
+                           [("datatype", "FP32"), ("shape", "1,64")])
+    doc = orjson.loads(reply.payload)
+    np.testing.assert_allclose(np.asarray(doc["outputs"][0]["data"]).reshape(1, 10), expected_output(), rtol=1e-5)
+    client.close()
+
+
+def test_v5_png_image_is_preprocessed_as_the_model_declares(front: MqttFrontEnd, broker: Broker) -> None:
+    client = Requester(broker.port)
+    image = Image.fromarray((PIXELS.reshape(8, 8) * 255).round().astype(np.uint8), mode="L")
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    reply = client.request("edged/dev1/infer/digits_onnx", buffer.getvalue(), "image/png")
+    doc = orjson.loads(reply.payload)
+    np.testing.assert_allclose(np.asarray(doc["outputs"][0]["data"]).reshape(1, 10), expected_output(), atol=1e-2)
+    client.close()
+
+
+def test_mqtt311_reply_goes_to_reply_to_in_payload(front: MqttFrontEnd, broker: Broker) -> None:
+    reply_topic = f"replies311/{uuid.uuid4().hex}"
+    client = Subscriber(broker.port, [reply_topic], protocol=paho.MQTTv311)
+    wait_subscribed(client)
+    doc = {"id": "old-1", "reply_to": reply_topic,
+           "inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 64], "data": PIXELS.ravel().tolist()}]}
+    client.client.publish("edged/dev1/infer/digits_onnx", orjson.dumps(doc), 1)
+    reply = orjson.loads(client.wait_for(1)[0].payload)
+    assert reply["id"] == "old-1"
+    np.testing.assert_allclose(np.asarray(reply["outputs"][0]["data"]).reshape(1, 10), expected_output(), rtol=1e-5)
+    client.close()
+
+
+@pytest.mark.parametrize(("topic", "payload", "expected"), [
+    ("edged/dev1/infer/no_such_model", b'{"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 1], '
+     b'"data": [1]}]}', "no_such_model"),
+    ("edged/dev1/infer/digits_onnx", b"{not json", "not valid JSON"),
+    ("edged/dev1/infer/digits_onnx", b'{"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 3], '
+     b'"data": [1, 2, 3]}]}', "input"),
+    ("edged/dev1/infer/digits_onnx/x%2f..", b"{}", "version must be a number"),
+    ("edged/dev1/infer/digits_onnx", b"x" * (65 * 1024), "more than the limit"),
+])
+def test_errors_come_back_as_error_json(front: MqttFrontEnd, broker: Broker, topic: str, payload: bytes,
+                                        expected: str) -> None:
+    client = Requester(broker.port)
+    reply = client.request(topic, payload, "application/json")
+    doc = orjson.loads(reply.payload)
+    assert expected in doc["error"], doc
+    assert front.status()["errors"]
+    client.close()
+
+
+def test_request_errors_use_the_engine_wording(front: MqttFrontEnd, broker: Broker,
+                                               service: InferenceService) -> None:
+    client = Requester(broker.port)
+    body = b'{"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 1], "data": [1]}]}'
+    reply = client.request("edged/dev1/infer/no_such_model", body, "application/json")
+    try:
+        service.infer(InferRequest("no_such_model", {"input": np.zeros((1, 1), np.float32)}))
+    except Exception as e:  # noqa: BLE001 - we want the exact message
+        engine_message = str(e)
+    assert orjson.loads(reply.payload)["error"] == engine_message
+    client.close()

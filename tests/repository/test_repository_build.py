@@ -1,0 +1,104 @@
+"""Building ModelConfig from text: the real fixtures, type checks with positions, semantic checks."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from edged.errors import ModelConfigError
+from edged.repository import parse_model_config, unknown_fields
+from edged.repository.model_config import QueuePolicy
+
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "model_configs"
+FIXTURE_FILES = sorted(FIXTURES.glob("*.pbtxt"))
+
+
+def test_there_are_at_least_twenty_real_fixtures_each_cited_in_sources() -> None:
+    sources = (FIXTURES / "SOURCES.md").read_text()
+    cited = set(re.findall(r"^\| (\S+\.pbtxt) \|", sources, re.MULTILINE))
+    assert len(FIXTURE_FILES) >= 20
+    assert {p.name for p in FIXTURE_FILES} == cited
+
+
+@pytest.mark.parametrize("path", FIXTURE_FILES, ids=lambda p: p.name)
+def test_every_real_fixture_builds_a_model_config(path: Path) -> None:
+    config = parse_model_config(path.read_text(), str(path), default_name=path.stem)
+    assert config.name
+    assert config.input or config.output
+    for tensor in (*config.input, *config.output):
+        assert tensor.data_type.startswith("TYPE_") and tensor.data_type != "TYPE_INVALID"
+
+
+def test_fixture_details_are_read_faithfully() -> None:
+    dyna = parse_model_config((FIXTURES / "simple_dyna_sequence.pbtxt").read_text())
+    assert dyna.parameters == {"execute_delay_ms": "3"}
+    assert dyna.instance_group[0].kind == "KIND_CPU" and dyna.instance_group[0].count == 2
+    assert unknown_fields(dyna) == ["sequence_batching"]
+    assert dyna.extra["sequence_batching"]["control_input"][3]["control"][0]["data_type"] == "TYPE_UINT64"
+    lpr = parse_model_config((FIXTURES / "lpr_us_deepstream.pbtxt").read_text())
+    assert lpr.instance_group[0].gpus == (0,)
+    assert lpr.input[0].format == "FORMAT_NCHW"
+    prio = parse_model_config((FIXTURES / "max_priority_level.pbtxt").read_text())
+    assert prio.dynamic_batching is not None
+    assert prio.dynamic_batching.priority_levels == 2**64 - 1
+    assert prio.dynamic_batching.priority_queue_policy == {
+        4294967296: QueuePolicy("REJECT", 2**64 - 1, True, 10)}
+    densenet = parse_model_config((FIXTURES / "densenet_onnx.pbtxt").read_text())
+    assert densenet.output[0].reshape is not None and densenet.output[0].reshape.shape == (1000, 1, 1)
+    vllm = parse_model_config((FIXTURES / "vllm_model.pbtxt").read_text())
+    assert vllm.extra["model_transaction_policy"] == {"decoupled": True}
+    assert vllm.input[1].optional is True
+    warm = parse_model_config((FIXTURES / "ort_trt_text_recognition.pbtxt").read_text())
+    assert warm.model_warmup[0].inputs["input.1"].dims == (1, 32, 100)
+    assert warm.optimization["graph"] == {"level": 1}
+
+
+def test_version_policies() -> None:
+    assert parse_model_config("version_policy: { all { } }").version_policy.kind == "all"
+    latest = parse_model_config("version_policy: { latest { num_versions: 3 } }").version_policy
+    assert (latest.kind, latest.num_versions) == ("latest", 3)
+    specific = parse_model_config("version_policy { specific { versions: [1, 3] } }").version_policy
+    assert (specific.kind, specific.versions) == ("specific", (1, 3))
+
+
+def test_enums_by_number_and_nested_unknown_fields() -> None:
+    config = parse_model_config('input { name: "a" data_type: 11 dims: 2 is_non_linear_format_io: false }\n'
+                                "instance_group { kind: 2 profile: \"0\" }")
+    assert config.input[0].data_type == "TYPE_FP32"
+    assert config.instance_group[0].kind == "KIND_CPU"
+    assert unknown_fields(config) == ["input[0].is_non_linear_format_io", "instance_group[0].profile"]
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "column", "words"),
+    [
+        ('name: 3', 1, 1, "field 'name' expects a quoted string, found int 3"),
+        ("max_batch_size: -1", 1, 1, "must be in [0, 2147483647], found -1"),
+        ('max_batch_size: "8"', 1, 1, "expects an integer, found string"),
+        ("\ninput { data_type: TYPE_FLOAT }", 2, 9, "expects one of TYPE_BOOL"),
+        ("input { dims: [2, -2] }", 1, 9, "must be an integer >= 1, or -1"),
+        ("input { dims: 0 }", 1, 9, "found 0"),
+        ("input { data_type: TYPE_INVALID }", 1, 9, "found TYPE_INVALID"),
+        ("input { format: FORMAT_XYZ }", 1, 9, "FORMAT_NONE, FORMAT_NHWC, FORMAT_NCHW"),
+        ("instance_group { kind: KIND_TPU }", 1, 18, "KIND_AUTO, KIND_GPU, KIND_CPU, KIND_MODEL"),
+        ("input { optional: maybe }", 1, 9, "expects true or false"),
+        ("input { name: \"a\" name: \"b\" }", 1, 19, "is not repeated but is given 2 times"),
+        ("input: 3", 1, 1, "expects a message"),
+        ("version_policy { all {} latest {} }", 1, 1, "exactly one of latest, all, specific"),
+        ("dynamic_batching { priority_levels: 2 default_priority_level: 3 }", 1, 39, "must be in [1, 2]"),
+        ("dynamic_batching { default_queue_policy { timeout_action: DROP } }", 1, 43, "REJECT, DELAY"),
+        ("dynamic_batching { priority_levels: 1 default_priority_level: 1 priority_queue_policy { key: 5 } }",
+         1, 89, "priority level in [1, 1]"),
+        ('parameters { key: "a" value: "b" }', 1, 23, "expects a message"),
+        ("model_warmup { inputs { key: \"x\" value { zero_data: true random_data: true } } }", 1, 34,
+         "expected exactly one"),
+    ],
+)
+def test_type_and_semantic_errors_name_the_field_and_position(text: str, line: int, column: int,
+                                                              words: str) -> None:
+    with pytest.raises(ModelConfigError) as caught:
+        parse_model_config(text, "m/config.pbtxt")
+    assert (caught.value.line, caught.value.column) == (line, column)
+    assert words in caught.value.reason

@@ -1,0 +1,151 @@
+"""Triton's JSON model-config form, checked against responses of real Triton servers.
+
+The expected strings are ``GET /v2/models/{m}/config`` responses quoted verbatim in public tutorials (found
+with the search tools): densenet_onnx auto-completed from its ONNX file (a recent server, with ``runtime`` and
+``is_non_linear_format_io``), model_test (an ONNX model auto-completed to max_batch_size 4) and mnist_cnn
+(PyTorch on one GPU), both from older servers; plus the checks of triton-inference-server/server
+qa/L0_config_json/test.sh.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from edged.repository import autocomplete, model_config_from_json, model_config_to_json, parse_model_config
+from edged.repository.model_config import ModelSignature, TensorSignature
+
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "model_configs"
+
+DENSENET_RESPONSE = (
+    '{"name":"densenet_onnx","platform":"onnxruntime_onnx","backend":"onnxruntime","runtime":"","version_policy":'
+    '{"latest":{"num_versions":1}},"max_batch_size":0,"input":[{"name":"data_0","data_type":"TYPE_FP32","format":'
+    '"FORMAT_NONE","dims":[1,3,224,224],"is_shape_tensor":false,"allow_ragged_batch":false,"optional":false,'
+    '"is_non_linear_format_io":false}],"output":[{"name":"fc6_1","data_type":"TYPE_FP32","dims":[1,1000,1,1],'
+    '"label_filename":"","is_shape_tensor":false,"is_non_linear_format_io":false}],"batch_input":[],'
+    '"batch_output":[],"optimization":{"priority":"PRIORITY_DEFAULT","input_pinned_memory":{"enable":true},'
+    '"output_pinned_memory":{"enable":true},"gather_kernel_buffer_threshold":0,"eager_batching":false},'
+    '"instance_group":[{"name":"densenet_onnx","kind":"KIND_CPU","count":2,"gpus":[],"secondary_devices":[],'
+    '"profile":[],"passive":false,"host_policy":""}],"default_model_filename":"model.onnx",'
+    '"cc_model_filenames":{},"metric_tags":{},"parameters":{},"model_warmup":[]}'
+)
+MODEL_TEST_RESPONSE = (
+    '{"name":"model_test","platform":"onnxruntime_onnx","backend":"onnxruntime","runtime":"","version_policy":'
+    '{"latest":{"num_versions":1}},"max_batch_size":4,"input":[{"name":"images","data_type":"TYPE_FP32",'
+    '"format":"FORMAT_NONE","dims":[3,-1,-1],"is_shape_tensor":false,"allow_ragged_batch":false,'
+    '"optional":false}],"output":[{"name":"output","data_type":"TYPE_FP32","dims":[10],"label_filename":"",'
+    '"is_shape_tensor":false}],"batch_input":[],"batch_output":[],"optimization":{"priority":"PRIORITY_DEFAULT",'
+    '"input_pinned_memory":{"enable":true},"output_pinned_memory":{"enable":true},'
+    '"gather_kernel_buffer_threshold":0,"eager_batching":false},"dynamic_batching":{"preferred_batch_size":[4],'
+    '"max_queue_delay_microseconds":0,"preserve_ordering":false,"priority_levels":0,"default_priority_level":0,'
+    '"priority_queue_policy":{}},"instance_group":[{"name":"model_test","kind":"KIND_CPU","count":2,"gpus":[],'
+    '"secondary_devices":[],"profile":[],"passive":false,"host_policy":""}],"default_model_filename":'
+    '"model.onnx","cc_model_filenames":{},"metric_tags":{},"parameters":{},"model_warmup":[]}'
+)
+MNIST_RESPONSE = (
+    '{"name":"mnist_cnn","platform":"pytorch_libtorch","backend":"pytorch","version_policy":{"latest":'
+    '{"num_versions":1}},"max_batch_size":100,"input":[{"name":"input__0","data_type":"TYPE_FP32","format":'
+    '"FORMAT_NONE","dims":[28,28,1],"is_shape_tensor":false,"allow_ragged_batch":false,"optional":false}],'
+    '"output":[{"name":"output__0","data_type":"TYPE_FP32","dims":[10],"label_filename":"","is_shape_tensor":'
+    'false}],"batch_input":[],"batch_output":[],"optimization":{"priority":"PRIORITY_DEFAULT",'
+    '"input_pinned_memory":{"enable":true},"output_pinned_memory":{"enable":true},'
+    '"gather_kernel_buffer_threshold":0,"eager_batching":false},"dynamic_batching":{"preferred_batch_size":[50],'
+    '"max_queue_delay_microseconds":0,"preserve_ordering":false,"priority_levels":0,"default_priority_level":0,'
+    '"priority_queue_policy":{}},"instance_group":[{"name":"mnist_cnn_0","kind":"KIND_GPU","count":1,"gpus":[0],'
+    '"secondary_devices":[],"profile":[],"passive":false,"host_policy":""}],"default_model_filename":"model.pt",'
+    '"cc_model_filenames":{},"metric_tags":{},"parameters":{},"model_warmup":[]}'
+)
+
+
+def without(data: Any, keys: set[str]) -> Any:
+    """Drop keys that newer servers add, to compare with a response from an older one."""
+    if isinstance(data, dict):
+        return {k: without(v, keys) for k, v in data.items() if k not in keys}
+    if isinstance(data, list):
+        return [without(v, keys) for v in data]
+    return data
+
+
+def compact(data: Any) -> str:
+    return json.dumps(data, separators=(",", ":"))
+
+
+def tensor(name: str, shape: tuple[int, ...]) -> TensorSignature:
+    return TensorSignature(name, "TYPE_FP32", shape)
+
+
+def test_autocompleted_fixed_shape_onnx_model_matches_a_real_response_byte_for_byte() -> None:
+    signature = ModelSignature(inputs=(tensor("data_0", (1, 3, 224, 224)),),
+                               outputs=(tensor("fc6_1", (1, 1000, 1, 1)),))
+    config = autocomplete(None, "densenet_onnx", signature, "onnxruntime")
+    assert compact(model_config_to_json(config)) == DENSENET_RESPONSE
+
+
+def test_autocompleted_batching_onnx_model_matches_a_real_response() -> None:
+    signature = ModelSignature(inputs=(tensor("images", (-1, 3, -1, -1)),), outputs=(tensor("output", (-1, 10)),))
+    config = autocomplete(None, "model_test", signature, "onnxruntime")
+    actual = without(model_config_to_json(config), {"is_non_linear_format_io"})
+    assert compact(actual) == MODEL_TEST_RESPONSE
+
+
+def test_gpu_pytorch_config_matches_a_real_response() -> None:
+    config = parse_model_config(
+        'name: "mnist_cnn" platform: "pytorch_libtorch" max_batch_size: 100\n'
+        'input [{ name: "input__0" data_type: TYPE_FP32 dims: [28, 28, 1] }]\n'
+        'output [{ name: "output__0" data_type: TYPE_FP32 dims: [10] }]\n'
+        "dynamic_batching { preferred_batch_size: 50 }\ninstance_group [{ kind: KIND_GPU }]\n")
+    actual = without(model_config_to_json(config, gpus=(0,)), {"is_non_linear_format_io", "runtime"})
+    assert compact(actual) == MNIST_RESPONSE
+
+
+def test_int64_fields_are_numbers_and_priority_keys_strings_as_in_triton_qa() -> None:
+    config = parse_model_config((FIXTURES / "max_priority_level.pbtxt").read_text())
+    text = compact(model_config_to_json(config))
+    assert text.count('"priority_levels":18446744073709551615') == 1
+    assert text.count('"default_priority_level":4294967295') == 1
+    assert text.count('"4294967296":{"timeout_action":"REJECT","default_timeout_microseconds":'
+                      '18446744073709551615,"allow_timeout_override":true,"max_queue_size":10}') == 1
+    assert text.count('"default_timeout_microseconds":18446744073709551615') == 1
+
+
+def test_dynamic_batching_and_version_policy_numbers_as_in_triton_qa() -> None:
+    config = parse_model_config(
+        'name: "m" max_batch_size: 8 version_policy: { specific: { versions: [1] }}\n'
+        "input [{ name: \"I\" data_type: TYPE_FP32 dims: [16] reshape: { shape: [ 16 ]} }]\n"
+        "dynamic_batching: { max_queue_delay_microseconds: 42 priority_levels: 2 default_priority_level: 1\n"
+        "  default_queue_policy: { default_timeout_microseconds: 123 }\n"
+        "  priority_queue_policy: { key: 1  value: { default_timeout_microseconds: 123 }}\n"
+        "  priority_queue_policy: { key: 2  value: { default_timeout_microseconds: 123 }}}")
+    text = compact(model_config_to_json(config))
+    assert '"version_policy":{"specific":{"versions":[1]}}' in text
+    assert '"max_queue_delay_microseconds":42' in text
+    assert text.count('"default_timeout_microseconds":123') == 3
+    assert '"reshape":{"shape":[16]}' in text
+    assert '"dims":[16]' in text
+
+
+def test_unknown_fields_keep_their_place_in_the_json() -> None:
+    config = parse_model_config((FIXTURES / "simple_dyna_sequence.pbtxt").read_text())
+    data = model_config_to_json(config)
+    keys = list(data)
+    assert keys.index("optimization") < keys.index("sequence_batching") < keys.index("instance_group")
+    assert data["sequence_batching"]["oldest"]["max_queue_delay_microseconds"] == 10000
+    assert "dynamic_batching" not in data
+
+
+def test_warmup_and_parameters_json() -> None:
+    config = parse_model_config((FIXTURES / "ort_trt_text_recognition.pbtxt").read_text())
+    data = model_config_to_json(config)
+    assert data["model_warmup"] == [{"name": "text_recognition", "batch_size": 16, "inputs": {
+        "input.1": {"data_type": "TYPE_FP32", "dims": [1, 32, 100], "zero_data": True}}, "count": 1}]
+    accelerator = data["optimization"]["execution_accelerators"]["gpu_execution_accelerator"][0]
+    assert accelerator["parameters"] == {"precision_mode": "FP16", "max_workspace_size_bytes": "1073741824"}
+    assert data["optimization"]["priority"] == "PRIORITY_DEFAULT"
+
+
+def test_json_reads_back_into_the_same_config() -> None:
+    for path in sorted(FIXTURES.glob("*.pbtxt")):
+        first = model_config_to_json(parse_model_config(path.read_text(), str(path), "m"))
+        again = model_config_to_json(model_config_from_json(json.loads(json.dumps(first))))
+        assert again == first, path.name

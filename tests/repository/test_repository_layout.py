@@ -1,0 +1,128 @@
+"""Repository layout on real temporary folders: models, versions, policies, runtimes, names, atomic install."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from edged.errors import ModelConfigError, ModelError
+from edged.repository import (
+    check_model_name,
+    detect_runtime,
+    find_models,
+    install_version,
+    list_versions,
+    load_model_config,
+    missing_versions,
+    select_versions,
+    write_file_atomic,
+)
+from edged.repository.model_config import VersionPolicy
+
+
+def make(root: Path, *paths: str) -> None:
+    for rel in paths:
+        target = root / rel
+        if rel.endswith("/"):
+            target.mkdir(parents=True, exist_ok=True)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(b"x")
+
+
+def test_find_models_lists_folders_and_skips_hidden_entries_and_files(tmp_path: Path) -> None:
+    make(tmp_path, "b/", "a/1/", ".staging/", "README.md")
+    assert find_models(tmp_path) == ["a", "b"]
+    with pytest.raises(ModelError, match="cannot be listed"):
+        find_models(tmp_path / "missing")
+
+
+def test_list_versions_keeps_numeric_folders_and_logs_the_rest(tmp_path: Path,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    make(tmp_path, "10/", "2/", "1/", "latest/", "007/", "3", ".install-4-abc/")
+    with caplog.at_level(logging.INFO, logger="edged.repository.layout"):
+        assert list_versions(tmp_path) == [1, 2, 10]
+    assert "'latest'" in caplog.text and "'007'" in caplog.text
+    assert ".install" not in caplog.text
+
+
+def test_version_policies_select_versions(caplog: pytest.LogCaptureFixture) -> None:
+    available = [1, 2, 3, 7]
+    assert select_versions(VersionPolicy(), available) == [7]
+    assert select_versions(VersionPolicy("latest", num_versions=2), available) == [3, 7]
+    assert select_versions(VersionPolicy("latest", num_versions=9), available) == available
+    assert select_versions(VersionPolicy("all"), available) == available
+    specific = VersionPolicy("specific", versions=(2, 5, 7))
+    with caplog.at_level(logging.WARNING):
+        assert select_versions(specific, available) == [2, 7]
+    assert "[5]" in caplog.text
+    assert missing_versions(specific, available) == [5]
+    assert missing_versions(VersionPolicy(), available) == []
+
+
+def test_detect_runtime_from_the_newest_version_with_a_model_file(tmp_path: Path) -> None:
+    make(tmp_path, "1/model.onnx", "2/model.plan", "3/notes.txt")
+    assert detect_runtime(tmp_path, [1, 2, 3]) == "tensorrt"
+    assert detect_runtime(tmp_path, [1]) == "onnxruntime"
+    make(tmp_path, "4/model.pt2")
+    assert detect_runtime(tmp_path, [4]) == "pytorch"
+    assert detect_runtime(tmp_path, [3]) is None
+
+
+def test_load_model_config_names_the_model_after_its_folder(tmp_path: Path) -> None:
+    model = tmp_path / "digits"
+    model.mkdir()
+    assert load_model_config(model) is None
+    (model / "config.pbtxt").write_text('platform: "onnxruntime_onnx"\n')
+    config = load_model_config(model)
+    assert config is not None and config.name == "digits"
+    (model / "config.pbtxt").write_text('name: "other"\n')
+    with pytest.raises(ModelConfigError, match="folder is 'digits'"):
+        load_model_config(model)
+    (model / "config.pbtxt").write_bytes(b'name: "\xff"')
+    with pytest.raises(ModelConfigError, match="not UTF-8"):
+        load_model_config(model)
+
+
+@pytest.mark.parametrize("name", ["", "a/b", "..", ".", ".hidden", "a\0b", "x" * 256, "a\\b"])
+def test_unsafe_model_names_are_refused(name: str) -> None:
+    with pytest.raises(ModelConfigError, match="expected a single path segment"):
+        check_model_name(name)
+
+
+def test_safe_model_names_pass() -> None:
+    assert check_model_name("resnet50_v1.5-int8") == "resnet50_v1.5-int8"
+
+
+def test_install_version_appears_complete_and_leaves_nothing_on_failure(tmp_path: Path) -> None:
+    model = tmp_path / "m"
+
+    def populate(folder: Path) -> None:
+        (folder / "model.onnx").write_bytes(b"onnx")
+        (folder / "sub").mkdir()
+        (folder / "sub" / "extra.bin").write_bytes(b"1")
+
+    target = install_version(model, 3, populate)
+    assert target == model / "3"
+    assert (target / "model.onnx").read_bytes() == b"onnx"
+    assert list_versions(model) == [3]
+    with pytest.raises(ModelError, match="already exists"):
+        install_version(model, 3, populate)
+
+    def broken(folder: Path) -> None:
+        (folder / "model.onnx").write_bytes(b"partial")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        install_version(model, 4, broken)
+    assert sorted(p.name for p in model.iterdir()) == ["3"]
+
+
+def test_write_file_atomic_replaces_content_and_leaves_no_temp_files(tmp_path: Path) -> None:
+    path = tmp_path / "config.pbtxt"
+    write_file_atomic(path, b"one")
+    write_file_atomic(path, b"two")
+    assert path.read_bytes() == b"two"
+    assert [p.name for p in tmp_path.iterdir()] == ["config.pbtxt"]

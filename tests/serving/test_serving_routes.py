@@ -1,0 +1,161 @@
+"""Triton's routes, JSON and status codes over a real Unix socket, curl, and tritonclient over loopback TCP."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import numpy as np
+import orjson
+import pytest
+import tritonclient.http as triton_http
+from conftest import RunningServer
+
+from edged.protocol import decode_response, encode_request
+
+
+def test_health_routes_answer_200_with_an_empty_body(server: RunningServer) -> None:
+    assert server.request("GET", "/v2/health/live")[0] == 200
+    assert server.request("GET", "/v2/health/ready")[::2] == (200, b"")
+    assert server.request("GET", "/v2/models/tiny_mlp/ready")[0] == 200
+    assert server.request("GET", "/v2/models/tiny_mlp/versions/1/ready")[0] == 200
+    assert server.request("GET", "/v2/models/tiny_mlp/versions/7/ready")[0] == 400
+
+
+def test_server_and_model_metadata_have_triton_shapes(server: RunningServer) -> None:
+    status, _, body = server.request("GET", "/v2")
+    doc = orjson.loads(body)
+    assert status == 200 and doc["name"] == "edged" and "binary_tensor_data" in doc["extensions"]
+    meta = orjson.loads(server.request("GET", "/v2/models/tiny_mlp")[2])
+    assert meta["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1, 64]}]
+    assert meta["versions"] == ["1"] and meta["platform"] == "onnxruntime_onnx"
+    config = orjson.loads(server.request("GET", "/v2/models/tiny_mlp/config")[2])
+    assert config["max_batch_size"] == 64 and config["input"][0]["data_type"] == "TYPE_FP32"
+
+
+def test_unknown_model_is_404_and_unknown_route_is_404(server: RunningServer) -> None:
+    status, headers, body = server.request("GET", "/v2/models/nope")
+    assert status == 404 and "nope" in orjson.loads(body)["error"]
+    assert headers["content-type"] == "application/json"
+    assert server.request("GET", "/v3/whatever")[0] == 404
+
+
+def test_wrong_method_is_405(server: RunningServer) -> None:
+    status, _, body = server.request("GET", "/v2/models/tiny_mlp/infer")
+    assert status == 405 and "POST" in orjson.loads(body)["error"]
+
+
+@pytest.mark.parametrize("path", ["/v2/models/..", "/v2/models/a%2Fb/ready", "/v2/models/%00x",
+                                  "/v2/models/.hidden", "/v2/models/tiny_mlp/versions/..%2F1",
+                                  "/v2/repository/models/..%2F..%2Fetc/load", "/v2/models/%ff%fe"])
+def test_path_tricks_in_model_names_are_400(server: RunningServer, path: str) -> None:
+    method = "POST" if path.endswith("load") else "GET"
+    status, _, body = server.request(method, path)
+    assert status == 400, body
+    assert orjson.loads(body)["error"]
+
+
+def test_infer_binary_extension_round_trip(server: RunningServer) -> None:
+    x = np.random.default_rng(1).random((3, 64), np.float32)
+    body, header_length = encode_request({"input": x})
+    status, headers, reply = server.request("POST", "/v2/models/tiny_mlp/infer", body,
+                                            {"Inference-Header-Content-Length": str(header_length)})
+    assert status == 200 and headers["content-type"] == "application/octet-stream"
+    doc, outputs = decode_response(reply, int(headers["inference-header-content-length"]))
+    assert doc["model_name"] == "tiny_mlp" and outputs["output"].shape == (3, 10)
+
+
+def test_infer_json_answers_json_with_the_request_id(server: RunningServer) -> None:
+    request = {"id": "r-1", "inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 64],
+                                        "data": [0.5] * 64}]}
+    status, headers, reply = server.request("POST", "/v2/models/tiny_mlp/versions/1/infer", orjson.dumps(request))
+    doc = orjson.loads(reply)
+    assert status == 200 and headers["content-type"] == "application/json"
+    assert "inference-header-content-length" not in headers
+    assert doc["id"] == "r-1" and len(doc["outputs"][0]["data"]) == 10
+
+
+def test_statistics_count_inferences(server: RunningServer) -> None:
+    before = orjson.loads(server.request("GET", "/v2/models/tiny_mlp/stats")[2])["model_stats"][0]
+    body, header_length = encode_request({"input": np.zeros((1, 64), np.float32)})
+    server.request("POST", "/v2/models/tiny_mlp/infer", body, {"Inference-Header-Content-Length": str(header_length)})
+    after = orjson.loads(server.request("GET", "/v2/models/tiny_mlp/versions/1/stats")[2])["model_stats"][0]
+    assert after["inference_stats"]["success"]["count"] == before["inference_stats"]["success"]["count"] + 1
+    every = orjson.loads(server.request("GET", "/v2/models/stats")[2])["model_stats"]
+    assert {s["name"] for s in every} == {"tiny_mlp", "tiny_strict"}
+
+
+def test_repository_index_and_unload_then_load(server: RunningServer) -> None:
+    index = orjson.loads(server.request("POST", "/v2/repository/index")[2])
+    assert {"name": "tiny_strict", "version": "1", "state": "READY", "reason": ""} in index
+    assert server.request("POST", "/v2/repository/models/tiny_strict/unload")[0] == 200
+    assert server.request("GET", "/v2/models/tiny_strict/ready")[0] == 400
+    ready = orjson.loads(server.request("POST", "/v2/repository/index", b'{"ready": true}')[2])
+    assert all(entry["name"] != "tiny_strict" for entry in ready)
+    config = orjson.loads(server.request("GET", "/v2/models/tiny_mlp/config")[2])
+    config["name"] = "tiny_strict"
+    config["parameters"] = {"reject_nonfinite_inputs": {"string_value": "true"}}
+    load = orjson.dumps({"parameters": {"config": orjson.dumps(config).decode()}})
+    status, _, body = server.request("POST", "/v2/repository/models/tiny_strict/load", load)
+    assert status == 200, body
+    assert server.request("GET", "/v2/models/tiny_strict/ready")[0] == 200
+
+
+def test_load_with_a_bad_config_is_400(server: RunningServer) -> None:
+    status, _, body = server.request("POST", "/v2/repository/models/tiny_mlp/load",
+                                     b'{"parameters": {"config": "{not json"}}')
+    assert status == 400 and "not valid JSON" in orjson.loads(body)["error"]
+    status, _, body = server.request("POST", "/v2/repository/models/ghost/load")
+    assert status in (400, 404) and orjson.loads(body)["error"]
+
+
+def test_metrics_use_triton_names_and_the_edged_histogram(server: RunningServer) -> None:
+    status, headers, body = server.request("GET", "/metrics")
+    text = body.decode()
+    assert status == 200 and headers["content-type"].startswith("text/plain; version=0.0.4")
+    for name in ("nv_inference_request_success", "nv_inference_request_failure", "nv_inference_count",
+                 "nv_inference_exec_count", "nv_inference_queue_duration_us",
+                 "nv_inference_compute_infer_duration_us"):
+        assert f'{name}{{model="tiny_mlp",version="1"}}' in text
+    assert 'edged_request_duration_seconds_bucket{model="tiny_mlp",version="1",le="+Inf"}' in text
+    assert "# TYPE edged_access_denied_total counter" in text
+
+
+def test_status_telemetry_and_openapi(server: RunningServer) -> None:
+    status = orjson.loads(server.request("GET", "/v2/edged/status")[2])
+    assert status["ready"] is True and status["mqtt"] == {"connected": False}
+    assert {m["name"] for m in status["models"]} >= {"tiny_mlp"} and status["listeners"]
+    code, _, body = server.request("GET", "/v2/edged/telemetry")
+    assert code == 404 and "telemetry" in orjson.loads(body)["error"]
+    spec = orjson.loads(server.request("GET", "/v2/edged/openapi.json")[2])
+    assert spec["openapi"].startswith("3.") and "/v2/models/{model_name}/infer" in spec["paths"]
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_curl_over_the_unix_socket(server: RunningServer) -> None:
+    request = orjson.dumps({"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 64], "data": [1] * 64}]})
+    out = subprocess.run(["curl", "-sS", "--unix-socket", str(server.socket_path), "-H", "Expect:",
+                          "--data-binary", "@-", "http://localhost/v2/models/tiny_mlp/infer"],
+                         input=request, capture_output=True, check=True, timeout=10).stdout
+    assert orjson.loads(out)["outputs"][0]["shape"] == [1, 10]
+
+
+def test_tritonclient_over_loopback_tcp(server: RunningServer) -> None:
+    client = triton_http.InferenceServerClient(f"127.0.0.1:{server.tcp_port}")
+    try:
+        assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("tiny_mlp")
+        assert client.get_model_metadata("tiny_mlp")["name"] == "tiny_mlp"
+        assert client.get_model_config("tiny_mlp")["max_batch_size"] == 64
+        x = np.ones((2, 64), np.float32)
+        for binary in (True, False):
+            tensor = triton_http.InferInput("input", [2, 64], "FP32")
+            tensor.set_data_from_numpy(x, binary_data=binary)
+            wanted = [triton_http.InferRequestedOutput("output", binary_data=binary)]
+            result = client.infer("tiny_mlp", [tensor], outputs=wanted)
+            assert result.as_numpy("output").shape == (2, 10)
+        stats = client.get_inference_statistics("tiny_mlp")
+        assert stats["model_stats"][0]["inference_count"] >= 4
+        with pytest.raises(Exception, match="ghost"):
+            client.get_model_metadata("ghost")
+    finally:
+        client.close()

@@ -1,0 +1,96 @@
+"""``edged telemetry ...`` as a user runs it: a real subprocess for parse, the database for the others."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from telemetry_data import TEGRASTATS, recorded_lines
+
+from edged.cli.main import main
+from edged.config import TelemetryConfig
+from edged.telemetry import TelemetryService
+from edged.telemetry._replay import ReplaySource
+
+
+def test_parse_writes_one_json_object_per_line_and_reports_bad_lines_by_number():
+    lines = [*recorded_lines("agx_orin_jp5.log")[:2], "this is not tegrastats", *recorded_lines("thor_jp7.log")]
+    proc = subprocess.run([sys.executable, "-m", "edged.cli.main", "telemetry", "parse"],
+                          input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().startswith("line 3: not a tegrastats line")
+    records = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert len(records) == 4
+    assert records[0]["timestamp"] == "04-24-2023 00:01:24" and records[0]["gpu_freq_mhz"] == 0
+    assert records[2]["gpu_gpc_freq_mhz"] == [1000, 1000, 1000] and "gpu_gpc_freq_mhz" not in records[0]
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory) -> Path:
+    """Two hours of Orin Nano samples at 1 s spacing, replayed at top speed, with one model running."""
+    path = tmp_path_factory.mktemp("hist") / "telemetry.db"
+    day = tmp_path_factory.mktemp("hist") / "lines.log"
+    day.write_text("\n".join(recorded_lines("orin_nano_jp6.log")) + "\n")
+
+    class Model:
+        calls = 0
+
+        def model_activity(self):
+            self.calls += 1
+            return {"digits": (self.calls * 3, self.calls * 1_000_000)}
+
+    source = ReplaySource(str(day), speed=1e9, interval_s=1.0, loop=True)
+    service = TelemetryService(TelemetryConfig(flush_interval_s=0.2), str(path), activity=Model(), source=source)
+    service.start()
+    assert service.wait_samples(7200, timeout=60)
+    service.stop()
+    return path
+
+
+def test_summary_answers_over_the_database(history, capsys):
+    start = time.perf_counter()
+    assert main(["telemetry", "summary", "--db", str(history), "--since", "24h", "--json"]) == 0
+    elapsed = time.perf_counter() - start
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["samples"] >= 7200
+    assert summary["series"]["power_mw:VDD_IN"]["max"] == 5832
+    assert summary["series"]["power_mw:VDD_IN"]["min"] == 3913
+    assert summary["energy_per_inference_mj"]["digits"] > 0
+    assert elapsed < 1.0
+    assert main(["telemetry", "summary", "--db", str(history)]) == 0
+    assert "power_mw:VDD_IN" in capsys.readouterr().out
+
+
+def test_query_and_export_csv_and_json(history, capsys, tmp_path):
+    assert main(["telemetry", "query", "--db", str(history), "--since", "1m", "--series", "temp_c:tj"]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert 55 <= len(rows) <= 62 and all(" temp_c:tj " in r for r in rows)
+    out = tmp_path / "x.csv"
+    assert main(["telemetry", "export", "--csv", "--db", str(history), "--since", "2h", "--table", "rollup_1m",
+                 "--series", "gpu_load_pct", "-o", str(out)]) == 0
+    table = list(csv.DictReader(io.StringIO(out.read_text())))
+    assert 110 <= len(table) <= 121 and table[0]["series"] == "gpu_load_pct"
+    assert main(["telemetry", "export", "--json", "--db", str(history), "--since", "10s"]) == 0
+    assert {r["series"] for r in json.loads(capsys.readouterr().out)} >= {"power_mw:VDD_IN", "model:digits"}
+
+
+def test_plot_writes_a_png(history, tmp_path, capsys):
+    out = tmp_path / "h.png"
+    assert main(["telemetry", "plot", "--db", str(history), "--since", "2h", "-o", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_a_missing_database_is_a_clear_error(tmp_path, capsys):
+    assert main(["telemetry", "summary", "--db", str(tmp_path / "none.db")]) == 1
+    assert "no telemetry database at" in capsys.readouterr().err
+
+
+def test_recorded_fixtures_are_where_the_tests_expect_them():
+    assert len(list(TEGRASTATS.glob("*.log"))) >= 8

@@ -1,0 +1,84 @@
+"""``edged top --once`` against a stdlib HTTP server on a Unix socket serving canned JSON."""
+
+from __future__ import annotations
+
+import json
+import socketserver
+import threading
+from http.server import BaseHTTPRequestHandler
+
+import pytest
+
+from edged.cli.main import main
+from edged.cli.top import default_socket
+
+TELEMETRY = {
+    "source": "tegrastats", "power_mode": "15W", "power_in_mw": 5263, "throttle_active": [],
+    "energy_per_inference_mj": {"digits": 41.5},
+    "sample": {"cpu": [{"load_pct": 12, "freq_mhz": 729}, {"load_pct": None, "freq_mhz": None}],
+               "gpu_load_pct": 61, "gpu_freq_mhz": 624, "ram_used_mb": 3140, "ram_total_mb": 7620,
+               "power_mw": {"VDD_IN": {"now": 5263, "avg": 5263}}, "temps_c": {"tj": 48.9}},
+}
+STATS = {"model_stats": [{"name": "digits", "version": "1", "inference_count": 1200, "execution_count": 300,
+                          "inference_stats": {"compute_infer": {"count": 300, "ns": 450_000_000}}}]}
+
+
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = {"/v2/edged/telemetry": TELEMETRY, "/v2/models/stats": STATS}.get(self.path)
+        data = json.dumps(body if body is not None else {"error": "not found"}).encode()
+        self.send_response(200 if body is not None else 404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+class UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+    def get_request(self):  # BaseHTTPRequestHandler wants a (host, port) client address
+        request, _ = super().get_request()
+        return request, ("local", 0)
+
+
+@pytest.fixture
+def server(tmp_path):
+    path = str(tmp_path / "edged.sock")
+    httpd = UnixHTTPServer(path, Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield path
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_top_once_prints_one_frame_from_the_daemon(server, capsys):
+    assert main(["top", "--once", "--socket", server]) == 0
+    out = capsys.readouterr().out
+    assert "source tegrastats" in out and "15W" in out
+    assert "61%" in out and "@624 MHz" in out and "3140/7620 MB" in out
+    assert "VDD_IN 5263 mW" in out and "tj 48.9C" in out
+    assert "digits" in out and "1.50" in out and "41.5" in out  # 450 ms / 300 executions; mJ per inference
+    assert "off" in out  # the offline core
+
+
+def test_top_says_which_socket_it_tried(tmp_path, capsys):
+    missing = str(tmp_path / "absent.sock")
+    assert main(["top", "--once", "--socket", missing]) == 1
+    assert f"nothing answered on {missing}" in capsys.readouterr().err
+
+
+def test_default_socket_order(monkeypatch):
+    for name in ("EDGED_SOCKET", "RUNTIME_DIRECTORY", "XDG_RUNTIME_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    assert default_socket() == "/run/edged/edged.sock"
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/1000")
+    assert default_socket() == "/run/user/1000/edged/edged.sock"
+    monkeypatch.setenv("RUNTIME_DIRECTORY", "/run/edged2")
+    assert default_socket() == "/run/edged2/edged.sock"
+    monkeypatch.setenv("EDGED_SOCKET", "/tmp/x.sock")
+    assert default_socket() == "/tmp/x.sock"
