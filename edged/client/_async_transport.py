@@ -2,7 +2,8 @@
 
 Each request takes an idle connection (or opens one), so concurrent requests from one client run on separate
 connections; a connection goes back to the pool when its response was read whole and the daemon keeps it open.
-The reader handles Content-Length and chunked bodies, which is all the daemon sends.
+The reader handles Content-Length and chunked bodies, which is all the daemon sends, and interim 100 Continue
+answers to the ``Expect: 100-continue`` that large bodies are sent with.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from edged.client._discovery import SocketSearch, find_sockets
 from edged.client._errors import ClientTimeout, ProtocolError
 
 MAX_IDLE = 8
+EXPECT_CONTINUE_BYTES = 1 << 20
 _HEAD_LIMIT = 64 * 1024
 
 
@@ -68,10 +70,9 @@ class AsyncTransport:
             raise self._search().unreachable(f"{self.socket_path}: {e or type(e).__name__}") from e
 
     async def _send(self, conn: _Connection, call: Call) -> Reply:
-        conn.writer.write(_request_bytes(call))
-        await conn.writer.drain()
+        expect = len(call.body) >= EXPECT_CONTINUE_BYTES
         try:
-            reply, keep = await _read_reply(conn.reader, call)
+            reply, keep = await self._write_and_read(conn, call, expect)
         except BaseException:
             conn.close()
             raise
@@ -80,6 +81,22 @@ class AsyncTransport:
         else:
             conn.close()
         return reply
+
+    async def _write_and_read(self, conn: _Connection, call: Call, expect: bool) -> tuple[Reply, bool]:
+        head = _request_head(call, expect)
+        if expect:
+            # A large body waits for "100 Continue": a daemon that refuses it (413) answers before reading it,
+            # and its answer would be lost if the body were written into a connection it has closed.
+            conn.writer.write(head)
+            await conn.writer.drain()
+            interim = await _read_reply(conn.reader, call)
+            if interim[0].status != 100:
+                return interim
+            conn.writer.write(call.body)
+        else:
+            conn.writer.write(head + call.body)
+        await conn.writer.drain()
+        return await _read_reply(conn.reader, call)
 
     def _search(self) -> SocketSearch:
         return find_sockets(self._explicit, self._environ)
@@ -99,13 +116,14 @@ class AsyncTransport:
         raise search.unreachable("; ".join(reasons) or "none of these exists")
 
 
-def _request_bytes(call: Call) -> bytes:
+def _request_head(call: Call, expect_continue: bool) -> bytes:
     lines = [f"{call.method} {call.path} HTTP/1.1", "Host: localhost"]
     lines.extend(f"{name}: {value}" for name, value in call.headers)
     if call.method != "GET" or call.body:
         lines.append(f"Content-Length: {len(call.body)}")
-    head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-    return head + call.body
+    if expect_continue:
+        lines.append("Expect: 100-continue")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
 async def _read_reply(reader: asyncio.StreamReader, call: Call) -> tuple[Reply, bool]:
@@ -115,6 +133,8 @@ async def _read_reply(reader: asyncio.StreamReader, call: Call) -> tuple[Reply, 
     except asyncio.LimitOverrunError as e:
         raise ProtocolError(f"{call.what}: response headers longer than {_HEAD_LIMIT} bytes") from e
     status, version, headers = _parse_head(head, call)
+    if 100 <= status < 200:
+        return Reply(status, headers, b""), True  # interim: the final answer follows
     if headers.get("transfer-encoding", "").lower() == "chunked":
         body = await _read_chunked(reader, call)
     elif "content-length" in headers:

@@ -6,6 +6,7 @@ fresh connection; a failure on a fresh connection is reported as ServerUnreachab
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import os
 import socket
@@ -15,7 +16,8 @@ from edged.client._calls import Call, Reply
 from edged.client._discovery import SocketSearch, find_sockets
 from edged.client._errors import ClientTimeout, ProtocolError
 
-_DISCONNECTED = (ConnectionError, http.client.RemoteDisconnected, http.client.BadStatusLine)
+_DISCONNECTED = (ConnectionError, http.client.RemoteDisconnected, http.client.BadStatusLine,
+                 http.client.ResponseNotReady)
 
 
 class UnixHTTPConnection(http.client.HTTPConnection):
@@ -68,7 +70,11 @@ class SyncTransport:
         conn = self._connection()
         headers = dict(call.headers)
         try:
-            conn.request(call.method, call.path, body=call.body if call.method != "GET" else None, headers=headers)
+            # A daemon that refuses a large body (413) answers and closes before reading it all; the write
+            # then fails, but its answer is still in our receive buffer.
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                conn.request(call.method, call.path, body=call.body if call.method != "GET" else None,
+                             headers=headers)
             response = conn.getresponse()
             body = response.read()
         except TimeoutError as e:

@@ -32,6 +32,9 @@ class PipelineConfig:
 
 @dataclass(frozen=True)
 class OutboxConfig:
+    # false: QoS>=1 messages go straight to paho's in-memory queue (lost on a restart); for benchmarks and
+    # devices that do not need durability.
+    enabled: bool = True
     max_messages: int = field(default=100_000, metadata={"check": _positive})
     max_bytes: int = field(default=256 * 1024 * 1024, metadata={"check": _positive})
     max_age_s: float = field(default=7 * 24 * 3600.0, metadata={"check": _positive})

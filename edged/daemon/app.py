@@ -60,6 +60,7 @@ class Daemon:
                                  status_provider=self.status, metrics_provider=self._extra_metrics)
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._socket_files: list[tuple[Path, int]] = []
 
     # --- run -----------------------------------------------------------------------------------------------
     async def run(self) -> int:
@@ -69,6 +70,8 @@ class Daemon:
         loop.add_signal_handler(signal.SIGHUP, lambda: self._spawn(self._reload()))
         self.state_dir.mkdir(parents=True, exist_ok=True)
         listeners = open_listeners(self.config.server, self.socket_path, self.environ)
+        self._socket_files = [(Path(item.address), Path(item.address).stat().st_ino) for item in listeners
+                              if item.kind == "uds" and not item.inherited]
         await self.server.start([listener.socket for listener in listeners])
         for listener in listeners:
             how = "inherited from systemd" if listener.inherited else "opened"
@@ -101,13 +104,13 @@ class Daemon:
 
     def _start_background_tasks(self) -> None:
         interval = self.notifier.watchdog_interval() if self.notifier is not None else None
-        if interval:
-            self._spawn(self._watchdog(interval))
+        if self.notifier is not None and interval:
+            self._spawn(self._watchdog(self.notifier, interval))
         if self.config.models.control_mode == "poll":
             self._spawn(self._poll_repository())
         self._spawn(self._watch_pressure())
         if self.mqtt is not None and self.telemetry is not None and self.config.mqtt.telemetry_interval_s > 0:
-            self._spawn(self._publish_telemetry())
+            self._spawn(self._publish_telemetry(self.telemetry, self.mqtt))
 
     def _spawn(self, coroutine: Any) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
@@ -128,6 +131,7 @@ class Daemon:
         for task in list(self._tasks):
             task.cancel()
         await self.server.stop(timeout)
+        self._remove_socket_files()
         loop = asyncio.get_running_loop()
         if self.mqtt is not None:
             await loop.run_in_executor(None, self.mqtt.stop, timeout)
@@ -136,10 +140,18 @@ class Daemon:
         await loop.run_in_executor(None, self.service.close, timeout)
         print("edged: stopped", flush=True)
 
+    def _remove_socket_files(self) -> None:
+        """Unlink the socket files this process bound (closing a server leaves them behind), unless another
+        process has replaced them since; inherited sockets belong to systemd and stay."""
+        for path, inode in self._socket_files:
+            with contextlib.suppress(FileNotFoundError):
+                if path.lstat().st_ino == inode:
+                    path.unlink()
+        self._socket_files = []
+
     # --- periodic work -------------------------------------------------------------------------------------
-    async def _watchdog(self, interval: float) -> None:
+    async def _watchdog(self, notifier: SystemdNotifier, interval: float) -> None:
         """WATCHDOG=1 only while the loop turns and no backend execution is stuck."""
-        assert self.notifier is not None  # noqa: S101 - only spawned with a notifier
         complained = False
         while True:
             stalled = self.service.stalled(self.config.models.stall_timeout_s)
@@ -150,7 +162,7 @@ class Daemon:
                 complained = True
             else:
                 complained = False
-                self.notifier.watchdog()
+                notifier.watchdog()
             await asyncio.sleep(interval)
 
     async def _poll_repository(self) -> None:
@@ -167,19 +179,18 @@ class Daemon:
             await asyncio.sleep(self.config.memory.pressure_check_interval_s)
             pressure.check()
 
-    async def _publish_telemetry(self) -> None:
-        assert self.telemetry is not None and self.mqtt is not None  # noqa: S101 - only spawned with both
+    async def _publish_telemetry(self, telemetry: TelemetryService, mqtt: Any) -> None:
         previous: dict[str, Any] | None = None
         while True:
             await asyncio.sleep(self.config.mqtt.telemetry_interval_s)
-            snapshot = self.telemetry.snapshot()
+            snapshot = telemetry.snapshot()
             try:
                 payload = summary_payload(snapshot, previous, self.config.mqtt.telemetry_deadband_bytes)
             except EdgedError as e:
                 log.warning("telemetry summary not published: %s", e)
                 continue
             if payload is not None:
-                self.mqtt.publish_telemetry(payload)
+                mqtt.publish_telemetry(payload)
                 previous = snapshot
 
     async def _reload(self) -> None:
@@ -259,8 +270,8 @@ class Daemon:
                 out.append(f'edged_model_memory_bytes{{model="{version.config.name}",version="{version.version}"}} '
                            f"{version.footprint_bytes}\n")
         allocator = active_allocator()
-        out += ["# HELP edged_allocator_info The malloc implementation in use.\n", "# TYPE edged_allocator_info gauge\n",
-                f'edged_allocator_info{{allocator="{allocator.name}"}} 1\n']
+        out += ["# HELP edged_allocator_info The malloc implementation in use.\n",
+                "# TYPE edged_allocator_info gauge\n", f'edged_allocator_info{{allocator="{allocator.name}"}} 1\n']
         return "".join(out)
 
 

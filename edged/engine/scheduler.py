@@ -36,7 +36,7 @@ INLINE_EXTRA_BATCHES = 4
 
 
 class Pending:
-    __slots__ = ("deadline_ns", "done", "enqueued_ns", "plan", "request")
+    __slots__ = ("deadline_ns", "done", "enqueued_ns", "plan", "request", "thread")
 
     def __init__(self, request: InferRequest, plan: InputPlan, done: Done, timeout_ns: int) -> None:
         self.request = request
@@ -44,6 +44,7 @@ class Pending:
         self.done = done
         self.enqueued_ns = time.perf_counter_ns()
         self.deadline_ns = self.enqueued_ns + timeout_ns if timeout_ns > 0 else 0
+        self.thread = threading.get_ident()
 
 
 class Scheduler:
@@ -56,6 +57,8 @@ class Scheduler:
         self._instance_count = len(instances)
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
+        self._contended = False
+        self._sleepers = 0  # threads in self._wake.wait(); notifying nobody costs a microsecond, so we skip it
         batching = config.dynamic_batching
         levels = max(1, batching.priority_levels) if batching else 1
         self._queues: list[deque[Pending]] = [deque() for _ in range(levels)]
@@ -93,12 +96,12 @@ class Scheduler:
                 if error is not None:
                     rejected.append((item, error))
             if self._queued:
-                if inline and not self._delay_ns and self._idle:
+                if inline and not self._delay_ns and self._idle and not self._contended:
                     instance = self._idle.pop()
                     self._executing += 1
                 else:
                     self._ensure_workers_locked()
-                    self._wake.notify()
+                    self._notify_locked()
         for item, error in rejected:
             self._finish_error(item, error)
         if instance is not None:
@@ -110,10 +113,30 @@ class Scheduler:
         if self._queued >= self._max_queue:
             return QueueFull(f"model {self._config.name}: queue is full ({self._max_queue} requests waiting); "
                              "retry later")
-        level = item.request.priority or self._default_level
-        self._queues[min(max(level, 1), len(self._queues)) - 1].append(item)
+        self._queue_for(item).append(item)
         self._queued += 1
         return None
+
+    def _queue_for(self, item: Pending) -> deque[Pending]:
+        queues = self._queues
+        if len(queues) == 1:
+            return queues[0]
+        level = item.request.priority or self._default_level
+        return queues[min(max(level, 1), len(queues)) - 1]
+
+    def _notify_locked(self, everyone: bool = False) -> None:
+        if self._sleepers:
+            if everyone:
+                self._wake.notify_all()
+            else:
+                self._wake.notify()
+
+    def _wait_locked(self, timeout_s: float | None = None) -> None:
+        self._sleepers += 1
+        try:
+            self._wake.wait(timeout_s)
+        finally:
+            self._sleepers -= 1
 
     @property
     def in_flight(self) -> int:
@@ -131,14 +154,14 @@ class Scheduler:
             while True:
                 with self._lock:
                     batch, expired = self._take_batch_locked()
-                    mine_done = all(item.request is None for item in own)
+                    mine_done = _all_finished(own)
                     if not batch or (mine_done and extra >= INLINE_EXTRA_BATCHES):
                         if batch:  # hand the rest to a worker and let the caller go
                             self._requeue_front_locked(batch)
                             self._ensure_workers_locked()
                         self._idle.append(instance)
                         self._executing -= 1
-                        self._wake.notify()
+                        self._notify_locked()
                         instance = None  # type: ignore[assignment]
                 for item in expired:
                     self._finish_timeout(item)
@@ -152,7 +175,7 @@ class Scheduler:
                 with self._lock:
                     self._idle.append(instance)
                     self._executing -= 1
-                    self._wake.notify()
+                    self._notify_locked()
             raise
 
     def _ensure_workers_locked(self, closing: bool = False) -> None:
@@ -171,11 +194,11 @@ class Scheduler:
                 if not (self._queued and self._idle):
                     if self._closed and not self._queued:
                         return  # closed and drained
-                    self._wake.wait()
+                    self._wait_locked()
                     continue
                 wait_s = self._batch_wait_locked()
                 if wait_s > 0 and not self._closed:
-                    self._wake.wait(wait_s)
+                    self._wait_locked(wait_s)
                     continue
                 instance = self._idle.pop()
                 self._executing += 1
@@ -190,7 +213,7 @@ class Scheduler:
                     self._lock.acquire()
                     self._idle.append(instance)
                     self._executing -= 1
-                    self._wake.notify_all()
+                    self._notify_locked(everyone=True)
         finally:
             self._lock.release()
 
@@ -206,23 +229,28 @@ class Scheduler:
         return max(0.0, remaining / 1e9)
 
     # --- batch formation -----------------------------------------------------------------------------------
-    def _take_batch_locked(self) -> tuple[list[Pending], list[Pending]]:
+    def _take_batch_locked(self) -> tuple[list[Pending], Sequence[Pending]]:
+        expired: Sequence[Pending] = ()
+        for queue in self._queues:
+            if queue and queue[0].deadline_ns:
+                expired = self._expire_locked(queue)
+            if queue:
+                return self._take_from_locked(queue), expired
+        return [], expired
+
+    def _expire_locked(self, queue: deque[Pending]) -> list[Pending]:
         expired: list[Pending] = []
         now = time.perf_counter_ns()
-        for queue in self._queues:
-            while queue and queue[0].deadline_ns and queue[0].deadline_ns < now:
-                expired.append(queue.popleft())
-                self._queued -= 1
-            if queue:
-                batch = self._take_from_locked(queue)
-                return batch, expired
-        return [], expired
+        while queue and queue[0].deadline_ns and queue[0].deadline_ns < now:
+            expired.append(queue.popleft())
+            self._queued -= 1
+        return expired
 
     def _take_from_locked(self, queue: deque[Pending]) -> list[Pending]:
         first = queue.popleft()
         self._queued -= 1
         batch = [first]
-        if not self._max_batch:
+        if not self._max_batch or not queue:
             return batch
         total = first.plan.batch_size
         signature = first.plan.signature
@@ -231,8 +259,8 @@ class Scheduler:
             self._queued -= 1
             batch.append(item)
             total += item.plan.batch_size
-        if self._preferred and total not in self._preferred:
-            batch = self._trim_to_preferred_locked(batch, queue)
+        if self._preferred and total >= self._preferred[0] and total not in self._preferred:
+            batch = self._trim_to_preferred_locked(batch, queue)  # below the smallest size nothing can be cut
         return batch
 
     def _trim_to_preferred_locked(self, batch: list[Pending], queue: deque[Pending]) -> list[Pending]:
@@ -249,8 +277,7 @@ class Scheduler:
 
     def _requeue_front_locked(self, batch: list[Pending]) -> None:
         for item in reversed(batch):
-            level = item.request.priority or self._default_level
-            self._queues[min(max(level, 1), len(self._queues)) - 1].appendleft(item)
+            self._queue_for(item).appendleft(item)
             self._queued += 1
 
     # --- execution -----------------------------------------------------------------------------------------
@@ -278,13 +305,24 @@ class Scheduler:
                 log.exception("model %s: backend raised an unexpected error", self._config.name)
             self._finish_error(batch[0], error)
             return
-        responses = self._split(batch, outputs)
+        if len(batch) == 1:
+            item = batch[0]
+            responses = [self._response(item.request, outputs)]
+            total_batch = item.plan.batch_size
+        else:
+            responses = self._split(batch, outputs)
+            total_batch = sum(item.plan.batch_size for item in batch)
         finished = time.perf_counter_ns()
-        total_batch = sum(item.plan.batch_size for item in batch)
-        self._stats.record_execution(total_batch, len(batch), merged - start, ran - merged, finished - ran)
+        self._contended = len(batch) > 1 and _several_threads(batch)
+        self._stats.record_batch(total_batch, merged - start, ran - merged, finished - ran, start, finished,
+                                 [item.enqueued_ns for item in batch])
         for item, response in zip(batch, responses, strict=True):
-            self._stats.record_request(True, finished - item.enqueued_ns, start - item.enqueued_ns)
             self._call(item, response)
+
+    def _response(self, request: InferRequest, outputs: dict[str, Array]) -> InferResponse:
+        """The response to a request that ran alone: no slicing."""
+        wanted = [o.name for o in request.outputs] if request.outputs else self._output_names
+        return InferResponse(self._config.name, self._version, {name: outputs[name] for name in wanted}, request.id)
 
     def _split(self, batch: list[Pending], outputs: dict[str, Array]) -> list[InferResponse]:
         responses = []
@@ -293,10 +331,7 @@ class Scheduler:
             request = item.request
             wanted = [o.name for o in request.outputs] or self._output_names
             size = item.plan.batch_size
-            if len(batch) == 1:
-                selected = {name: outputs[name] for name in wanted}
-            else:
-                selected = {name: outputs[name][offset:offset + size] for name in wanted}
+            selected = {name: outputs[name][offset:offset + size] for name in wanted}
             offset += size
             responses.append(InferResponse(self._config.name, self._version, selected, request.id))
         return responses
@@ -326,9 +361,9 @@ class Scheduler:
             self._closed = True
             if self._queued:
                 self._ensure_workers_locked(closing=True)
-            self._wake.notify_all()
+            self._notify_locked(everyone=True)
             while self._queued + self._executing and time.monotonic() < deadline:
-                self._wake.wait(min(0.05, max(0.0, deadline - time.monotonic())))
+                self._wait_locked(min(0.05, max(0.0, deadline - time.monotonic())))
             leftover = [item for queue in self._queues for item in queue]
             for queue in self._queues:
                 queue.clear()
@@ -339,6 +374,20 @@ class Scheduler:
         for thread in self._workers:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
         return clean
+
+
+def _several_threads(batch: list[Pending]) -> bool:
+    first = batch[0].thread
+    for item in batch:
+        if item.thread != first:
+            return True
+    return False
+
+
+def _all_finished(items: Sequence[Pending]) -> bool:
+    if len(items) == 1:  # the common case, without a generator
+        return items[0].request is None
+    return all(item.request is None for item in items)
 
 
 def _concatenate(batch: list[Pending]) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from edged.engine.registry import ModelRecord, Registry
 from edged.engine.scheduler import Done
 from edged.engine.types import InferRequest, InferResponse
 from edged.engine.version import ModelVersion
-from edged.errors import EdgedError, ModelNotFound, ModelNotReady, RequestTimeout, Unavailable
+from edged.errors import EdgedError, ModelNotFound, RequestTimeout, Unavailable
 from edged.repository.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -159,11 +159,8 @@ class InferenceService:
         """
         if self._closed:
             raise Unavailable("the server is shutting down")
-        served = self._registry.resolve(request.model, request.version)
-        if served.state is not ModelState.READY:
-            raise ModelNotReady(f"model {request.model} version {served.version} is "
-                                f"{served.state.value.lower()}")
-        served.submit(request, done, inline)
+        # ModelVersion.submit refuses a version that is not READY, with the same message
+        self._registry.resolve(request.model, request.version).submit(request, done, inline)
 
     def submit_many(self, model: str, version: str, calls: Sequence[tuple[InferRequest, Done]],
                     inline: bool = True) -> None:

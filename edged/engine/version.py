@@ -96,8 +96,7 @@ class ModelVersion:
         if scheduler is None or self.lifecycle.state is not ModelState.READY:
             raise ModelNotReady(f"model {self.config.name} version {self.version} is "
                                 f"{self.lifecycle.state.value.lower()}")
-        plan = self.validator.check(request)
-        scheduler.submit((scheduler.pending(request, plan, done),), inline)
+        scheduler.submit((scheduler.pending(request, self.validator.check(request), done),), inline)
 
     def submit_many(self, calls: Sequence[tuple[InferRequest, Done]], inline: bool) -> None:
         """Queue several requests at once so they can share a batch; a request that fails validation gets

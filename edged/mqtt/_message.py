@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 UserProperties = tuple[tuple[str, str], ...]
 
@@ -18,6 +19,8 @@ class Inbound:
     content_type: str | None = None  # MQTT v5 only
     user_properties: UserProperties = ()
     received_ns: int = 0  # time.time_ns() when the adapter received it
+    mid: int = 0  # the broker's packet id, for the manual PUBACK
+    generation: int = 0  # which connection it arrived on; a PUBACK on a later one would ack the wrong message
 
     def user_property(self, key: str) -> str | None:
         """The first user property named ``key`` (case-insensitive, as HTTP headers are)."""
@@ -35,3 +38,6 @@ class Outbound:
     content_type: str | None = None
     user_properties: UserProperties = ()
     message_id: str = ""  # edged's own id; duplicates after a redelivery carry the same one
+    # called once the message is durable (outbox) or handed to paho (QoS 0): the input it answers may then
+    # be acknowledged to the broker
+    on_stored: Callable[[], None] | None = field(default=None, compare=False, repr=False)

@@ -151,6 +151,9 @@ class Outbox:
         if not pending and not acked:
             return
         seqs = self._store.write(pending, acked)
+        for message, _ in pending:
+            if message.on_stored is not None:
+                message.on_stored()
         added = sum(len(m.payload) for m, _ in pending)
         with self._cond:
             self._count += len(pending) - len(acked)

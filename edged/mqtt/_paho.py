@@ -57,6 +57,9 @@ class Connection:
         self.connects = 0
         self._attempt = 0
         self._stop_deadline = 0.0
+        self._session_present: bool | None = None  # set by on_connect, announced after the CONNACK
+        self._refusal = ""
+        self._generation = 0
         self._client = self._make_client(will)
 
     @property
@@ -75,6 +78,7 @@ class Connection:
                              clean_session=None if self._v5 else False, reconnect_on_failure=False)
         client.max_inflight_messages_set(0)  # the outbox bounds what is in flight
         client.max_queued_messages_set(0)
+        client.manual_ack_set(True)  # an input is acknowledged only once its result is in the outbox
         if s.username is not None:
             client.username_pw_set(s.username, s.password)
         if s.tls:
@@ -115,6 +119,8 @@ class Connection:
         """Disconnect cleanly (no last will) and end the network thread."""
         self._stop_deadline = time.monotonic() + timeout_s
         self._stopping.set()
+        if self._connected.is_set():
+            self._client.disconnect()  # thread-safe; wakes the network thread out of its select()
         if self._thread is not None:
             self._thread.join(timeout_s + 1.0)
 
@@ -124,10 +130,18 @@ class Connection:
                 self._backoff()
                 continue
             rc = self._client.loop(timeout=1.0)
+            self._announce_connect()
             if rc != paho.MQTT_ERR_SUCCESS and not self._stopping.is_set():
-                self._mark_down(f"connection lost ({paho.error_string(rc)})")
+                self._mark_down(self._refusal or f"connection lost ({paho.error_string(rc)})")
                 self._backoff()
         self._disconnect()
+
+    def _announce_connect(self) -> None:
+        """Tell the listener only once paho has finished with the CONNACK, which includes re-queueing its
+        unacknowledged messages: anything published after that goes out behind them, in order."""
+        session_present, self._session_present = self._session_present, None
+        if session_present is not None and self._connected.is_set():
+            self._listener.on_connected(session_present)
 
     def _backoff(self) -> None:
         s = self._settings
@@ -162,17 +176,18 @@ class Connection:
     def _on_connect(self, client: paho.Client, userdata: Any, flags: Any, reason: ReasonCode,
                     properties: Any) -> None:
         if reason.is_failure:
-            self.last_error = f"broker refused the connection: {reason}"
+            self.last_error = self._refusal = f"broker refused the connection: {reason}"
             log.warning("mqtt: %s", self.last_error)
             return
         _nodelay(client.socket())  # paho never sets TCP_NODELAY; Nagle costs ~40 ms per reply
         if self._subscriptions:
             client.subscribe(self._subscriptions)
         self.connects += 1
+        self._generation += 1
         self._attempt = 0
-        self.last_error = ""
+        self.last_error = self._refusal = ""
         self._connected.set()
-        self._listener.on_connected(bool(flags.session_present))
+        self._session_present = bool(flags.session_present)
 
     def _on_disconnect(self, client: paho.Client, userdata: Any, flags: Any, reason: ReasonCode,
                        properties: Any) -> None:
@@ -185,7 +200,7 @@ class Connection:
             response_topic=getattr(props, "ResponseTopic", None), correlation_data=getattr(
                 props, "CorrelationData", None), content_type=getattr(props, "ContentType", None),
             user_properties=tuple((str(k), str(v)) for k, v in getattr(props, "UserProperty", []) or []),
-            received_ns=time.time_ns())
+            received_ns=time.time_ns(), mid=msg.mid, generation=self._generation)
         try:
             self._listener.on_message(inbound)
         except Exception:  # a bug in one handler must not kill the network thread
@@ -194,6 +209,12 @@ class Connection:
     def _on_publish(self, client: paho.Client, userdata: Any, mid: int, reason: ReasonCode,
                     properties: Any) -> None:
         self._listener.on_acked(mid, not reason.is_failure)
+
+    def ack(self, message: Inbound) -> None:
+        """PUBACK (PUBCOMP for QoS 2) an input; a no-op for QoS 0 and for messages of an earlier connection,
+        which the broker redelivers anyway."""
+        if message.qos and message.mid and message.generation == self._generation and self.connected:
+            self._client.ack(message.mid, message.qos)
 
     # --- publishing ----------------------------------------------------------------------------------------
     def publish(self, message: Outbound) -> int | None:

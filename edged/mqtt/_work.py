@@ -7,7 +7,6 @@ engine's own message, exactly as the socket API words it.
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,7 +117,3 @@ def load_labels(service: InferenceService, model: str, version: str, override: s
         except OSError as e:
             raise PayloadError(f"model {model}: cannot read label file {path}: {e}") from e
     return labels
-
-
-def now_ns() -> int:
-    return time.time_ns()

@@ -53,7 +53,8 @@ class MqttFrontEnd:
         subscriptions += [(p.input, p.qos) for p in config.pipelines]
         will = Outbound(self._status_topic, offline(self.device_id), 1, retain=True, content_type=JSON_TYPE)
         self._connection = Connection(self._settings, self, will, subscriptions)
-        self._started = False
+        self._stopping = False
+        self._stopping = False
 
     @property
     def _status_topic(self) -> str:
@@ -69,13 +70,13 @@ class MqttFrontEnd:
         for pipeline in self._pipelines:
             pipeline.start()
         self._connection.start()
-        self._started = True
         log.info("mqtt: connecting to %s:%d as %s", self._settings.host, self._settings.port,
                  self._settings.client_id)
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Finish queued work, publish "stopped", deliver what the outbox holds (while connected), disconnect."""
         deadline = time.monotonic() + timeout_s
+        self._stopping = True
         self._requests.stop(max(0.1, (deadline - time.monotonic()) / 2))
         for pipeline in self._pipelines:
             pipeline.stop(max(0.1, (deadline - time.monotonic()) / 2))
@@ -85,7 +86,6 @@ class MqttFrontEnd:
         self._outbox.wait_drained(max(0.0, deadline - time.monotonic()))
         self._connection.stop(max(0.1, deadline - time.monotonic()))
         self._outbox.stop(max(0.1, deadline - time.monotonic()))
-        self._started = False
 
     # --- what the daemon reports ---------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -115,8 +115,10 @@ class MqttFrontEnd:
 
     # --- Publisher -----------------------------------------------------------------------------------------
     def send(self, message: Outbound) -> None:
-        if message.qos >= 1:
+        if message.qos >= 1 and self._config.outbox.enabled:
             self._outbox.put(message)
+        elif message.qos >= 1:
+            self._connection.publish(message)  # paho queues it in memory while disconnected
         elif self._connection.connected and self._connection.publish(message) is not None:
             self._metrics.add("published")
         else:
@@ -133,11 +135,15 @@ class MqttFrontEnd:
         self._outbox.set_connected(True)
 
     def on_disconnected(self, reason: str) -> None:
-        log.warning("mqtt: %s; results wait in the outbox", reason)
+        if self._stopping:
+            log.info("mqtt: %s", reason)
+        else:
+            log.warning("mqtt: %s; results wait in the outbox", reason)
         self._outbox.set_connected(False)
 
     def on_acked(self, mid: int, ok: bool) -> None:
-        self._outbox.on_acked(mid, ok)
+        if not self._outbox.on_acked(mid, ok) and not self._config.outbox.enabled:
+            self._metrics.add("published")
 
     def on_message(self, message: Inbound) -> None:
         self._metrics.add("received")

@@ -20,7 +20,8 @@ from typing import Any
 from edged.client import ClientError, EdgedClient
 from edged.config import ModelsConfig, ServerConfig
 from edged.engine import InferenceService
-from edged.serving.server import HttpServer
+from edged.serving import HttpServer
+from edged.serving.listeners import unix_listener
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE_MODELS = ROOT / "models"
@@ -42,13 +43,15 @@ def make_repository(directory: str, models: tuple[str, ...]) -> Path:
 
 class ThreadedServer:
     def __init__(self, models: tuple[str, ...] = ("tiny_mlp", "digits_onnx"), control_mode: str = "none",
-                 startup_models: tuple[str, ...] = (), tcp: bool = False, idle_timeout_s: float = 300.0) -> None:
+                 startup_models: tuple[str, ...] = (), tcp: bool = False, idle_timeout_s: float = 300.0,
+                 max_body_bytes: int = 64 * 1024 * 1024) -> None:
         self.directory = short_tempdir("edged-ct-")
         self.repository = make_repository(self.directory, models)
         self.socket_path = os.path.join(self.directory, "edged.sock")
         self.port: int | None = None
         self._tcp = tcp
         self._idle_timeout_s = idle_timeout_s
+        self._max_body_bytes = max_body_bytes
         self._models_config = ModelsConfig(control_mode=control_mode,  # type: ignore[arg-type]
                                            startup_models=startup_models)
         self._loop = asyncio.new_event_loop()
@@ -57,10 +60,10 @@ class ThreadedServer:
         self._server: HttpServer | None = None
 
     def start(self, timeout_s: float = 30.0) -> ThreadedServer:
-        sockets = [self._unix_socket()]
-        if self._tcp:
-            sockets.append(self._tcp_socket())
-        config = ServerConfig(socket=self.socket_path, http_port=self.port, idle_timeout_s=self._idle_timeout_s)
+        tcp = [self._tcp_socket()] if self._tcp else []
+        config = ServerConfig(socket=self.socket_path, http_port=self.port, idle_timeout_s=self._idle_timeout_s,
+                              max_body_bytes=self._max_body_bytes)
+        sockets = [unix_listener(config, Path(self.socket_path)).socket, *tcp]
         self.service = InferenceService(self.repository, self._models_config)
         self._server = HttpServer(self.service, config)
         self._thread.start()
@@ -72,12 +75,6 @@ class ThreadedServer:
         assert self.service is not None and self._server is not None
         await self._loop.run_in_executor(None, self.service.start)
         await self._server.start(sockets)
-
-    def _unix_socket(self) -> socket.socket:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.bind(self.socket_path)
-        sock.listen(128)
-        return sock
 
     def _tcp_socket(self) -> socket.socket:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -50,7 +50,7 @@ class CannedPeer:
     def _answer(self, conn: socket.socket) -> None:
         while self.responses:
             data = b""
-            while b"\r\n\r\n" not in data:
+            while b"\r\n\r\n" not in data or len(data) < self._request_length(data):
                 chunk = conn.recv(65536)
                 if not chunk:
                     return
@@ -60,6 +60,15 @@ class CannedPeer:
             conn.sendall(response)
             if b"connection: close" in response.lower():
                 return
+
+    @staticmethod
+    def _request_length(data: bytes) -> int:
+        # read the whole body: closing a Unix socket with unread data resets the peer's connection
+        head, _, _ = data.partition(b"\r\n\r\n")
+        for line in head.lower().split(b"\r\n"):
+            if line.startswith(b"content-length:"):
+                return len(head) + 4 + int(line.split(b":")[1])
+        return len(head) + 4
 
     def close(self) -> None:
         self.listener.close()

@@ -3,6 +3,7 @@ Unix socket: every call, numpy in and out, typed errors with the daemon's messag
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import sys
@@ -15,11 +16,13 @@ import onnxruntime as ort
 import pytest
 
 from edged.client import (
+    AsyncEdgedClient,
     ClientError,
     ClientTimeout,
     EdgedClient,
     InvalidInputError,
     ModelNotFoundError,
+    PayloadTooLargeError,
     ServerError,
 )
 
@@ -144,3 +147,23 @@ def test_no_answer_within_the_timeout_is_client_timeout(tmp_path: Path) -> None:
     for sock in (*accepted, listener):
         sock.close()
     os.unlink(path)
+
+
+def test_a_request_the_server_refuses_mid_body_reports_its_answer() -> None:
+    small = harness.ThreadedServer(models=("tiny_mlp",), max_body_bytes=64 * 1024).start()
+    big = {"input": np.zeros((1024, 1024), np.float32)}  # 4 MiB: the server answers 413 and closes early
+    try:
+        with EdgedClient(small.socket_path) as client:
+            with pytest.raises(PayloadTooLargeError) as raised:
+                client.infer("tiny_mlp", big)
+            assert raised.value.status == 413
+            assert client.live()
+
+        async def scenario() -> None:
+            async with AsyncEdgedClient(small.socket_path) as aclient:
+                with pytest.raises(PayloadTooLargeError):
+                    await aclient.infer("tiny_mlp", big)
+                assert await aclient.live()
+        asyncio.run(scenario())
+    finally:
+        small.stop()

@@ -26,7 +26,7 @@ def run_perf_analyzer(port: int, csv_path: Path, concurrency: int) -> subprocess
     return subprocess.run(
         [str(PERF_ANALYZER), "-m", "tiny_mlp", "-i", "http", "-u", f"127.0.0.1:{port}",
          "--concurrency-range", str(concurrency), "--measurement-interval", "1000",
-         "--stability-percentage", "100", "--max-trials", "3", "--percentile", "99", "-f", str(csv_path)],
+         "--stability-percentage", "1000", "--max-trials", "3", "--percentile", "99", "-f", str(csv_path)],
         check=False, capture_output=True, text=True, timeout=60)
 
 

@@ -52,6 +52,8 @@ class Broker:
                  "log_type warning"]
         if persistence:
             lines += ["persistence true", f"persistence_location {directory}/", "autosave_interval 1"]
+            if os.geteuid() == 0:  # mosquitto started as root drops to user mosquitto: let it write there
+                lines.append("user root")
         self.config.write_text("\n".join(lines) + "\n")
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -69,7 +71,8 @@ class Broker:
                 return
             except OSError:
                 if self.process.poll() is not None:
-                    raise RuntimeError(f"mosquitto exited: {(self.directory / 'mosquitto.log').read_text()}")
+                    log_text = (self.directory / "mosquitto.log").read_text()
+                    raise RuntimeError(f"mosquitto exited: {log_text}") from None
                 time.sleep(0.02)
         raise RuntimeError("mosquitto did not start listening")
 

@@ -11,7 +11,6 @@ import orjson
 import pytest
 from conftest import Broker, Subscriber, wait_until
 from PIL import Image
-from test_mqtt_requests import wait_subscribed
 
 from edged.config import MqttConfig, PipelineConfig
 from edged.engine import InferenceService
@@ -63,8 +62,8 @@ def test_wildcard_topics_route_to_templated_outputs_with_topk_labels(pipelines: 
         top = docs[0]["outputs"][0]
         assert top["datatype"] == "BYTES" and top["shape"] == [1, 3]
         score, index, label = top["data"][0].split(":")
-        assert 0 <= float(score) <= 1 and label == ["zero", "one", "two", "three", "four", "five", "six",
-                                                    "seven", "eight", "nine"][int(index)] or label
+        assert (0 <= float(score) <= 1 and label == ["zero", "one", "two", "three", "four", "five", "six",
+                                                    "seven", "eight", "nine"][int(index)]) or label
     assert len({d["parameters"]["edged_message_id"] for ds in by_topic.values() for d in ds}) == 40
     sub.close()
 

@@ -166,7 +166,7 @@ def test_request_errors_use_the_engine_wording(front: MqttFrontEnd, broker: Brok
     reply = client.request("edged/dev1/infer/no_such_model", body, "application/json")
     try:
         service.infer(InferRequest("no_such_model", {"input": np.zeros((1, 1), np.float32)}))
-    except Exception as e:  # noqa: BLE001 - we want the exact message
+    except Exception as e:
         engine_message = str(e)
     assert orjson.loads(reply.payload)["error"] == engine_message
     client.close()

@@ -1,119 +1,210 @@
-"""The installed daemon started as ExecStart does, with NOTIFY_SOCKET pointed at a socket the test reads.
+"""The daemon under the systemd protocols, with no systemd: NOTIFY_SOCKET pointed at a datagram socket the test
+reads (READY, STATUS, WATCHDOG, STOPPING) and socket activation (LISTEN_FDS/LISTEN_PID/LISTEN_FDNAMES).
 
-Needs the lead's `edged serve`; skips with the reason while the daemon cannot start in this tree.
+systemd sets WATCHDOG_PID and LISTEN_PID to the pid of the process it starts; a small ``python -c`` wrapper
+does the same here (it sets them to its own pid, then execs the daemon, which keeps that pid).
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
-import json
-import os
+import signal
 import socket
-import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
+from integration.edged_daemon import config_with_fakes, start_daemon
+from modelgen import add_custom_model
 
-WATCHDOG_USEC = 2_000_000
+from edged.client import ClientError, EdgedClient
+
+WATCHDOG_USEC = 1_000_000
+PING_INTERVAL_S = WATCHDOG_USEC / 2e6
+
+# argv: -c, "VAR,VAR", fd to put at 3 (or -1), then the daemon's command line.
+EXEC_WRAPPER = ("import os, sys\n"
+                "for name in filter(None, sys.argv[1].split(',')): os.environ[name] = str(os.getpid())\n"
+                "fd = int(sys.argv[2])\n"
+                "if fd >= 0 and fd != 3: os.dup2(fd, 3); os.close(fd)\n"
+                "os.execv(sys.argv[3], sys.argv[3:])\n")
 
 
-def _daemon_missing() -> str | None:
-    probe = subprocess.run([sys.executable, "-c", "import edged.daemon, edged.cli.serve"], capture_output=True,
-                           text=True, timeout=120, check=False)
-    if probe.returncode != 0:
-        return "edged serve cannot start in this tree yet: " + probe.stderr.strip().splitlines()[-1]
-    return None
+def wrapper(pid_variables: str, fd: int = -1) -> list[str]:
+    return [sys.executable, "-c", EXEC_WRAPPER, pid_variables, str(fd)]
 
 
-class _UnixConnection(http.client.HTTPConnection):
+class NotifyReader:
+    """The test's end of NOTIFY_SOCKET: every datagram, with the time it arrived."""
+
     def __init__(self, path: Path) -> None:
-        super().__init__("localhost", timeout=30)
         self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.received: list[tuple[float, list[str]]] = []
 
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(30)
-        self.sock.connect(str(self.path))
+    def poll(self, timeout_s: float) -> list[str] | None:
+        """One datagram's fields, or None if none arrived within timeout_s."""
+        self.sock.settimeout(max(0.001, timeout_s))
+        try:
+            data = self.sock.recv(4096)
+        except TimeoutError:
+            return None
+        fields = data.decode().split("\n")
+        self.received.append((time.monotonic(), fields))
+        return fields
+
+    def wait_for(self, field: str, limit_s: float) -> list[str]:
+        """Fields of the first datagram holding ``field`` (a deadline, not a sleep)."""
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            fields = self.poll(deadline - time.monotonic())
+            if fields is not None and field in fields:
+                return fields
+        raise AssertionError(f"no {field} within {limit_s} s; received {[f for _, f in self.received]}")
+
+    def close(self) -> None:
+        self.sock.close()
 
 
-def _request(path: Path, method: str, url: str, body: object = None) -> tuple[int, object]:
-    connection = _UnixConnection(path)
+@pytest.fixture
+def notify(tmp_path: Path) -> Iterator[NotifyReader]:
+    reader = NotifyReader(tmp_path / "notify.sock")
+    yield reader
+    reader.close()
+
+
+def _health(socket_path: Path) -> int | None:
+    """Status of GET /v2/health/ready, or None while nothing answers on the socket."""
+    connection = http.client.HTTPConnection("localhost", timeout=5)
     try:
-        payload = None if body is None else json.dumps(body)
-        connection.request(method, url, body=payload, headers={"Content-Type": "application/json"})
+        connection.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        connection.sock.settimeout(5)
+        connection.sock.connect(str(socket_path))
+        connection.request("GET", "/v2/health/ready")
         response = connection.getresponse()
-        data = response.read()
-        return response.status, json.loads(data) if data else None
+        response.read()
+        return response.status
+    except OSError:
+        return None
     finally:
         connection.close()
 
 
-def _messages(sock: socket.socket, until: str, limit_s: float) -> list[str]:
-    """Datagrams received until one contains ``until``; fails after limit_s (a readiness deadline, not a sleep)."""
-    deadline = time.monotonic() + limit_s
-    seen: list[str] = []
-    while time.monotonic() < deadline:
-        sock.settimeout(max(0.1, deadline - time.monotonic()))
-        try:
-            seen.append(sock.recv(4096).decode())
-        except TimeoutError:
-            break
-        if until in seen[-1].split("\n"):
-            return seen
-    raise AssertionError(f"no {until} within {limit_s} s; received {seen}")
+def _notify_env(notify: NotifyReader) -> dict[str, str]:
+    return {"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": str(WATCHDOG_USEC)}
 
 
-@pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], socket.socket, Path]]:
-    reason = _daemon_missing()
-    if reason:
-        pytest.skip(reason)
-    notify_path = tmp_path / "notify.sock"
-    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    notify.bind(str(notify_path))
-    api = tmp_path / "edged.sock"
-    edged = Path(sys.executable).with_name("edged")
-    env = {**os.environ, "NOTIFY_SOCKET": str(notify_path), "WATCHDOG_USEC": str(WATCHDOG_USEC)}
-    env.pop("JOURNAL_STREAM", None)
-    process = subprocess.Popen([str(edged), "serve", "--socket", str(api), "--state-dir", str(tmp_path / "state")],
-                               env=env)
-    yield process, notify, api
-    process.terminate()
-    process.wait(timeout=60)
-    notify.close()
+def test_ready_comes_only_after_health_is_ready_then_status_watchdog_pings_and_stopping(
+        tmp_path: Path, notify: NotifyReader) -> None:
+    # A model whose warm-up takes 1 s: a window in which the socket answers but the daemon is not ready.
+    repo = tmp_path / "models"
+    add_custom_model(repo, "slow_start", "doubling",
+                     extra='parameters { key: "delay_s" value: { string_value: "1.0" } }')
+    daemon = start_daemon(tmp_path, config=config_with_fakes(), args=["--model-repository", str(repo)],
+                          env=_notify_env(notify), wait=False, argv_prefix=wrapper("WATCHDOG_PID"))
+    try:
+        health_before_ready: list[int | None] = []
+        deadline = time.monotonic() + 60
+        ready_fields: list[str] | None = None
+        while ready_fields is None:
+            assert time.monotonic() < deadline, f"no READY=1; got {notify.received}\n{daemon.output()}"
+            assert daemon.process.poll() is None, daemon.output()
+            fields = notify.poll(0.02)
+            if fields is not None and "READY=1" in fields:
+                ready_fields = fields
+            else:
+                health_before_ready.append(_health(daemon.socket_path))
+        assert _health(daemon.socket_path) == 200
+        # Triton answers "not ready" with 400, and so does edged.
+        assert 400 in health_before_ready, f"never saw the not-ready window: {health_before_ready}"
+        status = [f for f in ready_fields if f.startswith("STATUS=")]
+        assert status and "1 model version(s) ready" in status[0], ready_fields
+
+        first = time.monotonic()
+        for _ in range(4):
+            notify.wait_for("WATCHDOG=1", 2 * PING_INTERVAL_S + 1)
+        # Four pings at half of WATCHDOG_USEC take about 1.5 s; far less would mean a busy loop.
+        assert time.monotonic() - first > 3 * PING_INTERVAL_S * 0.8
+
+        daemon.process.send_signal(signal.SIGTERM)
+        notify.wait_for("STOPPING=1", 10)
+        assert daemon.process.wait(30) == 0, daemon.output()
+    finally:
+        daemon.stop()
 
 
-@pytest.mark.slow
-def test_ready_inference_and_watchdog_under_a_notify_socket(
-        daemon: tuple[subprocess.Popen[bytes], socket.socket, Path]) -> None:
-    process, notify, api = daemon
-    assert any("READY=1" in m.split("\n") for m in _messages(notify, "READY=1", 120))
-    status, _ = _request(api, "GET", "/v2/health/ready")
-    assert status == 200
-    status, index = _request(api, "POST", "/v2/repository/index", {})
-    assert status == 200 and isinstance(index, list) and index, index
-    model = index[0]["name"]
-    status, meta = _request(api, "GET", f"/v2/models/{model}")
-    assert status == 200 and isinstance(meta, dict)
-    inputs = []
-    for spec in meta["inputs"]:
-        shape = [1 if d < 0 else d for d in spec["shape"]]
-        count = 1
-        for d in shape:
-            count *= d
-        inputs.append({"name": spec["name"], "shape": shape, "datatype": spec["datatype"], "data": [0] * count})
-    status, result = _request(api, "POST", f"/v2/models/{model}/infer", {"inputs": inputs})
-    assert status == 200, result
-    # pings keep coming, at about half of WATCHDOG_USEC
-    _messages(notify, "WATCHDOG=1", 5)
-    _messages(notify, "WATCHDOG=1", 5)
-    assert process.poll() is None
+def test_watchdog_stops_when_the_engine_hangs(tmp_path: Path, notify: NotifyReader) -> None:
+    repo = tmp_path / "models"
+    add_custom_model(repo, "hang", "doubling",
+                     extra='parameters { key: "block_until_released" value: { string_value: "true" } }')
+    config = config_with_fakes("warmup = false\nstall_timeout_s = 0.5\n\n[server]\nshutdown_timeout_s = 1\n")
+    daemon = start_daemon(tmp_path, config=config, args=["--model-repository", str(repo)], env=_notify_env(notify))
+    try:
+        notify.wait_for("READY=1", 30)
+        notify.wait_for("WATCHDOG=1", 2 * PING_INTERVAL_S + 1)
+        notify.wait_for("WATCHDOG=1", 2 * PING_INTERVAL_S + 1)
+
+        def submit() -> None:
+            # The execution never finishes; the request's fate after the stop does not matter here.
+            with EdgedClient(daemon.socket_path, timeout_s=20) as client, contextlib.suppress(ClientError):
+                client.infer("hang", {"input": np.ones((1, 4), np.float32)})
+
+        threading.Thread(target=submit, daemon=True).start()
+        submitted = time.monotonic()
+        # Pings stop once the execution has run past stall_timeout_s: wait for a silence of two ping
+        # periods (what systemd's WatchdogSec would notice) within a deadline.
+        last_ping = submitted
+        deadline = submitted + 15
+        while time.monotonic() - last_ping < 2 * WATCHDOG_USEC / 1e6:
+            assert time.monotonic() < deadline, f"pings kept coming: {notify.received[-6:]}\n{daemon.output()}"
+            fields = notify.poll(0.1)
+            if fields is not None and "WATCHDOG=1" in fields:
+                last_ping = time.monotonic()
+        assert last_ping - submitted < 0.5 + 2 * PING_INTERVAL_S + 1, "pings stopped, but far too late"
+        assert daemon.process.poll() is None, "a hang is not a crash: the process must still be there"
+        assert "engine wedged: hang/1" in daemon.output()
+
+        daemon.process.send_signal(signal.SIGTERM)
+        notify.wait_for("STOPPING=1", 10)
+    finally:
+        daemon.stop(wait_s=5)
 
 
-@pytest.mark.slow
-def test_watchdog_stops_when_the_engine_hangs() -> None:
-    pytest.skip("needs a test-only engine fault (a model whose execution blocks) from the lead's daemon: "
-                "load it, send a request, then assert no WATCHDOG=1 arrives within 2 x WATCHDOG_USEC")
+def test_socket_activation_serves_on_the_inherited_socket(tmp_path: Path, notify: NotifyReader) -> None:
+    activated = tmp_path / "activated.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(activated))
+    listener.listen(16)
+    # A client that connects before the daemon exists is queued by the kernel, not refused.
+    early = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    early.settimeout(60)
+    early.connect(str(activated))
+    early.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: localhost\r\n\r\n")
+    repo = tmp_path / "models"
+    add_custom_model(repo, "doubling", "doubling")
+    env = {**_notify_env(notify), "LISTEN_FDS": "1", "LISTEN_FDNAMES": "edged"}
+    daemon = start_daemon(tmp_path, config=config_with_fakes(), args=["--model-repository", str(repo)],
+                          env=env, socket_name="not-used.sock", wait=False, pass_fds=[listener.fileno()],
+                          argv_prefix=wrapper("LISTEN_PID", listener.fileno()))
+    listener.close()  # the daemon holds the only copy now, as with systemd's socket unit
+    try:
+        notify.wait_for("READY=1", 60)
+        reply = early.recv(4096)
+        assert reply.startswith(b"HTTP/1.1 200"), reply
+        with EdgedClient(activated, timeout_s=30) as client:
+            assert client.ready()
+            out = client.infer("doubling", {"input": np.arange(4, dtype=np.float32).reshape(1, 4)})
+            np.testing.assert_array_equal(out.as_numpy("output"), [[0, 2, 4, 6]])
+        assert f"listening on uds:{activated} (inherited from systemd)" in daemon.output()
+        assert not daemon.socket_path.exists(), "with an inherited socket the daemon must not open its own"
+        assert daemon.stop() == 0, daemon.output()
+        assert activated.exists(), "the inherited socket's file belongs to the socket unit"
+    finally:
+        early.close()
+        daemon.stop()
