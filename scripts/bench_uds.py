@@ -129,16 +129,25 @@ def _start_server(kind: str, path: str) -> subprocess.Popen[str]:
     return proc
 
 
-def _measure(path: str, seconds: float, connections: int) -> dict[str, float]:
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _measure(path: str, seconds: float, connections: int, server_pid: int) -> dict[str, float]:
     start_at = time.time() + 1.0 + 0.05 * connections
     clients = [subprocess.Popen([sys.executable, __file__, "--client", path, str(start_at),
                                  str(start_at + seconds)], stdout=subprocess.PIPE, text=True)
                for _ in range(connections)]
+    cpu_before = _cpu_seconds(server_pid)  # the server idles until start_at; the clients only import
     results = [json.loads(c.communicate()[0]) for c in clients]
+    cpu = _cpu_seconds(server_pid) - cpu_before
     latencies = sorted(v for r in results for v in r["latencies_us"])
     rate = sum(r["count"] / r["seconds"] for r in results)
     return {"infer_per_s": rate, "p50_us": latencies[len(latencies) // 2],
-            "p99_us": latencies[int(len(latencies) * 0.99)]}
+            "p99_us": latencies[int(len(latencies) * 0.99)],
+            "server_cpu_us": cpu * 1e6 / max(1, sum(r["count"] for r in results))}
 
 
 def _median(runs: list[dict[str, float]]) -> dict[str, float]:
@@ -157,9 +166,9 @@ def main() -> None:
     try:
         canned, edged, many = [], [], []
         for run in range(args.runs):
-            canned.append(_measure(canned_path, args.seconds, 1))
-            edged.append(_measure(edged_path, args.seconds, 1))
-            many.append(_measure(edged_path, args.seconds, args.concurrency))
+            canned.append(_measure(canned_path, args.seconds, 1, servers[0].pid))
+            edged.append(_measure(edged_path, args.seconds, 1, servers[1].pid))
+            many.append(_measure(edged_path, args.seconds, args.concurrency, servers[1].pid))
             print(f"run {run + 1}: canned {canned[-1]}\n       edged c=1 {edged[-1]}\n"
                   f"       edged c={args.concurrency} {many[-1]}", flush=True)
     finally:
@@ -168,10 +177,9 @@ def main() -> None:
             proc.wait()
     c, e, m = _median(canned), _median(edged), _median(many)
     print(f"\nmedians of {args.runs} runs x {args.seconds:g} s")
-    print(f"canned  c=1:  {c['infer_per_s']:8.0f} infer/s  p50 {c['p50_us']:5.0f} us  p99 {c['p99_us']:5.0f} us")
-    print(f"edged   c=1:  {e['infer_per_s']:8.0f} infer/s  p50 {e['p50_us']:5.0f} us  p99 {e['p99_us']:5.0f} us")
-    print(f"edged   c={args.concurrency}: {m['infer_per_s']:8.0f} infer/s  p50 {m['p50_us']:5.0f} us  "
-          f"p99 {m['p99_us']:5.0f} us")
+    for label, r in (("canned  c=1: ", c), ("edged   c=1: ", e), (f"edged   c={args.concurrency}:", m)):
+        print(f"{label} {r['infer_per_s']:8.0f} infer/s  p50 {r['p50_us']:5.0f} us  p99 {r['p99_us']:5.0f} us  "
+              f"server CPU {r['server_cpu_us']:5.1f} us/request")
     print(f"p50 difference edged - canned: {e['p50_us'] - c['p50_us']:.0f} us (target <= 75); "
           f"edged c=1 {e['infer_per_s']:.0f} infer/s (target >= 5000); "
           f"c={args.concurrency} / c=1: {m['infer_per_s'] / e['infer_per_s']:.2f}x (target >= 2)")

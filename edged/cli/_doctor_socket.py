@@ -11,7 +11,7 @@ import stat
 from collections.abc import Mapping
 
 from edged.cli._doctor_checks import Check, broker_address
-from edged.client import find_sockets
+from edged.client import UnixHTTPConnection, find_sockets
 
 PROBE_TIMEOUT_S = 2.0
 
@@ -51,26 +51,8 @@ def _group_name(gid: int) -> str:
         return str(gid)
 
 
-class UnixHTTPConnection(http.client.HTTPConnection):
-    """http.client over a Unix socket; the host name only fills the Host header."""
-
-    def __init__(self, path: str, timeout: float = PROBE_TIMEOUT_S) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self.unix_path = path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(self.unix_path)
-        except OSError:
-            sock.close()
-            raise
-        self.sock = sock
-
-
 def check_daemon(path: str) -> Check:
-    connection = UnixHTTPConnection(path)
+    connection = UnixHTTPConnection(path, PROBE_TIMEOUT_S)
     try:
         connection.request("GET", "/v2/health/ready")
         response = connection.getresponse()

@@ -1,65 +1,17 @@
 """``edged top``: a live terminal view in the spirit of jtop, fed by the daemon over its Unix socket.
 
 It reads ``GET /v2/edged/telemetry`` (the telemetry snapshot) and ``GET /v2/models/stats`` (Triton statistics
-JSON) with plain `http.client` over AF_UNIX. ``--once`` prints one frame and exits.
+JSON) through `edged.client`. ``--once`` prints one frame and exits.
 """
 
 from __future__ import annotations
 
 import argparse
-import http.client
-import json
-import os
-import socket
 import time
 from typing import Any
 
-from edged.errors import ClientError, ServerUnreachable
-
-
-class UnixHTTPConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float = 5.0) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self.unix_path = path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        try:
-            sock.connect(self.unix_path)
-        except OSError:
-            sock.close()
-            raise
-        self.sock = sock
-
-
-def default_socket() -> str:
-    """$EDGED_SOCKET, $RUNTIME_DIRECTORY/edged.sock, $XDG_RUNTIME_DIR/edged/edged.sock, /run/edged/edged.sock."""
-    if os.environ.get("EDGED_SOCKET"):
-        return os.environ["EDGED_SOCKET"]
-    if os.environ.get("RUNTIME_DIRECTORY"):
-        return os.path.join(os.environ["RUNTIME_DIRECTORY"].split(":")[0], "edged.sock")
-    if os.environ.get("XDG_RUNTIME_DIR"):
-        return os.path.join(os.environ["XDG_RUNTIME_DIR"], "edged", "edged.sock")
-    return "/run/edged/edged.sock"
-
-
-def get_json(socket_path: str, path: str) -> Any:
-    conn = UnixHTTPConnection(socket_path)
-    try:
-        conn.request("GET", path, headers={"Accept": "application/json"})
-        response = conn.getresponse()
-        body = response.read()
-    except OSError as e:
-        raise ServerUnreachable(f"nothing answered on {socket_path}: {e.strerror or e}") from e
-    finally:
-        conn.close()
-    if response.status != 200:
-        raise ClientError(f"GET {path} on {socket_path}: HTTP {response.status}: {body[:200]!r}")
-    try:
-        return json.loads(body)
-    except ValueError as e:
-        raise ClientError(f"GET {path} on {socket_path}: expected JSON, found {body[:80]!r}") from e
+from edged.client import EdgedClient
+from edged.errors import ClientError
 
 
 def _bar(pct: float | None, width: int = 20) -> str:
@@ -117,8 +69,8 @@ def frame(snap: dict[str, Any], stats: dict[str, Any]) -> Any:
     return Group(_system_table(snap), _models_table(stats, snap))
 
 
-def _fetch(socket_path: str) -> Any:
-    return frame(get_json(socket_path, "/v2/edged/telemetry"), get_json(socket_path, "/v2/models/stats"))
+def _fetch(client: EdgedClient) -> Any:
+    return frame(client.telemetry(), client.statistics())
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -127,15 +79,15 @@ def _run(args: argparse.Namespace) -> int:
         from rich.live import Live
     except ImportError as e:
         raise ClientError("edged top needs rich: pip install 'edged[view]'") from e
-    socket_path = args.socket or default_socket()
     console = Console()
-    if args.once:
-        console.print(_fetch(socket_path))
-        return 0
-    with Live(_fetch(socket_path), console=console, screen=False, auto_refresh=False) as live:
-        while True:
-            time.sleep(args.interval)  # the refresh period of an interactive view, not a readiness wait
-            live.update(_fetch(socket_path), refresh=True)
+    with EdgedClient(args.socket, timeout_s=5.0) as client:  # finds the socket as every other command does
+        if args.once:
+            console.print(_fetch(client))
+            return 0
+        with Live(_fetch(client), console=console, screen=False, auto_refresh=False) as live:
+            while True:
+                time.sleep(args.interval)  # the refresh period of an interactive view, not a readiness wait
+                live.update(_fetch(client), refresh=True)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -20,6 +20,7 @@ from edged.client._errors import (
     UnavailableError,
 )
 from edged.client._result import InferResult
+from edged.client._sync_transport import UnixHTTPConnection
 from edged.client.aio import AsyncEdgedClient
 from edged.client.sync import EdgedClient
 from edged.errors import ClientError, ServerUnreachable
@@ -28,6 +29,6 @@ __all__ = [
     "AsyncEdgedClient", "ClientError", "ClientTimeout", "EdgedClient", "InferResult", "InferenceFailedError",
     "InvalidInputError", "ModelNotFoundError", "ModelNotReadyError", "PayloadTooLargeError",
     "PermissionDeniedError", "ProtocolError", "QueueFullError", "RequestTimeoutError", "ServerError",
-    "ServerUnreachable", "SocketSearch", "UnavailableError", "find_sockets", "socket_candidates",
+    "ServerUnreachable", "SocketSearch", "UnavailableError", "UnixHTTPConnection", "find_sockets", "socket_candidates",
     "unreachable_message",
 ]

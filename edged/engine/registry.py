@@ -68,6 +68,7 @@ class Registry:
         self._unload_timeout_s = unload_timeout_s
         self._records: dict[str, ModelRecord] = {}
         self._lazy: set[str] = set()
+        self._unloaded: dict[str, str] = {}  # model name → why it is no longer loaded, for the index
         self._backends: dict[str, Backend] = {}
         self._lock = threading.RLock()
         self.started = False
@@ -120,8 +121,9 @@ class Registry:
             versions = sorted({**(record.failed if record else {}), **(record.versions if record else {})}.items())
             if not versions:
                 if not ready_only:
-                    reason = record.error if record else ""
-                    entries.append({"name": name, "version": "", "state": "UNAVAILABLE" if record else "",
+                    reason = record.error if record else self._unloaded.get(name, "")
+                    known = record is not None or name in self._unloaded
+                    entries.append({"name": name, "version": "", "state": "UNAVAILABLE" if known else "",
                                     "reason": reason})
                 continue
             for number, version in versions:
@@ -164,6 +166,7 @@ class Registry:
             raise ModelNotFound(f"unknown model: {name!r} is not in the repository {self._root}")
         with self._lock:
             self._lazy.discard(name)
+            self._unloaded.pop(name, None)
             record = self._records.setdefault(name, ModelRecord(name))
             record.loaded_explicitly = explicit
             try:
@@ -268,6 +271,7 @@ class Registry:
             record.versions.pop(version.version, None)
             if not record.versions:
                 del self._records[record.name]
+                self._unloaded[record.name] = "evicted to make room for another model (memory budget)"
                 if self._settings.load == "lazy":
                     self._lazy.add(record.name)
 
@@ -281,6 +285,7 @@ class Registry:
                 if name in self._lazy:
                     return
                 raise ModelNotFound(f"unknown model: {name!r} is not loaded")
+            self._unloaded[name] = "unloaded"
             for version in record.all_versions():
                 self._unload_version(version, self._unload_timeout_s)
             self._after_unload()

@@ -36,7 +36,7 @@ INLINE_EXTRA_BATCHES = 4
 
 
 class Pending:
-    __slots__ = ("deadline_ns", "done", "enqueued_ns", "plan", "request", "thread")
+    __slots__ = ("deadline_ns", "done", "enqueued_ns", "plan", "request")
 
     def __init__(self, request: InferRequest, plan: InputPlan, done: Done, timeout_ns: int) -> None:
         self.request = request
@@ -44,7 +44,6 @@ class Pending:
         self.done = done
         self.enqueued_ns = time.perf_counter_ns()
         self.deadline_ns = self.enqueued_ns + timeout_ns if timeout_ns > 0 else 0
-        self.thread = threading.get_ident()
 
 
 class Scheduler:
@@ -57,7 +56,6 @@ class Scheduler:
         self._instance_count = len(instances)
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._contended = False
         self._sleepers = 0  # threads in self._wake.wait(); notifying nobody costs a microsecond, so we skip it
         batching = config.dynamic_batching
         levels = max(1, batching.priority_levels) if batching else 1
@@ -96,7 +94,7 @@ class Scheduler:
                 if error is not None:
                     rejected.append((item, error))
             if self._queued:
-                if inline and not self._delay_ns and self._idle and not self._contended:
+                if inline and not self._delay_ns and self._idle:
                     instance = self._idle.pop()
                     self._executing += 1
                 else:
@@ -313,7 +311,6 @@ class Scheduler:
             responses = self._split(batch, outputs)
             total_batch = sum(item.plan.batch_size for item in batch)
         finished = time.perf_counter_ns()
-        self._contended = len(batch) > 1 and _several_threads(batch)
         self._stats.record_batch(total_batch, merged - start, ran - merged, finished - ran, start, finished,
                                  [item.enqueued_ns for item in batch])
         for item, response in zip(batch, responses, strict=True):
@@ -374,14 +371,6 @@ class Scheduler:
         for thread in self._workers:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
         return clean
-
-
-def _several_threads(batch: list[Pending]) -> bool:
-    first = batch[0].thread
-    for item in batch:
-        if item.thread != first:
-            return True
-    return False
 
 
 def _all_finished(items: Sequence[Pending]) -> bool:

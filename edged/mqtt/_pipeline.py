@@ -70,14 +70,18 @@ class Pipeline:
             topic = render(self.config.output, captures)
         except PayloadError as e:
             self._metrics.drop("bad_topic")
+            self._publisher.ack(message)
             log.info("mqtt %s: input %r gives no valid output topic: %s", self.name, message.topic[:200], e)
             return
         codec = codec_for(message, self.config.codec) if self._v5 else self.config.codec
         job = Job(message, self.config.model, self.config.version or "", codec, topic, self._v5,
                   self._new_id(), self.config.input_name)
         dropped = self._queue.put(job)
-        if dropped is not None:
-            self._metrics.drop("backpressure" if dropped is not job else "shutdown")
+        if dropped is job:  # closed: not acknowledged, so the broker redelivers it after a restart
+            self._metrics.drop("shutdown")
+        elif dropped is not None:
+            self._metrics.drop("backpressure")
+            self._publisher.ack(dropped.message)
             log.debug("mqtt %s: dropped a message from %r (backpressure)", self.name, dropped.message.topic)
 
     # --- worker --------------------------------------------------------------------------------------------
@@ -98,11 +102,14 @@ class Pipeline:
             body, header_length, ok = finish(job, labels, self.config.top_k)
             if not ok:
                 self._metrics.error("pipeline")
-            user = ((HEADER_LENGTH, str(header_length)),) if header_length is not None else ()
-            self._publisher.send(Outbound(
-                job.reply_topic or "", body, self.config.qos,
-                content_type=BINARY_TYPE if header_length is not None else JSON_TYPE, user_properties=user,
-                message_id=job.message_id))
+            self._publisher.send(self._result(job, body, header_length))
+
+    def _result(self, job: Job, body: bytes, header_length: int | None) -> Outbound:
+        user = ((HEADER_LENGTH, str(header_length)),) if header_length is not None else ()
+        message = job.message
+        return Outbound(job.reply_topic or "", body, self.config.qos,
+                        content_type=BINARY_TYPE if header_length is not None else JSON_TYPE, user_properties=user,
+                        message_id=job.message_id, on_stored=lambda: self._publisher.ack(message))
 
     def _label_table(self) -> dict[str, list[str]] | None:
         if self.config.postprocess != "topk":

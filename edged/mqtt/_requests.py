@@ -28,6 +28,7 @@ MAX_ELEMENTS = 64 * 1024 * 1024
 
 class Publisher(Protocol):
     def send(self, message: Outbound) -> None: ...
+    def ack(self, message: Inbound) -> None: ...
 
 
 class RequestHandler:
@@ -60,6 +61,7 @@ class RequestHandler:
     def accept(self, message: Inbound, model: str, version: str) -> None:
         reply = self._reply_topic(message)
         if reply is None:
+            self._publisher.ack(message)  # dropped and counted: nobody could be answered
             return
         job = Job(message, model, version, codec_for(message, "json"), reply, self._v5, self._new_id())
         dropped = self._queue.put(job)
@@ -72,16 +74,19 @@ class RequestHandler:
     def reject(self, message: Inbound, error: EdgedError) -> None:
         """Answer a request that cannot even be queued (bad topic, oversized) if it has a reply topic."""
         reply = self._reply_topic(message)
-        if reply is not None:
-            self._metrics.error(type(error).__name__)
-            self.reply_error(message, error, reply)
+        if reply is None:
+            self._publisher.ack(message)
+            return
+        self._metrics.error(type(error).__name__)
+        self.reply_error(message, error, reply)
 
     def reply_error(self, message: Inbound, error: EdgedError, topic: str | None) -> None:
         if topic is None:
+            self._publisher.ack(message)
             return
         self._publisher.send(Outbound(topic, error_payload(str(error)), message.qos,
                                       correlation_data=message.correlation_data, content_type=JSON_TYPE,
-                                      message_id=self._new_id()))
+                                      message_id=self._new_id(), on_stored=lambda: self._publisher.ack(message)))
 
     def _reply_topic(self, message: Inbound) -> str | None:
         topic = message.response_topic
@@ -115,8 +120,8 @@ class RequestHandler:
         if not ok:
             self._metrics.error("request")
         user = ((HEADER_LENGTH, str(header_length)),) if header_length is not None else ()
-        if job.reply_topic is not None:
-            self._publisher.send(Outbound(
-                job.reply_topic, body, job.message.qos, correlation_data=job.message.correlation_data,
-                content_type=BINARY_TYPE if header_length is not None else JSON_TYPE, user_properties=user,
-                message_id=job.message_id))
+        message = job.message
+        self._publisher.send(Outbound(
+            job.reply_topic or "", body, message.qos, correlation_data=message.correlation_data,
+            content_type=BINARY_TYPE if header_length is not None else JSON_TYPE, user_properties=user,
+            message_id=job.message_id, on_stored=lambda: self._publisher.ack(message)))

@@ -116,13 +116,19 @@ class MqttFrontEnd:
     # --- Publisher -----------------------------------------------------------------------------------------
     def send(self, message: Outbound) -> None:
         if message.qos >= 1 and self._config.outbox.enabled:
-            self._outbox.put(message)
-        elif message.qos >= 1:
+            self._outbox.put(message)  # it calls on_stored after the group commit
+            return
+        if message.qos >= 1:
             self._connection.publish(message)  # paho queues it in memory while disconnected
         elif self._connection.connected and self._connection.publish(message) is not None:
             self._metrics.add("published")
         else:
             self._metrics.drop("not_connected")
+        if message.on_stored is not None:
+            message.on_stored()
+
+    def ack(self, message: Inbound) -> None:
+        self._connection.ack(message)
 
     # --- Listener (network thread) -------------------------------------------------------------------------
     def on_connected(self, session_present: bool) -> None:
@@ -149,6 +155,7 @@ class MqttFrontEnd:
         self._metrics.add("received")
         if message.retain:  # replayed at subscribe time: old state, not a new request
             self._metrics.drop("retained")
+            self.ack(message)
             return
         try:
             target = parse_infer_topic(self.prefix, message.topic)
@@ -164,3 +171,4 @@ class MqttFrontEnd:
                 pipeline.accept(message, captures)
                 return
         self._metrics.drop("unrouted")
+        self.ack(message)

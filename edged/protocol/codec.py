@@ -10,6 +10,7 @@ prefixed with a 4-byte little-endian length, both in binary data and in response
 from __future__ import annotations
 
 import struct
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -18,11 +19,21 @@ import numpy as np
 import orjson
 
 from edged.errors import InvalidInput, PayloadTooLarge
-from edged.protocol.datatypes import kserve_datatype, numpy_for
+from edged.protocol.datatypes import KSERVE_TO_NUMPY, kserve_datatype, numpy_for
 
 Array = np.ndarray[Any, Any]
 
 _LENGTH = struct.Struct("<I")
+# Tables built once so that the per-tensor work is a dict lookup: the little-endian dtype binary data of each
+# dtype is read as, and the KServe name of each numeric dtype in either byte order.
+_WIRE_DTYPES: dict[np.dtype[Any], np.dtype[Any]] = {
+    dtype: dtype.newbyteorder("<") for dtype in KSERVE_TO_NUMPY.values()
+}
+_DATATYPE_NAMES: dict[np.dtype[Any], str] = {
+    variant: name for name, dtype in KSERVE_TO_NUMPY.items() if dtype.kind not in "OSU"
+    for variant in (dtype, dtype.newbyteorder("<"), dtype.newbyteorder(">"))
+}
+_LITTLE_ENDIAN_ORDERS = frozenset("<|=") if sys.byteorder == "little" else frozenset("<|")
 
 
 @dataclass(frozen=True)
@@ -106,10 +117,13 @@ def _int_param(params: Mapping[str, Any], key: str) -> int:
 
 def _shape(entry: Mapping[str, Any], name: str) -> tuple[int, ...]:
     shape = entry.get("shape")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
-                                              for d in shape):
-        raise InvalidInput(f"input {name!r}: \"shape\" must be a list of non-negative integers, found {shape!r}")
-    return tuple(shape)
+    if type(shape) is list:
+        for dim in shape:  # a plain loop: this runs for every tensor of every request
+            if type(dim) is not int or dim < 0:  # exact type: JSON true is a bool, not a dimension
+                break
+        else:
+            return tuple(shape)
+    raise InvalidInput(f"input {name!r}: \"shape\" must be a list of non-negative integers, found {shape!r}")
 
 
 def _decode_input(entry: Any, binary: memoryview, offset: int, max_elements: int) -> tuple[str, Array, int]:
@@ -120,7 +134,9 @@ def _decode_input(entry: Any, binary: memoryview, offset: int, max_elements: int
     datatype = entry.get("datatype")
     if not isinstance(datatype, str):
         raise InvalidInput(f"input {name!r}: \"datatype\" must be a string such as \"FP32\"")
-    dtype = numpy_for(datatype, name)
+    dtype = KSERVE_TO_NUMPY.get(datatype)
+    if dtype is None:
+        dtype = numpy_for(datatype, name)  # raises, naming the tensor and the known datatypes
     count = 1
     for dim in shape:
         count *= dim
@@ -149,7 +165,8 @@ def _from_binary(name: str, chunk: memoryview, dtype: np.dtype[Any], shape: tupl
     if len(chunk) != expected:
         raise InvalidInput(f"input {name!r}: binary_data_size is {len(chunk)} bytes, expected {expected} for "
                            f"shape {list(shape)} of {dtype.name}")
-    array: Array = np.frombuffer(chunk, dtype=dtype.newbyteorder("<")).reshape(shape)
+    wire = _WIRE_DTYPES.get(dtype)
+    array: Array = np.frombuffer(chunk, dtype=dtype.newbyteorder("<") if wire is None else wire).reshape(shape)
     return array
 
 
@@ -236,7 +253,8 @@ def encode_response(response: ResponseLike, binary_outputs: Mapping[str, bool], 
     entries: list[dict[str, Any]] = []
     chunks: list[bytes] = []
     for name, array in response.outputs.items():
-        datatype = (datatypes or {}).get(name) or kserve_datatype(array)
+        datatype = ((datatypes.get(name) if datatypes else None) or _DATATYPE_NAMES.get(array.dtype)
+                    or kserve_datatype(array))
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
         if binary_outputs.get(name, binary_default):
             raw = _to_binary(array)
@@ -257,6 +275,8 @@ def encode_response(response: ResponseLike, binary_outputs: Mapping[str, bool], 
 
 
 def _to_binary(array: Array) -> bytes:
+    if array.dtype.byteorder in _LITTLE_ENDIAN_ORDERS and array.dtype.kind not in "OSU":
+        return array.tobytes()  # row-major bytes whatever the array's memory layout
     if array.dtype.kind in "OSU":
         parts = []
         for item in array.ravel():

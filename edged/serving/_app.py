@@ -6,7 +6,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, NamedTuple
 
 import httptools
 
@@ -18,12 +18,22 @@ from edged.serving._handlers import Handlers, load_override
 from edged.serving._http import Connection, Incoming, Slot
 from edged.serving._infer import InferPath
 from edged.serving._response import Response, error_for, error_response, render
-from edged.serving._routes import SPECS, Kind, Route, match
+from edged.serving._routes import SPECS, Kind, Route, RouteSpec, match
 
 log = logging.getLogger(__name__)
 
 _LAZY_KINDS = frozenset({Kind.INFER, Kind.MODEL_METADATA, Kind.MODEL_CONFIG})
 _ACTIONS = {Kind.INFER: "run inference", Kind.LOAD: "load models", Kind.UNLOAD: "unload models"}
+# Request targets already matched, by their raw bytes: clients repeat a handful of URLs, so most requests skip
+# URL parsing, percent-decoding and route matching. Bounded, so that a client cycling through names cannot
+# grow it; past the bound new URLs are matched every time, as before.
+_ROUTE_CACHE_SIZE = 256
+
+
+class _Target(NamedTuple):
+    route: Route
+    spec: RouteSpec
+    lazy: bool  # a route that loads a lazily loaded model on first use
 
 
 class App:
@@ -37,21 +47,15 @@ class App:
         self.active = 0
         self.draining = False
         self.infer = InferPath(service, config.max_tensor_elements)
+        self.end_of_input = self.infer.end_of_input
         self._loop = asyncio.get_running_loop()
+        self._targets: dict[bytes, _Target] = {}
 
     def dispatch(self, connection: Connection, incoming: Incoming, slot: Slot) -> None:
-        try:
-            route = match(httptools.parse_url(incoming.url).path)
-        except httptools.HttpParserInvalidURLError:
-            self._answer(connection, incoming, slot, error_response(400, "malformed request URL"))
-            return
-        except InvalidInput as e:
-            self._answer(connection, incoming, slot, error_for(e))
-            return
-        if route is None:
-            self._answer(connection, incoming, slot, error_response(404, "Not Found"))
-            return
-        spec = SPECS[route.kind]
+        target = self._targets.get(incoming.url) or self._match(connection, incoming, slot)
+        if target is None:
+            return  # answered
+        route, spec = target.route, target.spec
         if incoming.method != spec.method:
             self._answer(connection, incoming, slot, error_response(
                 405, f"method {incoming.method.decode('latin-1')} is not allowed here; use "
@@ -60,13 +64,32 @@ class App:
         if self.draining:
             self._answer(connection, incoming, slot, error_response(503, "the server is shutting down", True))
             return
-        if spec.permission != "open" and not self._permitted(connection, incoming, slot, route):
+        if (spec.permission != "open" and spec.permission not in connection.granted
+                and not self._permitted(connection, incoming, slot, route)):
             return
-        if route.kind in _LAZY_KINDS and self.service.needs_load(route.model):
+        if target.lazy and self.service.needs_load(route.model):
             self._in_executor(connection, incoming, slot, lambda: self.service.ensure_loaded(route.model),
                               lambda _: self._route(connection, incoming, slot, route))
             return
         self._route(connection, incoming, slot, route)
+
+    def _match(self, connection: Connection, incoming: Incoming, slot: Slot) -> _Target | None:
+        """The target of a URL not seen before; None when the request was answered with an error."""
+        try:
+            route = match(httptools.parse_url(incoming.url).path)
+        except httptools.HttpParserInvalidURLError:
+            self._answer(connection, incoming, slot, error_response(400, "malformed request URL"))
+            return None
+        except InvalidInput as e:
+            self._answer(connection, incoming, slot, error_for(e))
+            return None
+        if route is None:
+            self._answer(connection, incoming, slot, error_response(404, "Not Found"))
+            return None
+        target = _Target(route, SPECS[route.kind], route.kind in _LAZY_KINDS)
+        if len(self._targets) < _ROUTE_CACHE_SIZE:
+            self._targets[incoming.url] = target
+        return target
 
     def _route(self, connection: Connection, incoming: Incoming, slot: Slot, route: Route) -> None:
         if route.kind is Kind.INFER:
@@ -82,14 +105,16 @@ class App:
 
     def _permitted(self, connection: Connection, incoming: Incoming, slot: Slot, route: Route) -> bool:
         action = _ACTIONS.get(route.kind, route.kind.value)
+        permission = SPECS[route.kind].permission
         try:
-            self.access.check(connection.peer, SPECS[route.kind].permission, action)
+            self.access.check(connection.peer, permission, action)
         except EdgedError as e:
             denied = self.handlers.denied
             denied[action] = denied.get(action, 0) + 1
             log.warning("%s (model %s)", e, route.model or "-")
             self._answer(connection, incoming, slot, error_for(e))
             return False
+        connection.granted.add(permission)
         return True
 
     def _repository_change(self, connection: Connection, incoming: Incoming, slot: Slot, route: Route) -> None:

@@ -28,6 +28,10 @@ log = logging.getLogger(__name__)
 
 MAX_PIPELINED = 32  # responses owed on one connection before we stop reading from it
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+# The only request headers anything reads; the others are counted against the size limit and dropped. Most
+# headers are dismissed by their length, without lowercasing them.
+_WANTED_HEADERS = frozenset({b"content-length", b"expect", b"inference-header-content-length"})
+_WANTED_LENGTHS = frozenset(len(name) for name in _WANTED_HEADERS)
 
 
 class Slot:
@@ -80,6 +84,9 @@ class Connection(asyncio.Protocol):
         self._reading_paused = False
         self._writing_paused = False
         self._limits = app.limits
+        self._max_header_bytes = app.limits.max_header_bytes
+        self.granted: set[str] = set()  # permissions access control has granted this peer (they never change)
+        self.feeding = False  # inside data_received: requests it completes are flushed when it returns
 
     # --- asyncio callbacks ---------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -115,6 +122,7 @@ class Connection(asyncio.Protocol):
         if self._closing:
             return
         self.last_activity = self._loop.time()
+        self.feeding = True
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -128,6 +136,9 @@ class Connection(asyncio.Protocol):
                 self.reject(500, "internal server error while parsing the request")
         except httptools.HttpParserError as e:
             self.reject(400, f"malformed HTTP request: {e}")
+        finally:
+            self.feeding = False
+        self.app.end_of_input(self)
 
     def eof_received(self) -> bool | None:
         if self._slots:
@@ -136,7 +147,7 @@ class Connection(asyncio.Protocol):
 
     # --- parser callbacks ----------------------------------------------------------------------------------
     def on_message_begin(self) -> None:
-        self.request_started = self._loop.time()
+        self.request_started = self.last_activity  # the loop time of this data_received call
         self._url = b""
         self._headers = {}
         self._header_bytes = 0
@@ -148,21 +159,31 @@ class Connection(asyncio.Protocol):
         self._count_header_bytes(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._count_header_bytes(len(name) + len(value) + 4)
+        self._header_bytes += len(name) + len(value) + 4
+        if self._header_bytes > self._max_header_bytes:
+            raise self._headers_too_large()
+        if len(name) not in _WANTED_LENGTHS:
+            return
         key = name.lower()
+        if key not in _WANTED_HEADERS:
+            return
         if key in self._headers:
             self._headers[key] += b"," + value
         else:
             self._headers[key] = value
 
     def on_headers_complete(self) -> None:
-        if self._parser.get_http_version() not in ("1.1", "1.0"):
-            raise _Reject(505, f"HTTP version {self._parser.get_http_version()} is not supported; use HTTP/1.1")
-        length = self._headers.get(b"content-length")
+        version = self._parser.get_http_version()
+        if version not in ("1.1", "1.0"):
+            raise _Reject(505, f"HTTP version {version} is not supported; use HTTP/1.1")
+        headers = self._headers
+        if not headers:
+            return
+        length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self._limits.max_body_bytes:
             raise _Reject(413, f"request body of {int(length)} bytes is larger than the limit of "
                                f"{self._limits.max_body_bytes} bytes")
-        if self._headers.get(b"expect", b"").lower() == b"100-continue" and not self._slots and self._transport:
+        if headers.get(b"expect", b"").lower() == b"100-continue" and not self._slots and self._transport:
             self._transport.write(_CONTINUE)
 
     def on_body(self, body: bytes) -> None:
@@ -185,9 +206,12 @@ class Connection(asyncio.Protocol):
 
     def _count_header_bytes(self, count: int) -> None:
         self._header_bytes += count
-        if self._header_bytes > self._limits.max_header_bytes:
-            raise _Reject(431, f"request line and headers are larger than the limit of "
-                               f"{self._limits.max_header_bytes} bytes")
+        if self._header_bytes > self._max_header_bytes:
+            raise self._headers_too_large()
+
+    def _headers_too_large(self) -> _Reject:
+        return _Reject(431, f"request line and headers are larger than the limit of {self._max_header_bytes} "
+                            "bytes")
 
     # --- responses -----------------------------------------------------------------------------------------
     def respond(self, slot: Slot, data: bytes, close: bool = False) -> None:

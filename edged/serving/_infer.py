@@ -1,8 +1,11 @@
 """The infer hot path: body → DecodedRequest → InferRequest → engine → encoded response.
 
-Requests are not submitted from ``data_received``: they are collected and submitted from one ``call_soon``
-flush, so requests that arrive on several connections in the same event-loop iteration reach the model's
-scheduler together and can run as one batch. A fast model executes inline on the loop thread and its done
+Requests are not submitted from the parser's callbacks: they are collected and submitted together, so that
+requests that arrive together reach the model's scheduler together and can run as one batch. When only one
+connection is sending, they are submitted as soon as its ``data_received`` has parsed what it got (pipelined
+requests still go together); when several are, from one ``call_soon`` flush, so that requests that arrive on
+several connections in the same event-loop iteration meet. The first costs no extra loop iteration; the second
+is what lets 16 connections share batches. A fast model executes inline on the loop thread and its done
 callback writes the response directly; otherwise the callback comes from a worker thread and hops back with
 ``call_soon_threadsafe``.
 """
@@ -23,6 +26,10 @@ _JSON_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-leng
 _BINARY_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\ncontent-length: %d\r\n"
                 b"inference-header-content-length: %d\r\n%s\r\n")
 _CLOSE = b"connection: close\r\n"
+# Infer requests from two different connections this close together (loop time, which has millisecond
+# resolution) mean several clients are sending: gather requests in a call_soon flush for the next _HOLD_S.
+_OVERLAP_S = 0.002
+_HOLD_S = 0.05
 
 
 class _Call:
@@ -54,6 +61,10 @@ class InferPath:
         self.loop = asyncio.get_running_loop()
         self.loop_thread = threading.get_ident()
         self._queued: list[_Call] = []
+        self._scheduled = False  # a call_soon flush is pending
+        self._last_sender: Connection | None = None
+        self._last_sent = 0.0
+        self._gather_until = 0.0
 
     def handle(self, connection: Connection, incoming: Incoming, slot: Slot, model: str, version: str) -> None:
         try:
@@ -62,14 +73,37 @@ class InferPath:
         except EdgedError as e:
             connection.respond(slot, render(error_for(e), incoming.keep_alive), not incoming.keep_alive)
             return
-        outputs = tuple(RequestedOutput(o.name, o.binary_data, o.class_count) for o in decoded.outputs)
+        outputs = tuple(RequestedOutput(o.name, o.binary_data, o.class_count) for o in decoded.outputs) \
+            if decoded.outputs else ()
         request = InferRequest(model, decoded.inputs, version, decoded.id, outputs, decoded.parameters,
                                decoded.priority, decoded.timeout_us)
-        if not self._queued:
-            self.loop.call_soon(self._flush)
         self._queued.append(_Call(self, connection, slot, request, decoded, incoming.keep_alive))
+        if not connection.feeding and not self._scheduled:  # e.g. after a lazy load: no end_of_input follows
+            self._schedule()
+
+    def end_of_input(self, connection: Connection) -> None:
+        """``connection`` has parsed all it received: submit what it queued, now or in a flush."""
+        if not self._queued:
+            return
+        now = connection.last_activity
+        if self._last_sender is not connection:
+            if now - self._last_sent < _OVERLAP_S:
+                self._gather_until = now + _HOLD_S
+            self._last_sender = connection
+        self._last_sent = now
+        if self._scheduled:
+            return
+        if now < self._gather_until:
+            self._schedule()
+        else:
+            self._flush()
+
+    def _schedule(self) -> None:
+        self._scheduled = True
+        self.loop.call_soon(self._flush)
 
     def _flush(self) -> None:
+        self._scheduled = False
         calls = self._queued
         self._queued = []
         if len(calls) == 1:

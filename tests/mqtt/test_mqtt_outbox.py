@@ -225,3 +225,45 @@ output = "stream/{{1}}/out"
         second.send_signal(signal.SIGTERM)
         second.wait(20)
     sub.close()
+
+
+def test_edged_sigkill_mid_stream_loses_no_input(broker: Broker, repository: Path, tmp_path: Path) -> None:
+    """Inputs are acknowledged only once their result is in the outbox: the broker redelivers the rest."""
+    config = tmp_path / "edged.toml"
+    config.write_text(f"""
+[mqtt]
+broker = "{broker.url}"
+device_id = "dev9"
+reconnect_min_s = 0.05
+reconnect_max_s = 0.5
+[[mqtt.pipelines]]
+input = "stream/+/in"
+model = "tiny_mlp"
+output = "stream/{{1}}/out"
+""")
+    sub = persistent_subscriber(broker, "results-mid-stream")
+    command = [python(), str(RUNNER), "--config", str(config), "--repository", str(repository),
+               "--state-dir", str(tmp_path / "state")]
+    status = Subscriber(broker.port, ["edged/dev9/status"])
+    first = subprocess.Popen(command, stdout=subprocess.DEVNULL, env=env_with_root())
+    wait_until(lambda: any(b'"online"' in m.payload for m in list(status.messages)), 30, "edged online")
+    pub = paho.Client(CallbackAPIVersion.VERSION2, client_id="sensor-mid-stream")
+    pub.connect("127.0.0.1", broker.port)
+    pub.loop_start()
+    for i in range(1000):
+        pub.publish(f"stream/s{i % 2}/in", frame(i), 1)
+    wait_until(lambda: len(sub.messages) >= 100, 30, "some results")
+    first.send_signal(signal.SIGKILL)
+    first.wait(10)
+    at_kill = len(ids_of(list(sub.messages))[0])
+    print(f"{at_kill} of 1000 results before the kill")
+    second = subprocess.Popen(command, stdout=subprocess.DEVNULL, env=env_with_root())
+    try:
+        wait_until(lambda: len(ids_of(list(sub.messages))[0]) >= 1000, 60, "all 1000 results")
+        assert ids_of(list(sub.messages))[0] == {f"m-{i}" for i in range(1000)}
+    finally:
+        second.send_signal(signal.SIGTERM)
+        second.wait(20)
+    pub.loop_stop()
+    for client in (sub, status):
+        client.close()
