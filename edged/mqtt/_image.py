@@ -62,7 +62,11 @@ def image_spec(config: ModelConfig, input_name: str | None = None) -> ImageSpec:
 
 
 def decode_image(payload: bytes, spec: ImageSpec) -> np.ndarray[Any, Any]:
-    from PIL import Image, UnidentifiedImageError  # optional dependency, only for image payloads
+    try:
+        from PIL import Image, UnidentifiedImageError  # optional dependency, only for image payloads
+    except ImportError as e:
+        raise PayloadError("image payloads need Pillow, which is not installed (pip install 'edged[image]')") \
+            from e
 
     try:
         with Image.open(io.BytesIO(payload)) as image:

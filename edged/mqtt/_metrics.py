@@ -8,8 +8,8 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
-DROP_REASONS = ("outbox_full", "outbox_expired", "backpressure", "oversized", "bad_topic", "bad_payload",
-                "no_reply_topic", "not_connected", "retained", "unrouted", "shutdown")
+DROP_REASONS = ("outbox_full", "outbox_expired", "backpressure", "bad_topic", "no_reply_topic", "not_connected",
+                "retained", "unrouted", "shutdown")
 
 
 class Metrics:
@@ -58,9 +58,9 @@ def render_prometheus(snapshot: dict[str, dict[str, int]], connected: bool, outb
         "# HELP edged_mqtt_outbox_in_flight Outbox messages sent and awaiting PUBACK.",
         "# TYPE edged_mqtt_outbox_in_flight gauge",
         f"edged_mqtt_outbox_in_flight {in_flight}",
-        "# HELP edged_mqtt_reconnects_total Successful (re)connections to the broker.",
-        "# TYPE edged_mqtt_reconnects_total counter",
-        f"edged_mqtt_reconnects_total {counts.get('connects', 0)}",
+        "# HELP edged_mqtt_connects_total Successful connections to the broker, the first one included.",
+        "# TYPE edged_mqtt_connects_total counter",
+        f"edged_mqtt_connects_total {counts.get('connects', 0)}",
         "# HELP edged_mqtt_dropped_total Messages dropped, by reason.",
         "# TYPE edged_mqtt_dropped_total counter",
     ]

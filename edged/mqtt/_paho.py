@@ -95,6 +95,10 @@ class Connection:
         client.on_message = self._on_message
         client.on_publish = self._on_publish
         client.on_socket_open = self._on_socket_open
+        # With a callback here paho never writes to the socket from a publishing thread (it would, since we
+        # run loop() ourselves and paho then sees no loop thread): two writers could interleave the halves of
+        # partially written packets. The sockpair byte paho sends wakes our network thread, which writes.
+        client.on_socket_register_write = self._on_register_write
         return client
 
     def _connect_properties(self) -> Properties | None:
@@ -170,6 +174,9 @@ class Connection:
             self._listener.on_disconnected(reason)
 
     # --- paho callbacks (network thread) -------------------------------------------------------------------
+    def _on_register_write(self, client: paho.Client, userdata: Any, sock: Any) -> None:
+        """Nothing to do: the network thread's select() already watches the socket and the sockpair."""
+
     def _on_socket_open(self, client: paho.Client, userdata: Any, sock: Any) -> None:
         _nodelay(sock)
 

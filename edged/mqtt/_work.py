@@ -79,6 +79,8 @@ def start(service: InferenceService, job: Job, max_payload: int, max_elements: i
         service.submit(_request(job, job.decoded), job.slot.set, inline)
     except EdgedError as e:
         job.slot.set(e)
+    except (ValueError, TypeError, OverflowError) as e:  # a payload no check above foresaw: its error, not ours
+        job.slot.set(PayloadError(f"cannot decode the payload for model {job.model}: {e}"))
 
 
 def _request(job: Job, decoded: DecodedRequest) -> InferRequest:

@@ -73,8 +73,9 @@ class InferPath:
         except EdgedError as e:
             connection.respond(slot, render(error_for(e), incoming.keep_alive), not incoming.keep_alive)
             return
-        outputs = tuple(RequestedOutput(o.name, o.binary_data, o.class_count) for o in decoded.outputs) \
-            if decoded.outputs else ()
+        outputs: tuple[RequestedOutput, ...] = ()
+        if decoded.outputs:
+            outputs = tuple(RequestedOutput(o.name, o.binary_data, o.class_count) for o in decoded.outputs)
         request = InferRequest(model, decoded.inputs, version, decoded.id, outputs, decoded.parameters,
                                decoded.priority, decoded.timeout_us)
         self._queued.append(_Call(self, connection, slot, request, decoded, incoming.keep_alive))

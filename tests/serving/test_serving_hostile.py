@@ -120,6 +120,21 @@ def test_pipelined_requests_are_answered_in_order(server: RunningServer) -> None
     assert all(p >= 0 for p in positions) and positions == sorted(positions)
 
 
+def test_pipelined_infer_requests_that_arrive_together_share_a_batch(server: RunningServer) -> None:
+    def counts() -> tuple[int, int]:
+        doc = orjson.loads(server.request("GET", "/v2/models/tiny_strict/stats")[2])["model_stats"][0]
+        return doc["inference_count"], doc["execution_count"]
+
+    body = infer_json([{"name": "input", "datatype": "FP32", "shape": [1, 64], "data": [1] * 64}])
+    request = b"POST /v2/models/tiny_strict/infer HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    inferences, executions = counts()
+    reply = raw_exchange(server, request * 3 + request.replace(b"HTTP/1.1\r\n", b"HTTP/1.1\r\nConnection: close\r\n"))
+    assert reply.count(b"HTTP/1.1 200 OK") == 4
+    after_inferences, after_executions = counts()
+    assert after_inferences - inferences == 4
+    assert after_executions - executions < 4, "requests parsed from one read should run as one batch"
+
+
 def test_truncated_body_times_out_with_408_while_others_are_served(server: RunningServer) -> None:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as slow:
         slow.settimeout(10)
