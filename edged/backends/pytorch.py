@@ -61,6 +61,7 @@ class PyTorchBackend:
         threads = config.parameters.get("intra_op_thread_count")
         if threads:
             torch.set_num_threads(int(threads))
+        allocator = apply_cuda_allocator_settings(torch, config, device)
         try:
             if model_path.suffix == ".pt2":
                 module = torch.export.load(str(model_path)).module()
@@ -72,7 +73,7 @@ class PyTorchBackend:
             raise ModelLoadError(f"torch could not load {model_path}: {e}") from e
         info = InstanceInfo(device=str(device), fallback=fallback,
                             details={"torch": torch.__version__, "format": model_path.suffix.lstrip("."),
-                                     "instance": instance_index})
+                                     "instance": instance_index, **allocator})
         return PyTorchInstance(torch, module, device, config, info)
 
     def runtime_info(self) -> dict[str, Any]:
@@ -81,6 +82,47 @@ class PyTorchBackend:
         except BackendUnavailable as e:
             return {"available": False, "reason": str(e)}
         return {"available": True, "version": torch.__version__, "cuda": bool(torch.cuda.is_available())}
+
+
+def cuda_allocator_plan(config: ModelConfig) -> tuple[float | None, str]:
+    """(per-process memory fraction, caching-allocator settings) from the model's parameters (pure)."""
+    raw = config.parameters.get("cuda_memory_fraction", "")
+    fraction = None
+    if raw:
+        try:
+            fraction = float(raw)
+        except ValueError:
+            fraction = -1.0
+        if not 0.0 < fraction <= 1.0:
+            raise ModelLoadError(f"model {config.name}: parameter cuda_memory_fraction: expected a number in (0, 1], "
+                                 f"found {raw!r}")
+    settings = config.parameters.get("cuda_allocator_settings", "")
+    for item in filter(None, (part.strip() for part in settings.split(","))):
+        if ":" not in item:
+            raise ModelLoadError(f"model {config.name}: parameter cuda_allocator_settings: expected key:value "
+                                 "pairs such as \"expandable_segments:True,garbage_collection_threshold:0.6\", "
+                                 f"found {item!r}")
+    return fraction, settings
+
+
+def apply_cuda_allocator_settings(torch: Any, config: ModelConfig, device: Any) -> dict[str, Any]:
+    """Apply the caching-allocator settings on a CUDA device: they shape how much of a Jetson's shared memory
+    torch keeps cached. They are process-wide in torch, so the last model loaded wins; reported per instance."""
+    fraction, settings = cuda_allocator_plan(config)
+    if device.type != "cuda":
+        return {}
+    applied: dict[str, Any] = {}
+    if settings:
+        setter = getattr(torch.cuda.memory, "_set_allocator_settings", None)
+        if setter is None:
+            raise BackendUnavailable(f"model {config.name}: this torch ({torch.__version__}) cannot change "
+                                     "allocator settings at run time; set PYTORCH_CUDA_ALLOC_CONF in the unit")
+        setter(settings)
+        applied["cuda_allocator_settings"] = settings
+    if fraction is not None:
+        torch.cuda.set_per_process_memory_fraction(fraction, device)
+        applied["cuda_memory_fraction"] = fraction
+    return applied
 
 
 def _choose_device(torch: Any, config: ModelConfig) -> tuple[Any, str | None]:

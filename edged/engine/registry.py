@@ -203,7 +203,8 @@ class Registry:
         checks the config against the file; other runtimes need a config that lists inputs and outputs."""
         complete = config is not None and bool(config.input) and bool(config.output)
         if runtime not in SELF_DESCRIBING and config is not None and complete:
-            return normalize(config if config.name else dataclasses.replace(config, name=name))
+            config = config if config.name else dataclasses.replace(config, name=name)
+            return normalize(_with_export_file(config, runtime, model_dir, available))
         if runtime == "pytorch":
             raise ModelLoadError(f"model {name}: PyTorch models need a config.pbtxt listing every input and "
                                  "output (name, data_type, dims)")
@@ -323,6 +324,16 @@ class Registry:
                     close()
             self._backends.clear()
             self._after_unload()
+
+
+def _with_export_file(config: ModelConfig, runtime: str, model_dir: Path, available: list[int]) -> ModelConfig:
+    """A PyTorch model folder holding a torch.export program (model.pt2) and no TorchScript file uses it."""
+    if runtime != "pytorch" or config.default_model_filename or not available:
+        return config
+    latest = model_dir / str(max(available))
+    if not (latest / "model.pt").exists() and (latest / "model.pt2").exists():
+        return dataclasses.replace(config, default_model_filename="model.pt2")
+    return config
 
 
 def fingerprint(model_dir: Path) -> tuple[Any, ...]:

@@ -1,0 +1,44 @@
+"""Triton's classification extension: an output asked for with ``classification: k`` comes back as the top k
+classes, each a BYTES string ``"score:index"`` or ``"score:index:label"``, best first."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from edged.engine.types import Array
+from edged.errors import InvalidInput
+from edged.repository.model_config import ModelConfig
+
+
+def load_labels(config: ModelConfig, model_dir: Path) -> dict[str, list[str]]:
+    """Each output's labels from its ``label_filename`` (one label per line), where the file exists."""
+    labels: dict[str, list[str]] = {}
+    for output in config.output:
+        if not output.label_filename:
+            continue
+        try:
+            text = (model_dir / output.label_filename).read_text(encoding="utf-8")
+        except OSError:
+            continue  # Triton also serves scores without labels when the file is missing
+        labels[output.name] = text.splitlines()
+    return labels
+
+
+def classify(array: Array, count: int, labels: list[str] | None, batched: bool, model: str, name: str) -> Array:
+    """The top ``count`` classes of each batch item (or of the whole tensor when not batched)."""
+    if array.dtype.kind not in "biuf":
+        raise InvalidInput(f"model {model}: output {name!r} of type {array.dtype} cannot be classified")
+    rows = array.reshape(array.shape[0], -1) if batched else array.reshape(1, -1)
+    k = min(count, rows.shape[1])
+    order = np.argsort(-rows, axis=1, kind="stable")[:, :k]
+    result = np.empty((rows.shape[0], k), dtype=object)
+    for r, indices in enumerate(order):
+        for c, index in enumerate(indices):
+            score = float(rows[r, index])
+            text = f"{score:f}:{int(index)}"
+            if labels is not None and index < len(labels):
+                text += f":{labels[index]}"
+            result[r, c] = text.encode()
+    return result if batched else result.reshape(k)

@@ -1,0 +1,142 @@
+"""The ONNX Runtime and PyTorch backends on real runtimes (CPU): providers, fallbacks, formats, parameters."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from modelgen import add_model, mlp_reference, mlp_weights
+
+from edged.backends.onnxruntime import OnnxRuntimeBackend, plan_providers
+from edged.backends.pytorch import PyTorchBackend, cuda_allocator_plan, positional_order
+from edged.config import ModelsConfig
+from edged.engine import InferenceService, InferRequest
+from edged.errors import BackendUnavailable, ModelLoadError
+from edged.repository import parse_model_config
+
+TORCH_CONFIG = """name: "{name}"
+backend: "pytorch"
+max_batch_size: 8
+input [ {{ name: "x", data_type: TYPE_FP32, dims: [ 4 ] }} ]
+output [ {{ name: "y", data_type: TYPE_FP32, dims: [ 2 ] }} ]
+{extra}
+"""
+
+
+class Affine(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 2)
+        with torch.no_grad():
+            self.linear.weight.copy_(torch.arange(8, dtype=torch.float32).reshape(2, 4) / 10)
+            self.linear.bias.copy_(torch.tensor([1.0, -1.0]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)
+
+
+def expected(x: np.ndarray) -> np.ndarray:
+    w = np.arange(8, dtype=np.float32).reshape(2, 4) / 10
+    return x @ w.T + np.array([1.0, -1.0], np.float32)
+
+
+def test_a_torch_export_program_is_served_from_model_pt2(tmp_path: Path) -> None:
+    folder = tmp_path / "exported"
+    (folder / "1").mkdir(parents=True)
+    batch = torch.export.Dim("batch", min=1, max=8)
+    program = torch.export.export(Affine().eval(), (torch.zeros(2, 4),), dynamic_shapes={"x": {0: batch}})
+    torch.export.save(program, str(folder / "1" / "model.pt2"))
+    (folder / "config.pbtxt").write_text(TORCH_CONFIG.format(name="exported", extra=""))
+    service = InferenceService(tmp_path, ModelsConfig())
+    service.start()
+    try:
+        x = np.random.default_rng(0).random((3, 4), dtype=np.float32)
+        out = service.infer(InferRequest("exported", {"x": x})).outputs["y"]
+        np.testing.assert_allclose(out, expected(x), rtol=1e-5, atol=1e-6)
+        assert service.version_info("exported").describe_instances()[0]["format"] == "pt2"
+    finally:
+        service.close()
+
+
+def test_torchscript_without_a_full_config_is_refused_with_what_to_write(tmp_path: Path) -> None:
+    folder = tmp_path / "ts"
+    (folder / "1").mkdir(parents=True)
+    torch.jit.script(Affine()).save(str(folder / "1" / "model.pt"))
+    (folder / "config.pbtxt").write_text('name: "ts"\nbackend: "pytorch"\n')
+    service = InferenceService(tmp_path, ModelsConfig())
+    service.start()
+    try:
+        index = service.repository_index()
+        assert "need a config.pbtxt listing every input and output" in index[0]["reason"]
+    finally:
+        service.close()
+
+
+def test_a_gpu_instance_without_cuda_fails_unless_fallback_is_allowed(tmp_path: Path) -> None:
+    folder = tmp_path / "gpu"
+    (folder / "1").mkdir(parents=True)
+    torch.jit.script(Affine()).save(str(folder / "1" / "model.pt"))
+    text = TORCH_CONFIG.format(name="gpu", extra="instance_group [ { kind: KIND_GPU } ]")
+    config = parse_model_config(text)
+    backend = PyTorchBackend()
+    with pytest.raises(BackendUnavailable, match="no CUDA device"):
+        backend.load(folder / "1" / "model.pt", config, 0)
+    allowed = parse_model_config(text + 'parameters { key: "allow_provider_fallback" value: { string_value: "true" } }')
+    instance = backend.load(folder / "1" / "model.pt", allowed, 0)
+    assert instance.info.device == "cpu" and "no CUDA device" in (instance.info.fallback or "")
+    x = np.ones((1, 4), np.float32)
+    np.testing.assert_allclose(instance.run({"x": x}, ["y"])["y"], expected(x), rtol=1e-5)
+
+
+def test_torch_allocator_parameters_are_checked() -> None:
+    good = parse_model_config(TORCH_CONFIG.format(name="m", extra='parameters [ { key: "cuda_memory_fraction" '
+                              'value: { string_value: "0.5" } }, { key: "cuda_allocator_settings" value: '
+                              '{ string_value: "expandable_segments:True" } } ]'))
+    assert cuda_allocator_plan(good) == (0.5, "expandable_segments:True")
+    bad = parse_model_config(TORCH_CONFIG.format(name="m", extra='parameters { key: "cuda_memory_fraction" '
+                             'value: { string_value: "1.5" } }'))
+    with pytest.raises(ModelLoadError, match=r"expected a number in \(0, 1\], found '1.5'"):
+        cuda_allocator_plan(bad)
+
+
+def test_indexed_names_map_to_positions() -> None:
+    assert positional_order(["OUTPUT__1", "OUTPUT__0"]) == [1, 0]
+    assert positional_order(["a", "b"]) == [0, 1]
+
+
+def test_onnx_providers_follow_parameters_then_instance_kind() -> None:
+    assert plan_providers(parse_model_config('name: "m"\n')).requested == ("cpu",)
+    gpu = parse_model_config('name: "m"\ninstance_group [ { kind: KIND_GPU } ]\noptimization { '
+                             'execution_accelerators { gpu_execution_accelerator : [ { name : "tensorrt" } ] } }\n')
+    assert plan_providers(gpu).requested == ("tensorrt", "cuda", "cpu")
+    explicit = parse_model_config('name: "m"\nparameters { key: "providers" value: { string_value: "cuda, cpu" } }')
+    assert plan_providers(explicit).requested == ("cuda", "cpu")
+    with pytest.raises(ModelLoadError, match="unknown provider 'tpu'"):
+        plan_providers(parse_model_config('name: "m"\nparameters { key: "providers" value: { string_value: "tpu" } }'))
+
+
+def test_a_missing_onnx_provider_fails_the_load_or_falls_back_visibly(tmp_path: Path) -> None:
+    weights = mlp_weights(in_dim=4, hidden=8, out_dim=2)
+    add_model(tmp_path, "m", None, {1: weights})
+    path = tmp_path / "m" / "1" / "model.onnx"
+    backend = OnnxRuntimeBackend()
+    cuda = parse_model_config('name: "m"\nparameters { key: "providers" value: { string_value: "cuda,cpu" } }')
+    with pytest.raises(BackendUnavailable, match="cuda requested by model m are not available"):
+        backend.load(path, cuda, 0)
+    allowed = parse_model_config('name: "m"\nparameters [ { key: "providers" value: { string_value: "cuda,cpu" } },'
+                                 ' { key: "allow_provider_fallback" value: { string_value: "true" } } ]')
+    instance = backend.load(path, allowed, 0)
+    assert instance.info.providers == ("CPUExecutionProvider",) and "cuda" in (instance.info.fallback or "")
+    x = np.ones((2, 4), np.float32)
+    np.testing.assert_allclose(instance.run({"input": x}, ["output"])["output"], mlp_reference(weights, x),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_a_truncated_onnx_file_is_a_load_error_naming_the_file(tmp_path: Path) -> None:
+    add_model(tmp_path, "m", None, {1: mlp_weights(in_dim=4, hidden=8, out_dim=2)})
+    path = tmp_path / "m" / "1" / "model.onnx"
+    path.write_bytes(path.read_bytes()[:200])
+    with pytest.raises(ModelLoadError, match=str(path)):
+        OnnxRuntimeBackend().describe(path)
