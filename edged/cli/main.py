@@ -15,21 +15,23 @@ from collections.abc import Sequence
 from edged import __version__
 from edged.errors import EdgedError
 
-# Subcommand modules, in the order ``edged --help`` lists them.
-SUBCOMMAND_MODULES: tuple[str, ...] = (
-    "edged.cli.serve",
-    "edged.cli.infer",
-    "edged.cli.models",
-    "edged.cli.status",
-    "edged.cli.bench",
-    "edged.cli.telemetry",
-    "edged.cli.top",
-    "edged.cli.doctor",
-    "edged.cli.build_engine",
-)
+# Subcommands: name → (module, one-line help). Only the chosen command's module is imported, so a quick
+# command (``edged telemetry summary``) does not pay for numpy, the client or the engine.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("edged.cli.serve", "run the daemon in the foreground"),
+    "infer": ("edged.cli.infer", "run one inference through the daemon"),
+    "models": ("edged.cli.models", "list, show, load, unload and validate models"),
+    "status": ("edged.cli.status", "the daemon's state: models, MQTT, memory, telemetry"),
+    "bench": ("edged.cli.bench", "measure throughput and latency over a transport"),
+    "telemetry": ("edged.cli.telemetry", "tegrastats parsing and the telemetry history"),
+    "top": ("edged.cli.top", "a live terminal view of the device and the models"),
+    "doctor": ("edged.cli.doctor", "check the installation and say how to fix problems"),
+    "build-engine": ("edged.cli.build_engine", "build a TensorRT engine from an ONNX model"),
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser with every subcommand, or with only ``only`` fully built (the others listed by name)."""
     parser = argparse.ArgumentParser(
         prog="edged",
         description="Inference daemon for edge devices: Triton-style model repository, KServe v2 over a Unix "
@@ -37,20 +39,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"edged {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module_name in SUBCOMMAND_MODULES:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as e:
-            if e.name != module_name:
-                raise
-            continue  # a subcommand not built yet in this tree
-        module.register(subparsers)
+    for name, (module_name, summary) in COMMANDS.items():
+        if only is not None and name != only:
+            subparsers.add_parser(name, help=summary, add_help=False)
+            continue
+        importlib.import_module(module_name).register(subparsers)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    chosen = next((word for word in words if not word.startswith("-")), None)
+    parser = build_parser(only=chosen if chosen in COMMANDS else "")
+    args = parser.parse_args(words)
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()

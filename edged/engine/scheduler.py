@@ -228,21 +228,19 @@ class Scheduler:
 
     # --- batch formation -----------------------------------------------------------------------------------
     def _take_batch_locked(self) -> tuple[list[Pending], Sequence[Pending]]:
-        expired: Sequence[Pending] = ()
+        expired: list[Pending] = []
         for queue in self._queues:
-            if queue and queue[0].deadline_ns:
-                expired = self._expire_locked(queue)
+            if queue and queue[0].deadline_ns:  # the clock is read only when a deadline could have passed
+                self._expire_locked(queue, expired)
             if queue:
                 return self._take_from_locked(queue), expired
         return [], expired
 
-    def _expire_locked(self, queue: deque[Pending]) -> list[Pending]:
-        expired: list[Pending] = []
+    def _expire_locked(self, queue: deque[Pending], expired: list[Pending]) -> None:
         now = time.perf_counter_ns()
         while queue and queue[0].deadline_ns and queue[0].deadline_ns < now:
             expired.append(queue.popleft())
             self._queued -= 1
-        return expired
 
     def _take_from_locked(self, queue: deque[Pending]) -> list[Pending]:
         first = queue.popleft()
