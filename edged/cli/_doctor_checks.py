@@ -17,8 +17,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 from edged.cli._doctor_platform import l4t_release, module_model
+from edged.config import MemoryConfig
+from edged.memory import PressureMonitor, active_allocator, budget_bytes, find_library, read_meminfo
 
 Status = Literal["ok", "warn", "fail", "info"]
+
+MIB = 1 << 20
+# Debian/Ubuntu packages that provide [memory] allocator (the library names are edged.memory's).
+ALLOCATOR_PACKAGES = {"jemalloc": "libjemalloc2",
+                      "tcmalloc": "libtcmalloc-minimal4 (libtcmalloc-minimal4t64 on Ubuntu 24.04 and later)"}
+# A budget this full refuses (policy refuse) or evicts for (evict_lru) all but the smallest next load.
+BUDGET_NEARLY_FULL = 0.9
 
 
 @dataclass(frozen=True)
@@ -94,41 +103,119 @@ def check_torch(jetson: bool) -> Check:
     return Check("PyTorch", "ok", detail)
 
 
-def check_allocator(configured: str, env: Mapping[str, str]) -> Check:
-    module, _ = _import("edged.memory")
-    probe = getattr(module, "active_allocator", None)
-    # Without the memory part (older trees), look for the libraries ourselves.
-    state = probe() if callable(probe) else None
-    active = _describe_allocator(state) if state is not None else _allocator_from_maps(env)
-    detail = f"configured: {configured}; in this process: {active}"
-    warning = getattr(state, "warning", None)
-    if warning:
-        return Check("allocator", "warn", f"{detail}: {warning}",
-                     "see systemd/edged-allocator.conf.example and [memory] allocator")
-    if configured != "system" and configured not in active:
-        return Check("allocator", "warn", detail + " (the daemon's own process may differ)",
-                     f"install {configured} (Ubuntu: libjemalloc2 or libtcmalloc-minimal4) and see "
-                     "systemd/edged-allocator.conf.example")
-    return Check("allocator", "info", detail)
+def check_allocator(memory: MemoryConfig) -> Check:
+    """Whether the configured allocator's library exists; the doctor's own malloc only as a hint (the daemon
+    preloads the library itself at start, the doctor never does)."""
+    state = active_allocator()
+    here = f"{state.name} ({state.library})" if state.library else state.name
+    if memory.allocator == "system":
+        return Check("allocator", "info", f"configured: system (glibc malloc); in this process: {here}")
+    library = find_library(memory.allocator, memory.allocator_library)
+    if library is not None:
+        return Check("allocator", "ok", f"configured: {memory.allocator}, {library} exists (the daemon preloads "
+                     f"it at start); in this process: {here}")
+    if memory.allocator_library:
+        where = f"[memory] allocator_library = {memory.allocator_library!r} does not exist"
+    else:
+        where = f"no {memory.allocator} library in the system library directories"
+    package = ALLOCATOR_PACKAGES[memory.allocator]
+    fix = f"sudo apt install {package}"
+    if memory.allocator_library:
+        fix += ", then point [memory] allocator_library at its .so (or remove the setting to search for it)"
+    return Check("allocator", "warn", f"configured: {memory.allocator}, but {where}: the daemon falls back to "
+                 "glibc malloc, which keeps freed model memory", fix)
+
+def size(value: float) -> str:
+    return f"{value / MIB:,.0f} MiB" if value >= 10 * MIB else f"{value / MIB:.1f} MiB"
 
 
-def _describe_allocator(state: object) -> str:
-    name = getattr(state, "name", None)
-    if name is None:
-        return str(state)
-    library = getattr(state, "library", None)
-    return f"{name} ({library})" if library else str(name)
+def check_memory(memory: MemoryConfig, proc: Path) -> list[Check]:
+    """The host's memory as the daemon's PressureMonitor judges it: MemTotal/MemAvailable (and NvMapMemUsed,
+    the GPU's share of the same DRAM on a Jetson), PSI, and the budget those numbers give."""
+    meminfo = read_meminfo(proc)
+    state = PressureMonitor.from_config(memory, proc).check()
+    total = meminfo.get("MemTotal")
+    return [_check_meminfo(memory, meminfo, proc), _check_psi(memory, state.some_avg10, proc),
+            check_budget(memory, total)]
 
 
-def _allocator_from_maps(env: Mapping[str, str]) -> str:
-    try:
-        maps = Path("/proc/self/maps").read_text()
-    except OSError:
-        maps = ""
-    for name in ("jemalloc", "tcmalloc"):
-        if f"lib{name}" in maps or f"lib{name}" in env.get("LD_PRELOAD", ""):
-            return name
-    return "glibc malloc"
+def _check_meminfo(memory: MemoryConfig, meminfo: Mapping[str, int], proc: Path) -> Check:
+    total, available = meminfo.get("MemTotal"), meminfo.get("MemAvailable")
+    if total is None or available is None:
+        return Check("memory", "info", f"no MemTotal/MemAvailable in {proc / 'meminfo'}: the daemon cannot "
+                     "judge memory pressure from it")
+    detail = f"MemTotal {size(total)}, MemAvailable {size(available)} ({available / total:.0%})"
+    if "NvMapMemUsed" in meminfo:
+        detail += f", NvMapMemUsed {size(meminfo['NvMapMemUsed'])} (GPU buffers, in the same DRAM)"
+    floor = memory.pressure_min_available_mb * MIB
+    if available < floor:
+        return Check("memory", "warn", f"{detail}: MemAvailable is below the pressure threshold {size(floor)} "
+                     "([memory] pressure_min_available_mb), so the daemon refuses new loads",
+                     "MemAvailable below the pressure threshold: unload models (edged models unload NAME) or "
+                     "lower [memory] budget_mb; stop other memory users")
+    return Check("memory", "ok", detail)
+
+
+def _check_psi(memory: MemoryConfig, avg10: float | None, proc: Path) -> Check:
+    if avg10 is None:
+        return Check("memory PSI", "info", f"no {proc / 'pressure/memory'} (a kernel without CONFIG_PSI, or "
+                     "booted with psi=0): the daemon watches MemAvailable only")
+    detail = f"some avg10 {avg10:.2f}% (tasks stalled on memory in the last 10 s)"
+    ceiling = memory.pressure_some_avg10_max
+    if avg10 > ceiling:
+        return Check("memory PSI", "warn", f"{detail}: above [memory] pressure_some_avg10_max {ceiling:g}%, so "
+                     "the daemon refuses new loads", "the system is thrashing: unload models or lower [memory] "
+                     "budget_mb; stop other memory users")
+    return Check("memory PSI", "ok", detail)
+
+
+def check_budget(memory: MemoryConfig, total: int | None) -> Check:
+    policy = {"refuse": "policy refuse: a load beyond it is refused",
+              "evict_lru": "policy evict_lru: the least recently used idle model is unloaded to make room"}
+    detail_policy = policy[memory.policy]
+    if memory.budget_mb is None and memory.budget_percent is None:
+        return Check("memory budget", "info", "none ([memory] budget_mb and budget_percent unset): models load "
+                     "until memory runs out", "set [memory] budget_percent (e.g. 60) or budget_mb to keep memory "
+                     "for the rest of the device")
+    if memory.budget_mb is not None:
+        source = f"budget_mb = {memory.budget_mb:g}"
+    elif total is None:
+        return Check("memory budget", "info", f"budget_percent = {memory.budget_percent:g} of an unknown MemTotal; "
+                     f"{detail_policy}")
+    else:
+        source = f"budget_percent = {memory.budget_percent:g} of MemTotal"
+    limit = budget_bytes(memory, total or 0) or 0
+    detail = f"{size(limit)} ({source}); {detail_policy}"
+    if total is not None and limit > total:
+        return Check("memory budget", "warn", f"{detail}: more than MemTotal {size(total)}, so it never limits",
+                     f"lower [memory] budget_mb below {total // MIB} (or use budget_percent)")
+    return Check("memory budget", "ok", detail)
+
+
+def check_daemon_memory(block: Mapping[str, Any], configured_allocator: str) -> Check:
+    """The ``memory`` block of the daemon's ``/v2/edged/status``: budget use, charges, pressure, allocator."""
+    limit, used = block.get("budget_bytes"), int(block.get("used_bytes") or 0)
+    charges = sorted(dict(block.get("charges") or {}).items(), key=lambda item: -int(item[1]))
+    parts = [f"used {size(used)} of {size(limit)} ({used / limit:.0%})" if limit else f"used {size(used)}, no "
+             "budget", "charges: " + (", ".join(f"{key} {size(int(value))}" for key, value in charges) or "none"),
+             f"policy {block.get('policy', '?')}", f"allocator {block.get('allocator') or '?'}",
+             f"under pressure: {'yes' if block.get('under_pressure') else 'no'}"]
+    problems: list[tuple[str, str]] = []
+    if block.get("under_pressure"):
+        problems.append((f"under memory pressure ({block.get('pressure_reason') or 'no reason given'}): new loads "
+                         "are refused", "unload models (edged models unload NAME) or lower [memory] budget_mb; "
+                         "stop other memory users"))
+    if limit and used >= BUDGET_NEARLY_FULL * limit:
+        problems.append((f"the budget is {used / limit:.0%} used", "raise [memory] budget_mb (if MemAvailable "
+                         "allows) or unload a model"))
+    if configured_allocator != "system" and block.get("allocator") != configured_allocator:
+        problems.append((f"the daemon runs on {block.get('allocator')} although [memory] allocator = "
+                         f"{configured_allocator}", "see the allocator row above, then restart the daemon"))
+    detail = "; ".join(parts)
+    if not problems:
+        return Check("memory (daemon)", "ok", detail)
+    return Check("memory (daemon)", "warn", detail + ". " + "; ".join(p for p, _ in problems) + ".",
+                 "; ".join(fix for _, fix in problems))
 
 
 def check_telemetry(telemetry: Any, jetson: bool) -> Check:

@@ -18,6 +18,7 @@ from typing import Any
 from edged.cli import _doctor_checks as checks
 from edged.cli import _doctor_socket as sockets
 from edged.cli._doctor_checks import Check
+from edged.client import ClientError, EdgedClient
 from edged.config import load_config
 
 LABELS = {"ok": "OK", "warn": "WARN", "fail": "FAIL", "info": "INFO"}
@@ -28,7 +29,8 @@ def register(subparsers: Any) -> None:
                                    description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="config file (default /etc/edged/edged.toml when it exists)")
     parser.add_argument("--socket", help="the daemon's socket (default: as every edged command finds it)")
-    parser.add_argument("--root", default="/", help="read the Jetson identification files under this root")
+    parser.add_argument("--root", default="/",
+                        help="read the Jetson identification files and /proc (meminfo, pressure) under this root")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--strict", action="store_true", help="exit 1 on warnings too")
     parser.set_defaults(handler=run)
@@ -40,7 +42,11 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps([dataclasses.asdict(c) for c in results], indent=2))
     else:
         print(render(results))
-    failing = {"fail", "warn"} if args.strict else {"fail"}
+    return exit_status(results, args.strict)
+
+
+def exit_status(results: list[Check], strict: bool) -> int:
+    failing = {"fail", "warn"} if strict else {"fail"}
     return 1 if any(c.status in failing for c in results) else 0
 
 
@@ -49,9 +55,12 @@ def collect(args: argparse.Namespace, env: Any) -> list[Check]:
     root = Path(args.root)
     jetson = checks.is_jetson(root)
     results = [*checks.check_platform(root), checks.check_tensorrt(jetson), checks.check_onnxruntime(jetson),
-               checks.check_torch(jetson), checks.check_allocator(config.memory.allocator, env),
-               checks.check_telemetry(config.telemetry, jetson)]
-    results.extend(socket_checks(args.socket, env))
+               checks.check_torch(jetson), checks.check_allocator(config.memory),
+               *checks.check_memory(config.memory, root / "proc"), checks.check_telemetry(config.telemetry, jetson)]
+    path, found = socket_checks(args.socket, env)
+    results.extend(found)
+    if path is not None and found[-1].name == "daemon" and found[-1].status != "fail":  # something answers
+        results.append(daemon_memory(path, config.memory.allocator))
     results.append(sockets.check_broker(config.mqtt.broker))
     results.append(checks.check_disk("state", config.state_dir or _default_state_dir(env)))
     results.append(checks.check_disk("models", config.models.repository))
@@ -59,15 +68,28 @@ def collect(args: argparse.Namespace, env: Any) -> list[Check]:
     return results
 
 
-def socket_checks(explicit: str | None, env: Any) -> list[Check]:
+def socket_checks(explicit: str | None, env: Any) -> tuple[str | None, list[Check]]:
+    """The socket found (None if none) and its checks."""
     path, tried = sockets.find_socket(explicit, env)
     if path is None:
-        return [Check("socket", "fail", "no socket at " + ", ".join(tried),
-                      "start the daemon: sudo systemctl start edged (or `edged serve`), or pass --socket")]
+        return None, [Check("socket", "fail", "no socket at " + ", ".join(tried),
+                            "start the daemon: sudo systemctl start edged (or `edged serve`), or pass --socket")]
     permissions = sockets.check_socket_permissions(path)
     if permissions.status == "fail":
-        return [permissions]
-    return [permissions, sockets.check_daemon(path)]
+        return path, [permissions]
+    return path, [permissions, sockets.check_daemon(path)]
+
+
+def daemon_memory(path: str, allocator: str) -> Check:
+    """The memory block of the daemon's /v2/edged/status, judged against [memory] allocator."""
+    try:
+        with EdgedClient(path, timeout_s=sockets.PROBE_TIMEOUT_S) as client:
+            block = client.status().get("memory")
+    except ClientError as e:
+        return Check("memory (daemon)", "info", f"the daemon did not report its memory: {e}")
+    if not isinstance(block, dict):
+        return Check("memory (daemon)", "info", "the daemon's /v2/edged/status has no memory block")
+    return checks.check_daemon_memory(block, allocator)
 
 
 def _default_state_dir(env: Any) -> str:

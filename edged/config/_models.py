@@ -21,6 +21,8 @@ class ModelsConfig:
     # thread hop (about 70 µs on these machines, see FIELD-NOTES.md); slower ones run on worker threads.
     inline_execution_max_us: int = 1000
     warmup: bool = True
+    # As Triton's --disable-auto-complete-config when false: configs must list inputs and outputs themselves.
+    autocomplete: bool = True
     # An execution running longer than this means a wedged backend: the systemd watchdog pings stop.
     stall_timeout_s: float = field(default=120.0, metadata={"check": _positive})
     # Extra backends by name, "module:Class" (a Triton-style custom backend implementing edged's Backend

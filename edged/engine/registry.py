@@ -202,7 +202,10 @@ class Registry:
         """Auto-complete from the model file where the format describes itself (ONNX, TensorRT), which also
         checks the config against the file; other runtimes need a config that lists inputs and outputs."""
         complete = config is not None and bool(config.input) and bool(config.output)
-        if runtime not in SELF_DESCRIBING and config is not None and complete:
+        if not self._settings.autocomplete and not complete:
+            raise ModelLoadError(f"model {name}: auto-complete is off ([models] autocomplete = false) and the "
+                                 "config.pbtxt does not list every input and output")
+        if (runtime not in SELF_DESCRIBING or not self._settings.autocomplete) and config is not None and complete:
             config = config if config.name else dataclasses.replace(config, name=name)
             return normalize(_with_export_file(config, runtime, model_dir, available))
         if runtime == "pytorch":

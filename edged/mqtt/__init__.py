@@ -6,5 +6,6 @@ Topics (prefix ``edged/{device_id}``): ``{prefix}/status`` (retained birth, will
 """
 
 from edged.mqtt.frontend import MqttFrontEnd
+from edged.mqtt.loadgen import PipelineClient, RequestClient
 
-__all__ = ["MqttFrontEnd"]
+__all__ = ["MqttFrontEnd", "PipelineClient", "RequestClient"]

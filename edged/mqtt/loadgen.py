@@ -202,6 +202,7 @@ class PipelineClient(_Client):
         self._seen: set[str] = set()
         self._arrivals: dict[str, list[float]] = {}
         self._count = 0
+        self._wanted = 0  # wake a waiter only when its count is reached, not on every message
 
     @property
     def count(self) -> int:
@@ -214,6 +215,7 @@ class PipelineClient(_Client):
         """Unique results received once ``count`` arrived or ``timeout_s`` passed."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
+            self._wanted = count
             while self._count < count:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -238,4 +240,5 @@ class PipelineClient(_Client):
             self._arrivals.setdefault(message.topic, []).append(now)
             self.errors += is_error_payload(message.payload)
             self._count += 1
-            self._cond.notify_all()
+            if self._count >= self._wanted:
+                self._cond.notify_all()

@@ -1,21 +1,37 @@
 """The offline tarball: build it for this machine, install it under a temporary root with no index reachable,
-upgrade, roll back, uninstall; and refuse damaged, foreign or oversized installs without leaving anything."""
+upgrade, roll back, uninstall; run the installed daemon as the unit's ExecStart does, under the sd_notify
+protocol; and refuse damaged, foreign or oversized installs without leaving anything."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import shlex
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tarfile
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
+from modelgen import add_custom_model
+
+from edged.client import ClientError, EdgedClient
 
 PACKAGING = Path(__file__).resolve().parents[2] / "packaging"
 OFFLINE = {"PIP_NO_INDEX": "1", "PIP_CONFIG_FILE": "/dev/null"}
+# The test backend (engine_fakes.DoublingBackend) that the installed daemon imports through [models] backends.
+FAKES = Path(__file__).resolve().parents[1] / "engine"
+WATCHDOG_USEC = 1_000_000
+PING_INTERVAL_S = WATCHDOG_USEC / 2e6
 
 pytestmark = pytest.mark.slow
 
@@ -174,3 +190,121 @@ def test_dry_run_changes_nothing(tarballs: tuple[Path, Path], tmp_path: Path) ->
     assert "would run:" in out
     assert files_under(root) == set()
     shutil.rmtree(root)
+
+
+class NotifyReader:
+    """The test's end of NOTIFY_SOCKET: every datagram, with the time it arrived."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.received: list[tuple[float, list[str]]] = []
+
+    def poll(self, timeout_s: float) -> list[str] | None:
+        self.sock.settimeout(max(0.001, timeout_s))
+        try:
+            fields = self.sock.recv(4096).decode().split("\n")
+        except TimeoutError:
+            return None
+        self.received.append((time.monotonic(), fields))
+        return fields
+
+    def wait_for(self, field: str, limit_s: float) -> list[str]:
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            fields = self.poll(deadline - time.monotonic())
+            if fields is not None and field in fields:
+                return fields
+        raise AssertionError(f"no {field} within {limit_s} s; received {[f for _, f in self.received]}")
+
+
+@pytest.fixture
+def notify(tmp_path: Path) -> Iterator[NotifyReader]:
+    reader = NotifyReader(tmp_path / "notify.sock")
+    yield reader
+    reader.sock.close()
+
+
+def exec_start(root: Path) -> list[str]:
+    """The installed unit's ExecStart, with /opt/edged moved under the test's root."""
+    unit = (root / "etc/systemd/system/edged.service").read_text()
+    (line,) = (line for line in unit.splitlines() if line.startswith("ExecStart="))
+    argv = shlex.split(line.removeprefix("ExecStart="))
+    assert argv[0] == "/opt/edged/current/bin/edged", line
+    return [str(root) + argv[0], *argv[1:]]
+
+
+def daemon_config(tmp_path: Path) -> Path:
+    repo = tmp_path / "models"
+    add_custom_model(repo, "doubling", "doubling")
+    add_custom_model(repo, "hang", "doubling",
+                     extra='parameters { key: "block_until_released" value: { string_value: "true" } }')
+    config = tmp_path / "edged.toml"
+    # The hang switch is the fake backend's parameter in this test's model repository: nothing in edged knows it.
+    config.write_text(f'[telemetry]\nsource = "off"\n\n[models]\nrepository = "{repo}"\nwarmup = false\n'
+                      'stall_timeout_s = 0.5\nbackends = { doubling = "engine_fakes:DoublingBackend" }\n\n'
+                      '[server]\nshutdown_timeout_s = 1\n')
+    return config
+
+
+def wait_for_silence(notify: NotifyReader, since: float, limit_s: float) -> float:
+    """Time of the last WATCHDOG=1 once none has come for two ping periods (what WatchdogSec would notice)."""
+    last_ping = since
+    while time.monotonic() - last_ping < 2 * WATCHDOG_USEC / 1e6:
+        assert time.monotonic() < since + limit_s, f"pings kept coming: {notify.received[-6:]}"
+        fields = notify.poll(0.1)
+        if fields is not None and "WATCHDOG=1" in fields:
+            last_ping = time.monotonic()
+    return last_ping
+
+
+def test_installed_daemon_speaks_sd_notify_serves_and_stops_pinging_when_the_engine_hangs(
+        tarballs: tuple[Path, Path], tmp_path: Path, notify: NotifyReader) -> None:
+    root = tmp_path / "root"
+    sh(unpack(tarballs[0], tmp_path / "pkg") / "install.sh", "--root", str(root))
+    sock = tmp_path / "edged.sock"
+    command = [*exec_start(root), "--config", str(daemon_config(tmp_path)), "--socket", str(sock),
+               "--state-dir", str(tmp_path / "state")]
+    # As systemd starts it: a clean environment, cwd /, WATCHDOG_PID = the pid that runs ExecStart (sh execs).
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONPATH": str(FAKES),
+           "NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": str(WATCHDOG_USEC)}
+    log = tmp_path / "edged.log"
+    with log.open("wb") as out:
+        daemon = subprocess.Popen(["/bin/sh", "-c", 'WATCHDOG_PID=$$ exec "$@"', "sh", *command], env=env,
+                                  cwd="/", stdout=out, stderr=subprocess.STDOUT)
+    try:
+        ready = notify.wait_for("READY=1", 60)
+        assert any(f.startswith("STATUS=") for f in ready), ready
+        interpreter = Path(f"/proc/{daemon.pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+        assert interpreter.startswith(str(root / "opt/edged/releases/0.1.0/bin/python")), interpreter
+        with EdgedClient(sock, timeout_s=30) as client:
+            assert client.server_metadata()["version"] == "0.1.0"
+            result = client.infer("doubling", {"input": np.arange(4, dtype=np.float32).reshape(1, 4)})
+            np.testing.assert_array_equal(result.as_numpy("output"), [[0, 2, 4, 6]])
+        first = time.monotonic()
+        for _ in range(3):
+            notify.wait_for("WATCHDOG=1", 2 * PING_INTERVAL_S + 1)
+        assert time.monotonic() - first > 2 * PING_INTERVAL_S * 0.8, "pings far faster than WATCHDOG_USEC/2"
+
+        def submit() -> None:  # the execution never finishes; its fate after the stop does not matter
+            with EdgedClient(sock, timeout_s=20) as hanging, contextlib.suppress(ClientError):
+                hanging.infer("hang", {"input": np.ones((1, 4), np.float32)})
+
+        threading.Thread(target=submit, daemon=True).start()
+        submitted = time.monotonic()
+        last_ping = wait_for_silence(notify, submitted, 15)
+        assert last_ping - submitted < 0.5 + 2 * PING_INTERVAL_S + 1, "pings stopped, but far too late"
+        assert daemon.poll() is None, "a hang is not a crash: the process must still be there"
+
+        daemon.send_signal(signal.SIGTERM)
+        notify.wait_for("STOPPING=1", 10)
+        assert daemon.wait(20) == 0
+    except BaseException:
+        print(log.read_text(errors="replace"))  # pytest shows it with the failure
+        raise
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait(10)
+    assert "engine wedged: hang/1" in log.read_text(errors="replace")
