@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from edged.bench._scenario import Scenario
-from edged.bench._socket import _UnixConnection, remote_inputs
+from edged.bench._socket import _Connection, remote_inputs
 from edged.bench._stats import Result, summarize
 from edged.errors import ClientError, ConfigError, EdgedError
 from edged.mqtt.loadgen import PipelineClient, RequestClient, is_error_payload
@@ -192,7 +192,7 @@ def _wait_daemon(process: subprocess.Popen[bytes], target: dict[str, Any], log_p
     deadline = time.monotonic() + START_TIMEOUT_S
     while True:
         try:
-            status = _UnixConnection(target).get_json("/v2/edged/status")
+            status = _Connection(target).get_json("/v2/edged/status")
             if status.get("ready") and status.get("mqtt", {}).get("connected"):
                 return
         except (OSError, ClientError, ValueError):

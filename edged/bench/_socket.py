@@ -28,33 +28,34 @@ def run_socket(label: str, transport: str, target: dict[str, Any], model: str, i
                      result["seconds"])
 
 
-class _UnixConnection:
+class _Connection:
     """The smallest GET over a Unix socket or TCP, for metadata and readiness before a run."""
 
     def __init__(self, target: dict[str, Any]) -> None:
         self.target = target
 
-    def get_json(self, path: str) -> Any:
+    def get(self, path: str) -> tuple[int, bytes]:
         import http.client
-        import socket
 
+        from edged.client import UnixHTTPConnection
+
+        connection: http.client.HTTPConnection
         if self.target.get("unix"):
-            connection = http.client.HTTPConnection("edged", timeout=5)
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.settimeout(5)
-            sock.connect(self.target["unix"])
-            connection.sock = sock
+            connection = UnixHTTPConnection(self.target["unix"], 5.0)
         else:
             connection = http.client.HTTPConnection(self.target["host"], self.target["port"], timeout=5)
         try:
             connection.request("GET", path)
             response = connection.getresponse()
-            body = response.read()
-            if response.status != 200:
-                raise ClientError(f"GET {path}: HTTP {response.status}: {body[:300]!r}")
-            return json.loads(body)
+            return response.status, response.read()
         finally:
             connection.close()
+
+    def get_json(self, path: str) -> Any:
+        status, body = self.get(path)
+        if status != 200:
+            raise ClientError(f"GET {path}: HTTP {status}: {body[:300]!r}")
+        return json.loads(body)
 
 
 def remote_inputs(target: dict[str, Any], model: str, batch: int) -> dict[str, Any]:
@@ -63,7 +64,7 @@ def remote_inputs(target: dict[str, Any], model: str, batch: int) -> dict[str, A
     from edged.protocol import KSERVE_TO_NUMPY
 
     try:
-        metadata = _UnixConnection(target).get_json(f"/v2/models/{model}")
+        metadata = _Connection(target).get_json(f"/v2/models/{model}")
     except OSError as e:
         where = target.get("unix") or f"{target.get('host')}:{target.get('port')}"
         raise ClientError(f"nothing answers on {where}: {e}; start the daemon (edged serve) or pass --spawn") from e
@@ -83,9 +84,10 @@ def wait_ready(target: dict[str, Any], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            _UnixConnection(target).get_json("/v2/health/ready")
-            return
-        except (OSError, ClientError, ValueError):
-            if time.monotonic() > deadline:
-                raise ClientError(f"the spawned daemon was not ready within {timeout_s:.0f} s") from None
-            time.sleep(0.1)
+            if _Connection(target).get("/v2/health/ready")[0] == 200:  # Triton's ready: 200, empty body
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise ClientError(f"the spawned daemon was not ready within {timeout_s:.0f} s")
+        time.sleep(0.1)

@@ -227,7 +227,7 @@ class Scheduler:
         return max(0.0, remaining / 1e9)
 
     # --- batch formation -----------------------------------------------------------------------------------
-    def _take_batch_locked(self) -> tuple[list[Pending], Sequence[Pending]]:
+    def _take_batch_locked(self) -> tuple[list[Pending], list[Pending]]:
         expired: list[Pending] = []
         for queue in self._queues:
             if queue and queue[0].deadline_ns:  # the clock is read only when a deadline could have passed
