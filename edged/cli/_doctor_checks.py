@@ -125,6 +125,7 @@ def check_allocator(memory: MemoryConfig) -> Check:
     return Check("allocator", "warn", f"configured: {memory.allocator}, but {where}: the daemon falls back to "
                  "glibc malloc, which keeps freed model memory", fix)
 
+
 def size(value: float) -> str:
     return f"{value / MIB:,.0f} MiB" if value >= 10 * MIB else f"{value / MIB:.1f} MiB"
 
