@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from edged.backends import Backend, ModelInstance
+from edged.engine.classification import classify, load_labels
 from edged.engine.lifecycle import Lifecycle, ModelState
 from edged.engine.scheduler import Done, Scheduler
 from edged.engine.stats import VersionStats
-from edged.engine.types import InferRequest
+from edged.engine.types import InferRequest, InferResponse
 from edged.engine.validation import RequestValidator
 from edged.engine.warmup import warmup_samples
 from edged.errors import EdgedError, ModelLoadError, ModelNotReady
@@ -37,6 +38,7 @@ class ModelVersion:
         self.exec_p50_us: float | None = None  # measured during warm-up; decides inline execution
         self.footprint_bytes: int | None = None
         self.load_seconds: float | None = None
+        self._labels: dict[str, list[str]] | None = None  # label files, read on the first classification
 
     @property
     def state(self) -> ModelState:
@@ -96,7 +98,30 @@ class ModelVersion:
         if scheduler is None or self.lifecycle.state is not ModelState.READY:
             raise ModelNotReady(f"model {self.config.name} version {self.version} is "
                                 f"{self.lifecycle.state.value.lower()}")
-        scheduler.submit((scheduler.pending(request, self.validator.check(request), done),), inline)
+        plan = self.validator.check(request)
+        if request.outputs and any(o.class_count for o in request.outputs):
+            done = self._classifying(request, done)
+        scheduler.submit((scheduler.pending(request, plan, done),), inline)
+
+    def _classifying(self, request: InferRequest, done: Done) -> Done:
+        """Wrap ``done`` so outputs asked for with ``classification: k`` come back as Triton's top-k strings."""
+        if self._labels is None:
+            self._labels = load_labels(self.config, self.model_dir)
+        labels = self._labels
+        counts = {o.name: o.class_count for o in request.outputs if o.class_count}
+        batched = self.config.max_batch_size > 0
+
+        def finish(result: InferResponse | EdgedError) -> None:
+            if isinstance(result, InferResponse):
+                try:
+                    for name, count in counts.items():
+                        result.outputs[name] = classify(result.outputs[name], count, labels.get(name), batched,
+                                                        self.config.name, name)
+                except EdgedError as e:
+                    result = e
+            done(result)
+
+        return finish
 
     def submit_many(self, calls: Sequence[tuple[InferRequest, Done]], inline: bool) -> None:
         """Queue several requests at once so they can share a batch; a request that fails validation gets
@@ -111,7 +136,10 @@ class ModelVersion:
         items = []
         for request, done in calls:
             try:
-                items.append(scheduler.pending(request, self.validator.check(request), done))
+                plan = self.validator.check(request)
+                if request.outputs and any(o.class_count for o in request.outputs):
+                    done = self._classifying(request, done)
+                items.append(scheduler.pending(request, plan, done))
             except EdgedError as e:
                 done(e)
         if items:

@@ -230,3 +230,17 @@ def test_statistics_follow_tritons_fields(bundled: InferenceService) -> None:
         assert set(stats["inference_stats"][key]) == {"count", "ns"}
     assert stats["inference_stats"]["success"]["count"] >= 1
     assert any(b["batch_size"] == 2 for b in stats["batch_stats"])
+
+
+def test_classification_extension_returns_top_k_with_labels(bundled: InferenceService) -> None:
+    x = np.random.default_rng(3).random((2, 64), dtype=np.float32)
+    scores = bundled.infer(InferRequest("digits_onnx", {"input": x})).outputs["output"]
+    response = bundled.infer(InferRequest("digits_onnx", {"input": x},
+                                          outputs=(RequestedOutput("output", class_count=3),)))
+    top = response.outputs["output"]
+    assert top.shape == (2, 3) and top.dtype == object
+    for row in range(2):
+        best = int(np.argmax(scores[row]))
+        score, index, label = top[row, 0].decode().split(":")
+        assert int(index) == best and label == str(best)  # labels.txt holds the digit names
+        assert abs(float(score) - float(scores[row, best])) < 1e-5
