@@ -73,8 +73,15 @@ def error_response(status: int, message: str, close: bool = False) -> Response:
     return Response(status, orjson.dumps({"error": message}), close=close)
 
 
+# Families the client tells apart although they share a status code (503 above all); sent as X-Edged-Error.
+_NAMED_FAMILIES: tuple[type[EdgedError], ...] = (QueueFull, ModelNotReady, RequestTimeout, Unavailable)
+
+
 def error_for(error: BaseException) -> Response:
-    return error_response(status_for(error), str(error))
+    status = status_for(error)
+    family = next((f.__name__ for f in _NAMED_FAMILIES if isinstance(error, f)), None)
+    headers = ((b"x-edged-error", family.encode()),) if family else ()
+    return Response(status, orjson.dumps({"error": str(error)}), extra_headers=headers)
 
 
 def render(response: Response, keep_alive: bool) -> bytes:

@@ -1,0 +1,27 @@
+"""503s of different families reach the client as different errors (the X-Edged-Error header)."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from edged.client import EdgedClient, ModelNotReadyError, UnavailableError
+
+harness = sys.modules["edged_client_test_harness"]  # loaded by this folder's conftest
+
+
+def test_a_model_that_failed_to_load_is_model_not_ready_not_just_unavailable() -> None:
+    server = harness.ThreadedServer(models=("tiny_mlp",))
+    broken = server.repository / "broken" / "1"
+    broken.mkdir(parents=True)
+    (broken / "model.onnx").write_bytes(b"\x00 not an onnx file")
+    server.start()
+    try:
+        with EdgedClient(server.socket_path) as client, pytest.raises(ModelNotReadyError) as caught:
+            client.infer("broken", {"input": np.zeros((1, 64), np.float32)})
+        assert caught.value.status == 503 and "broken" in str(caught.value)
+        assert isinstance(caught.value, UnavailableError)
+    finally:
+        server.stop()
