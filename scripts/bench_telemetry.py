@@ -9,8 +9,12 @@ Usage: .venv/bin/python scripts/bench_telemetry.py [--seconds 20] [--samples 100
 2. --samples replayed at top speed into a fresh database with the default retention: throughput, RSS before
    and after, database size by table (dbstat), and the size of one year at 1 Hz projected from the bytes per
    row (raw rows for raw_retention_s, 1-minute rows for minute_retention_s, 1-hour rows for the year).
-3. ``edged telemetry summary --since 24h`` on that database: the query in-process (median of 20) and the whole
-   command as a subprocess.
+3. ``edged telemetry summary --since 24h --db DB`` on that database, the headline number: the whole command's
+   wall time as a user runs it (the ``edged`` console script beside this interpreter, else ``python -m edged``;
+   median of 5 after one warm-up run, so the page cache is warm), against the target of 100 ms; then the query
+   alone in-process (median of 20).
+
+The headline comes first in the JSON (``summary_24h_command_ms``).
 """
 
 from __future__ import annotations
@@ -131,19 +135,33 @@ def bulk(samples: int, workdir: Path, line: str) -> tuple[dict[str, float], Path
     return out, db
 
 
-def summary_time(db: Path) -> dict[str, float]:
+TARGET_MS = 100.0
+
+
+def edged_command() -> list[str]:
+    script = Path(sys.executable).with_name("edged")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "edged"]
+
+
+def summary_time(db: Path, runs: int = 5) -> dict[str, float | bool | str]:
+    argv = [*edged_command(), "telemetry", "summary", "--since", "24h", "--db", str(db)]
+    subprocess.run(argv, check=True, capture_output=True, cwd=ROOT)  # warm-up: page cache, .pyc files
+    walls = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        subprocess.run(argv, check=True, capture_output=True, cwd=ROOT)
+        walls.append(time.perf_counter() - t0)
     reader = TelemetryReader(str(db))
     times = []
     for _ in range(20):
         t0 = time.perf_counter()
         reader.summary(86400)
         times.append(time.perf_counter() - t0)
-    t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "edged.cli.main", "telemetry", "summary", "--db", str(db),
-                    "--since", "24h"], check=True, capture_output=True, cwd=ROOT)
-    cli = time.perf_counter() - t0
-    return {"query_median_ms": round(statistics.median(times) * 1e3, 1),
-            "query_max_ms": round(max(times) * 1e3, 1), "cli_subprocess_ms": round(cli * 1e3, 1)}
+    command_ms = statistics.median(walls) * 1e3
+    return {"command": " ".join(argv[-6:]), "command_median_ms": round(command_ms, 1),
+            "command_max_ms": round(max(walls) * 1e3, 1), "target_ms": TARGET_MS,
+            "meets_target": command_ms < TARGET_MS, "query_median_ms": round(statistics.median(times) * 1e3, 1),
+            "query_max_ms": round(max(times) * 1e3, 1)}
 
 
 def main() -> None:
@@ -163,8 +181,9 @@ def main() -> None:
     result["tegrastats_lines_1hz"] = at_one_hz("replay", ReplaySource(str(one_line), 1.0, 1.0, True),
                                                args.seconds, workdir / "replay.db")
     result["bulk"], db = bulk(args.samples, workdir, args.line)
-    result["summary_24h"] = summary_time(db)
-    print(json.dumps(result, indent=2))
+    summary = summary_time(db)
+    headline = {"summary_24h_command_ms": summary["command_median_ms"], "target_ms": TARGET_MS}
+    print(json.dumps({**headline, **result, "summary_24h": summary}, indent=2))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import numpy as np
 import numpy.typing as npt
 
 from edged.repository.model_config import ModelConfig, ModelSignature
@@ -60,7 +59,3 @@ class Backend(Protocol):
         """Versions and capabilities (providers, CUDA) for doctor and server metadata."""
         ...
 
-
-def float_array(shape: Sequence[int], dtype: Any = np.float32) -> Array:
-    """Zero-filled helper for warm-up inputs."""
-    return np.zeros(tuple(shape), dtype=dtype)

@@ -1,23 +1,32 @@
 """Read side of the telemetry database, for the CLI: summaries, series, exports. Never blocks the writer (WAL).
 
 Windows are measured back from the newest sample in the database, so a copied or replayed database answers
-the same way as a live one. The finest table that still covers the window is used: raw rows, then the
-1-minute, then the 1-hour rollups.
+the same way as a live one. ``points`` uses the finest table that still covers the window: raw rows, then the
+1-minute, then the 1-hour rollups. ``summary`` is exact over the window: whole hours come from the 1-hour
+rollups, whole minutes from the 1-minute ones, and only the partial minute at the start and what is not yet
+rolled up at the end from raw rows (see `split_window`); so a day costs about a hundred rows per series.
+
+This module is the read path of a short-lived command: it imports neither the config package nor the writer.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from edged.config import TelemetryConfig
 from edged.errors import TelemetryError
+from edged.telemetry._db import connect
 from edged.telemetry._rollup import raw_union
 from edged.telemetry._schema import SAMPLE_SERIES
-from edged.telemetry._store import connect
+
+if TYPE_CHECKING:
+    from edged.config import TelemetryConfig
+
+Range = tuple[float, float]  # [start, end)
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -29,6 +38,39 @@ def parse_duration(text: str) -> float:
     if not m:
         raise TelemetryError(f"expected a duration such as 30m, 6h or 2d, found {text!r}")
     return float(m.group(1)) * _UNIT_S[m.group(2)]
+
+
+@dataclass(frozen=True)
+class Window:
+    """Where each part of a window [start, newest] is read from; every range is half-open."""
+
+    raw: tuple[Range, ...]
+    minutes: tuple[Range, ...]
+    hours: tuple[Range, ...]
+
+
+def split_window(start: float, rolled_1m: float | None, rolled_1h: float | None) -> Window:
+    """Cover [start, +inf) with whole hours below ``rolled_1h``, whole minutes below ``rolled_1m``, raw rows
+    elsewhere (the partial first minute, and everything not rolled up yet)."""
+    m0, h0 = math.ceil(start / 60) * 60.0, math.ceil(start / 3600) * 3600.0
+    if rolled_1m is None or rolled_1m <= m0:
+        return Window(raw=((start, math.inf),), minutes=(), hours=())
+    raw = ((start, m0), (rolled_1m, math.inf))
+    if rolled_1h is None or rolled_1h <= h0:
+        return Window(raw=raw, minutes=((m0, rolled_1m),), hours=())
+    return Window(raw=raw, minutes=((m0, h0), (rolled_1h, rolled_1m)), hours=((h0, rolled_1h),))
+
+
+def _params(prefix: str, ranges: tuple[Range, ...]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for i, (a, b) in enumerate(ranges):
+        out[f"{prefix}a{i}"], out[f"{prefix}b{i}"] = a, (b if b != math.inf else 1e300)
+    return out
+
+
+def _bucket_parts(table: str, columns: str, prefix: str, ranges: tuple[Range, ...]) -> list[str]:
+    return [f"SELECT {columns} FROM {table} WHERE bucket >= :{prefix}a{i} AND bucket < :{prefix}b{i}"
+            for i in range(len(ranges))]
 
 
 @dataclass(frozen=True)
@@ -45,7 +87,16 @@ class TelemetryReader:
         if not Path(path).is_file():
             raise TelemetryError(f"no telemetry database at {path} (is the daemon running with telemetry on?)")
         self._conn = connect(path, readonly=True)
-        self._config = config or TelemetryConfig()
+        self._given_config = config
+
+    @property
+    def _config(self) -> TelemetryConfig:
+        # Only points() needs the retention settings; the summary does not pay for importing the config.
+        if self._given_config is None:
+            from edged.config import TelemetryConfig
+
+            self._given_config = TelemetryConfig()
+        return self._given_config
 
     def close(self) -> None:
         self._conn.close()
@@ -90,26 +141,56 @@ class TelemetryReader:
         return [Point(float(t), name, float(mean), float(lo), float(hi))
                 for t, name, mean, lo, hi in self._conn.execute(sql, args)]
 
+    def _meta(self, key: str) -> float | None:
+        value = self._one("SELECT value FROM meta WHERE key = ?", key)
+        return float(value) if value is not None else None
+
+    def window(self, start: float) -> Window:
+        return split_window(start, self._meta("rolled_1m"), self._meta("rolled_1h"))
+
+    def _rows(self, sql: str, args: dict[str, float]) -> list[Any]:
+        try:
+            return self._conn.execute(sql, args).fetchall()
+        except sqlite3.Error as e:
+            raise TelemetryError(f"cannot read the telemetry database: {e}") from e
+
+    def _series(self, w: Window, ids: dict[str, int]) -> list[Any]:
+        raw = " UNION ALL ".join(raw_union(ids, f":ra{i}", f":rb{i}") for i in range(len(w.raw)))
+        parts = [f"SELECT name_id, MIN(v) AS lo, SUM(v) AS s, MAX(v) AS hi, COUNT(v) AS n FROM ({raw}) "
+                 "GROUP BY name_id",
+                 *_bucket_parts("rollup_1m", "name_id, min, mean * n, max, n", "m", w.minutes),
+                 *_bucket_parts("rollup_1h", "name_id, min, mean * n, max, n", "h", w.hours)]
+        sql = (f"SELECT name_id, MIN(lo), SUM(s) / SUM(n), MAX(hi), SUM(n) FROM ({' UNION ALL '.join(parts)}) "
+               "GROUP BY name_id HAVING SUM(n) > 0")
+        return self._rows(sql, {**_params("r", w.raw), **_params("m", w.minutes), **_params("h", w.hours)})
+
+    def _energy(self, w: Window) -> list[Any]:
+        sums = "name_id, energy_mj, inferences"
+        parts = [f"SELECT {sums} FROM model_stats WHERE t >= :ra{i} AND t < :rb{i}" for i in range(len(w.raw))]
+        parts += _bucket_parts("model_rollup_1m", sums, "m", w.minutes)
+        parts += _bucket_parts("model_rollup_1h", sums, "h", w.hours)
+        sql = f"SELECT name_id, SUM(energy_mj), SUM(inferences) FROM ({' UNION ALL '.join(parts)}) GROUP BY name_id"
+        return self._rows(sql, {**_params("r", w.raw), **_params("m", w.minutes), **_params("h", w.hours)})
+
     def summary(self, since_s: float) -> dict[str, Any]:
         """Per-series min/mean/max over the window, event counts, energy per inference per model."""
         newest = self.newest()
         if newest is None:
             return {"samples": 0, "series": {}, "events": {}, "energy_per_inference_mj": {}}
         start = newest - since_s
-        table = "rollup_1h" if since_s > self._config.minute_retention_s else "rollup_1m"
-        names = dict(self._conn.execute("SELECT id, name FROM names").fetchall())
-        series = {
-            names[i]: {"min": lo, "mean": mean, "max": hi, "n": n}
-            for i, lo, mean, hi, n in self._conn.execute(
-                f"SELECT name_id, MIN(min), SUM(mean * n) / SUM(n), MAX(max), SUM(n) FROM {table} "
-                "WHERE bucket >= ? GROUP BY name_id", (start,))}
+        names = dict(self._rows("SELECT id, name FROM names", {}))
+        ids = {name: i for i, name in names.items()}
+        if any(s not in ids for s in SAMPLE_SERIES):  # samples without the store's names: not ours
+            raise TelemetryError(f"telemetry database lacks the series names {SAMPLE_SERIES}")
+        w = self.window(start)
+        series = {names[i]: {"min": lo, "mean": mean, "max": hi, "n": n}
+                  for i, lo, mean, hi, n in self._series(w, ids)}
         events = dict(self._conn.execute(
             "SELECT kind, COUNT(*) FROM events WHERE t >= ? GROUP BY kind", (start,)).fetchall())
-        energy = {
-            names[i].removeprefix("model:"): e / c
-            for i, e, c in self._conn.execute(
-                "SELECT name_id, SUM(energy_mj), SUM(inferences) FROM model_stats WHERE t >= ? "
-                "GROUP BY name_id", (start,)) if c}
+        # A v1 database (the daemon has not run this edged yet; readers never migrate) has no model rollups.
+        legacy = self._one("PRAGMA user_version") < 2
+        energy_w = Window(raw=((start, math.inf),), minutes=(), hours=()) if legacy else w
+        energy = {names[i].removeprefix("model:"): e / c for i, e, c in self._energy(energy_w) if c}
         return {"from": start, "to": newest, "samples": self._one(
             "SELECT COUNT(*) FROM samples WHERE t >= ?", start), "series": series, "events": events,
             "energy_per_inference_mj": energy}

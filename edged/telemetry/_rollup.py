@@ -15,16 +15,17 @@ from edged.telemetry._schema import SAMPLE_SERIES
 _RAW_TABLES = ("samples", "rails", "temperatures", "engine_loads", "model_stats")
 
 
-def raw_union(series_ids: dict[str, int]) -> str:
+def raw_union(series_ids: dict[str, int], a: str = ":a", b: str = ":b") -> str:
+    """Every raw value as (t, name_id, v) with a <= t < b; ``a`` and ``b`` name the query's parameters."""
     parts = [
-        "SELECT t, name_id, now_mw AS v FROM rails WHERE t >= :a AND t < :b",
-        "SELECT t, name_id, celsius FROM temperatures WHERE t >= :a AND t < :b",
-        "SELECT t, name_id, load_pct FROM engine_loads WHERE load_pct IS NOT NULL AND t >= :a AND t < :b",
-        "SELECT t, name_id, inferences / dt_s FROM model_stats WHERE dt_s > 0 AND t >= :a AND t < :b",
+        f"SELECT t, name_id, now_mw AS v FROM rails WHERE t >= {a} AND t < {b}",
+        f"SELECT t, name_id, celsius FROM temperatures WHERE t >= {a} AND t < {b}",
+        f"SELECT t, name_id, load_pct FROM engine_loads WHERE load_pct IS NOT NULL AND t >= {a} AND t < {b}",
+        f"SELECT t, name_id, inferences / dt_s FROM model_stats WHERE dt_s > 0 AND t >= {a} AND t < {b}",
     ]
     for column in SAMPLE_SERIES:
         parts.append(f"SELECT t, {series_ids[column]}, {column} FROM samples "
-                     f"WHERE {column} IS NOT NULL AND t >= :a AND t < :b")
+                     f"WHERE {column} IS NOT NULL AND t >= {a} AND t < {b}")
     return " UNION ALL ".join(parts)
 
 
@@ -48,6 +49,10 @@ def roll_minutes(conn: sqlite3.Connection, series_ids: dict[str, int], newest: f
             "INSERT OR REPLACE INTO rollup_1m (bucket, name_id, min, mean, max, n) "
             "SELECT CAST(t / 60 AS INTEGER) * 60, name_id, MIN(v), AVG(v), MAX(v), COUNT(v) "
             f"FROM ({raw_union(series_ids)}) GROUP BY 1, 2", {"a": start, "b": end})
+        conn.execute(
+            "INSERT OR REPLACE INTO model_rollup_1m (bucket, name_id, inferences, compute_ns, energy_mj) "
+            "SELECT CAST(t / 60 AS INTEGER) * 60, name_id, SUM(inferences), SUM(compute_ns), SUM(energy_mj) "
+            "FROM model_stats WHERE t >= ? AND t < ? GROUP BY 1, 2", (start, end))
     _set_meta(conn, "rolled_1m", max(start, end))
 
 
@@ -65,6 +70,10 @@ def roll_hours(conn: sqlite3.Connection) -> None:
             "INSERT OR REPLACE INTO rollup_1h (bucket, name_id, min, mean, max, n) "
             "SELECT bucket / 3600 * 3600, name_id, MIN(min), SUM(mean * n) / SUM(n), MAX(max), SUM(n) "
             "FROM rollup_1m WHERE bucket >= ? AND bucket < ? GROUP BY 1, 2", (start, end))
+        conn.execute(
+            "INSERT OR REPLACE INTO model_rollup_1h (bucket, name_id, inferences, compute_ns, energy_mj) "
+            "SELECT bucket / 3600 * 3600, name_id, SUM(inferences), SUM(compute_ns), SUM(energy_mj) "
+            "FROM model_rollup_1m WHERE bucket >= ? AND bucket < ? GROUP BY 1, 2", (start, end))
     _set_meta(conn, "rolled_1h", max(start, end))
 
 
@@ -74,6 +83,7 @@ def apply_retention(conn: sqlite3.Connection, newest: float, raw_s: float, minut
     raw_cut = min(newest - raw_s, rolled)
     for table in _RAW_TABLES:
         conn.execute(f"DELETE FROM {table} WHERE t < ?", (raw_cut,))
-    conn.execute("DELETE FROM rollup_1m WHERE bucket < ?", (newest - minute_s,))
-    conn.execute("DELETE FROM rollup_1h WHERE bucket < ?", (newest - hour_s,))
+    for prefix in ("", "model_"):
+        conn.execute(f"DELETE FROM {prefix}rollup_1m WHERE bucket < ?", (newest - minute_s,))
+        conn.execute(f"DELETE FROM {prefix}rollup_1h WHERE bucket < ?", (newest - hour_s,))
     conn.execute("DELETE FROM events WHERE t < ?", (newest - hour_s,))

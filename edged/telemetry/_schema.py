@@ -5,7 +5,9 @@ one row per value, keyed by (t, name_id) in WITHOUT ROWID tables so that the key
 ``names`` maps the series names (``power_mw:VDD_IN``, ``temp_c:cpu``, ``engine_load_pct:VIC``,
 ``model:resnet``, and the scalar columns of ``samples``) to small integers. ``model_stats`` is per-model
 inference counts and energy per sample interval, ``events`` throttling, over-temperature, power-mode and
-model load/unload. ``rollup_1m`` and ``rollup_1h`` hold min/mean/max/count per series and bucket.
+model load/unload. ``rollup_1m`` and ``rollup_1h`` hold min/mean/max/count per series and bucket;
+``model_rollup_1m`` and ``model_rollup_1h`` (v2) hold per-model sums (inferences, compute time, energy) per
+bucket, so that energy per inference over a day reads aggregates instead of every raw interval.
 
 Space: deleted pages go to SQLite's freelist and are reused by later inserts (auto_vacuum stays NONE, no
 VACUUM ever runs): at steady state the file stops growing at its high-water mark.
@@ -52,8 +54,28 @@ def _v1(conn: sqlite3.Connection) -> None:
     _run_script(conn, _V1)
 
 
+_V2 = """
+CREATE TABLE model_rollup_1m (bucket INTEGER, name_id INTEGER, inferences INTEGER, compute_ns INTEGER,
+    energy_mj REAL, PRIMARY KEY (bucket, name_id)) WITHOUT ROWID;
+CREATE TABLE model_rollup_1h (bucket INTEGER, name_id INTEGER, inferences INTEGER, compute_ns INTEGER,
+    energy_mj REAL, PRIMARY KEY (bucket, name_id)) WITHOUT ROWID;
+INSERT INTO model_rollup_1m
+    SELECT CAST(t / 60 AS INTEGER) * 60, name_id, SUM(inferences), SUM(compute_ns), SUM(energy_mj)
+    FROM model_stats WHERE t < (SELECT CAST(value AS REAL) FROM meta WHERE key = 'rolled_1m') GROUP BY 1, 2;
+INSERT INTO model_rollup_1h
+    SELECT bucket / 3600 * 3600, name_id, SUM(inferences), SUM(compute_ns), SUM(energy_mj)
+    FROM model_rollup_1m WHERE bucket < (SELECT CAST(value AS REAL) FROM meta WHERE key = 'rolled_1h') GROUP BY 1, 2
+"""
+
+
+def _v2(conn: sqlite3.Connection) -> None:
+    # Backfill from the raw intervals a v1 database still holds (its raw retention, a day by default). Older
+    # energy is gone, so the oldest backfilled bucket may hold only its tail: the same sum the raw rows gave.
+    _run_script(conn, _V2)
+
+
 # Index i upgrades user_version i to i + 1. Append, never edit a released step.
-MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_v1,)
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_v1, _v2)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 # Scalar columns of `samples` that are rolled up, under their series names.

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from edged.config import TelemetryConfig
 from edged.errors import TelemetryError
+from edged.telemetry._db import connect
 from edged.telemetry._derived import Event, ModelInterval
 from edged.telemetry._rollup import apply_retention, roll_hours, roll_minutes
 from edged.telemetry._sample import Sample
@@ -33,20 +34,6 @@ class Record:
     power_in_mw: int | None = None
     models: tuple[ModelInterval, ...] = ()
     events: tuple[Event, ...] = ()
-
-
-def connect(path: str, readonly: bool = False) -> sqlite3.Connection:
-    try:
-        if readonly:
-            conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
-        else:
-            conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("PRAGMA synchronous = NORMAL")
-        conn.execute("PRAGMA busy_timeout = 5000")
-    except sqlite3.Error as e:
-        raise TelemetryError(f"cannot open telemetry database {path}: {e}") from e
-    return conn
 
 
 @dataclass

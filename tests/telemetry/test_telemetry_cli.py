@@ -94,3 +94,12 @@ def test_a_missing_database_is_a_clear_error(tmp_path, capsys):
 
 def test_recorded_fixtures_are_where_the_tests_expect_them():
     assert len(list(TEGRASTATS.glob("*.log"))) >= 8
+
+
+def test_summary_with_a_database_imports_neither_the_config_nor_the_writer(history):
+    code = ("import sys; from edged.cli.main import main; "
+            f"main(['telemetry', 'summary', '--db', {str(history)!r}]); "
+            "print(sorted(m for m in sys.modules if m.startswith(('edged.config', 'edged.telemetry._service', "
+            "'edged.telemetry._store', 'edged.telemetry._source', 'edged.telemetry.tegrastats', 'sqlite_utils'))))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert proc.stdout.splitlines()[-1] == "[]"

@@ -88,6 +88,22 @@ def test_sysfs_nano_jp4_tree_reads_the_iio_power_monitor_and_gpu0_load():
     assert sample.gpu_load_pct == 16 and sample.temps_c["PMIC-Die"] == 100.0
 
 
+def test_sysfs_agx_orin_tree_from_published_values_has_no_input_rail_and_skips_offline_cv_zones():
+    sample = SysfsSource(str(SYSFS / "agx_orin_jp6"), 1.0).read()
+    # mV x mA / 1000 of fastnvmetrics' AGX Orin example; channels 1 and 3 of 1-0041 are not connected
+    assert {k: r.now_mw for k, r in sample.power_mw.items()} == {
+        "VDD_GPU_SOC": 5201, "VDD_CPU_CV": 2680, "VIN_SYS_5V0": 4734, "VDDQ_VDD2_1V8AO": 613}
+    assert sample.temps_c == {"cpu": 47.5, "gpu": 42.0, "soc0": 46.0, "soc1": 44.0, "soc2": 46.5, "tj": 47.5,
+                              "tboard": 37.5, "tdiode": 39.75}  # cv0-2 had no reading (EAGAIN)
+
+
+@pytest.mark.parametrize("tree", sorted(p.name for p in SYSFS.iterdir() if p.is_dir()))
+def test_sysfs_source_reads_rails_and_temperatures_from_every_fixture_tree(tree):
+    sample = SysfsSource(str(SYSFS / tree), 1.0).read()
+    assert sample.power_mw and all(r.now_mw > 0 for r in sample.power_mw.values())
+    assert sample.temps_c and all(0 < c < 110 for c in sample.temps_c.values())
+
+
 def test_sysfs_cpu_load_is_the_delta_between_two_reads(tmp_path):
     root = tmp_path / "root"
     shutil.copytree(SYSFS / "nano_jp4", root, symlinks=True)

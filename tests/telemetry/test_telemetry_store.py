@@ -14,6 +14,8 @@ import pytest
 
 from edged.config import TelemetryConfig
 from edged.telemetry import Rail, Sample, TelemetryReader
+from edged.telemetry._derived import ModelInterval
+from edged.telemetry._query import Window, split_window
 from edged.telemetry._schema import SCHEMA_VERSION
 from edged.telemetry._store import Record, TelemetryStore
 
@@ -54,7 +56,70 @@ def test_minute_and_hour_rollups_keep_min_mean_max(tmp_path):
     assert hours == [(t0, 0.0, 11.0, 3600), (t0 + 3600, 0.0, 11.0, 3600)]
     summary = TelemetryReader(path).summary(3600 * 3)
     assert summary["series"]["power_mw:VDD_IN"]["mean"] == 5000.0
-    assert summary["series"]["temp_c:cpu"]["n"] == 7200
+    assert summary["series"]["temp_c:cpu"]["n"] == 7201  # whole hours, then the raw sample not rolled up yet
+
+
+def _day_with_models(path: str, seconds: int = 3 * 3600 + 1234) -> float:
+    """Samples at 1 Hz with two models whose energy varies per interval; returns the first timestamp."""
+    store = TelemetryStore(path, TelemetryConfig())
+    t0 = 1_800_000_000.0 + 17.5  # not on a minute boundary
+    records = [Record(sample(t0 + i, gpu=i % 7, temp=40 + i % 11, vdd_in=4000 + i % 997), power_in_mw=5000,
+                      models=(ModelInterval("digits", 1.0, 1 + i % 3, 1000, 0.5 + i % 5),
+                              ModelInterval("yolo", 1.0, i % 2, 9000, 3.0 * (i % 2))))
+               for i in range(seconds)]
+    for i in range(0, len(records), 500):
+        store.flush(records[i:i + 500], [])
+    store.stop()
+    return t0
+
+
+def _from_raw_rows(path: str, start: float) -> tuple[dict[str, float], dict[str, tuple[float, float, float]]]:
+    conn = sqlite3.connect(path)
+    energy = {name.removeprefix("model:"): e / n for name, e, n in conn.execute(
+        "SELECT n.name, SUM(energy_mj), SUM(inferences) FROM model_stats m JOIN names n ON n.id = m.name_id "
+        "WHERE t >= ? GROUP BY n.name", (start,))}
+    temps = conn.execute("SELECT MIN(celsius), AVG(celsius), MAX(celsius), COUNT(*) FROM temperatures WHERE t >= ?",
+                         (start,)).fetchone()
+    power = conn.execute("SELECT MIN(now_mw), AVG(now_mw), MAX(now_mw), COUNT(*) FROM rails WHERE t >= ?",
+                         (start,)).fetchone()
+    return energy, {"temp_c:cpu": temps, "power_mw:VDD_IN": power}
+
+
+@pytest.mark.parametrize("since_s", [50, 3000, 2 * 3600 + 77, 24 * 3600])
+def test_summary_from_rollups_equals_the_raw_rows_over_any_window(tmp_path, since_s):
+    path = str(tmp_path / "t.db")
+    _day_with_models(path)
+    summary = TelemetryReader(path).summary(since_s)
+    energy, series = _from_raw_rows(path, summary["from"])
+    assert summary["energy_per_inference_mj"] == pytest.approx(energy, rel=1e-12)
+    for name, (lo, mean, hi, n) in series.items():
+        got = summary["series"][name]
+        assert (got["min"], got["max"], got["n"]) == (lo, hi, n)
+        assert got["mean"] == pytest.approx(mean, rel=1e-12)
+
+
+def test_a_day_is_read_from_hour_rollups_and_raw_rows_only_at_the_edges():
+    w = split_window(start=1000.5, rolled_1m=90_000.0, rolled_1h=86_400.0)
+    assert w == Window(raw=((1000.5, 1020.0), (90_000.0, float("inf"))),
+                       minutes=((1020.0, 3600.0), (86_400.0, 90_000.0)), hours=((3600.0, 86_400.0),))
+    assert split_window(1000.5, None, None).raw == ((1000.5, float("inf")),)  # nothing rolled up yet
+    assert split_window(1000.5, 5000.0, None).minutes == ((1020.0, 5000.0),)
+
+
+def test_a_v1_database_migrates_and_keeps_answering_energy_per_inference(tmp_path):
+    path = str(tmp_path / "t.db")
+    t0 = _day_with_models(path)
+    conn = sqlite3.connect(path)  # what edged with schema v1 left behind: no model rollups
+    conn.executescript("DROP TABLE model_rollup_1m; DROP TABLE model_rollup_1h; PRAGMA user_version = 1;")
+    conn.close()
+    before = TelemetryReader(path).summary(24 * 3600)  # a reader never migrates: it falls back to raw rows
+    TelemetryStore(path, TelemetryConfig()).stop()
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert conn.execute("SELECT MIN(bucket) FROM model_rollup_1m").fetchone()[0] == t0 - 17.5
+    assert conn.execute("SELECT MIN(bucket) FROM model_rollup_1h").fetchone()[0] == t0 - 17.5
+    after = TelemetryReader(path).summary(24 * 3600)
+    assert after["energy_per_inference_mj"] == pytest.approx(before["energy_per_inference_mj"], rel=1e-12)
 
 
 def test_raw_rows_older_than_the_window_are_deleted_after_rollup(tmp_path):
