@@ -59,3 +59,8 @@ class Backend(Protocol):
         """Versions and capabilities (providers, CUDA) for doctor and server metadata."""
         ...
 
+    def available_gpus(self) -> tuple[int, ...]:
+        """The GPU ids this runtime can use here; instance groups of KIND_AUTO become KIND_GPU on them, as
+        in Triton. Empty on a CPU-only runtime or machine."""
+        ...
+

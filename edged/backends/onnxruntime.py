@@ -144,12 +144,29 @@ class OnnxRuntimeBackend:
                             details={"onnxruntime": ort.__version__, "instance": instance_index})
         return OnnxRuntimeInstance(ort, session, info, shrink)
 
+    def available_gpus(self) -> tuple[int, ...]:
+        ort = _import_ort()
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            return ()  # a CPU build: KIND_AUTO stays on the CPU instead of failing for a missing provider
+        return cuda_device_ids()
+
     def runtime_info(self) -> dict[str, Any]:
         try:
             ort = _import_ort()
         except BackendUnavailable as e:
             return {"available": False, "reason": str(e)}
         return {"available": True, "version": ort.__version__, "providers": ort.get_available_providers()}
+
+
+def cuda_device_ids(dev: Path = Path("/dev")) -> tuple[int, ...]:
+    """GPU ids from the device nodes: /dev/nvidiaN on discrete GPUs and Thor, the nvgpu nodes (one GPU, id 0)
+    on Jetson modules up to Orin. Reading nodes avoids initialising CUDA just to count devices."""
+    discrete = sorted(int(p.name[6:]) for p in dev.glob("nvidia[0-9]*") if p.name[6:].isdigit())
+    if discrete:
+        return tuple(discrete)
+    if (dev / "nvhost-gpu").exists() or (dev / "nvgpu" / "igpu0").exists():
+        return (0,)
+    return ()
 
 
 def _signature(arg: Any) -> TensorSignature:

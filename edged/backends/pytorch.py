@@ -76,6 +76,10 @@ class PyTorchBackend:
                                      "instance": instance_index, **allocator})
         return PyTorchInstance(torch, module, device, config, info)
 
+    def available_gpus(self) -> tuple[int, ...]:
+        torch = _import_torch()
+        return tuple(range(torch.cuda.device_count())) if torch.cuda.is_available() else ()
+
     def runtime_info(self) -> dict[str, Any]:
         try:
             torch = _import_torch()

@@ -125,6 +125,10 @@ class TensorRTBackend:
             self.arena.unregister(name)
             raise ModelLoadError(f"model {config.name!r}: CUDA failed while loading {model_path}: {e}") from e
 
+    def available_gpus(self) -> tuple[int, ...]:
+        # TensorRT engines run on the GPU only; edged uses device 0 (instance_group gpus are not honoured yet).
+        return (0,)
+
     def runtime_info(self) -> dict[str, Any]:
         info: dict[str, Any] = {"tensorrt": tensorrt_version() or "not installed"}
         try:

@@ -207,7 +207,7 @@ class Registry:
                                  "config.pbtxt does not list every input and output")
         if (runtime not in SELF_DESCRIBING or not self._settings.autocomplete) and config is not None and complete:
             config = config if config.name else dataclasses.replace(config, name=name)
-            return normalize(_with_export_file(config, runtime, model_dir, available))
+            return normalize(_with_export_file(config, runtime, model_dir, available), _gpus(backend))
         if runtime == "pytorch":
             raise ModelLoadError(f"model {name}: PyTorch models need a config.pbtxt listing every input and "
                                  "output (name, data_type, dims)")
@@ -215,7 +215,7 @@ class Registry:
             raise ModelLoadError(f"model {name}: no numbered version folder in {model_dir}")
         probe = ModelConfig(name=name, backend=runtime) if config is None else config
         path = model_dir / str(max(available)) / probe.model_filename
-        return autocomplete(config, name, backend.describe(path), runtime)
+        return autocomplete(config, name, backend.describe(path), runtime, gpus=_gpus(backend))
 
     def _swap_in(self, record: ModelRecord, config: ModelConfig, backend: Backend, model_dir: Path,
                  wanted: list[int]) -> None:
@@ -327,6 +327,12 @@ class Registry:
                     close()
             self._backends.clear()
             self._after_unload()
+
+
+def _gpus(backend: Backend) -> tuple[int, ...]:
+    """The GPUs the backend can use; custom backends without the method are CPU-only."""
+    probe = getattr(backend, "available_gpus", None)
+    return tuple(probe()) if callable(probe) else ()
 
 
 def _with_export_file(config: ModelConfig, runtime: str, model_dir: Path, available: list[int]) -> ModelConfig:

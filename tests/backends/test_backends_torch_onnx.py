@@ -140,3 +140,26 @@ def test_a_truncated_onnx_file_is_a_load_error_naming_the_file(tmp_path: Path) -
     path.write_bytes(path.read_bytes()[:200])
     with pytest.raises(ModelLoadError, match=str(path)):
         OnnxRuntimeBackend().describe(path)
+
+
+def test_gpu_ids_come_from_device_nodes(tmp_path: Path) -> None:
+    from edged.backends.onnxruntime import cuda_device_ids
+
+    assert cuda_device_ids(tmp_path) == ()
+    (tmp_path / "nvhost-gpu").touch()  # a Jetson up to Orin: one integrated GPU
+    assert cuda_device_ids(tmp_path) == (0,)
+    for name in ("nvidia1", "nvidia0", "nvidiactl", "nvidia-uvm"):
+        (tmp_path / name).touch()
+    assert cuda_device_ids(tmp_path) == (0, 1)
+
+
+def test_kind_auto_stays_on_the_cpu_with_a_cpu_only_onnxruntime(tmp_path: Path) -> None:
+    add_model(tmp_path, "auto", 'name: "auto"\nplatform: "onnxruntime_onnx"\ninstance_group [ { count: 1 } ]\n',
+              {1: mlp_weights(in_dim=4, hidden=8, out_dim=2)})
+    service = InferenceService(tmp_path, ModelsConfig())
+    service.start()
+    try:
+        assert [g.kind for g in service.model_config("auto").instance_group] == ["KIND_CPU"]
+        assert service.model_ready("auto")
+    finally:
+        service.close()

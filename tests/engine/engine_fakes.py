@@ -66,6 +66,9 @@ class DoublingBackend:
     def runtime_info(self) -> dict[str, Any]:
         return {"available": True}
 
+    def available_gpus(self) -> tuple[int, ...]:
+        return ()
+
 
 def reset() -> None:
     with LOCK:
