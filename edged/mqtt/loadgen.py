@@ -11,6 +11,7 @@ of their own and wait for it to come back, which the broker can only do after th
 
 from __future__ import annotations
 
+import abc
 import itertools
 import secrets
 import threading
@@ -51,7 +52,7 @@ class _ReplyingConnection(Connection):
         return props
 
 
-class _Client:
+class _Client(abc.ABC):
     """One connection, a probe topic proving the subscriptions are active, and a listener for the rest."""
 
     def __init__(self, broker_url: str, subscriptions: list[tuple[str, int]], reply_topic: str = "") -> None:
@@ -104,7 +105,8 @@ class _Client:
         self._connected.clear()
 
     def on_acked(self, mid: int, ok: bool) -> None:
-        """Nothing to do: losses are counted end to end."""
+        """Losses are counted end to end, not per acknowledgement."""
+        return
 
     def on_message(self, message: Inbound) -> None:
         if message.topic == self._probe_topic:
@@ -113,8 +115,9 @@ class _Client:
             self.received(message)
         self._connection.ack(message)
 
+    @abc.abstractmethod
     def received(self, message: Inbound) -> None:
-        raise NotImplementedError
+        """A message on one of the subscribed topics other than the readiness probe."""
 
 
 @dataclass
