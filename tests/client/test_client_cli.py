@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
-
-harness = sys.modules["edged_client_test_harness"]
+import server_harness as harness
 
 
 def edged(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

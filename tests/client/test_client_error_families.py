@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 import pytest
+import server_harness as harness
 
 from edged.client import EdgedClient, ModelNotReadyError, UnavailableError
-
-harness = sys.modules["edged_client_test_harness"]  # loaded by this folder's conftest
 
 
 def test_a_model_that_failed_to_load_is_model_not_ready_not_just_unavailable() -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-import sys
 import threading
 import time
 from pathlib import Path
@@ -14,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
+import server_harness as harness
 
 from edged.client import (
     AsyncEdgedClient,
@@ -26,7 +26,6 @@ from edged.client import (
     ServerError,
 )
 
-harness = sys.modules["edged_client_test_harness"]
 MODELS = Path(__file__).resolve().parents[2] / "models"
 
 

@@ -11,7 +11,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tarfile
@@ -23,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from modelgen import add_custom_model
+from notify_reader import NotifyReader
 
 from edged.client import ClientError, EdgedClient
 
@@ -190,33 +190,6 @@ def test_dry_run_changes_nothing(tarballs: tuple[Path, Path], tmp_path: Path) ->
     assert "would run:" in out
     assert files_under(root) == set()
     shutil.rmtree(root)
-
-
-class NotifyReader:
-    """The test's end of NOTIFY_SOCKET: every datagram, with the time it arrived."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(str(path))
-        self.received: list[tuple[float, list[str]]] = []
-
-    def poll(self, timeout_s: float) -> list[str] | None:
-        self.sock.settimeout(max(0.001, timeout_s))
-        try:
-            fields = self.sock.recv(4096).decode().split("\n")
-        except TimeoutError:
-            return None
-        self.received.append((time.monotonic(), fields))
-        return fields
-
-    def wait_for(self, field: str, limit_s: float) -> list[str]:
-        deadline = time.monotonic() + limit_s
-        while time.monotonic() < deadline:
-            fields = self.poll(deadline - time.monotonic())
-            if fields is not None and field in fields:
-                return fields
-        raise AssertionError(f"no {field} within {limit_s} s; received {[f for _, f in self.received]}")
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from edged.engine import InferenceService
 from edged.serving import HttpServer
 from edged.serving.listeners import unix_listener
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_MODELS = ROOT / "models"
 EDGED = ROOT / ".venv" / "bin" / "edged"
 
