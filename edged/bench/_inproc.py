@@ -101,3 +101,33 @@ def run_raw_onnxruntime(model_path: Path, label: str, model: str, inputs: dict[s
         session.run(names, inputs)
         latencies.append((clock() - began) * 1e6)
     return summarize(label, "raw-onnxruntime", model, 1, batch, latencies, 0, clock() - began_all)
+
+
+def run_engine_asyncio(service: InferenceService, label: str, model: str, inputs: dict[str, Any],
+                       concurrency: int, duration_s: float, batch: int) -> Result:
+    """``concurrency`` coroutines on one event loop, each awaiting `InferenceService.infer_async` in a loop."""
+    import asyncio
+
+    latencies: list[float] = []
+    errors = [0]
+
+    async def worker(end: float) -> None:
+        clock = time.perf_counter
+        while True:
+            began = clock()
+            if began >= end:
+                return
+            try:
+                await service.infer_async(InferRequest(model, inputs))
+            except Exception:
+                errors[0] += 1
+                continue
+            latencies.append((clock() - began) * 1e6)
+
+    async def main() -> float:
+        began = time.perf_counter()
+        await asyncio.gather(*(worker(began + duration_s) for _ in range(concurrency)))
+        return time.perf_counter() - began
+
+    elapsed = asyncio.run(main())
+    return summarize(label, "inproc-asyncio", model, concurrency, batch, latencies, errors[0], elapsed)

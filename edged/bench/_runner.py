@@ -11,7 +11,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from edged.bench._inproc import make_inputs, run_engine, run_raw_onnxruntime, set_batching, start_service
+from edged.bench._inproc import (
+    make_inputs,
+    run_engine,
+    run_engine_asyncio,
+    run_raw_onnxruntime,
+    set_batching,
+    start_service,
+)
 from edged.bench._scenario import Scenario
 from edged.bench._socket import remote_inputs, run_socket, wait_ready
 from edged.bench._stats import Result
@@ -30,12 +37,14 @@ def run_inproc(scenario: Scenario, repository: Path, progress: Progress) -> list
             if batching is not None:
                 set_batching(service, scenario.model, batching)
             suffix = "" if batching is None else (" batching" if batching else " no-batching")
+            if scenario.client == "asyncio":
+                suffix += " asyncio"
+            measure = run_engine_asyncio if scenario.client == "asyncio" else run_engine
             for concurrency in scenario.concurrency:
                 progress(f"{scenario.label}{suffix}: concurrency {concurrency} for {scenario.duration_s:.0f} s")
-                run_engine(service, "warm-up", scenario.model, inputs, concurrency, scenario.warmup_s,
-                           scenario.batch)
-                results.append(run_engine(service, scenario.label + suffix, scenario.model, inputs, concurrency,
-                                          scenario.duration_s, scenario.batch))
+                measure(service, "warm-up", scenario.model, inputs, concurrency, scenario.warmup_s, scenario.batch)
+                results.append(measure(service, scenario.label + suffix, scenario.model, inputs, concurrency,
+                                       scenario.duration_s, scenario.batch))
         version = service.version_info(scenario.model)
         if scenario.compare_raw and version.config.runtime == "onnxruntime":
             progress(f"raw onnxruntime session.run on {scenario.model} for {scenario.duration_s:.0f} s")

@@ -29,6 +29,7 @@ class Scenario:
     warmup_s: float = 1.0
     batching: Literal["config", "on", "off", "both"] = "config"
     compare_raw: bool = True  # inproc: raw onnxruntime session.run on the same model in the same run
+    client: Literal["threads", "asyncio"] = "threads"  # inproc: callers are threads, or coroutines on one loop
 
     @property
     def label(self) -> str:

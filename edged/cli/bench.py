@@ -26,6 +26,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--batching", choices=("config", "on", "off", "both"), default="config",
                         help="inproc: run with dynamic batching as configured, forced on, off, or both")
     parser.add_argument("--no-raw", action="store_true", help="inproc: skip the raw onnxruntime comparison")
+    parser.add_argument("--client", choices=("threads", "asyncio"), default="threads",
+                        help="inproc: callers are threads calling infer(), or coroutines awaiting infer_async() "
+                        "on one event loop (requests of one loop turn are batched together)")
     parser.add_argument("--model-repository", type=Path, help="repository for inproc and --spawn "
                         "(default: the bundled sample models)")
     parser.add_argument("--socket", help="uds: the daemon's socket (default: found as the other commands do)")
@@ -46,7 +49,8 @@ def _scenarios(args: argparse.Namespace) -> list[Any]:
     except ValueError:
         raise ConfigError(f"--concurrency: expected comma-separated integers, found {args.concurrency!r}") from None
     return [Scenario(model=args.model, transport=args.transport, concurrency=levels, batch=args.batch,
-                     duration_s=args.duration, batching=args.batching, compare_raw=not args.no_raw)]
+                     duration_s=args.duration, batching=args.batching, compare_raw=not args.no_raw,
+                     client=args.client)]
 
 
 def run(args: argparse.Namespace) -> int:

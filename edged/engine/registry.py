@@ -110,6 +110,14 @@ class Registry:
     def needs_lazy_load(self, name: str) -> bool:
         return name in self._lazy
 
+    def ensure_loaded(self, name: str) -> None:
+        """Load a lazily registered model; concurrent callers wait for the one load under the lock."""
+        if name not in self._lazy:
+            return
+        with self._lock:
+            if name in self._lazy:
+                self.load(name, None, explicit=False)
+
     def all_expected_ready(self) -> bool:
         return all(record.ready_versions() or record.error or record.failed for record in self.records())
 
@@ -165,7 +173,6 @@ class Registry:
         if not (self._root / name).is_dir():
             raise ModelNotFound(f"unknown model: {name!r} is not in the repository {self._root}")
         with self._lock:
-            self._lazy.discard(name)
             self._unloaded.pop(name, None)
             record = self._records.setdefault(name, ModelRecord(name))
             record.loaded_explicitly = explicit
@@ -175,6 +182,9 @@ class Registry:
                 if not record.versions:
                     record.error = str(e)
                 raise
+            finally:
+                # Only now: callers of ensure_loaded() that saw the model as lazy wait on the lock until here.
+                self._lazy.discard(name)
 
     def _load_record(self, record: ModelRecord, override: ModelConfig | None) -> None:
         model_dir = self._root / record.name

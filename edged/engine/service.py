@@ -7,8 +7,10 @@ inference takes no service-wide lock.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ from typing import Any
 from edged import __version__
 from edged.backends import Backend, load_backend
 from edged.config import ModelsConfig
+from edged.engine.aio import LoopSubmitter
 from edged.engine.lifecycle import ModelState
 from edged.engine.memory_governor import MemoryGovernor
 from edged.engine.metadata import model_metadata
@@ -46,6 +49,9 @@ class InferenceService:
                 return load_backend(name, extra)
         self._registry = Registry(repository, models, max_elements, backend_loader, memory, unload_timeout_s)
         self._closed = False
+        # One submitter per event loop; a closed loop's entry goes away with the loop.
+        self._submitters: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopSubmitter] = (
+            weakref.WeakKeyDictionary())
 
     # --- lifecycle of the service --------------------------------------------------------------------------
     def start(self) -> None:
@@ -87,8 +93,7 @@ class InferenceService:
         return self._registry.needs_lazy_load(name)
 
     def ensure_loaded(self, name: str) -> None:
-        if self._registry.needs_lazy_load(name):
-            self._registry.load(name, None, explicit=False)
+        self._registry.ensure_loaded(name)
 
     # --- model information ---------------------------------------------------------------------------------
     def model_ready(self, name: str, version: str = "") -> bool:
@@ -185,6 +190,14 @@ class InferenceService:
         waiter = _Waiter()
         self.submit(request, waiter.set, inline=True)
         return waiter.wait(request.model, timeout_s)
+
+    async def infer_async(self, request: InferRequest) -> InferResponse:
+        """Run ``request`` from asyncio code; requests awaited in the same loop turn share batches."""
+        loop = asyncio.get_running_loop()
+        submitter = self._submitters.get(loop)
+        if submitter is None:
+            submitter = self._submitters[loop] = LoopSubmitter(self, loop)
+        return await submitter.infer(request)
 
     def record_for(self, name: str) -> ModelRecord:
         return self._registry.record(name)
