@@ -37,7 +37,7 @@ def run_inproc(scenario: Scenario, repository: Path, progress: Progress) -> list
             if batching is not None:
                 set_batching(service, scenario.model, batching)
             suffix = "" if batching is None else (" batching" if batching else " no-batching")
-            if scenario.client == "asyncio":
+            if scenario.client == "asyncio" and "asyncio" not in scenario.label:
                 suffix += " asyncio"
             measure = run_engine_asyncio if scenario.client == "asyncio" else run_engine
             for concurrency in scenario.concurrency:
