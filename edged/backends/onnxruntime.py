@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from edged.backends.base import Array, InstanceInfo
 from edged.errors import BackendUnavailable, InferenceFailed, InvalidInput, ModelLoadError
 from edged.repository.model_config import ModelConfig, ModelSignature, TensorSignature
@@ -226,6 +228,22 @@ def _create_session(ort: Any, model_path: Path, options: Any, providers: list[st
         raise ModelLoadError(f"onnxruntime could not load {model_path}: {e}") from e
 
 
+def _as_str_tensors(inputs: Mapping[str, Array], names: frozenset[str]) -> dict[str, Array]:
+    converted = dict(inputs)
+    for name in names & converted.keys():
+        array = converted[name]
+        flat = array.ravel()
+        try:
+            texts = [item.decode("utf-8") if isinstance(item, bytes) else str(item) for item in flat]
+        except UnicodeDecodeError:
+            raise InvalidInput(f"input {name!r}: a BYTES element is not UTF-8 text, which ONNX string tensors "
+                               "need") from None
+        result = np.empty(flat.shape, dtype=object)
+        result[:] = texts
+        converted[name] = result.reshape(array.shape)
+    return converted
+
+
 class OnnxRuntimeInstance:
     """One ONNX Runtime session; ``run`` is thread-safe as ORT sessions are."""
 
@@ -238,11 +256,15 @@ class OnnxRuntimeInstance:
         if shrinkage:
             self._run_options = ort.RunOptions()
             self._run_options.add_run_config_entry("memory.enable_memory_arena_shrinkage", shrinkage)
+        # BYTES tensors arrive as bytes objects; ORT would store their repr ("b'..'"), so they become str.
+        self._string_inputs = frozenset(arg.name for arg in session.get_inputs() if arg.type == "tensor(string)")
 
     def run(self, inputs: Mapping[str, Array], output_names: Sequence[str]) -> dict[str, Array]:
         session = self._session
         if session is None:
             raise InferenceFailed("the ONNX Runtime session was closed")
+        if self._string_inputs:
+            inputs = _as_str_tensors(inputs, self._string_inputs)
         try:
             results = session.run(output_names, inputs, self._run_options)
         except Exception as e:  # translate ORT's errors at the boundary

@@ -54,7 +54,6 @@ class MqttFrontEnd:
         will = Outbound(self._status_topic, offline(self.device_id), 1, retain=True, content_type=JSON_TYPE)
         self._connection = Connection(self._settings, self, will, subscriptions)
         self._stopping = False
-        self._stopping = False
 
     @property
     def _status_topic(self) -> str:

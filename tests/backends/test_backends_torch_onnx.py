@@ -13,7 +13,7 @@ from edged.backends.onnxruntime import OnnxRuntimeBackend, plan_providers
 from edged.backends.pytorch import PyTorchBackend, cuda_allocator_plan, positional_order
 from edged.config import ModelsConfig
 from edged.engine import InferenceService, InferRequest
-from edged.errors import BackendUnavailable, ModelLoadError
+from edged.errors import BackendUnavailable, InvalidInput, ModelLoadError
 from edged.repository import parse_model_config
 
 TORCH_CONFIG = """name: "{name}"
@@ -161,5 +161,29 @@ def test_kind_auto_stays_on_the_cpu_with_a_cpu_only_onnxruntime(tmp_path: Path) 
     try:
         assert [g.kind for g in service.model_config("auto").instance_group] == ["KIND_CPU"]
         assert service.model_ready("auto")
+    finally:
+        service.close()
+
+
+def test_bytes_inputs_reach_onnx_string_tensors_as_text(tmp_path: Path) -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Identity", ["s"], ["o"])], "g",
+                              [helper.make_tensor_value_info("s", TensorProto.STRING, ["b", 1])],
+                              [helper.make_tensor_value_info("o", TensorProto.STRING, ["b", 1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    (tmp_path / "echo" / "1").mkdir(parents=True)
+    onnx.save(model, str(tmp_path / "echo" / "1" / "model.onnx"))
+    service = InferenceService(tmp_path, ModelsConfig())
+    service.start()
+    try:
+        words = np.array([[b"caf\xc3\xa9"], [b"ok"]], dtype=object)
+        out = service.infer(InferRequest("echo", {"s": words})).outputs["o"]
+        assert out.ravel().tolist() == ["café", "ok"]
+        bad = np.array([[b"\xff"]], dtype=object)
+        with pytest.raises(InvalidInput, match="not UTF-8"):
+            service.infer(InferRequest("echo", {"s": bad}))
     finally:
         service.close()
