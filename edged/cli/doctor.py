@@ -19,7 +19,7 @@ from edged.cli import _doctor_checks as checks
 from edged.cli import _doctor_socket as sockets
 from edged.cli._doctor_checks import Check
 from edged.client import ClientError, EdgedClient
-from edged.config import load_config
+from edged.config import load_config, resolve_state_dir
 
 LABELS = {"ok": "OK", "warn": "WARN", "fail": "FAIL", "info": "INFO"}
 
@@ -93,12 +93,10 @@ def daemon_memory(path: str, allocator: str) -> Check:
 
 
 def _default_state_dir(env: Any) -> str:
-    if env.get("STATE_DIRECTORY"):
-        return str(env["STATE_DIRECTORY"]).split(":")[0]
-    if os.path.isdir("/var/lib/edged"):
+    # A technician runs doctor outside the unit: the installed service's state is what matters then.
+    if not env.get("STATE_DIRECTORY") and os.path.isdir("/var/lib/edged"):
         return "/var/lib/edged"
-    base = env.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
-    return os.path.join(base, "edged")
+    return str(resolve_state_dir(None, env))
 
 
 def render(results: list[Check], width: int = 100) -> str:

@@ -14,6 +14,7 @@ from edged.config._memory import MemoryConfig
 from edged.config._misc import LoggingConfig, OtaConfig
 from edged.config._models import ModelsConfig
 from edged.config._mqtt import MqttConfig, OutboxConfig, PipelineConfig
+from edged.config._paths import resolve_state_dir
 from edged.config._server import AccessConfig, ServerConfig
 from edged.config._telemetry import TelemetryConfig
 from edged.errors import ConfigError
@@ -26,7 +27,7 @@ else:  # pragma: no cover - JetPack 6 ships Python 3.10
 __all__ = [
     "DEFAULT_CONFIG_PATH", "AccessConfig", "EdgedConfig", "LoggingConfig", "MemoryConfig", "ModelsConfig",
     "MqttConfig", "OtaConfig", "OutboxConfig", "PipelineConfig", "ServerConfig", "TelemetryConfig",
-    "load_config", "parse_config", "with_overrides",
+    "load_config", "parse_config", "resolve_state_dir", "with_overrides",
 ]
 
 DEFAULT_CONFIG_PATH = Path("/etc/edged/edged.toml")

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from edged import __version__
-from edged.config import EdgedConfig, load_config
+from edged.config import EdgedConfig, load_config, resolve_state_dir
 from edged.daemon._sdnotify import SystemdNotifier
-from edged.daemon.paths import bundled_models, state_dir
+from edged.daemon.paths import bundled_models
 from edged.engine import InferenceService
 from edged.engine.memory_governor import MemoryGovernor
 from edged.errors import ConfigError, EdgedError
@@ -40,7 +40,7 @@ class Daemon:
         self.config = config
         self.environ = dict(os.environ if environ is None else environ)
         self.started_at = time.time()
-        self.state_dir = state_dir(config.state_dir, self.environ)
+        self.state_dir = resolve_state_dir(config.state_dir, self.environ)
         self.repository = Path(config.models.repository) if config.models.repository else bundled_models()
         self.socket_path = Path(config.server.socket) if config.server.socket else default_socket_path(self.environ)
         self.notifier = SystemdNotifier.from_environ(self.environ)

@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from edged.config._paths import resolve_state_dir
 
 
 def default_state_dir(state_dir: str | None = None) -> Path:
-    """``state_dir``, else $STATE_DIRECTORY (systemd), else $XDG_STATE_HOME/edged, else ~/.local/state/edged.
-    """
-    if state_dir:
-        return Path(state_dir)
-    systemd = os.environ.get("STATE_DIRECTORY")
-    if systemd:
-        return Path(systemd.split(":")[0])
-    xdg = os.environ.get("XDG_STATE_HOME")
-    if xdg:
-        return Path(xdg) / "edged"
-    return Path.home() / ".local" / "state" / "edged"
+    """``state_dir``, else the daemon's default state directory (see edged.config.resolve_state_dir)."""
+    return resolve_state_dir(state_dir)
 
 
 def default_database_path(state_dir: str | None = None, database: str | None = None) -> str:
