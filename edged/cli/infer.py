@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from edged.cli._args import read_json_argument
 from edged.cli._socket import add_client_options, client_from
 from edged.client import InferResult
 from edged.errors import ConfigError
@@ -92,17 +93,7 @@ def _load_value(name: str, value: str, datatype: str) -> Array:
         except (OSError, ValueError) as e:
             raise ConfigError(f"--input {name}: cannot read {value}: {e}") from e
         return loaded
-    text = value
-    if value.startswith("@"):
-        try:
-            text = Path(value[1:]).read_text()
-        except OSError as e:
-            raise ConfigError(f"--input {name}: cannot read {value[1:]}: {e.strerror}") from e
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"--input {name}: not a .npy file, @file.json or a JSON list ({e}): {text[:80]!r}") \
-            from e
+    data = read_json_argument(f"--input {name}", value, "a .npy file, @file.json or a JSON list")
     dtype = KSERVE_TO_NUMPY.get(datatype)
     if dtype is None:
         raise ConfigError(f"--input {name}: the model's datatype {datatype!r} cannot be read from JSON")

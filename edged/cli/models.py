@@ -7,9 +7,9 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
+from edged.cli._args import read_json_argument
 from edged.cli._socket import add_client_options, client_from
 from edged.errors import ConfigError
 
@@ -102,16 +102,7 @@ def unload_model(args: argparse.Namespace) -> int:
 
 
 def _read_config(value: str) -> dict[str, Any]:
-    text = value
-    if value.startswith("@"):
-        try:
-            text = Path(value[1:]).read_text()
-        except OSError as e:
-            raise ConfigError(f"--config: cannot read {value[1:]}: {e.strerror}") from e
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"--config: not JSON ({e}); expected a Triton model config as JSON") from e
+    doc = read_json_argument("--config", value, "a Triton model config as JSON")
     if not isinstance(doc, dict):
         raise ConfigError(f"--config: expected a JSON object, found {type(doc).__name__}")
     return doc

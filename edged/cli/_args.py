@@ -1,0 +1,23 @@
+"""Command-line values that hold JSON inline or in a file named with ``@``, read the same way everywhere."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from edged.errors import ConfigError
+
+
+def read_json_argument(option: str, value: str, expected: str) -> Any:
+    """Parse ``value`` (inline JSON, or ``@FILE``); errors name the option and say what was ``expected``."""
+    text = value
+    if value.startswith("@"):
+        try:
+            text = Path(value[1:]).read_text(encoding="utf-8")
+        except OSError as e:
+            raise ConfigError(f"{option}: cannot read {value[1:]}: {e.strerror}") from e
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{option}: not JSON ({e}); expected {expected}: {text[:80]!r}") from e
