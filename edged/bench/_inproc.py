@@ -1,8 +1,19 @@
-"""The in-process transport: the engine called from threads, beside raw onnxruntime on the same model."""
+"""The in-process transport: the engine driven by callbacks, threads or coroutines, beside raw onnxruntime.
+
+Three kinds of caller keep ``concurrency`` requests in flight:
+
+- ``callbacks``: completion callbacks through `InferenceService.submit`, as perf_analyzer's ``--async`` mode keeps
+  its concurrency; no thread or coroutine per request, so what is measured is the engine. The front ends (socket
+  server, MQTT) use the engine this way.
+- ``threads``: one thread per request calling the blocking `infer()`; every request pays a thread wake-up and a
+  GIL hand-off, which dominate with a fast model.
+- ``asyncio``: coroutines on one event loop awaiting `infer_async()`; each request pays a future and a task wake-up.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 import time
 from pathlib import Path
@@ -13,6 +24,7 @@ import numpy as np
 from edged.bench._stats import Result, summarize
 from edged.config import ModelsConfig
 from edged.engine import InferenceService, InferRequest
+from edged.errors import EdgedError
 from edged.repository.datatypes import numpy_dtype
 
 
@@ -77,7 +89,56 @@ def run_engine(service: InferenceService, label: str, model: str, inputs: dict[s
         thread.join()
     elapsed = time.perf_counter() - began
     merged = [value for own in latencies for value in own]
-    return summarize(label, "inproc", model, concurrency, batch, merged, sum(errors), elapsed)
+    return summarize(label, "inproc-threads", model, concurrency, batch, merged, sum(errors), elapsed)
+
+
+def run_engine_callbacks(service: InferenceService, label: str, model: str, inputs: dict[str, Any],
+                         concurrency: int, duration_s: float, batch: int) -> Result:
+    """``concurrency`` requests kept in flight: each completion callback submits the next request."""
+    clock = time.perf_counter
+    began = [0.0] * concurrency
+    latencies: list[float] = []
+    counters = {"errors": 0, "in_flight": concurrency}
+    guard = threading.Lock()
+    finished = threading.Event()
+    end = clock() + duration_s
+
+    def retire() -> None:
+        with guard:
+            counters["in_flight"] -= 1
+            if not counters["in_flight"]:
+                finished.set()
+
+    def submit(slot: int) -> None:
+        began[slot] = clock()
+        try:
+            # inline=False: completions run on the engine's worker, which then runs what they queued
+            service.submit(InferRequest(model, inputs), callbacks[slot], inline=False)
+        except EdgedError:
+            with guard:
+                counters["errors"] += 1
+            retire()  # refused before queueing: this slot stops rather than spin on the error
+
+    def complete(slot: int, result: object) -> None:
+        now = clock()
+        if isinstance(result, EdgedError):
+            with guard:
+                counters["errors"] += 1
+        else:
+            latencies.append((now - began[slot]) * 1e6)
+        if now < end:
+            submit(slot)
+        else:
+            retire()
+
+    callbacks = [functools.partial(complete, slot) for slot in range(concurrency)]
+    started = clock()
+    for slot in range(concurrency):
+        submit(slot)
+    if not finished.wait(duration_s + 60):
+        raise TimeoutError(f"{label}: requests still in flight 60 s after the measurement ended")
+    elapsed = clock() - started
+    return summarize(label, "inproc-callbacks", model, concurrency, batch, latencies, counters["errors"], elapsed)
 
 
 def run_raw_onnxruntime(model_path: Path, label: str, model: str, inputs: dict[str, Any], duration_s: float,
@@ -131,3 +192,9 @@ def run_engine_asyncio(service: InferenceService, label: str, model: str, inputs
 
     elapsed = asyncio.run(main())
     return summarize(label, "inproc-asyncio", model, concurrency, batch, latencies, errors[0], elapsed)
+
+
+def execution_counts(service: InferenceService, model: str) -> tuple[int, int]:
+    """(inferences, executions) of the model's default version so far: their ratio is the mean batch size."""
+    stats = service.statistics(model)["model_stats"]
+    return (sum(int(s["inference_count"]) for s in stats), sum(int(s["execution_count"]) for s in stats))

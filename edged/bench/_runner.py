@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import subprocess
 import sys
@@ -12,9 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from edged.bench._inproc import (
+    execution_counts,
     make_inputs,
     run_engine,
     run_engine_asyncio,
+    run_engine_callbacks,
     run_raw_onnxruntime,
     set_batching,
     start_service,
@@ -27,24 +30,33 @@ from edged.errors import ConfigError
 Progress = Callable[[str], None]
 
 
+MEASURE = {"callbacks": run_engine_callbacks, "threads": run_engine, "asyncio": run_engine_asyncio}
+
+
 def run_inproc(scenario: Scenario, repository: Path, progress: Progress) -> list[Result]:
     service = start_service(repository, scenario.model)
     results: list[Result] = []
     try:
         inputs = make_inputs(service, scenario.model, scenario.batch)
         variants = {"both": (True, False), "on": (True,), "off": (False,)}.get(scenario.batching, (None,))
+        measure = MEASURE[scenario.client]
         for batching in variants:
             if batching is not None:
                 set_batching(service, scenario.model, batching)
             suffix = "" if batching is None else (" batching" if batching else " no-batching")
-            if scenario.client == "asyncio" and "asyncio" not in scenario.label:
-                suffix += " asyncio"
-            measure = run_engine_asyncio if scenario.client == "asyncio" else run_engine
+            if scenario.client not in scenario.label:
+                suffix += f" {scenario.client}"
             for concurrency in scenario.concurrency:
                 progress(f"{scenario.label}{suffix}: concurrency {concurrency} for {scenario.duration_s:.0f} s")
                 measure(service, "warm-up", scenario.model, inputs, concurrency, scenario.warmup_s, scenario.batch)
-                results.append(measure(service, scenario.label + suffix, scenario.model, inputs, concurrency,
-                                       scenario.duration_s, scenario.batch))
+                inferences, executions = execution_counts(service, scenario.model)
+                result = measure(service, scenario.label + suffix, scenario.model, inputs, concurrency,
+                                 scenario.duration_s, scenario.batch)
+                inferences_after, executions_after = execution_counts(service, scenario.model)
+                ran = executions_after - executions
+                results.append(dataclasses.replace(
+                    result, batching="" if batching is None else ("on" if batching else "off"),
+                    mean_batch=(inferences_after - inferences) / ran if ran else 0.0))
         version = service.version_info(scenario.model)
         if scenario.compare_raw and version.config.runtime == "onnxruntime":
             progress(f"raw onnxruntime session.run on {scenario.model} for {scenario.duration_s:.0f} s")

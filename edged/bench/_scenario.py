@@ -29,7 +29,9 @@ class Scenario:
     warmup_s: float = 1.0
     batching: Literal["config", "on", "off", "both"] = "config"
     compare_raw: bool = True  # inproc: raw onnxruntime session.run on the same model in the same run
-    client: Literal["threads", "asyncio"] = "threads"  # inproc: callers are threads, or coroutines on one loop
+    # inproc: requests kept in flight by completion callbacks (as perf_analyzer --async), threads calling infer(),
+    # or coroutines awaiting infer_async() on one event loop
+    client: Literal["callbacks", "threads", "asyncio"] = "callbacks"
 
     @property
     def label(self) -> str:

@@ -26,9 +26,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--batching", choices=("config", "on", "off", "both"), default="config",
                         help="inproc: run with dynamic batching as configured, forced on, off, or both")
     parser.add_argument("--no-raw", action="store_true", help="inproc: skip the raw onnxruntime comparison")
-    parser.add_argument("--client", choices=("threads", "asyncio"), default="threads",
-                        help="inproc: callers are threads calling infer(), or coroutines awaiting infer_async() "
-                        "on one event loop (requests of one loop turn are batched together)")
+    parser.add_argument("--client", choices=("callbacks", "threads", "asyncio"), default="callbacks",
+                        help="inproc: how the concurrency is kept: completion callbacks that submit the next "
+                        "request (InferenceService.submit, as perf_analyzer --async; measures the engine), threads "
+                        "calling the blocking infer(), or coroutines awaiting infer_async() on one event loop")
     parser.add_argument("--model-repository", type=Path, help="repository for inproc and --spawn "
                         "(default: the bundled sample models)")
     parser.add_argument("--socket", help="uds: the daemon's socket (default: found as the other commands do)")

@@ -26,23 +26,25 @@ class LoopSubmitter:
 
     def __init__(self, service: InferenceService, loop: asyncio.AbstractEventLoop) -> None:
         self._service = service
-        self._loop = loop
+        self.loop = loop
         self._loop_thread = threading.get_ident()  # created from a coroutine: this is the loop's thread
         self._pending: dict[tuple[str, str], list[tuple[InferRequest, Done]]] = {}
 
-    async def infer(self, request: InferRequest) -> InferResponse:
-        service = self._service
-        if service.needs_load(request.model):  # a lazy load blocks: keep it off the loop
-            await self._loop.run_in_executor(None, service.ensure_loaded, request.model)
-        future: asyncio.Future[InferResponse] = self._loop.create_future()
-        if not self._pending:
-            self._loop.call_soon(self._flush)
+    def queue(self, request: InferRequest) -> asyncio.Future[InferResponse]:
+        """Queue ``request`` for this loop turn's submission; the future resolves with its response."""
+        future: asyncio.Future[InferResponse] = self.loop.create_future()
+        pending = self._pending
+        if not pending:
+            self.loop.call_soon(self._flush)
         key = (request.model, request.version)
-        self._pending.setdefault(key, []).append((request, self._completion(future)))
-        return await future
+        calls = pending.get(key)
+        if calls is None:
+            calls = pending[key] = []
+        calls.append((request, self._completion(future)))
+        return future
 
     def _completion(self, future: asyncio.Future[InferResponse]) -> Done:
-        loop = self._loop
+        loop = self.loop
         loop_thread = self._loop_thread
 
         def done(result: InferResponse | EdgedError) -> None:

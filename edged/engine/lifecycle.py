@@ -35,14 +35,11 @@ class Lifecycle:
     """Guarded state of one model version; ``reason`` explains FAILED and UNLOADED."""
 
     def __init__(self) -> None:
-        self._state = ModelState.LOADING
+        # A plain attribute, not a property: every request reads it. Only `move` writes it.
+        self.state = ModelState.LOADING
         self._reason = ""
         self._changed_at = time.time()
         self._lock = threading.Lock()
-
-    @property
-    def state(self) -> ModelState:
-        return self._state
 
     @property
     def reason(self) -> str:
@@ -54,8 +51,8 @@ class Lifecycle:
 
     def move(self, target: ModelState, reason: str = "") -> None:
         with self._lock:
-            if target not in _ALLOWED[self._state]:
-                raise RuntimeError(f"model version cannot go from {self._state.value} to {target.value}")
-            self._state = target
+            if target not in _ALLOWED[self.state]:
+                raise RuntimeError(f"model version cannot go from {self.state.value} to {target.value}")
+            self.state = target
             self._reason = reason
             self._changed_at = time.time()

@@ -33,6 +33,7 @@ from edged.repository import (
 from edged.repository.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
+READY = ModelState.READY
 
 # Runtimes whose model files carry their inputs and outputs, so a config is completed and checked from them.
 SELF_DESCRIBING = frozenset({"onnxruntime", "tensorrt"})
@@ -43,11 +44,30 @@ class ModelRecord:
 
     def __init__(self, name: str) -> None:
         self.name = name
+        # Served versions by number. Replaced (or `drop`ped from) as a whole, never changed in place, so that
+        # the cached default below can tell whether it was chosen from the current dict.
         self.versions: dict[int, ModelVersion] = {}
+        # The default version (highest ready) with the dict it was chosen from: every request without a version
+        # asks for it, so it is chosen once per change of the dict, not per request.
+        self.cached_default: tuple[dict[int, ModelVersion], ModelVersion | None] = ({}, None)
         self.failed: dict[int, ModelVersion] = {}  # versions whose last load failed, with the reason
         self.error = ""  # a failure before any version could be tried (bad config, missing runtime)
         self.fingerprint: tuple[Any, ...] = ()
         self.loaded_explicitly = False
+
+    def drop(self, number: int) -> None:
+        self.versions = {n: v for n, v in self.versions.items() if n != number}
+
+    def default_version(self) -> ModelVersion | None:
+        """The highest ready version, or None."""
+        chosen_from, version = self.cached_default
+        if chosen_from is self.versions and version is not None and version.lifecycle.state is READY:
+            return version
+        versions = self.versions
+        ready = [v for _, v in sorted(versions.items()) if v.state is ModelState.READY]
+        version = ready[-1] if ready else None
+        self.cached_default = (versions, version)
+        return version
 
     def ready_versions(self) -> list[ModelVersion]:
         return [v for _, v in sorted(self.versions.items()) if v.state is ModelState.READY]
@@ -89,11 +109,16 @@ class Registry:
         return record
 
     def resolve(self, name: str, version: str) -> ModelVersion:
+        record = self._records.get(name)
+        if record is not None and not version:  # the common case first: the default version, cached
+            chosen_from, served = record.cached_default
+            if served is not None and chosen_from is record.versions and served.lifecycle.state is READY:
+                return served
         record = self.record(name)
         if not version:
-            ready = record.ready_versions()
-            if ready:
-                return ready[-1]
+            served = record.default_version()
+            if served is not None:
+                return served
             if record.error:
                 raise ModelNotReady(f"model {name} is not ready: {record.error}")
             raise ModelNotReady(f"model {name} has no ready version")
@@ -282,7 +307,7 @@ class Registry:
                  version.version)
         self._unload_version(version, self._unload_timeout_s)
         if record is not None:
-            record.versions.pop(version.version, None)
+            record.drop(version.version)
             if not record.versions:
                 del self._records[record.name]
                 self._unloaded[record.name] = "evicted to make room for another model (memory budget)"

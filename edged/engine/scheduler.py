@@ -36,11 +36,11 @@ INLINE_EXTRA_BATCHES = 4
 
 
 class Pending:
-    __slots__ = ("deadline_ns", "done", "enqueued_ns", "plan", "request")
+    __slots__ = ("batch_size", "deadline_ns", "done", "enqueued_ns", "inputs", "request", "signature")
 
     def __init__(self, request: InferRequest, plan: InputPlan, done: Done, timeout_ns: int) -> None:
         self.request = request
-        self.plan = plan
+        self.batch_size, self.inputs, self.signature = plan
         self.done = done
         self.enqueued_ns = time.perf_counter_ns()
         self.deadline_ns = self.enqueued_ns + timeout_ns if timeout_ns > 0 else 0
@@ -88,7 +88,6 @@ class Scheduler:
         rejected: list[tuple[Pending, EdgedError]] = []
         instance: ModelInstance | None = None
         with self._lock:
-            self.last_used = time.monotonic()
             for item in items:
                 error = self._admit_locked(item)
                 if error is not None:
@@ -105,14 +104,45 @@ class Scheduler:
         if instance is not None:
             self._drain_inline(instance, items)
 
+    def submit_one(self, request: InferRequest, plan: InputPlan, done: Done, inline: bool) -> None:
+        """`submit` for a single request, the path nearly every request takes (without the lists)."""
+        timeout_ns = self._default_timeout_ns
+        if request.timeout_us and (self._allow_timeout_override or not timeout_ns):
+            timeout_ns = request.timeout_us * 1000
+        item = Pending(request, plan, done, timeout_ns)
+        instance: ModelInstance | None = None
+        with self._lock:
+            error = self._refusal_locked() if self._closed or self._queued >= self._max_queue else None
+            if error is None:
+                queues = self._queues
+                (queues[0] if len(queues) == 1 else self._queue_for(item)).append(item)
+                self._queued += 1
+                if inline and not self._delay_ns and self._idle:
+                    instance = self._idle.pop()
+                    self._executing += 1
+                else:  # the busy executor takes it; wake a worker only if one sleeps (tested here, not called)
+                    if not self._workers:
+                        self._ensure_workers_locked()
+                    if self._sleepers:
+                        self._wake.notify()
+        if error is not None:
+            self._finish_error(item, error)
+        elif instance is not None:
+            self._drain_inline(instance, (item,))
+
     def _admit_locked(self, item: Pending) -> EdgedError | None:
+        error = self._refusal_locked()
+        if error is None:
+            self._queue_for(item).append(item)
+            self._queued += 1
+        return error
+
+    def _refusal_locked(self) -> EdgedError | None:
         if self._closed:
             return Unavailable(f"model {self._config.name} version {self._version} is unloading")
         if self._queued >= self._max_queue:
             return QueueFull(f"model {self._config.name}: queue is full ({self._max_queue} requests waiting); "
                              "retry later")
-        self._queue_for(item).append(item)
-        self._queued += 1
         return None
 
     def _queue_for(self, item: Pending) -> deque[Pending]:
@@ -221,7 +251,7 @@ class Scheduler:
             return 0.0
         queue = next(q for q in self._queues if q)
         target = self._preferred[-1] if self._preferred else self._max_batch
-        if sum(item.plan.batch_size for item in queue) >= target:
+        if sum(item.batch_size for item in queue) >= target:
             return 0.0
         remaining = queue[0].enqueued_ns + self._delay_ns - time.perf_counter_ns()
         return max(0.0, remaining / 1e9)
@@ -248,13 +278,16 @@ class Scheduler:
         batch = [first]
         if not self._max_batch or not queue:
             return batch
-        total = first.plan.batch_size
-        signature = first.plan.signature
-        while queue and queue[0].plan.signature == signature and total + queue[0].plan.batch_size <= self._max_batch:
-            item = queue.popleft()
-            self._queued -= 1
-            batch.append(item)
-            total += item.plan.batch_size
+        total = first.batch_size
+        signature = first.signature
+        limit = self._max_batch
+        while queue:
+            item = queue[0]
+            if item.signature != signature or total + item.batch_size > limit:
+                break
+            batch.append(queue.popleft())
+            total += item.batch_size
+        self._queued -= len(batch) - 1
         if self._preferred and total >= self._preferred[0] and total not in self._preferred:
             batch = self._trim_to_preferred_locked(batch, queue)  # below the smallest size nothing can be cut
         return batch
@@ -263,7 +296,7 @@ class Scheduler:
         running = 0
         best = len(batch)
         for index, item in enumerate(batch, start=1):
-            running += item.plan.batch_size
+            running += item.batch_size
             if running in self._preferred:
                 best = index
         for item in reversed(batch[best:]):
@@ -278,6 +311,7 @@ class Scheduler:
 
     # --- execution -----------------------------------------------------------------------------------------
     def _execute(self, instance: ModelInstance, batch: list[Pending]) -> None:
+        self.last_used = time.monotonic()  # for eviction (least recently used); per execution, not per request
         start = time.perf_counter_ns()
         self._running_since[id(instance)] = start
         try:
@@ -287,7 +321,7 @@ class Scheduler:
 
     def _execute_batch(self, instance: ModelInstance, batch: list[Pending], start: int) -> None:
         try:
-            inputs = batch[0].plan.inputs if len(batch) == 1 else _concatenate(batch)
+            inputs = batch[0].inputs if len(batch) == 1 else _concatenate(batch)
             merged = time.perf_counter_ns()
             outputs = instance.run(inputs, self._output_names)
             ran = time.perf_counter_ns()
@@ -304,31 +338,59 @@ class Scheduler:
         if len(batch) == 1:
             item = batch[0]
             responses = [self._response(item.request, outputs)]
-            total_batch = item.plan.batch_size
+            total_batch = item.batch_size
         else:
-            responses = self._split(batch, outputs)
-            total_batch = sum(item.plan.batch_size for item in batch)
+            total_batch = sum(item.batch_size for item in batch)
+            responses = self._split(batch, outputs, total_batch)
         finished = time.perf_counter_ns()
         self._stats.record_batch(total_batch, merged - start, ran - merged, finished - ran, start, finished,
                                  [item.enqueued_ns for item in batch])
-        for item, response in zip(batch, responses, strict=True):
-            self._call(item, response)
+        for item, response in zip(batch, responses, strict=True):  # `_call`, inlined: this runs per request
+            done = item.done
+            item.request = None  # type: ignore[assignment]  # marks the item finished for inline executors
+            try:
+                done(response)
+            except Exception:
+                log.exception("model %s: a completion callback raised", self._config.name)
 
     def _response(self, request: InferRequest, outputs: dict[str, Array]) -> InferResponse:
         """The response to a request that ran alone: no slicing."""
         wanted = [o.name for o in request.outputs] if request.outputs else self._output_names
         return InferResponse(self._config.name, self._version, {name: outputs[name] for name in wanted}, request.id)
 
-    def _split(self, batch: list[Pending], outputs: dict[str, Array]) -> list[InferResponse]:
+    def _split(self, batch: list[Pending], outputs: dict[str, Array], total_batch: int) -> list[InferResponse]:
+        if total_batch == len(batch):
+            return self._split_rows(batch, outputs)
+        model, version, all_names = self._config.name, self._version, self._output_names
         responses = []
         offset = 0
         for item in batch:
             request = item.request
-            wanted = [o.name for o in request.outputs] or self._output_names
-            size = item.plan.batch_size
+            wanted = [o.name for o in request.outputs] or all_names
+            size = item.batch_size
             selected = {name: outputs[name][offset:offset + size] for name in wanted}
             offset += size
-            responses.append(InferResponse(self._config.name, self._version, selected, request.id))
+            responses.append(InferResponse(model, version, selected, request.id))
+        return responses
+
+    def _split_rows(self, batch: list[Pending], outputs: dict[str, Array]) -> list[InferResponse]:
+        """The split when every request has batch size 1 (the usual case): each output is cut into its rows
+        by one call, not by a slice per request."""
+        model, version = self._config.name, self._version
+        rows = {name: list(array[:, None]) for name, array in outputs.items()}
+        all_names = self._output_names
+        only = all_names[0] if len(all_names) == 1 else ""  # one output: a dict display, not a comprehension
+        only_rows = rows[only] if only else []
+        responses = []
+        for index, item in enumerate(batch):
+            request = item.request
+            if request.outputs:
+                selected = {o.name: rows[o.name][index] for o in request.outputs}
+            elif only:
+                selected = {only: only_rows[index]}
+            else:
+                selected = {name: rows[name][index] for name in all_names}
+            responses.append(InferResponse(model, version, selected, request.id))
         return responses
 
     def _finish_timeout(self, item: Pending) -> None:
@@ -378,5 +440,5 @@ def _all_finished(items: Sequence[Pending]) -> bool:
 
 
 def _concatenate(batch: list[Pending]) -> dict[str, Any]:
-    names = batch[0].plan.inputs.keys()
-    return {name: np.concatenate([item.plan.inputs[name] for item in batch]) for name in names}
+    names = batch[0].inputs.keys()
+    return {name: np.concatenate([item.inputs[name] for item in batch]) for name in names}

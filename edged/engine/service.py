@@ -52,6 +52,7 @@ class InferenceService:
         # One submitter per event loop; a closed loop's entry goes away with the loop.
         self._submitters: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopSubmitter] = (
             weakref.WeakKeyDictionary())
+        self._last_submitter: LoopSubmitter | None = None  # keeps at most one finished loop alive
 
     # --- lifecycle of the service --------------------------------------------------------------------------
     def start(self) -> None:
@@ -194,10 +195,15 @@ class InferenceService:
     async def infer_async(self, request: InferRequest) -> InferResponse:
         """Run ``request`` from asyncio code; requests awaited in the same loop turn share batches."""
         loop = asyncio.get_running_loop()
-        submitter = self._submitters.get(loop)
-        if submitter is None:
-            submitter = self._submitters[loop] = LoopSubmitter(self, loop)
-        return await submitter.infer(request)
+        submitter = self._last_submitter  # one loop is the usual case: skip the weak dictionary
+        if submitter is None or submitter.loop is not loop:
+            submitter = self._submitters.get(loop)
+            if submitter is None:
+                submitter = self._submitters[loop] = LoopSubmitter(self, loop)
+            self._last_submitter = submitter
+        if self._registry.needs_lazy_load(request.model):  # a lazy load blocks: keep it off the loop
+            await loop.run_in_executor(None, self.ensure_loaded, request.model)
+        return await submitter.queue(request)
 
     def record_for(self, name: str) -> ModelRecord:
         return self._registry.record(name)

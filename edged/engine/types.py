@@ -17,7 +17,7 @@ class RequestedOutput:
     class_count: int = 0  # Triton classification extension: top-k as "score:index[:label]" strings
 
 
-@dataclass
+@dataclass(slots=True)
 class InferRequest:
     model: str
     inputs: dict[str, Array]
@@ -29,7 +29,7 @@ class InferRequest:
     timeout_us: int = 0  # 0 = the model's queue policy default (or none)
 
 
-@dataclass
+@dataclass(slots=True)
 class InferResponse:
     model: str
     version: str

@@ -101,7 +101,7 @@ class ModelVersion:
         plan = self.validator.check(request)
         if request.outputs and any(o.class_count for o in request.outputs):
             done = self._classifying(request, done)
-        scheduler.submit((scheduler.pending(request, plan, done),), inline)
+        scheduler.submit_one(request, plan, done, inline)
 
     def _classifying(self, request: InferRequest, done: Done) -> Done:
         """Wrap ``done`` so outputs asked for with ``classification: k`` come back as Triton's top-k strings."""

@@ -1,5 +1,6 @@
-"""Test backends that stand in for a runtime at the hardware edge: they compute y = 2x, and can be told by
-their config parameters to fail on a marker value, to be slow, or to count concurrent executions."""
+"""Test backends that stand in for a runtime at the hardware edge: they compute y = 2x (output "output") and
+-x (output "negated", when the config lists it), and can be told by their config parameters to fail on a marker
+value, to be slow, or to count concurrent executions."""
 
 from __future__ import annotations
 
@@ -42,7 +43,8 @@ class DoublingInstance:
                 time.sleep(self._delay)
             if np.any(x == self._fail_marker):
                 raise InferenceFailed(f"input holds the marker value {self._fail_marker}")
-            return {"output": x * 2}
+            computed = {"output": lambda: x * 2, "negated": lambda: -x}  # a config may list either or both
+            return {name: computed[name]() for name in output_names}
         finally:
             with LOCK:
                 CONCURRENCY["now"] -= 1

@@ -1,0 +1,214 @@
+"""The engine's per-request fast paths give the same answers as the general ones: the single-input validation,
+the cached default version, the row-wise split of a batch, the per-batch latency histogram, and the request's
+own copy of its input dict."""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from pathlib import Path
+
+import engine_fakes
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from modelgen import add_custom_model, add_model, mlp_weights
+
+from edged.config import ModelsConfig
+from edged.engine import InferenceService, InferRequest, InferResponse
+from edged.engine.stats import VersionStats
+from edged.engine.types import RequestedOutput
+from edged.engine.validation import RequestValidator
+from edged.errors import EdgedError
+from edged.repository import parse_model_config
+
+BACKENDS = {"doubling": "engine_fakes:DoublingBackend"}
+TWO_OUTPUTS = """name: "two"
+backend: "doubling"
+max_batch_size: 16
+input [ { name: "input", data_type: TYPE_FP32, dims: [ 4 ] } ]
+output [ { name: "output", data_type: TYPE_FP32, dims: [ 4 ] }, { name: "negated", data_type: TYPE_FP32, dims: [ 4 ] } ]
+dynamic_batching { }
+parameters { key: "block_until_released" value: { string_value: "true" } }
+"""
+
+
+def validator_for(text: str, max_elements: int = 1000) -> RequestValidator:
+    return RequestValidator(parse_model_config(text, "config.pbtxt"), max_elements)
+
+
+SINGLE_BATCHED = validator_for('name: "m"\nmax_batch_size: 8\ninput [ { name: "x", data_type: TYPE_FP32, '
+                               'dims: [ 3, 2 ] } ]\noutput [ { name: "y", data_type: TYPE_FP32, dims: [ 1 ] } ]')
+SINGLE_UNBATCHED = validator_for('name: "m"\ninput [ { name: "x", data_type: TYPE_INT64, dims: [ 4 ] } ]\n'
+                                 'output [ { name: "y", data_type: TYPE_FP32, dims: [ 1 ] } ]')
+DTYPES = [np.float32, np.float64, np.int64, np.int32, np.uint8, np.float16]
+
+
+def outcome(check: object, request: InferRequest) -> object:
+    try:
+        batch_size, inputs, signature = check(request)  # type: ignore[operator]
+    except EdgedError as e:
+        return type(e).__name__, str(e)
+    return batch_size, {name: id(array) for name, array in inputs.items()}, signature
+
+
+@settings(max_examples=300, deadline=None)
+@given(validator=st.sampled_from([SINGLE_BATCHED, SINGLE_UNBATCHED]),
+       shape=st.lists(st.integers(0, 10), min_size=0, max_size=4),
+       dtype=st.sampled_from(DTYPES), name=st.sampled_from(["x", "z"]), extra=st.booleans(),
+       outputs=st.sampled_from([(), ("y",), ("nope",)]))
+def test_the_single_input_check_answers_as_the_general_check(validator: RequestValidator, shape: list[int],
+                                                             dtype: type, name: str, extra: bool,
+                                                             outputs: tuple[str, ...]) -> None:
+    inputs = {name: np.zeros(shape, dtype)}
+    if extra:
+        inputs["extra"] = np.zeros((1, 1), np.float32)
+    request = InferRequest("m", inputs, outputs=tuple(RequestedOutput(o) for o in outputs))
+    assert outcome(validator.check, request) == outcome(validator._check, request)
+
+
+def test_the_single_input_check_refuses_what_the_general_check_refuses() -> None:
+    too_big = validator_for('name: "m"\nmax_batch_size: 8\ninput [ { name: "x", data_type: TYPE_FP32, dims: [ 64 ] '
+                            '} ]\noutput [ { name: "y", data_type: TYPE_FP32, dims: [ 1 ] } ]', max_elements=100)
+    with pytest.raises(EdgedError, match="has 128 elements, more than the limit of 100"):
+        too_big.check(InferRequest("m", {"x": np.zeros((2, 64), np.float32)}))
+    with pytest.raises(EdgedError, match=r"batch size 9, expected 1 to 8"):
+        SINGLE_BATCHED.check(InferRequest("m", {"x": np.zeros((9, 3, 2), np.float32)}))
+    with pytest.raises(EdgedError, match=r"has shape \[4, 2, 3\], expected \[-1, 3, 2\]"):
+        SINGLE_BATCHED.check(InferRequest("m", {"x": np.zeros((4, 2, 3), np.float32)}))
+    with pytest.raises(EdgedError, match="has datatype FP64, expected FP32"):
+        SINGLE_BATCHED.check(InferRequest("m", {"x": np.zeros((1, 3, 2), np.float64)}))
+    big_endian = np.arange(6, dtype=">f4").reshape(1, 3, 2)  # same type, other byte order: converted
+    batch_size, inputs, _ = SINGLE_BATCHED.check(InferRequest("m", {"x": big_endian}))
+    assert batch_size == 1 and inputs["x"].dtype == np.dtype(np.float32) and inputs["x"].dtype.isnative
+    np.testing.assert_array_equal(inputs["x"], big_endian)
+
+
+def test_a_queued_request_keeps_the_arrays_it_was_submitted_with(tmp_path: Path) -> None:
+    """The caller may rebind its dict's entries for its next request while this one waits in the queue."""
+    add_custom_model(tmp_path, "two", "doubling")
+    (tmp_path / "two" / "config.pbtxt").write_text(TWO_OUTPUTS)
+    service = start(tmp_path)
+    try:
+        blocker = Collector(1)
+        service.submit(InferRequest("two", {"input": np.full((1, 4), 100, np.float32)}), blocker.done, inline=False)
+        wait_until_running()
+        inputs = {"input": np.full((1, 4), 1, np.float32)}
+        queued = Collector(1)
+        service.submit(InferRequest("two", inputs), queued.done, inline=False)
+        inputs["input"] = np.full((1, 4), 7, np.float32)  # rebinding, as a loop building the next request does
+        engine_fakes.RELEASE.set()
+        (response,) = queued.wait()
+        np.testing.assert_array_equal(response.outputs["output"], np.full((1, 4), 2))
+    finally:
+        engine_fakes.RELEASE.set()
+        service.close()
+
+
+class Collector:
+    def __init__(self, expected: int) -> None:
+        self.results: list[InferResponse] = []
+        self._expected = expected
+        self._all = threading.Event()
+
+    def done(self, result: InferResponse | EdgedError) -> None:
+        assert isinstance(result, InferResponse), result
+        self.results.append(result)
+        if len(self.results) == self._expected:
+            self._all.set()
+
+    def wait(self) -> list[InferResponse]:
+        assert self._all.wait(30), f"only {len(self.results)} of {self._expected} responses arrived"
+        return self.results
+
+
+def start(repo: Path) -> InferenceService:
+    engine_fakes.reset()
+    service = InferenceService(repo, ModelsConfig(backends=BACKENDS, warmup=False))
+    service.start()
+    assert service.ready
+    return service
+
+
+def wait_until_running() -> None:
+    for _ in range(5000):
+        if engine_fakes.CONCURRENCY["now"]:
+            return
+        threading.Event().wait(0.001)
+    raise AssertionError("the first request never started running")
+
+
+@pytest.mark.parametrize("sizes", [[1, 1, 1, 1, 1], [1, 2, 1, 3]], ids=["rows", "mixed-sizes"])
+def test_a_batch_is_split_into_each_requests_rows_and_the_outputs_it_asked_for(tmp_path: Path,
+                                                                               sizes: list[int]) -> None:
+    add_custom_model(tmp_path, "two", "doubling")
+    (tmp_path / "two" / "config.pbtxt").write_text(TWO_OUTPUTS)
+    service = start(tmp_path)
+    try:
+        blocker = Collector(1)
+        service.submit(InferRequest("two", {"input": np.full((1, 4), 100, np.float32)}), blocker.done, inline=False)
+        wait_until_running()  # the instance is held: what follows queues up and runs as one batch
+        asked = [(), ("negated",), ("output",), ("negated", "output"), ()]
+        collectors = []
+        arrays = []
+        for index, size in enumerate(sizes):
+            array = np.arange(size * 4, dtype=np.float32).reshape(size, 4) + 10 * index
+            wanted = tuple(RequestedOutput(name) for name in asked[index])
+            collector = Collector(1)
+            service.submit(InferRequest("two", {"input": array}, outputs=wanted, id=f"r{index}"), collector.done,
+                           inline=False)
+            collectors.append(collector)
+            arrays.append(array)
+        engine_fakes.RELEASE.set()
+        for index, collector in enumerate(collectors):
+            (response,) = collector.wait()
+            assert response.id == f"r{index}"
+            expected = {"output": arrays[index] * 2, "negated": -arrays[index]}
+            names = asked[index] or ("output", "negated")
+            assert sorted(response.outputs) == sorted(names)
+            for name in names:
+                np.testing.assert_array_equal(response.outputs[name], expected[name])
+        assert engine_fakes.CONCURRENCY["batches"] == [1, sum(sizes)], "the queued requests should share a batch"
+    finally:
+        engine_fakes.RELEASE.set()
+        service.close()
+
+
+def test_the_latency_histogram_counts_every_request_of_a_batch_in_its_bucket() -> None:
+    stats = VersionStats("m", "1")
+    finished = 10_000_000_000
+    same_bucket = [finished - 30_000, finished - 40_000, finished - 35_000]  # 30-40 µs: one bucket
+    spread = [finished - 50_000, finished - 2_000_000, finished - 300_000_000]  # 50 µs, 2 ms, 300 ms
+    for enqueued in (same_bucket, spread):
+        stats.record_batch(len(enqueued), 1, 1, 1, finished - 1000, finished, enqueued)
+    expected = [0] * len(stats.latency_counts)
+    bounds = [round(b * 1e9) for b in (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                       0.5, 1.0, 2.5, 5.0, 10.0)]
+    for enqueued in same_bucket + spread:
+        expected[bisect.bisect_left(bounds, finished - enqueued)] += 1
+    assert stats.latency_counts == expected
+    assert stats.latency_sum_ns == sum(finished - e for e in same_bucket + spread)
+    assert stats.success.count == 6 and stats.queue.ns == sum(finished - 1000 - e for e in same_bucket + spread)
+
+
+def test_requests_without_a_version_go_to_the_newest_ready_version_after_each_change(tmp_path: Path) -> None:
+    add_model(tmp_path, "mlp", 'name: "mlp"\nbackend: "onnxruntime"\nmax_batch_size: 8\n'
+              'version_policy: { latest: { num_versions: 2 } }', {1: mlp_weights(seed=1)})
+    service = InferenceService(tmp_path, ModelsConfig(control_mode="explicit", startup_models=("mlp",),
+                                                      warmup=False))
+    service.start()
+    try:
+        x = {"input": np.ones((1, 64), np.float32)}
+        assert service.infer(InferRequest("mlp", x)).version == "1"
+        add_model(tmp_path, "mlp", None, {2: mlp_weights(seed=2)})
+        service.load_model("mlp")
+        assert service.infer(InferRequest("mlp", x)).version == "2"
+        assert service.infer(InferRequest("mlp", x, version="1")).version == "1"
+        service.unload_model("mlp")
+        with pytest.raises(EdgedError, match="mlp"):
+            service.infer(InferRequest("mlp", x))
+        service.load_model("mlp")
+        assert service.infer(InferRequest("mlp", x)).version == "2"
+    finally:
+        service.close()
