@@ -74,6 +74,7 @@ class Scheduler:
         self._workers: list[threading.Thread] = []
         self._running_since: dict[int, int] = {}  # id(instance) → perf_counter_ns when its execution began
         self._closed = False
+        self._told_batch_failure = False
         self.last_used = time.monotonic()
 
     # --- submission ----------------------------------------------------------------------------------------
@@ -325,8 +326,20 @@ class Scheduler:
             merged = time.perf_counter_ns()
             outputs = instance.run(inputs, self._output_names)
             ran = time.perf_counter_ns()
+            if len(batch) == 1:
+                item = batch[0]
+                responses = [self._response(item.request, outputs)]
+                total_batch = item.batch_size
+            else:
+                total_batch = sum([item.batch_size for item in batch])
+                self._check_rows(outputs, total_batch)
+                responses = self._split(batch, outputs, total_batch)
         except Exception as e:
             if len(batch) > 1:  # find the culprit: each request alone, so only a bad one fails
+                if not self._told_batch_failure:
+                    self._told_batch_failure = True
+                    log.warning("model %s: a batch of %d requests failed (%s); running each alone (said once)",
+                                self._config.name, len(batch), e)
                 for item in batch:
                     self._execute_batch(instance, [item], time.perf_counter_ns())
                 return
@@ -335,23 +348,19 @@ class Scheduler:
                 log.exception("model %s: backend raised an unexpected error", self._config.name)
             self._finish_error(batch[0], error)
             return
-        if len(batch) == 1:
-            item = batch[0]
-            responses = [self._response(item.request, outputs)]
-            total_batch = item.batch_size
-        else:
-            total_batch = sum(item.batch_size for item in batch)
-            responses = self._split(batch, outputs, total_batch)
         finished = time.perf_counter_ns()
         self._stats.record_batch(total_batch, merged - start, ran - merged, finished - ran, start, finished,
                                  [item.enqueued_ns for item in batch])
-        for item, response in zip(batch, responses, strict=True):  # `_call`, inlined: this runs per request
-            done = item.done
-            item.request = None  # type: ignore[assignment]  # marks the item finished for inline executors
-            try:
-                done(response)
-            except Exception:
-                log.exception("model %s: a completion callback raised", self._config.name)
+        self._deliver(batch, responses)
+
+    def _check_rows(self, outputs: dict[str, Array], rows: int) -> None:
+        """A batched model returns one output row per input row; anything else cannot be split by request."""
+        for name, array in outputs.items():
+            shape = getattr(array, "shape", ())
+            if not shape or shape[0] != rows:
+                raise InferenceFailed(f"model {self._config.name}: output {name!r} has shape {list(shape)} for a "
+                                      f"batch of {rows} rows; a model with dynamic batching must return one row "
+                                      "per input row")
 
     def _response(self, request: InferRequest, outputs: dict[str, Array]) -> InferResponse:
         """The response to a request that ran alone: no slicing."""
@@ -400,15 +409,17 @@ class Scheduler:
 
     def _finish_error(self, item: Pending, error: EdgedError) -> None:
         self._stats.record_request(False, time.perf_counter_ns() - item.enqueued_ns, 0)
-        self._call(item, error)
+        self._deliver((item,), (error,))
 
-    def _call(self, item: Pending, result: InferResponse | EdgedError) -> None:
-        done = item.done
-        item.request = None  # type: ignore[assignment]  # marks the item finished for inline executors
-        try:
-            done(result)
-        except Exception:
-            log.exception("model %s: a completion callback raised", self._config.name)
+    def _deliver(self, items: Sequence[Pending], results: Sequence[InferResponse | EdgedError]) -> None:
+        """Hand each item its result (one call per batch, the loop inside: this runs per request)."""
+        for item, result in zip(items, results, strict=True):
+            done = item.done
+            item.request = None  # type: ignore[assignment]  # marks the item finished for inline executors
+            try:
+                done(result)
+            except Exception:
+                log.exception("model %s: a completion callback raised", self._config.name)
 
     # --- shutdown ------------------------------------------------------------------------------------------
     def close(self, timeout_s: float) -> bool:

@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 
 from edged.backends.base import InstanceInfo
+from edged.config import ModelsConfig
+from edged.engine import InferenceService
 from edged.errors import InferenceFailed, ModelLoadError
 from edged.repository.model_config import ModelConfig, ModelSignature
 
@@ -28,6 +30,7 @@ class DoublingInstance:
         self._delay = float(config.parameters.get("delay_s", "0"))
         self._fail_marker = float(config.parameters.get("fail_on", "nan"))
         self._block = config.parameters.get("block_until_released", "") == "true"
+        self._first_row_only = config.parameters.get("first_row_only", "") == "true"  # a model that cannot batch
 
     def run(self, inputs: Mapping[str, Any], output_names: Sequence[str]) -> dict[str, Any]:
         x = inputs["input"]
@@ -44,7 +47,8 @@ class DoublingInstance:
             if np.any(x == self._fail_marker):
                 raise InferenceFailed(f"input holds the marker value {self._fail_marker}")
             computed = {"output": lambda: x * 2, "negated": lambda: -x}  # a config may list either or both
-            return {name: computed[name]() for name in output_names}
+            rows = 1 if self._first_row_only else len(x)
+            return {name: computed[name]()[:rows] for name in output_names}
         finally:
             with LOCK:
                 CONCURRENCY["now"] -= 1
@@ -76,3 +80,25 @@ def reset() -> None:
     with LOCK:
         CONCURRENCY.update(now=0, max=0, calls=0, batches=[])
     RELEASE.clear()
+
+
+# What a test puts in ModelsConfig.backends to serve models with `backend: "doubling"`.
+BACKENDS = {"doubling": "engine_fakes:DoublingBackend"}
+
+
+def start_service(repo: Path) -> InferenceService:
+    """A started service over ``repo`` with the doubling backend, warm-up off, fakes reset."""
+    reset()
+    service = InferenceService(repo, ModelsConfig(backends=BACKENDS, warmup=False))
+    service.start()
+    assert service.ready
+    return service
+
+
+def wait_until_running() -> None:
+    """Wait until some execution has started (with block_until_released: it now holds its instance)."""
+    for _ in range(5000):
+        if CONCURRENCY["now"]:
+            return
+        threading.Event().wait(0.001)
+    raise AssertionError("the first request never started running")

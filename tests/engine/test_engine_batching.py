@@ -11,27 +11,11 @@ import numpy as np
 import pytest
 from modelgen import add_custom_model
 
-from edged.config import ModelsConfig
 from edged.engine import InferenceService, InferRequest
 from edged.errors import EdgedError, InferenceFailed, QueueFull, RequestTimeout
 
-BACKENDS = {"doubling": "engine_fakes:DoublingBackend"}
-
-
-def start(repo: Path) -> InferenceService:
-    engine_fakes.reset()
-    service = InferenceService(repo, ModelsConfig(backends=BACKENDS, warmup=False))
-    service.start()
-    assert service.ready
-    return service
-
-
-def wait_until_running() -> None:
-    for _ in range(5000):
-        if engine_fakes.CONCURRENCY["now"]:
-            return
-        threading.Event().wait(0.001)
-    raise AssertionError("the first request never started running")
+start = engine_fakes.start_service
+wait_until_running = engine_fakes.wait_until_running
 
 
 def concurrent(service: InferenceService, model: str, values: list[float]) -> dict[float, object]:

@@ -23,7 +23,7 @@ from edged.engine.validation import RequestValidator
 from edged.errors import EdgedError
 from edged.repository import parse_model_config
 
-BACKENDS = {"doubling": "engine_fakes:DoublingBackend"}
+start = engine_fakes.start_service
 TWO_OUTPUTS = """name: "two"
 backend: "doubling"
 max_batch_size: 16
@@ -91,9 +91,7 @@ def test_a_queued_request_keeps_the_arrays_it_was_submitted_with(tmp_path: Path)
     (tmp_path / "two" / "config.pbtxt").write_text(TWO_OUTPUTS)
     service = start(tmp_path)
     try:
-        blocker = Collector(1)
-        service.submit(InferRequest("two", {"input": np.full((1, 4), 100, np.float32)}), blocker.done, inline=False)
-        wait_until_running()
+        hold_the_instance(service, "two")
         inputs = {"input": np.full((1, 4), 1, np.float32)}
         queued = Collector(1)
         service.submit(InferRequest("two", inputs), queued.done, inline=False)
@@ -123,20 +121,11 @@ class Collector:
         return self.results
 
 
-def start(repo: Path) -> InferenceService:
-    engine_fakes.reset()
-    service = InferenceService(repo, ModelsConfig(backends=BACKENDS, warmup=False))
-    service.start()
-    assert service.ready
-    return service
-
-
-def wait_until_running() -> None:
-    for _ in range(5000):
-        if engine_fakes.CONCURRENCY["now"]:
-            return
-        threading.Event().wait(0.001)
-    raise AssertionError("the first request never started running")
+def hold_the_instance(service: InferenceService, model: str) -> None:
+    """Submit a request that runs and blocks (block_until_released): what follows queues up as one batch."""
+    service.submit(InferRequest(model, {"input": np.full((1, 4), 100, np.float32)}), Collector(1).done,
+                   inline=False)
+    engine_fakes.wait_until_running()
 
 
 @pytest.mark.parametrize("sizes", [[1, 1, 1, 1, 1], [1, 2, 1, 3]], ids=["rows", "mixed-sizes"])
@@ -146,9 +135,7 @@ def test_a_batch_is_split_into_each_requests_rows_and_the_outputs_it_asked_for(t
     (tmp_path / "two" / "config.pbtxt").write_text(TWO_OUTPUTS)
     service = start(tmp_path)
     try:
-        blocker = Collector(1)
-        service.submit(InferRequest("two", {"input": np.full((1, 4), 100, np.float32)}), blocker.done, inline=False)
-        wait_until_running()  # the instance is held: what follows queues up and runs as one batch
+        hold_the_instance(service, "two")
         asked = [(), ("negated",), ("output",), ("negated", "output"), ()]
         collectors = []
         arrays = []
@@ -211,4 +198,28 @@ def test_requests_without_a_version_go_to_the_newest_ready_version_after_each_ch
         service.load_model("mlp")
         assert service.infer(InferRequest("mlp", x)).version == "2"
     finally:
+        service.close()
+
+
+def test_a_model_whose_outputs_do_not_split_by_row_still_answers_each_request(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """One output row for a batch of three: the batch cannot be split, so each request runs alone instead."""
+    add_custom_model(tmp_path, "onerow", "doubling", 'dynamic_batching { }\nparameters [ { key: "first_row_only" '
+                     'value: { string_value: "true" } }, { key: "block_until_released" value: { string_value: "true" '
+                     '} } ]', max_batch=16)
+    service = start(tmp_path)
+    try:
+        hold_the_instance(service, "onerow")
+        collectors = [Collector(1) for _ in range(3)]
+        for value, collector in enumerate(collectors):
+            service.submit(InferRequest("onerow", {"input": np.full((1, 4), value, np.float32)}), collector.done,
+                           inline=False)
+        engine_fakes.RELEASE.set()
+        for value, collector in enumerate(collectors):
+            (response,) = collector.wait()
+            np.testing.assert_array_equal(response.outputs["output"], np.full((1, 4), 2 * value))
+        assert engine_fakes.CONCURRENCY["batches"] == [1, 3, 1, 1, 1]
+        assert "output 'output' has shape [1, 4] for a batch of 3 rows" in caplog.text
+    finally:
+        engine_fakes.RELEASE.set()
         service.close()
