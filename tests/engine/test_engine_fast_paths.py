@@ -5,6 +5,7 @@ own copy of its input dict."""
 from __future__ import annotations
 
 import bisect
+import shutil
 import threading
 from pathlib import Path
 
@@ -13,14 +14,14 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from modelgen import add_custom_model, add_model, mlp_weights
+from modelgen import add_custom_model, add_model, mlp_reference, mlp_weights
 
 from edged.config import ModelsConfig
 from edged.engine import InferenceService, InferRequest, InferResponse
 from edged.engine.stats import VersionStats
 from edged.engine.types import RequestedOutput
 from edged.engine.validation import RequestValidator
-from edged.errors import EdgedError
+from edged.errors import EdgedError, ModelNotFound, ModelNotReady, Unavailable
 from edged.repository import parse_model_config
 
 start = engine_fakes.start_service
@@ -181,20 +182,23 @@ def test_the_latency_histogram_counts_every_request_of_a_batch_in_its_bucket() -
 
 def test_requests_without_a_version_go_to_the_newest_ready_version_after_each_change(tmp_path: Path) -> None:
     add_model(tmp_path, "mlp", 'name: "mlp"\nbackend: "onnxruntime"\nmax_batch_size: 8\n'
-              'version_policy: { latest: { num_versions: 2 } }', {1: mlp_weights(seed=1)})
+              'version_policy: { all: { } }', {1: mlp_weights(seed=1)})
     service = InferenceService(tmp_path, ModelsConfig(control_mode="explicit", startup_models=("mlp",),
                                                       warmup=False))
     service.start()
     try:
         x = {"input": np.ones((1, 64), np.float32)}
         assert service.infer(InferRequest("mlp", x)).version == "1"
+        # version 2 arrives and version 1's new copy fails to load: the old version 1 keeps serving beside 2
         add_model(tmp_path, "mlp", None, {2: mlp_weights(seed=2)})
+        (tmp_path / "mlp" / "1" / "model.onnx").write_bytes(b"truncated")
         service.load_model("mlp")
         assert service.infer(InferRequest("mlp", x)).version == "2"
         assert service.infer(InferRequest("mlp", x, version="1")).version == "1"
         service.unload_model("mlp")
         with pytest.raises(EdgedError, match="mlp"):
             service.infer(InferRequest("mlp", x))
+        shutil.rmtree(tmp_path / "mlp" / "1")
         service.load_model("mlp")
         assert service.infer(InferRequest("mlp", x)).version == "2"
     finally:
@@ -223,3 +227,57 @@ def test_a_model_whose_outputs_do_not_split_by_row_still_answers_each_request(
     finally:
         engine_fakes.RELEASE.set()
         service.close()
+
+
+@pytest.mark.timeout(120)
+def test_requests_during_reloads_and_unloads_get_their_versions_answer_or_a_clean_error(tmp_path: Path) -> None:
+    """Callers keep submitting while the model flips between one and two versions and is unloaded: each answer
+    comes from the version it names, computed with that version's weights, or is a clean refusal; none hangs."""
+    weights = {1: mlp_weights(seed=1), 2: mlp_weights(seed=2)}
+    config = 'name: "mlp"\nbackend: "onnxruntime"\nmax_batch_size: 8\ndynamic_batching { }\n'
+    add_model(tmp_path, "mlp", config, {1: weights[1]})
+    service = InferenceService(tmp_path, ModelsConfig(control_mode="explicit", startup_models=("mlp",),
+                                                      warmup=False))
+    service.start()
+    x = np.random.default_rng(3).random((1, 64), dtype=np.float32)
+    expected = {str(v): mlp_reference(w, x) for v, w in weights.items()}
+    stop = threading.Event()
+    answers = {"1": 0, "2": 0, "refused": 0}
+    problems: list[str] = []
+
+    def caller() -> None:
+        while not stop.is_set():
+            try:
+                response = service.infer(InferRequest("mlp", {"input": x}), timeout_s=10)
+            except (ModelNotReady, ModelNotFound, Unavailable):
+                answers["refused"] += 1
+                continue
+            except Exception as e:  # anything else is a defect
+                problems.append(repr(e))
+                return
+            if not np.allclose(response.outputs["output"], expected[response.version], atol=1e-5):
+                problems.append(f"version {response.version} answered with another version's weights")
+                return
+            answers[response.version] += 1
+
+    callers = [threading.Thread(target=caller) for _ in range(4)]
+    for thread in callers:
+        thread.start()
+    try:
+        for _ in range(5):
+            add_model(tmp_path, "mlp", config.replace("{ }", "{ }\nversion_policy: { all: { } }"), {2: weights[2]})
+            service.load_model("mlp")  # versions 1 and 2; the default moves to 2
+            (tmp_path / "mlp" / "config.pbtxt").write_text(config)  # latest 1: only version 2 stays
+            service.load_model("mlp")
+            service.unload_model("mlp")
+            service.load_model("mlp")
+            shutil.rmtree(tmp_path / "mlp" / "2")  # back to version 1 alone
+            service.load_model("mlp")
+    finally:
+        stop.set()
+        for thread in callers:
+            thread.join(30)
+        service.close()
+    assert not problems, problems
+    assert not any(thread.is_alive() for thread in callers), "a caller hung"
+    assert answers["1"] and answers["2"], answers
