@@ -40,12 +40,13 @@ def summarize(label: str, transport: str, model: str, concurrency: int, batch: i
 
 
 def table(results: list[Result]) -> str:
-    header = (f"{'scenario':<40} {'conc':>4} {'infer/s':>10} {'p50 µs':>9} {'p99 µs':>9} {'p999 µs':>9} "
+    width = max([34, *(len(r.label) for r in results)])
+    header = (f"{'scenario':<{width}} {'conc':>4} {'infer/s':>10} {'p50 µs':>9} {'p99 µs':>9} {'p999 µs':>9} "
               f"{'batch':>6} {'errors':>6}")
     lines = [header, "-" * len(header)]
     for r in results:
         batch = f"{r.mean_batch:>6.1f}" if r.mean_batch else f"{'-':>6}"
-        lines.append(f"{r.label:<40} {r.concurrency:>4} {r.throughput:>10.0f} {r.p50_us:>9.1f} {r.p99_us:>9.1f} "
+        lines.append(f"{r.label:<{width}} {r.concurrency:>4} {r.throughput:>10.0f} {r.p50_us:>9.1f} {r.p99_us:>9.1f} "
                      f"{r.p999_us:>9.1f} {batch} {r.errors:>6}")
     gains = batching_gains(results)
     if gains:
