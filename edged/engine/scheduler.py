@@ -55,8 +55,11 @@ class Scheduler:
         self._idle: list[ModelInstance] = list(instances)
         self._instance_count = len(instances)
         self._lock = threading.Lock()
-        self._wake = threading.Condition(self._lock)
+        self._wake = threading.Condition(self._lock)  # workers wait here for work, and only workers
         self._sleepers = 0  # threads in self._wake.wait(); notifying nobody costs a microsecond, so we skip it
+        # `close` waits here for the queue to drain. Its own condition: a notify meant for a worker must never
+        # be spent on it, or queued requests wait with an idle instance and a sleeping worker.
+        self._settled = threading.Condition(self._lock)
         batching = config.dynamic_batching
         levels = max(1, batching.priority_levels) if batching else 1
         self._queues: list[deque[Pending]] = [deque() for _ in range(levels)]
@@ -99,7 +102,8 @@ class Scheduler:
                     self._executing += 1
                 else:
                     self._ensure_workers_locked()
-                    self._notify_locked()
+                    if self._idle:  # as in submit_one: nobody to wake while every instance is busy
+                        self._notify_locked()
         for item, error in rejected:
             self._finish_error(item, error)
         if instance is not None:
@@ -121,10 +125,13 @@ class Scheduler:
                 if inline and not self._delay_ns and self._idle:
                     instance = self._idle.pop()
                     self._executing += 1
-                else:  # the busy executor takes it; wake a worker only if one sleeps (tested here, not called)
+                else:
                     if not self._workers:
                         self._ensure_workers_locked()
-                    if self._sleepers:
+                    # Wake a sleeping worker only if an instance is free for it: while all are busy, whoever
+                    # finishes takes the queue, and a worker woken now would only go back to sleep, after taking
+                    # the GIL from the threads that have work.
+                    if self._sleepers and self._idle:
                         self._wake.notify()
         if error is not None:
             self._finish_error(item, error)
@@ -155,10 +162,12 @@ class Scheduler:
 
     def _notify_locked(self, everyone: bool = False) -> None:
         if self._sleepers:
-            if everyone:
+            if everyone or self._closed:  # closing: each worker must see it, not just one
                 self._wake.notify_all()
             else:
                 self._wake.notify()
+        if self._closed:  # an execution ended or work moved: `close` may be waiting for the queue to drain
+            self._settled.notify_all()
 
     def _wait_locked(self, timeout_s: float | None = None) -> None:
         self._sleepers += 1
@@ -431,12 +440,13 @@ class Scheduler:
                 self._ensure_workers_locked(closing=True)
             self._notify_locked(everyone=True)
             while self._queued + self._executing and time.monotonic() < deadline:
-                self._wait_locked(min(0.05, max(0.0, deadline - time.monotonic())))
+                self._settled.wait(min(0.05, max(0.0, deadline - time.monotonic())))
             leftover = [item for queue in self._queues for item in queue]
             for queue in self._queues:
                 queue.clear()
             self._queued = 0
             clean = not leftover and not self._executing
+            self._wake.notify_all()  # closed and empty: every sleeping worker leaves now (joined below)
         for item in leftover:
             self._finish_error(item, Unavailable(f"model {self._config.name} unloaded before the request ran"))
         for thread in self._workers:
