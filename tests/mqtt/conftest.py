@@ -114,7 +114,8 @@ class Subscriber:
     """A test-side MQTT client that records what arrives."""
 
     def __init__(self, port: int, topics: list[str], protocol: int = paho.MQTTv5,
-                 client_id: str = "", persistent: bool = False) -> None:
+                 client_id: str = "", persistent: bool = False, qos: int = 1) -> None:
+        self.qos = qos
         self.messages: list[paho.MQTTMessage] = []
         self.cond = threading.Condition()
         self.client = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=protocol,
@@ -136,7 +137,7 @@ class Subscriber:
 
     def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
         if self.topics:
-            client.subscribe([(t, 1) for t in self.topics])
+            client.subscribe([(t, self.qos) for t in self.topics])
             self._subscribed = True
         self._connected.set()
 

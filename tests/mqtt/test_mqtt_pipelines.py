@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -157,3 +158,28 @@ def test_requests_without_reply_topic_are_counted_not_processed(pipelines: MqttF
     wait_until(lambda: pipelines.status()["drops"].get("no_reply_topic", 0) >= 2, what="drops counted")
     assert sub.messages == []
     sub.close()
+
+
+def test_qos2_pipeline_delivers_each_result_exactly_once_in_order(service: InferenceService, broker: Broker,
+                                                                  tmp_path: Path) -> None:
+    config = MqttConfig(broker=broker.url, device_id="dev-q2", pipelines=(
+        PipelineConfig(input="exact/+/in", model="tiny_mlp", output="exact/{1}/out", qos=2),))
+    fe = MqttFrontEnd(service, config, tmp_path / "state", version="test")
+    fe.start()
+    try:
+        wait_until(lambda: fe.status()["connected"], what="front end connected")
+        sub = Subscriber(broker.port, ["exact/+/out"], qos=2)
+        wait_subscribed_to(sub, "exact/probe/out")
+        publisher = Subscriber(broker.port, [])
+        for i in range(300):
+            publisher.client.publish("exact/line1/in", frame(i / 300, f"m{i}"), 2)
+        messages = sub.wait_for(300, timeout_s=30)
+        assert [m.qos for m in messages] == [2] * len(messages)
+        ids = [orjson.loads(m.payload)["id"] for m in messages]
+        assert ids == [f"m{i}" for i in range(300)], "each result once, in the order of the input topic"
+        time.sleep(0.5)  # a duplicate would arrive after the 300th
+        assert len(sub.messages) == 300
+        publisher.close()
+        sub.close()
+    finally:
+        fe.stop(5)
