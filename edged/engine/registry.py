@@ -49,7 +49,7 @@ class ModelRecord:
         self.versions: dict[int, ModelVersion] = {}
         # The default version (highest ready) with the dict it was chosen from: every request without a version
         # asks for it, so it is chosen once per change of the dict, not per request.
-        self.cached_default: tuple[dict[int, ModelVersion], ModelVersion | None] = ({}, None)
+        self._default: tuple[dict[int, ModelVersion], ModelVersion | None] = ({}, None)
         self.failed: dict[int, ModelVersion] = {}  # versions whose last load failed, with the reason
         self.error = ""  # a failure before any version could be tried (bad config, missing runtime)
         self.fingerprint: tuple[Any, ...] = ()
@@ -60,13 +60,13 @@ class ModelRecord:
 
     def default_version(self) -> ModelVersion | None:
         """The highest ready version, or None."""
-        chosen_from, version = self.cached_default
+        chosen_from, version = self._default
         if chosen_from is self.versions and version is not None and version.lifecycle.state is READY:
             return version
         versions = self.versions
-        ready = [v for _, v in sorted(versions.items()) if v.state is ModelState.READY]
+        ready = [v for _, v in sorted(versions.items()) if v.lifecycle.state is READY]
         version = ready[-1] if ready else None
-        self.cached_default = (versions, version)
+        self._default = (versions, version)
         return version
 
     def ready_versions(self) -> list[ModelVersion]:
@@ -109,12 +109,7 @@ class Registry:
         return record
 
     def resolve(self, name: str, version: str) -> ModelVersion:
-        record = self._records.get(name)
-        if record is not None and not version:  # the common case first: the default version, cached
-            chosen_from, served = record.cached_default
-            if served is not None and chosen_from is record.versions and served.lifecycle.state is READY:
-                return served
-        record = self.record(name)
+        record = self._records.get(name) or self.record(name)  # `record` only to raise the fitting error
         if not version:
             served = record.default_version()
             if served is not None:

@@ -101,9 +101,7 @@ class Scheduler:
                     instance = self._idle.pop()
                     self._executing += 1
                 else:
-                    self._ensure_workers_locked()
-                    if self._idle:  # as in submit_one: nobody to wake while every instance is busy
-                        self._notify_locked()
+                    self._wake_worker_locked()
         for item, error in rejected:
             self._finish_error(item, error)
         if instance is not None:
@@ -117,41 +115,37 @@ class Scheduler:
         item = Pending(request, plan, done, timeout_ns)
         instance: ModelInstance | None = None
         with self._lock:
-            error = self._refusal_locked() if self._closed or self._queued >= self._max_queue else None
+            error = self._admit_locked(item)
             if error is None:
-                queues = self._queues
-                (queues[0] if len(queues) == 1 else self._queue_for(item)).append(item)
-                self._queued += 1
                 if inline and not self._delay_ns and self._idle:
                     instance = self._idle.pop()
                     self._executing += 1
                 else:
-                    if not self._workers:
-                        self._ensure_workers_locked()
-                    # Wake a sleeping worker only if an instance is free for it: while all are busy, whoever
-                    # finishes takes the queue, and a worker woken now would only go back to sleep, after taking
-                    # the GIL from the threads that have work.
-                    if self._sleepers and self._idle:
-                        self._wake.notify()
+                    self._wake_worker_locked()
         if error is not None:
             self._finish_error(item, error)
         elif instance is not None:
             self._drain_inline(instance, (item,))
 
     def _admit_locked(self, item: Pending) -> EdgedError | None:
-        error = self._refusal_locked()
-        if error is None:
-            self._queue_for(item).append(item)
-            self._queued += 1
-        return error
-
-    def _refusal_locked(self) -> EdgedError | None:
         if self._closed:
             return Unavailable(f"model {self._config.name} version {self._version} is unloading")
         if self._queued >= self._max_queue:
             return QueueFull(f"model {self._config.name}: queue is full ({self._max_queue} requests waiting); "
                              "retry later")
+        queues = self._queues  # one priority level is the usual case: no `_queue_for` call per request
+        (queues[0] if len(queues) == 1 else self._queue_for(item)).append(item)
+        self._queued += 1
         return None
+
+    def _wake_worker_locked(self) -> None:
+        """Queued work that no caller runs: make sure workers exist, and wake one only if an instance is free for
+        it. While all are busy, whoever finishes takes the queue; a worker woken now would only go back to sleep,
+        after taking the GIL from the threads that have work."""
+        if not self._workers:
+            self._ensure_workers_locked()
+        if self._sleepers and self._idle:
+            self._wake.notify()
 
     def _queue_for(self, item: Pending) -> deque[Pending]:
         queues = self._queues

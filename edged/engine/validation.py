@@ -67,8 +67,9 @@ class RequestValidator:
         return self._check(request)
 
     def _check(self, request: InferRequest) -> InputPlan:
-        # Every request passes here, so the common case (known inputs of the configured dtype and fixed shape)
-        # costs one pass of cheap comparisons; anything unusual takes the full check, which names the problem.
+        # Requests the single-input check did not take: the common case (known inputs of the configured dtype and
+        # fixed shape) costs one pass of cheap comparisons; anything unusual takes the full check, which names
+        # the problem.
         inputs = request.inputs
         batching = self._batching
         max_batch = self._max_batch
@@ -92,11 +93,14 @@ class RequestValidator:
                     raise self._batch_error(spec, array, batch_size)
                 batch_size = shape[0]
                 shape = shape[1:]
+            full = always_full or shape != dims or array.size > max_elements
             # `is` first: arrays of a builtin dtype share numpy's descriptor, and `!=` costs ten times as much
-            if array.dtype is not dtype and array.dtype != dtype and _other_byte_order(array, dtype):
-                array = prepared[name] = array.astype(dtype)  # the runtimes take native byte order only
-            if ((array.dtype is not dtype and array.dtype != dtype) or shape != dims or array.size > max_elements
-                    or always_full):
+            if array.dtype is not dtype and array.dtype != dtype:
+                if _other_byte_order(array, dtype):
+                    array = prepared[name] = array.astype(dtype)  # the runtimes take native byte order only
+                else:
+                    full = True
+            if full:
                 self._check_tensor(spec, array)  # the full check, only when the quick one is not conclusive
             if not no_reshape:
                 prepared[name] = array if spec.reshape is None else self._reshape(spec, array)
