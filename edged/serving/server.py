@@ -35,7 +35,8 @@ class HttpServer:
         self._config = config
         self._telemetry = telemetry
         self._status_provider = status_provider
-        self._access = AccessPolicy(config.access)  # unknown user or group names fail here, at build time
+        # unknown user or group names, malformed tcp_restricted entries fail here, at build time
+        self._access = AccessPolicy(config.access, config.tcp_restricted)
         self._app: App | None = None
         self._servers: list[asyncio.AbstractServer] = []
         self._sweeper: asyncio.Task[None] | None = None
