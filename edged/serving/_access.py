@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 PEER_CACHE_TTL_S = 30.0
 _PEER_CACHE_SIZE = 1024  # distinct (uid, gid) pairs; past it the cache starts again rather than growing
 _UCRED = struct.Struct("3i")
+_WHO = {"admin": "administrators are root, the daemon's user and server.access admin_users / admin_groups",
+        "infer": "server.access infer_users / infer_groups limit inference, administrators included"}
 
 
 @dataclass(frozen=True)
@@ -128,7 +130,8 @@ class AccessPolicy:
         identity = self._directory.identity(peer.uid, peer.gid)
         if identity.groups & allowed.gids:
             return
-        raise PermissionDenied(f"permission denied: user {identity.name} (uid {peer.uid}) may not {action}")
+        raise PermissionDenied(f"permission denied: user {identity.name} (uid {peer.uid}) may not {action} "
+                               f"({_WHO[permission]})")
 
 
 def _uids(names: tuple[str, ...]) -> frozenset[int]:

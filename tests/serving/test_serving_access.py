@@ -100,7 +100,9 @@ def test_by_default_only_root_and_the_service_user_may_load_and_unload() -> None
         assert _as_user(NOBODY, running, "POST", "/v2/models/tiny_mlp/infer", body, headers)[0] == 200
         status, text = _as_user(NOBODY, running, "POST", "/v2/repository/models/tiny_mlp/unload")
         assert status == 403
-        assert orjson.loads(text)["error"] == "permission denied: user nobody (uid 65534) may not unload models"
+        assert orjson.loads(text)["error"] == ("permission denied: user nobody (uid 65534) may not unload models "
+                                               "(administrators are root, the daemon's user and server.access "
+                                               "admin_users / admin_groups)")
         status, text = _as_user(NOBODY, running, "POST", "/v2/repository/models/tiny_mlp/load")
         assert status == 403 and "may not load models" in text
         assert _as_user(NOBODY, running, "POST", "/v2/repository/index")[0] == 200  # reading stays open
