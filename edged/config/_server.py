@@ -28,14 +28,18 @@ def _tcp_restricted(value: dict[str, str]) -> str | None:
     return None
 
 
+# [server.tcp_restricted]: Triton API category -> "HEADER=VALUE" a loopback TCP request of it must carry
+_TCP_CHECK = {"check": _tcp_restricted}
+
+
 @dataclass(frozen=True)
 class AccessConfig:
     """Who may do what over the Unix socket, by peer credentials. Empty infer lists: anyone who can connect
     may run inference. Administrators are root and the daemon's own user always, plus these lists."""
 
-    infer_users: tuple[str, ...] = ()
+    infer_users: tuple[str, ...] = ()  # with infer_groups empty too: anyone who can connect may infer
     infer_groups: tuple[str, ...] = ()
-    admin_users: tuple[str, ...] = ()
+    admin_users: tuple[str, ...] = ()  # may load and unload; root and the daemon's own user always may
     admin_groups: tuple[str, ...] = ()
 
 
@@ -56,5 +60,4 @@ class ServerConfig:
     idle_timeout_s: float = field(default=300.0, metadata={"check": _positive})
     shutdown_timeout_s: float = field(default=10.0, metadata={"check": _positive})
     access: AccessConfig = AccessConfig()
-    # Triton API category -> "HEADER=VALUE" a loopback TCP request of that category must carry
-    tcp_restricted: dict[str, str] = field(default_factory=dict, metadata={"check": _tcp_restricted})
+    tcp_restricted: dict[str, str] = field(default_factory=dict, metadata=_TCP_CHECK)  # category = "HEADER=VALUE"
