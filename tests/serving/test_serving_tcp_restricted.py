@@ -3,6 +3,8 @@ caller, and the ``[server.tcp_restricted]`` table as read from TOML."""
 
 from __future__ import annotations
 
+import asyncio
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,8 +14,10 @@ import tritonclient.http as triton_http
 from conftest import RunningServer, make_server
 from tritonclient.utils import InferenceServerException
 
-from edged.config import ModelsConfig, parse_config
+from edged.config import ModelsConfig, ServerConfig, parse_config
+from edged.engine import InferenceService
 from edged.errors import ConfigError
+from edged.serving import HttpServer
 
 KEY = {"edged-key": "s3cret-value"}
 EXPLICIT = ModelsConfig(control_mode="explicit", startup_models=("*",))
@@ -104,3 +108,15 @@ def test_bad_entries_are_config_errors_naming_the_key_without_the_secret(table: 
         parse_config(_toml(table))
     assert message in str(e.value)
     assert "SECRET" not in str(e.value)
+
+
+def test_a_table_without_a_tcp_listener_is_refused_at_start(tmp_path: Path) -> None:
+    service = InferenceService(tmp_path, ModelsConfig())
+    server = HttpServer(service, ServerConfig(tcp_restricted={"model-repository": "edged-key=s3cret-value"}))
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(tmp_path / "edged.sock"))
+    try:
+        with pytest.raises(ConfigError, match=r"server\.tcp_restricted is set but edged has no TCP listener"):
+            asyncio.run(server.start([sock]))
+    finally:
+        sock.close()
