@@ -47,13 +47,10 @@ class Peer:
     gid: int
 
     def describe(self) -> str:
+        """For log lines on the event loop: no user-database lookup (`AccessPolicy.describe` names the user)."""
         if self.uid < 0:
             return "a loopback TCP client (no peer credentials)"
-        try:
-            name = pwd.getpwuid(self.uid).pw_name
-        except KeyError:
-            name = str(self.uid)
-        return f"user {name} (uid {self.uid})"
+        return f"uid {self.uid} (pid {self.pid})"
 
 
 UNKNOWN_PEER = Peer(-1, -1, -1)
@@ -130,8 +127,13 @@ class AccessPolicy:
         identity = self._directory.identity(peer.uid, peer.gid)
         if identity.groups & allowed.gids:
             return
-        raise PermissionDenied(f"permission denied: user {identity.name} (uid {peer.uid}) may not {action} "
-                               f"({_WHO[permission]})")
+        raise PermissionDenied(f"permission denied: {self.describe(peer)} may not {action} ({_WHO[permission]})")
+
+    def describe(self, peer: Peer) -> str:
+        """The peer with its user name, from the peer cache."""
+        if peer.uid < 0:
+            return peer.describe()
+        return f"user {self._directory.identity(peer.uid, peer.gid).name} (uid {peer.uid})"
 
 
 def _uids(names: tuple[str, ...]) -> frozenset[int]:

@@ -137,7 +137,7 @@ class App:
             work = lambda: service.load_model(model, override)  # noqa: E731
         else:
             work = lambda: service.unload_model(model)  # noqa: E731
-        log.info("%s of model %s requested by %s", route.kind.value, model, connection.peer.describe())
+        log.info("%s of model %s requested by %s", route.kind.value, model, self.access.describe(connection.peer))
         self._in_executor(connection, incoming, slot, work,
                           lambda _: self._answer(connection, incoming, slot, Response(200, b"")))
 
