@@ -17,25 +17,29 @@ Refusals are ModelConfigErrors naming the field, the value and the folder.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import stat
 from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
+from typing import Literal
 
 from edged.errors import ModelConfigError
 from edged.repository.model_config import ModelConfig
 
+TRT_CACHE_PARAMETER = "trt_engine_cache_path"  # onnxruntime's TensorRT engine cache: a folder it writes to
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # NONBLOCK: a FIFO must not hang us
 
 
-def confined_path(model_dir: Path | str, name: str, what: str, *, under: str = "",
-                  must_exist: bool = True) -> Path:
+def confined_path(model_dir: Path | str, name: str, what: str, *, under: str = "", must_exist: bool = True,
+                  kind: Literal["file", "folder"] = "file") -> Path:
     """The resolved path of ``name`` (relative to ``model_dir/under``), refused unless it stays inside the
     model folder.
 
     ``what`` names the config field for messages, e.g. ``"label_filename of output 'prob'"``; ``under`` is
     the subfolder the field is relative to (a version folder, ``warmup``). With ``must_exist`` false a
-    missing file is returned (resolved as far as it exists) for the caller to report.
+    missing file is returned (resolved as far as it exists) for the caller to report. ``kind`` "folder" is
+    for a field naming a folder (an engine cache) instead of a regular file.
     """
     folder = Path(os.path.realpath(model_dir))
     if not name or "\0" in name:
@@ -53,8 +57,11 @@ def confined_path(model_dir: Path | str, name: str, what: str, *, under: str = "
         raise ModelConfigError(f"{what} {name!r} leads outside the model folder {folder}; name a file inside "
                                "it (no '..' escapes, no symlinks pointing out)")
     with contextlib.suppress(FileNotFoundError):
-        if not stat.S_ISREG(resolved.stat().st_mode):
+        mode = resolved.stat().st_mode
+        if kind == "file" and not stat.S_ISREG(mode):
             raise ModelConfigError(f"{what} {name!r} in the model folder {folder} is not a regular file")
+        if kind == "folder" and not stat.S_ISDIR(mode):
+            raise ModelConfigError(f"{what} {name!r} in the model folder {folder} is not a folder")
     return resolved
 
 
@@ -93,9 +100,23 @@ def check_config_files(config: ModelConfig, model_dir: Path | str, versions: Ite
         if output.label_filename:
             confined_path(model_dir, output.label_filename, f"label_filename of output {output.name!r}",
                           must_exist=False)
+    cache = config.parameters.get(TRT_CACHE_PARAMETER)
+    if cache:
+        confined_path(model_dir, cache, f"parameter {TRT_CACHE_PARAMETER}", must_exist=False, kind="folder")
     for entry in config.model_warmup:
         for name, spec in entry.inputs.items():
             if spec.source == "input_data_file":
                 confined_path(model_dir, spec.input_data_file,
                               f"input_data_file of warm-up {entry.name!r} input {name!r}", under="warmup",
                               must_exist=False)
+
+
+def with_confined_parameters(config: ModelConfig, model_dir: Path | str) -> ModelConfig:
+    """The config a backend receives: a path-valued parameter (the TensorRT engine cache) named relative to
+    the model folder becomes its confined absolute path, so the runtime never resolves it against its own
+    working directory."""
+    cache = config.parameters.get(TRT_CACHE_PARAMETER)
+    if not cache:
+        return config
+    path = confined_path(model_dir, cache, f"parameter {TRT_CACHE_PARAMETER}", must_exist=False, kind="folder")
+    return dataclasses.replace(config, parameters={**config.parameters, TRT_CACHE_PARAMETER: str(path)})

@@ -115,3 +115,15 @@ def test_the_model_still_serves_after_refused_loads(served: RunningServer) -> No
     assert _with_labels(served, "labels.txt")[0] == 200
     assert served.request("GET", "/v2/models/digits_onnx/ready")[0] == 200
     assert sorted(_classify(served)) == [str(digit) for digit in range(10)]
+
+
+def test_a_tensorrt_engine_cache_path_outside_the_model_folder_is_refused(served: RunningServer) -> None:
+    config = _config(served)
+    for name, problem in (("/var/tmp/trt", "is an absolute path"), ("../../trt", "leads outside the model folder"),
+                          ("labels.txt", "is not a folder")):
+        config["parameters"] = {"trt_engine_cache_path": {"string_value": name}}
+        status, error = _load(served, config)
+        assert status == 400, (name, error)
+        assert f"parameter trt_engine_cache_path {name!r}" in error and problem in error
+    config["parameters"] = {"trt_engine_cache_path": {"string_value": "trt_cache"}}
+    assert _load(served, config)[0] == 200  # inside the folder, created by the runtime when first used
