@@ -38,18 +38,25 @@ class Kind(Enum):
 @dataclass(frozen=True)
 class RouteSpec:
     method: bytes
-    permission: Permission
+    permission: Permission  # who may call it over the Unix socket (edged.serving._access)
+    category: str  # its Triton API category, which [server.tcp_restricted] keys name (edged.config)
 
 
+# edged's own routes join the nearest Triton category: status and telemetry are statistics, the OpenAPI
+# document is metadata. The repository index is open over TCP by default, as tritonclient expects.
 SPECS: dict[Kind, RouteSpec] = {
-    Kind.SERVER_METADATA: RouteSpec(b"GET", "open"), Kind.LIVE: RouteSpec(b"GET", "open"),
-    Kind.READY: RouteSpec(b"GET", "open"), Kind.ALL_STATS: RouteSpec(b"GET", "open"),
-    Kind.MODEL_METADATA: RouteSpec(b"GET", "open"), Kind.MODEL_READY: RouteSpec(b"GET", "open"),
-    Kind.MODEL_CONFIG: RouteSpec(b"GET", "open"), Kind.MODEL_STATS: RouteSpec(b"GET", "open"),
-    Kind.INFER: RouteSpec(b"POST", "infer"), Kind.REPOSITORY_INDEX: RouteSpec(b"POST", "open"),
-    Kind.LOAD: RouteSpec(b"POST", "admin"), Kind.UNLOAD: RouteSpec(b"POST", "admin"),
-    Kind.METRICS: RouteSpec(b"GET", "open"), Kind.STATUS: RouteSpec(b"GET", "open"),
-    Kind.TELEMETRY: RouteSpec(b"GET", "open"), Kind.OPENAPI: RouteSpec(b"GET", "open"),
+    Kind.SERVER_METADATA: RouteSpec(b"GET", "open", "metadata"), Kind.LIVE: RouteSpec(b"GET", "open", "health"),
+    Kind.READY: RouteSpec(b"GET", "open", "health"), Kind.ALL_STATS: RouteSpec(b"GET", "open", "statistics"),
+    Kind.MODEL_METADATA: RouteSpec(b"GET", "open", "metadata"),
+    Kind.MODEL_READY: RouteSpec(b"GET", "open", "health"),
+    Kind.MODEL_CONFIG: RouteSpec(b"GET", "open", "model-config"),
+    Kind.MODEL_STATS: RouteSpec(b"GET", "open", "statistics"),
+    Kind.INFER: RouteSpec(b"POST", "infer", "inference"),
+    Kind.REPOSITORY_INDEX: RouteSpec(b"POST", "open", "model-repository"),
+    Kind.LOAD: RouteSpec(b"POST", "admin", "model-repository"),
+    Kind.UNLOAD: RouteSpec(b"POST", "admin", "model-repository"),
+    Kind.METRICS: RouteSpec(b"GET", "open", "statistics"), Kind.STATUS: RouteSpec(b"GET", "open", "statistics"),
+    Kind.TELEMETRY: RouteSpec(b"GET", "open", "statistics"), Kind.OPENAPI: RouteSpec(b"GET", "open", "metadata"),
 }
 
 _FIXED: dict[tuple[str, ...], Kind] = {

@@ -17,6 +17,7 @@ from typing import Any
 
 from edged.config import ServerConfig
 from edged.engine import InferenceService
+from edged.errors import ConfigError
 from edged.serving._access import AccessPolicy
 from edged.serving._app import App
 from edged.serving._handlers import Handlers
@@ -35,7 +36,8 @@ class HttpServer:
         self._config = config
         self._telemetry = telemetry
         self._status_provider = status_provider
-        self._access = AccessPolicy(config.access)  # unknown user or group names fail here, at build time
+        # unknown user or group names, malformed tcp_restricted entries fail here, at build time
+        self._access = AccessPolicy(config.access, config.tcp_restricted)
         self._app: App | None = None
         self._servers: list[asyncio.AbstractServer] = []
         self._sweeper: asyncio.Task[None] | None = None
@@ -50,6 +52,9 @@ class HttpServer:
         return len(self._app.connections) if self._app is not None else 0
 
     async def start(self, sockets: list[socket.socket]) -> None:
+        if self._config.tcp_restricted and all(sock.family == socket.AF_UNIX for sock in sockets):
+            raise ConfigError("server.tcp_restricted is set but edged has no TCP listener (server.http_port or "
+                              "an activated TCP socket): it would restrict nothing; remove it or add one")
         loop = asyncio.get_running_loop()
         handlers = Handlers(self._service, self._telemetry, self._status_provider, openapi_document(),
                             self._metrics_provider)
