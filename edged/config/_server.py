@@ -59,5 +59,8 @@ class ServerConfig:
     request_timeout_s: float = field(default=30.0, metadata={"check": _positive})
     idle_timeout_s: float = field(default=300.0, metadata={"check": _positive})
     shutdown_timeout_s: float = field(default=10.0, metadata={"check": _positive})
+    # System shared memory (Triton's extension): how many regions clients may register and how much they map.
+    shm_max_regions: int = field(default=64, metadata={"check": _positive})
+    shm_max_bytes_mb: int = field(default=1024, metadata={"check": _positive})
     access: AccessConfig = AccessConfig()
     tcp_restricted: dict[str, str] = field(default_factory=dict, metadata=_TCP_CHECK)  # category = "HEADER=VALUE"

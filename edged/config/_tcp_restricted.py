@@ -11,10 +11,10 @@ import re
 
 from edged.errors import ConfigError
 
-# Triton's categories, in its order. The last three have no routes in edged: a key for one would do nothing.
+# Triton's categories, in its order. The last two have no routes in edged: a key for one would do nothing.
 TCP_CATEGORIES = ("health", "metadata", "inference", "shared-memory", "model-config", "model-repository",
                   "statistics", "trace", "logging")
-UNSERVED_CATEGORIES = frozenset({"shared-memory", "trace", "logging"})
+UNSERVED_CATEGORIES = frozenset({"trace", "logging"})
 # Headers edged itself interprets, or that proxies rewrite: a key there would be ambiguous.
 _RESERVED_HEADERS = frozenset({"content-length", "content-type", "expect", "inference-header-content-length",
                                "host", "transfer-encoding", "connection", "upgrade"})

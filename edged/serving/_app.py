@@ -18,7 +18,9 @@ from edged.serving._handlers import Handlers, load_override
 from edged.serving._http import WANTED_HEADERS, Connection, Incoming, Slot
 from edged.serving._infer import InferPath
 from edged.serving._response import Response, error_for, error_response, render
-from edged.serving._routes import SPECS, Kind, Route, RouteSpec, match
+from edged.serving._routes import SHARED_MEMORY_KINDS, SPECS, Kind, Route, RouteSpec, match
+from edged.serving._shm_routes import handle_shm
+from edged.shm import SharedMemoryRegistry
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +40,7 @@ class _Target(NamedTuple):
 
 class App:
     def __init__(self, service: InferenceService, config: ServerConfig, access: AccessPolicy,
-                 handlers: Handlers) -> None:
+                 handlers: Handlers, shared_memory: SharedMemoryRegistry | None = None) -> None:
         self.service = service
         self.limits = config
         self.access = access
@@ -49,7 +51,8 @@ class App:
         self.connections: set[Connection] = set()
         self.active = 0
         self.draining = False
-        self.infer = InferPath(service, config.max_tensor_elements)
+        self.shared_memory = SharedMemoryRegistry() if shared_memory is None else shared_memory
+        self.infer = InferPath(service, config.max_tensor_elements, self.shared_memory)
         self.end_of_input = self.infer.end_of_input
         self._loop = asyncio.get_running_loop()
         self._targets: dict[bytes, _Target] = {}
@@ -99,6 +102,12 @@ class App:
             self.infer.handle(connection, incoming, slot, route.model, route.version)
         elif route.kind is Kind.LOAD or route.kind is Kind.UNLOAD:
             self._repository_change(connection, incoming, slot, route)
+        elif route.kind in SHARED_MEMORY_KINDS:
+            try:
+                response = handle_shm(self.shared_memory, route, incoming.body, connection.peer)
+            except EdgedError as e:
+                response = error_for(e)
+            self._answer(connection, incoming, slot, response)
         else:
             try:
                 response = self.handlers.handle(route, incoming)

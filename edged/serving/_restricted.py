@@ -5,9 +5,10 @@ Any local user can open a loopback port, so over TCP a request is judged by its 
 
 - a category with a ``[server.tcp_restricted]`` key is served only to requests carrying that header with
   that value (compared in constant time), as Triton's ``--http-restricted-api`` does;
-- without a key, loading and unloading models (the administrators' calls on the Unix socket) are refused,
-  and so is inference where ``[server.access]`` limits it to listed users; everything else is open,
-  including the repository index that tritonclient reads.
+- without a key, loading and unloading models (the administrators' calls on the Unix socket) and every
+  shared-memory call are refused (a TCP caller has no identity to check a region's owner against), and so is
+  inference where ``[server.access]`` limits it to listed users; everything else is open, including the
+  repository index that tritonclient reads.
 """
 
 from __future__ import annotations
@@ -39,6 +40,11 @@ class TcpRestrictions:
             raise PermissionDenied(f"permission denied: the {category} API over loopback TCP requires the "
                                    f"header {key[0].decode()!r} set in server.tcp_restricted.{category}; it "
                                    "was missing or did not match")
+        if category == "shared-memory":
+            raise PermissionDenied("permission denied: shared memory over loopback TCP is off, because TCP "
+                                   "carries no peer identity to check a region's owner against; set "
+                                   'server.tcp_restricted.shared-memory = "HEADER=VALUE" and send that header, '
+                                   "or use the Unix socket")
         if permission == "admin":
             raise PermissionDenied(f"permission denied: a loopback TCP client may not {action}; set "
                                    f'server.tcp_restricted.{category} = "HEADER=VALUE" and send that header, '

@@ -23,6 +23,7 @@ from edged.serving._app import App
 from edged.serving._handlers import Handlers
 from edged.serving._http import Connection
 from edged.serving._openapi import openapi_document
+from edged.shm import SharedMemoryRegistry, ShmLimits
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,8 @@ class HttpServer:
         self._status_provider = status_provider
         # unknown user or group names, malformed tcp_restricted entries fail here, at build time
         self._access = AccessPolicy(config.access, config.tcp_restricted)
+        self.shared_memory = SharedMemoryRegistry(ShmLimits(config.shm_max_regions,
+                                                            config.shm_max_bytes_mb * 1024 * 1024))
         self._app: App | None = None
         self._servers: list[asyncio.AbstractServer] = []
         self._sweeper: asyncio.Task[None] | None = None
@@ -59,7 +62,7 @@ class HttpServer:
         handlers = Handlers(self._service, self._telemetry, self._status_provider, openapi_document(),
                             self._metrics_provider)
         handlers.status_extra = self._status_extra
-        app = self._app = App(self._service, self._config, self._access, handlers)
+        app = self._app = App(self._service, self._config, self._access, handlers, self.shared_memory)
         for sock in sockets:
             sock.setblocking(False)
             if sock.family == socket.AF_UNIX:
@@ -97,6 +100,7 @@ class HttpServer:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(server.wait_closed(), max(0.1, deadline - time.monotonic()))
         self._servers = []
+        self.shared_memory.close()  # after the connections: no request can still be reading a region
 
     async def _sweep(self) -> None:
         config = self._config
@@ -117,4 +121,5 @@ class HttpServer:
 
     def _status_extra(self) -> dict[str, Any]:
         return {"listeners": list(self._addresses), "connections": self.connection_count,
-                "active_requests": self.active_requests}
+                "active_requests": self.active_requests,
+                "shared_memory": {"regions": len(self.shared_memory), "mapped_bytes": self.shared_memory.mapped_bytes}}

@@ -97,7 +97,7 @@ def test_the_table_accepts_triton_categories_with_header_and_value() -> None:
 
 @pytest.mark.parametrize(("table", "message"), [
     ('model-repo = "edged-key=SECRET"', "unknown key server.tcp_restricted.model-repo: expected one of Triton"),
-    ('shared-memory = "edged-key=SECRET"', "tcp_restricted.shared-memory: edged serves no shared-memory routes"),
+    ('trace = "edged-key=SECRET"', "tcp_restricted.trace: edged serves no trace routes"),
     ('inference = "edged-key SECRET"', 'tcp_restricted.inference: expected "HEADER=VALUE"'),
     ('inference = "edged-key="', 'tcp_restricted.inference: expected "HEADER=VALUE"'),
     ('inference = "bad header=SECRET"', 'tcp_restricted.inference: expected "HEADER=VALUE"'),
