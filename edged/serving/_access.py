@@ -28,6 +28,7 @@ from edged.clock import Clock, DeviceClock
 from edged.config import AccessConfig
 from edged.errors import ConfigError, PermissionDenied
 from edged.serving._restricted import TcpRestrictions
+from edged.shm import TCP_CALLER, Caller
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +129,12 @@ class AccessPolicy:
         if identity.groups & allowed.gids:
             return
         raise PermissionDenied(f"permission denied: {self.describe(peer)} may not {action} ({_WHO[permission]})")
+
+    def caller(self, peer: Peer) -> Caller:
+        """The peer with its groups (from the peer cache), as edged.shm checks a region's owner against."""
+        if peer.uid < 0:
+            return TCP_CALLER
+        return Caller(peer.uid, peer.gid, self._directory.identity(peer.uid, peer.gid).groups)
 
     def describe(self, peer: Peer) -> str:
         """The peer with its user name, from the peer cache."""

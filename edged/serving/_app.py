@@ -52,7 +52,7 @@ class App:
         self.active = 0
         self.draining = False
         self.shared_memory = SharedMemoryRegistry() if shared_memory is None else shared_memory
-        self.infer = InferPath(service, config.max_tensor_elements, self.shared_memory)
+        self.infer = InferPath(service, config.max_tensor_elements, self.shared_memory, access.caller)
         self.end_of_input = self.infer.end_of_input
         self._loop = asyncio.get_running_loop()
         self._targets: dict[bytes, _Target] = {}
@@ -104,7 +104,7 @@ class App:
             self._repository_change(connection, incoming, slot, route)
         elif route.kind in SHARED_MEMORY_KINDS:
             try:
-                response = handle_shm(self.shared_memory, route, incoming.body, connection.peer)
+                response = handle_shm(self.shared_memory, route, incoming.body, self.access.caller(connection.peer))
             except EdgedError as e:
                 response = error_for(e)
             self._answer(connection, incoming, slot, response)

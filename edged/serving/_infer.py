@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -23,9 +23,10 @@ from edged.errors import EdgedError, InvalidInput
 from edged.protocol import DecodedRequest, decode_request, encode_response
 from edged.protocol.codec import tensor_bytes
 from edged.protocol.shm_params import ShmReader
+from edged.serving._access import Peer
 from edged.serving._http import Connection, Incoming, Slot, header_int
 from edged.serving._response import error_for, render
-from edged.shm import PeerLike, SharedMemoryRegistry
+from edged.shm import TCP_CALLER, Caller, SharedMemoryRegistry
 
 _JSON_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%s\r\n"
 _BINARY_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\ncontent-length: %d\r\n"
@@ -35,7 +36,6 @@ _CLOSE = b"connection: close\r\n"
 # resolution) mean several clients are sending: gather requests in a call_soon flush for the next _HOLD_S.
 _OVERLAP_S = 0.002
 _HOLD_S = 0.05
-_READERS = 64  # cached shared-memory readers, one per peer identity
 
 
 class _Call:
@@ -62,11 +62,12 @@ class _Call:
 
 class InferPath:
     def __init__(self, service: InferenceService, max_elements: int,
-                 shared_memory: SharedMemoryRegistry | None = None) -> None:
+                 shared_memory: SharedMemoryRegistry | None = None,
+                 caller_of: Callable[[Peer], Caller] = lambda peer: TCP_CALLER) -> None:
         self._service = service
         self._max_elements = max_elements
         self._shm = SharedMemoryRegistry() if shared_memory is None else shared_memory
-        self._readers: dict[PeerLike, ShmReader] = {}
+        self._caller_of = caller_of
         self.loop = asyncio.get_running_loop()
         self.loop_thread = threading.get_ident()
         self._queued: list[_Call] = []
@@ -92,13 +93,10 @@ class InferPath:
         if not connection.feeding and not self._scheduled:  # e.g. after a lazy load: no end_of_input follows
             self._schedule()
 
-    def _reader(self, peer: PeerLike) -> ShmReader:
-        reader = self._readers.get(peer)
-        if reader is None:
-            if len(self._readers) >= _READERS:
-                self._readers.clear()
-            reader = self._readers[peer] = self._shm.reader(peer)
-        return reader
+    def _reader(self, peer: Peer) -> ShmReader:
+        """Reads a region on behalf of ``peer``; the caller (its groups) is looked up only when an input
+        names a region, through the access policy's peer cache."""
+        return lambda reference: self._shm.readable(reference, self._caller_of(peer))
 
     def end_of_input(self, connection: Connection) -> None:
         """``connection`` has parsed all it received: submit what it queued, now or in a flush."""
@@ -179,7 +177,7 @@ class InferPath:
             array = result.outputs.get(output.name)
             if reference is None or array is None:
                 continue
-            target = self._shm.writable(reference, call.connection.peer)
+            target = self._shm.writable(reference, self._caller_of(call.connection.peer))
             if array.dtype.kind in "OSU":
                 raw = tensor_bytes(array)
                 size = len(raw)

@@ -16,14 +16,14 @@ import orjson
 from edged.errors import InvalidInput
 from edged.serving._response import Response, error_response, json_response
 from edged.serving._routes import Kind, Route
-from edged.shm import PeerLike, SharedMemoryRegistry
+from edged.shm import Caller, SharedMemoryRegistry
 
 _EMPTY_OK = Response(200, b"")
 _CUDA_REFUSED = ("failed to register CUDA shared memory region: '{}', GPUs not supported (CUDA IPC does not exist "
                  "on Jetson's integrated GPU; use system shared memory)")
 
 
-def handle_shm(registry: SharedMemoryRegistry, route: Route, body: bytes, peer: PeerLike) -> Response:
+def handle_shm(registry: SharedMemoryRegistry, route: Route, body: bytes, peer: Caller) -> Response:
     kind, name = route.kind, route.model
     if kind is Kind.SHM_STATUS:
         return json_response(registry.status(name, peer))

@@ -4,6 +4,6 @@ limits checked here. ``cuda_shared_memory`` is not offered: CUDA IPC does not ex
 """
 
 from edged.shm._region import SHM_DIR, Region, object_name
-from edged.shm._registry import PeerLike, SharedMemoryRegistry, ShmLimits
+from edged.shm._registry import TCP_CALLER, Caller, SharedMemoryRegistry, ShmLimits
 
-__all__ = ["SHM_DIR", "PeerLike", "Region", "SharedMemoryRegistry", "ShmLimits", "object_name"]
+__all__ = ["SHM_DIR", "TCP_CALLER", "Caller", "Region", "SharedMemoryRegistry", "ShmLimits", "object_name"]

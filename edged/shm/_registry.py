@@ -15,7 +15,6 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 from edged.errors import (
     PayloadTooLarge,
@@ -24,19 +23,21 @@ from edged.errors import (
     SharedMemoryInvalid,
     SharedMemoryNotFound,
 )
-from edged.protocol.shm_params import ShmReader, ShmReference
+from edged.protocol.shm_params import ShmReference
 from edged.shm._region import SHM_DIR, Region
 
 
-class PeerLike(Protocol):
-    """The peer credentials the serving layer knows (uid -1 when there are none, as over TCP)."""
+@dataclass(frozen=True)
+class Caller:
+    """Who asks, as the front end knows it: uid -1 when there is no identity (TCP); groups = primary and
+    supplementary groups, from the front end's peer cache."""
 
-    @property
-    def uid(self) -> int: ...
-    @property
-    def gid(self) -> int: ...
-    @property
-    def groups(self) -> frozenset[int]: ...
+    uid: int
+    gid: int
+    groups: frozenset[int]
+
+
+TCP_CALLER = Caller(-1, -1, frozenset())
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ class SharedMemoryRegistry:
         self._lock = threading.Lock()
 
     # --- the API ------------------------------------------------------------------------------------------
-    def register(self, name: str, key: str, offset: int, byte_size: int, peer: PeerLike) -> None:
+    def register(self, name: str, key: str, offset: int, byte_size: int, peer: Caller) -> None:
         with self._lock:
             self._sweep()
             if name in self._regions:
@@ -76,7 +77,7 @@ class SharedMemoryRegistry:
                                        f"the caller (uid {peer.uid}) is neither its owner nor in its group")
             self._regions[name] = region
 
-    def unregister(self, name: str, peer: PeerLike) -> None:
+    def unregister(self, name: str, peer: Caller) -> None:
         """Triton's rule: unregistering a name that is not registered succeeds."""
         with self._lock:
             region = self._regions.get(name)
@@ -85,13 +86,13 @@ class SharedMemoryRegistry:
             _check_use(region, peer)
             self._release(name)
 
-    def unregister_all(self, peer: PeerLike) -> None:
+    def unregister_all(self, peer: Caller) -> None:
         with self._lock:
             for name, region in list(self._regions.items()):
                 if _may_use(region, peer):
                     self._release(name)
 
-    def status(self, name: str, peer: PeerLike) -> list[dict[str, object]]:
+    def status(self, name: str, peer: Caller) -> list[dict[str, object]]:
         with self._lock:
             if not name:
                 return [r.status() for r in self._regions.values() if _may_use(r, peer)]
@@ -100,11 +101,11 @@ class SharedMemoryRegistry:
                 raise SharedMemoryNotFound(f"Unable to find system shared memory region: '{name}'")
             return [region.status()]
 
-    def reader(self, peer: PeerLike) -> ShmReader:
-        """What the codec calls for an input that names a region, on behalf of ``peer``."""
-        return lambda reference: self._region_for(reference, peer).readable(reference)
+    def readable(self, reference: ShmReference, peer: Caller) -> memoryview:
+        """The bytes of an input that names a region, read on behalf of ``peer``."""
+        return self._region_for(reference, peer).readable(reference)
 
-    def writable(self, reference: ShmReference, peer: PeerLike) -> memoryview:
+    def writable(self, reference: ShmReference, peer: Caller) -> memoryview:
         return self._region_for(reference, peer).writable(reference)
 
     def close(self) -> None:
@@ -121,7 +122,7 @@ class SharedMemoryRegistry:
     def __len__(self) -> int:
         return len(self._regions)
 
-    def _region_for(self, reference: ShmReference, peer: PeerLike) -> Region:
+    def _region_for(self, reference: ShmReference, peer: Caller) -> Region:
         region = self._regions.get(reference.region)
         if region is None:
             raise SharedMemoryInvalid(f"Unable to find shared memory region: '{reference.region}'")
@@ -137,7 +138,7 @@ class SharedMemoryRegistry:
         self._retired = [region for region in self._retired if not region.close()]
 
 
-def _may_use(region: Region, peer: PeerLike, registering: bool = False) -> bool:
+def _may_use(region: Region, peer: Caller, registering: bool = False) -> bool:
     if peer.uid < 0 or peer.uid == 0:
         return True  # TCP (admitted by its API category) or root
     owner = region.owner
@@ -146,7 +147,7 @@ def _may_use(region: Region, peer: PeerLike, registering: bool = False) -> bool:
     return not registering and peer.uid == owner.uid
 
 
-def _check_use(region: Region, peer: PeerLike) -> None:
+def _check_use(region: Region, peer: Caller) -> None:
     if not _may_use(region, peer):
         raise PermissionDenied(f"shared memory region '{region.name}' was registered for another user; the "
                                f"caller (uid {peer.uid}) may not use it")
