@@ -337,9 +337,13 @@ def error_body(message: str) -> bytes:
 
 # --- client side ---------------------------------------------------------------------------------------------
 def encode_request(inputs: Mapping[str, Array], outputs: Sequence[str] = (), binary: bool = True,
-                   request_id: str = "", parameters: Mapping[str, Any] | None = None) -> tuple[bytes, int | None]:
-    """Build an infer request body (binary-data extension unless ``binary`` is False)."""
-    entries: list[dict[str, Any]] = []
+                   request_id: str = "", parameters: Mapping[str, Any] | None = None,
+                   placed_inputs: Sequence[Mapping[str, Any]] = (),
+                   placed_outputs: Mapping[str, Mapping[str, Any]] | None = None) -> tuple[bytes, int | None]:
+    """Build an infer request body (binary-data extension unless ``binary`` is False). ``placed_inputs`` are
+    input entries without data (their bytes are in shared memory); ``placed_outputs`` maps output names to the
+    parameters that place them (``shared_memory_region`` ...)."""
+    entries: list[dict[str, Any]] = [dict(entry) for entry in placed_inputs]
     chunks: list[bytes] = []
     for name, array in inputs.items():
         entry: dict[str, Any] = {"name": name, "datatype": kserve_datatype(array), "shape": list(array.shape)}
@@ -358,8 +362,11 @@ def encode_request(inputs: Mapping[str, Array], outputs: Sequence[str] = (), bin
         params["binary_data_output"] = True
     if params:
         doc["parameters"] = params
-    if outputs:
-        doc["outputs"] = [{"name": o, "parameters": {"binary_data": binary}} for o in outputs]
+    requested = [{"name": o, "parameters": {"binary_data": binary}} for o in outputs
+                 if o not in (placed_outputs or {})]
+    requested += [{"name": o, "parameters": dict(p)} for o, p in (placed_outputs or {}).items()]
+    if requested:
+        doc["outputs"] = requested
     header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
     if not chunks:
         return header, None
@@ -377,6 +384,10 @@ def decode_response(body: bytes, header_length: int | None) -> tuple[dict[str, A
     offset = 0
     outputs: dict[str, Array] = {}
     for entry in doc.get("outputs", []):
+        params = entry.get("parameters") if isinstance(entry, dict) else None
+        if isinstance(entry, dict) and "data" not in entry and not (
+                isinstance(params, dict) and "binary_data_size" in params):
+            continue  # written to shared memory: the entry names its shape only
         name, array, used = _decode_input(entry, binary, offset, 1 << 62)
         outputs[name] = array
         offset += used
