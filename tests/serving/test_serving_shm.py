@@ -85,7 +85,7 @@ def test_tritonclient_shared_memory_round_trip_matches_a_plain_inference(served:
     out_handle = shm.create_shared_memory_region("out0", _key("out0"), RESULT)
     regions += [in_handle, out_handle]
     shm.set_shared_memory_region(in_handle, [x])
-    with pytest.raises(httpclient.InferenceServerException, match="tcp_restricted.shared-memory"):
+    with pytest.raises(httpclient.InferenceServerException, match=r"tcp_restricted\.shared-memory"):
         client.register_system_shared_memory("in0", _key("in0"), FRAME)  # no header: refused over TCP
     client.register_system_shared_memory("in0", _key("in0"), FRAME, headers=HEADERS)
     client.register_system_shared_memory("out0", _key("out0"), RESULT, headers=HEADERS)
