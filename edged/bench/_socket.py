@@ -14,14 +14,15 @@ from edged.protocol import encode_request
 
 
 def run_socket(label: str, transport: str, target: dict[str, Any], model: str, inputs: dict[str, Any],
-               concurrency: int, duration_s: float, batch: int, shm: bool = False) -> Result:
+               concurrency: int, duration_s: float, batch: int, shm: bool = False, body_kind: str = "binary") -> Result:
     if shm:
         with shared_memory_jobs(target, model, inputs, concurrency) as extra:
             completed = _run_worker({**target, "model": model, "concurrency": concurrency,
                                      "duration_s": duration_s, **extra}, duration_s)
         transport = f"{transport}+shm"
     else:
-        body, header_length = encode_request(inputs, binary=True)
+        body, header_length = encode_request(inputs, binary=body_kind == "binary")
+        transport = transport if body_kind == "binary" else f"{transport}+json"
         completed = _run_worker({**target, "model": model, "body_hex": body.hex(), "header_length": header_length,
                                  "concurrency": concurrency, "duration_s": duration_s}, duration_s)
     if completed.returncode != 0:
