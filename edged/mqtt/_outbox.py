@@ -22,6 +22,7 @@ from edged.errors import OutboxError
 from edged.mqtt._message import Outbound
 from edged.mqtt._metrics import Metrics
 from edged.mqtt._store import OutboxStore, Stored
+from edged.supervision import HealthBoard, SupervisedThread
 
 log = logging.getLogger(__name__)
 
@@ -29,10 +30,15 @@ _PAGE = 1024
 _AGE_CHECK_S = 5.0
 _EARLY_ACKS_MAX = 1024
 _EARLY_ACK_S = 2.0  # paho reuses a mid only after 65,535 others
+# Messages waiting for the outbox thread's next group commit. Past this a producer waits (up to
+# PENDING_WAIT_S): a pipeline then stops taking and acknowledging inputs, which is the backpressure.
+PENDING_MAX = 4096
+PENDING_WAIT_S = 5.0
 
 
 class Outbox:
-    def __init__(self, path: Path, config: OutboxConfig, metrics: Metrics) -> None:
+    def __init__(self, path: Path, config: OutboxConfig, metrics: Metrics, *, health: HealthBoard | None = None,
+                 pending_max: int = PENDING_MAX, pending_wait_s: float = PENDING_WAIT_S) -> None:
         self._config = config
         self._metrics = metrics
         self._store = OutboxStore(path, config.fsync)
@@ -51,15 +57,28 @@ class Outbox:
         self._connected = False
         self._stopping = False
         self._publish: Callable[[Outbound], int | None] | None = None
-        self._thread: threading.Thread | None = None
+        self._thread: SupervisedThread | None = None
+        self._health = (health or HealthBoard()).component("mqtt_outbox")
+        self._pending_max, self._pending_wait_s = pending_max, pending_wait_s
         self._next_age_check = 0.0
         self._age_check_s = min(_AGE_CHECK_S, config.max_age_s / 2)
 
     # --- producers and the connection (any thread) ---------------------------------------------------------
-    def put(self, message: Outbound) -> None:
+    def put(self, message: Outbound, wait_s: float | None = None) -> bool:
+        """Queue a message for the next group commit; False (counted, ``on_stored`` never called, so its input
+        stays unacknowledged and the broker redelivers it) when the outbox thread did not make room within
+        ``wait_s`` (default: the outbox's pending wait)."""
+        deadline = time.monotonic() + (self._pending_wait_s if wait_s is None else wait_s)
         with self._cond:
+            while len(self._pending) >= self._pending_max and not self._stopping:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self._metrics.drop("outbox_busy")
+                    return False
+                self._cond.wait(left)
             self._pending.append((message, time.time()))
-            self._cond.notify()
+            self._cond.notify_all()
+            return True
 
     def set_connected(self, connected: bool) -> None:
         with self._cond:
@@ -99,7 +118,7 @@ class Outbox:
     # --- lifecycle -----------------------------------------------------------------------------------------
     def start(self, publish: Callable[[Outbound], int | None]) -> None:
         self._publish = publish
-        self._thread = threading.Thread(target=self._run, name="edged-mqtt-outbox", daemon=True)
+        self._thread = SupervisedThread("edged-mqtt-outbox", self._run, self._health)
         self._thread.start()
 
     def wait_drained(self, timeout_s: float) -> bool:
@@ -116,8 +135,9 @@ class Outbox:
     def stop(self, timeout_s: float) -> None:
         with self._cond:
             self._stopping = True
-            self._cond.notify()
+            self._cond.notify_all()
         if self._thread is not None:
+            self._thread.stop()
             self._thread.join(timeout_s)
         self._store.close()
 
@@ -132,6 +152,7 @@ class Outbox:
                 pending, self._pending = self._pending, []
                 acked, self._acked = self._acked, []
                 stopping = self._stopping
+                self._cond.notify_all()  # producers blocked in put()
             try:
                 self._commit(pending, acked)
                 if stopping:
@@ -142,6 +163,7 @@ class Outbox:
                 log.exception("mqtt outbox: a write failed; %d messages not stored", len(pending))
                 self._metrics.error("outbox_write", max(1, len(pending)))
                 time.sleep(0.1)
+            self._health.ok()
 
     def _can_send(self) -> bool:
         return self._connected and (bool(self._ready) or self._backlog) and \
@@ -150,10 +172,15 @@ class Outbox:
     def _commit(self, pending: list[tuple[Outbound, float]], acked: list[int]) -> None:
         if not pending and not acked:
             return
-        seqs = self._store.write(pending, acked)
-        for message, _ in pending:
-            if message.on_stored is not None:
-                message.on_stored()
+        try:
+            seqs = self._store.write(pending, acked)
+        except OutboxError:
+            raise
+        except Exception:  # not stored: the restarted thread writes the batch again, in order
+            with self._cond:
+                self._pending[:0] = pending
+                self._acked[:0] = acked
+            raise
         added = sum(len(m.payload) for m, _ in pending)
         with self._cond:
             self._count += len(pending) - len(acked)
@@ -164,7 +191,22 @@ class Outbox:
                 else:
                     self._ready.append((seq, message, created))
                     self._last_loaded = seq
+        self._stored(pending)
         self._enforce_bounds()
+
+    @staticmethod
+    def _stored(pending: list[tuple[Outbound, float]]) -> None:
+        """Every stored message's callback runs (each acknowledges an input) even if one raises; the first
+        exception is raised afterwards, for the supervisor to count."""
+        failure: Exception | None = None
+        for message, _ in pending:
+            try:
+                if message.on_stored is not None:
+                    message.on_stored()
+            except Exception as e:
+                failure = failure or e
+        if failure is not None:
+            raise failure
 
     def _acked_bytes(self, acked: list[int]) -> int:
         sizes = self._sent_sizes
@@ -223,7 +265,12 @@ class Outbox:
     def _send_one(self, seq: int, message: Outbound) -> bool:
         if self._publish is None:
             raise OutboxError("outbox used before start()")
-        mid = self._publish(message)
+        try:
+            mid = self._publish(message)
+        except Exception:  # the restarted thread sends it again, first
+            with self._cond:
+                self._ready.appendleft((seq, message, 0.0))
+            raise
         with self._cond:
             if mid is None:
                 self._ready.appendleft((seq, message, 0.0))
