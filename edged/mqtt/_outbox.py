@@ -60,6 +60,7 @@ class Outbox:
         self._thread: SupervisedThread | None = None
         self._health = (health or HealthBoard()).component("mqtt_outbox")
         self._pending_max, self._pending_wait_s = pending_max, pending_wait_s
+        self._committing = 0
         self._next_age_check = 0.0
         self._age_check_s = min(_AGE_CHECK_S, config.max_age_s / 2)
 
@@ -105,7 +106,7 @@ class Outbox:
     @property
     def depth(self) -> int:
         with self._cond:
-            return self._count + len(self._pending)
+            return self._count + len(self._pending) + self._committing
 
     @property
     def stored_bytes(self) -> int:
@@ -125,7 +126,7 @@ class Outbox:
         """Wait until nothing is pending, stored or in flight (only possible while connected)."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
-            while self._pending or self._acked or self._count or self._inflight:
+            while self._pending or self._acked or self._committing or self._count or self._inflight:
                 left = deadline - time.monotonic()
                 if left <= 0 or not self._connected:
                     return False
@@ -151,6 +152,7 @@ class Outbox:
                         break
                 pending, self._pending = self._pending, []
                 acked, self._acked = self._acked, []
+                self._committing = len(pending)  # taken but not yet counted as stored
                 stopping = self._stopping
                 self._cond.notify_all()  # producers blocked in put()
             try:
@@ -163,6 +165,9 @@ class Outbox:
                 log.exception("mqtt outbox: a write failed; %d messages not stored", len(pending))
                 self._metrics.error("outbox_write", max(1, len(pending)))
                 time.sleep(0.1)
+            finally:
+                with self._cond:
+                    self._committing = 0
             self._health.ok()
 
     def _can_send(self) -> bool:
@@ -180,9 +185,11 @@ class Outbox:
             with self._cond:
                 self._pending[:0] = pending
                 self._acked[:0] = acked
+                self._committing = 0
             raise
         added = sum(len(m.payload) for m, _ in pending)
         with self._cond:
+            self._committing = 0
             self._count += len(pending) - len(acked)
             self._bytes += added - self._acked_bytes(acked)
             for seq, (message, created) in zip(seqs, pending, strict=True):
