@@ -6,10 +6,16 @@ problem must not make HTTP clients think the models are down.
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from edged.exposition import MetricFamily, render
-from edged.supervision import HealthBoard
+from edged.supervision import Component, HealthBoard, backoff_s
+
+log = logging.getLogger(__name__)
 
 
 def health_status(board: HealthBoard) -> dict[str, Any]:
@@ -31,3 +37,23 @@ def render_health(board: HealthBoard) -> str:
         errors.add(h.errors, {"thread": h.name})
         degraded.add(int(h.state != "ok"), {"component": h.name})
     return render([restarts, errors, degraded])
+
+
+async def supervised_task(component: Component, work: Callable[[], Awaitable[None]], *, backoff_min_s: float = 1.0,
+                          backoff_max_s: float = 60.0, rng: random.Random | None = None) -> None:
+    """The event loop's counterpart of `SupervisedThread`: ``work`` runs again after an unexpected exception,
+    with backoff; cancelling the task (shutdown) ends it, since CancelledError is not an Exception."""
+    rng = rng or random.Random()
+    attempt = 0
+    while True:
+        try:
+            await work()
+            return
+        except Exception as e:
+            attempt = 0 if component.health.state == "ok" else attempt
+            delay = backoff_s(attempt, backoff_min_s, backoff_max_s, rng)
+            attempt += 1
+            log.exception("background task %s failed; restarting in %.1f s", component.name, delay)
+            component.error(e)
+        await asyncio.sleep(delay)
+        component.restarting()
