@@ -25,6 +25,7 @@ TESTS = Path(__file__).resolve().parents[1]
 SYSFS = TESTS / "fixtures" / "sysfs" / "orin_nano_jp6"
 MODELS = TESTS.parent / "models"
 AWKWARD_RAIL = 'VDD "IN" \\ main'
+AWKWARD_MODEL = 'tiny "mlp"'  # a backslash is refused as a path separator
 WAIT_S = 60.0
 
 
@@ -53,6 +54,10 @@ def running(tmp_path: Path) -> Iterator[tuple[DaemonProcess, Broker, EdgedClient
     broker.start()
     repository = tmp_path / "models"
     shutil.copytree(MODELS / "tiny_mlp", repository / "tiny_mlp")
+    awkward = repository / AWKWARD_MODEL
+    shutil.copytree(MODELS / "tiny_mlp", awkward)
+    config_file = awkward / "config.pbtxt"
+    config_file.write_text(config_file.read_text().replace('name: "tiny_mlp"', 'name: "tiny \\"mlp\\""'))
     config = (f'[models]\nrepository = "{repository}"\n\n'
               f'[telemetry]\nsource = "sysfs"\nsysfs_root = "{sysfs_tree(tmp_path)}"\ninterval_s = 0.2\n'
               'restart_backoff_s = 0.2\nrestart_backoff_max_s = 0.5\n\n'
@@ -91,6 +96,8 @@ def test_all_of_metrics_parses_with_awkward_labels_and_reports_thread_health(run
         assert value(families, "edged_component_degraded", component=thread) == 0
     assert families["edged_thread_restarts"].type == "counter"
     assert value(families, "nv_inference_count", model="tiny_mlp", version="1") == 0
+    assert value(families, "nv_inference_count", model=AWKWARD_MODEL, version="1") == 0
+    assert value(families, "edged_model_memory_bytes", model=AWKWARD_MODEL, version="1") > 0
     status = client.status()
     assert status["health"]["state"] == "ok" and status["telemetry"]["stale"] is False
 

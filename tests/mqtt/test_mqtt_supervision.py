@@ -23,6 +23,8 @@ from edged.mqtt import MqttFrontEnd
 from edged.mqtt._message import Outbound
 from edged.mqtt._metrics import Metrics
 from edged.mqtt._outbox import Outbox
+from edged.mqtt._paho import Connection
+from edged.mqtt._settings import connection_settings
 from edged.supervision import HealthBoard
 
 WAIT_S = 20.0
@@ -217,3 +219,45 @@ def test_pending_bound_holds_under_a_flood_with_the_broker_down_and_the_disk_sta
     finally:
         made[0].go_on.set()
         outbox.stop(5)
+
+
+class ListenerFailingOnce:
+    """The front end's side of the connection, failing the first time it hears of a connection."""
+
+    def __init__(self) -> None:
+        self.connects = 0
+        self.reconnected = threading.Event()
+        self.down: list[str] = []
+
+    def on_connected(self, session_present: bool) -> None:
+        self.connects += 1
+        if self.connects == 1:
+            raise RuntimeError("a bug in on_connected")
+        self.reconnected.set()
+
+    def on_disconnected(self, reason: str) -> None:
+        self.down.append(reason)
+
+    def on_message(self, message: Any) -> None:
+        return None
+
+    def on_acked(self, mid: int, ok: bool) -> None:
+        return None
+
+
+def test_the_network_thread_restarts_after_an_exception_and_reconnects(broker: Broker) -> None:
+    board, listener = HealthBoard(), ListenerFailingOnce()
+    settings = connection_settings(MqttConfig(broker=broker.url, device_id="sup2", reconnect_min_s=0.05,
+                                              reconnect_max_s=0.1))
+    will = Outbound("edged/sup2/status", b'{"state": "offline"}', 1, retain=True)
+    connection = Connection(settings, listener, will, [], board)
+    connection.start()
+    try:
+        assert listener.reconnected.wait(WAIT_S)
+        wait_until(lambda: connection.connected and board.component("mqtt_network").health.state == "ok", WAIT_S,
+                   "healthy again")
+        health = board.component("mqtt_network").health
+        assert (health.restarts, health.errors) == (1, 1) and "a bug in on_connected" in health.last_error
+        assert listener.down == ["the network thread failed; reconnecting"] and connection.connects == 2
+    finally:
+        connection.stop(5)

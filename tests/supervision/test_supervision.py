@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
 
 import pytest
 
+from edged.daemon._health import supervised_task
 from edged.supervision import HealthBoard, SupervisedThread, backoff_s
 
 WAIT_S = 20.0
@@ -87,3 +89,37 @@ def test_backoff_grows_exponentially_with_full_jitter_and_is_capped() -> None:
     assert all(d <= 0.5 * 2 ** a for a, d in enumerate(delays))
     with pytest.raises(ValueError, match="backoff"):
         SupervisedThread("bad", lambda: None, HealthBoard().component("bad"), backoff_min_s=0.0)
+
+
+def test_a_supervised_event_loop_task_restarts_after_an_exception() -> None:
+    board = HealthBoard()
+    component = board.component("memory_pressure")
+    runs: list[int] = []
+
+    async def work() -> None:
+        runs.append(1)
+        if len(runs) == 1:
+            raise OSError(24, "Too many open files", "/proc/meminfo")
+        component.ok()
+
+    asyncio.run(asyncio.wait_for(supervised_task(component, work, backoff_min_s=0.001, backoff_max_s=0.002),
+                                 WAIT_S))
+    assert len(runs) == 2
+    assert (component.health.state, component.health.restarts, component.health.errors) == ("ok", 1, 1)
+
+
+def test_cancelling_a_supervised_task_ends_it() -> None:
+    component = HealthBoard().component("poll")
+
+    async def forever() -> None:
+        await asyncio.sleep(3600)
+
+    async def run() -> None:
+        task = asyncio.ensure_future(supervised_task(component, forever))
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(run())
+    assert component.health.restarts == 0 and component.health.state == "ok"
