@@ -144,6 +144,7 @@ class Outbox:
 
     # --- the outbox thread ---------------------------------------------------------------------------------
     def _run(self) -> None:
+        write_failed = False
         while True:
             with self._cond:
                 while not (self._stopping or self._pending or self._acked or self._can_send()):
@@ -157,18 +158,22 @@ class Outbox:
                 self._cond.notify_all()  # producers blocked in put()
             try:
                 self._commit(pending, acked)
+                write_failed = write_failed and not (pending or acked)  # healthy again once a write succeeds
                 if stopping:
                     return
                 self._expire()
                 self._send()
-            except OutboxError:
+            except OutboxError as e:
                 log.exception("mqtt outbox: a write failed; %d messages not stored", len(pending))
                 self._metrics.error("outbox_write", max(1, len(pending)))
+                self._health.degraded(str(e))
+                write_failed = True
                 time.sleep(0.1)
             finally:
                 with self._cond:
                     self._committing = 0
-            self._health.ok()
+            if not write_failed:
+                self._health.ok()
 
     def _can_send(self) -> bool:
         return self._connected and (bool(self._ready) or self._backlog) and \
@@ -198,8 +203,8 @@ class Outbox:
                 else:
                     self._ready.append((seq, message, created))
                     self._last_loaded = seq
-        self._stored(pending)
         self._enforce_bounds()
+        self._stored(pending)
 
     @staticmethod
     def _stored(pending: list[tuple[Outbound, float]]) -> None:

@@ -261,3 +261,22 @@ def test_the_network_thread_restarts_after_an_exception_and_reconnects(broker: B
         assert listener.down == ["the network thread failed; reconnecting"] and connection.connects == 2
     finally:
         connection.stop(5)
+
+
+def test_a_handled_write_failure_shows_degraded_until_a_write_succeeds(tmp_path: Path) -> None:
+    board, metrics = HealthBoard(), Metrics()
+    with flaky_sqlite(fail_on="INSERT") as made:
+        outbox = Outbox(tmp_path / "o.sqlite3", OutboxConfig(), metrics, health=board)
+    component = board.component("mqtt_outbox")
+    outbox.start(lambda message: None)
+    try:
+        outbox.put(Outbound("t/x", b"lost", 1))
+        assert made[0].failed.wait(WAIT_S)
+        wait_until(lambda: component.health.state == "degraded", WAIT_S, "degraded")
+        assert "write failed" in component.health.reason and component.health.restarts == 0
+        assert metrics.snapshot()["errors"]["outbox_write"] == 1
+        outbox.put(Outbound("t/x", b"kept", 1))
+        wait_until(lambda: component.health.state == "ok", WAIT_S, "healthy after a good write")
+        assert outbox.depth == 1
+    finally:
+        outbox.stop(5)
