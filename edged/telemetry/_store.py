@@ -128,10 +128,11 @@ class TelemetryStore:
                 events.append(item)
             full = len(batch) >= self._config.batch_size
             if item is _STOP or full or time.monotonic() >= deadline:
+                written = self.written
                 try:
                     self._flush_safely(batch, events)
-                except Exception:  # the supervisor restarts this thread; what the batch held is lost, counted
-                    self.dropped += len(batch)
+                except Exception:  # the supervisor restarts this thread; a batch not written is counted lost
+                    self.dropped += len(batch) if self.written == written else 0
                     raise
                 batch, events = [], []
                 deadline = time.monotonic() + self._config.flush_interval_s

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import threading
 import time
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
+from sqlite_faults import flaky_sqlite
 from telemetry_data import SYSFS
 
 from edged.clock import ManualClock
@@ -15,6 +17,7 @@ from edged.config import TelemetryConfig
 from edged.supervision import HealthBoard
 from edged.telemetry import TelemetryService
 from edged.telemetry._sample import Sample
+from edged.telemetry._store import Record, TelemetryStore
 from edged.telemetry._sysfs import SysfsSource
 
 WAIT_S = 20.0
@@ -86,3 +89,49 @@ def test_sampler_restarts_after_emfile_and_its_readings_are_stale_meanwhile(tmp_
         assert board.overall() == ("ok", "")
     finally:
         service.stop()
+
+
+def _records(count: int) -> list[Record]:
+    source = SysfsSource(str(SYSFS / "orin_nano_jp6"), 0.05)
+    return [Record(dataclasses.replace(source.read(), t=1000.0 + i)) for i in range(count)]
+
+
+def test_writer_restarts_after_an_unexpected_exception_and_keeps_writing(tmp_path: Path) -> None:
+    board, flushes = HealthBoard(), []
+
+    def on_flush(written: int) -> None:
+        flushes.append(written)
+        if len(flushes) == 1:
+            raise RuntimeError("a bug after the commit")
+
+    store = TelemetryStore(str(tmp_path / "t.db"), TelemetryConfig(batch_size=2, flush_interval_s=0.05),
+                           on_flush, health=board)
+    writer = board.component("telemetry_writer")
+    store.start()
+    try:
+        for record in _records(6):
+            store.put(record)
+        _wait(lambda: store.written == 6, "all six samples written")
+        assert (writer.health.restarts, writer.health.errors) == (1, 1) and store.dropped == 0
+        _wait(lambda: writer.health.state == "ok", "healthy again")
+    finally:
+        store.stop()
+
+
+def test_writer_shows_degraded_while_the_disk_refuses_writes(tmp_path: Path) -> None:
+    board = HealthBoard()
+    with flaky_sqlite(fail_on="INTO samples") as made:
+        store = TelemetryStore(str(tmp_path / "t.db"), TelemetryConfig(batch_size=1, flush_interval_s=0.05),
+                               health=board)
+    writer = board.component("telemetry_writer")
+    store.start()
+    try:
+        first, second = _records(2)
+        store.put(first)
+        assert made[0].failed.wait(WAIT_S)
+        _wait(lambda: writer.health.state == "degraded", "degraded")
+        assert "disk I/O error" in writer.health.reason and writer.health.restarts == 0
+        store.put(second)
+        _wait(lambda: store.written == 1 and writer.health.state == "ok", "a good write, healthy again")
+    finally:
+        store.stop()
