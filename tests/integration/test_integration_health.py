@@ -127,7 +127,10 @@ def test_out_of_file_descriptors_degrades_telemetry_and_recovers(running) -> Non
             assert client.ready()  # readiness is about inference
             doc = client.status()
             assert doc["health"]["state"] == "degraded" and "telemetry_sampler" in doc["health"]["reason"]
-            assert any("telemetry_sampler" in line for line in describe(doc))
+            shown = describe(doc)  # what `edged status` prints
+            assert any(line.startswith("health") and "degraded" in line for line in shown)
+            assert any("telemetry_sampler" in line and "restarts" in line for line in shown)
+            assert any(line.startswith("telemetry") and "STALE" in line for line in shown)
             retained = wait_for(lambda: [d for m in list(status_sub.messages)
                                          if (d := orjson.loads(m.payload))["state"] == "degraded"], "degraded")
             assert "Too many open files" in retained[-1]["reason"]
