@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from edged.clock import Clock, DeviceClock, state_file_in
 from edged.config import MqttConfig
 from edged.engine import InferenceService
 from edged.errors import PayloadError
@@ -34,8 +35,11 @@ OUTBOX_FILE = "mqtt-outbox.sqlite3"
 
 
 class MqttFrontEnd:
-    def __init__(self, service: InferenceService, config: MqttConfig, state_dir: Path, *, version: str) -> None:
+    def __init__(self, service: InferenceService, config: MqttConfig, state_dir: Path, *, version: str,
+                 clock: Clock | None = None) -> None:
         self._service = service
+        # The daemon's clock of this state directory: the outbox ages its messages by its elapsed time.
+        self.clock: Clock = clock or DeviceClock(state_file_in(state_dir))
         self._config = config
         self._version = version
         self._settings = connection_settings(config)
