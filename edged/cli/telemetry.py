@@ -28,7 +28,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--db", help="telemetry database (default: <state dir>/telemetry.db)")
         p.add_argument("--config", help="edged config file (for the state dir and retention)")
-        p.add_argument("--since", default=since, help=f"window back from the newest sample (default {since})")
+        p.add_argument("--since", default=since, help=f"window of device life back from the newest sample, "
+                       f"unaffected by wall clock steps (default {since})")
         p.set_defaults(handler=_HANDLERS[name])
         if name in ("query", "export"):
             p.add_argument("--series", default="%", help="SQL LIKE pattern on series names, e.g. 'temp_c:%%'")
@@ -104,7 +105,7 @@ def _write_export(out: TextIO, rows: list[dict[str, Any]], as_csv: bool) -> None
     if as_csv:
         import csv
 
-        writer = csv.DictWriter(out, fieldnames=["t", "time", "series", "mean", "min", "max"])
+        writer = csv.DictWriter(out, fieldnames=["t", "time", "elapsed_s", "series", "mean", "min", "max"])
         writer.writeheader()
         writer.writerows(rows)
     else:
@@ -114,8 +115,8 @@ def _write_export(out: TextIO, rows: list[dict[str, Any]], as_csv: bool) -> None
 
 def _export(args: argparse.Namespace) -> int:
     points = _reader(args).points(parse_duration(args.since), args.series, args.table)
-    rows = [{"t": p.t, "time": _iso(p.t), "series": p.series, "mean": p.mean, "min": p.min, "max": p.max}
-            for p in points]
+    rows = [{"t": p.t, "time": _iso(p.t), "elapsed_s": p.elapsed, "series": p.series, "mean": p.mean,
+             "min": p.min, "max": p.max} for p in points]
     if args.output:
         with open(args.output, "w", encoding="utf-8", newline="") as f:
             _write_export(f, rows, args.csv)

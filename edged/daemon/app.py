@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from edged import __version__
+from edged.clock import DeviceClock, state_file_in
 from edged.config import EdgedConfig, load_config, resolve_state_dir
 from edged.daemon._health import health_status, render_health, supervised_task
 from edged.daemon._sdnotify import SystemdNotifier
@@ -36,6 +37,7 @@ from edged.telemetry import TelemetryService, default_database_path, summary_pay
 log = logging.getLogger(__name__)
 
 EXTEND_TIMEOUT_EVERY_S = 5.0
+CLOCK_CHECKPOINT_EVERY_S = 60.0  # what a power cut may take from device elapsed time (rows push it on anyway)
 
 
 class Daemon:
@@ -56,15 +58,18 @@ class Daemon:
         # descriptor is left to read /proc/self/maps with.
         self.allocator = active_allocator()
         self._memory_last: dict[str, Any] = {"budget_bytes": None, "under_pressure": False}
+        # One clock per state directory: telemetry and the outbox age their rows by its elapsed time.
+        self.clock = DeviceClock(state_file_in(self.state_dir))
         self.telemetry: TelemetryService | None = None
         if config.telemetry.source != "off":
             database = default_database_path(str(self.state_dir), config.telemetry.database)
-            self.telemetry = TelemetryService(config.telemetry, database, activity=self.service, health=self.health)
+            self.telemetry = TelemetryService(config.telemetry, database, activity=self.service, health=self.health,
+                                              clock=self.clock)
         self.mqtt: Any = None
         if config.mqtt.broker:
             from edged.mqtt import MqttFrontEnd  # only when configured: paho and threads cost memory
             self.mqtt = MqttFrontEnd(self.service, config.mqtt, self.state_dir, version=__version__,
-                                     health=self.health)
+                                     health=self.health, clock=self.clock)
         self.server = HttpServer(self.service, config.server, telemetry=self.telemetry,
                                  status_provider=self.status, metrics_provider=self._extra_metrics)
         self._stop = asyncio.Event()
@@ -118,6 +123,7 @@ class Daemon:
         if self.config.models.control_mode == "poll":
             self._spawn(supervised_task(self.health.component("repository_poll"), self._poll_repository))
         self._spawn(supervised_task(self.health.component("memory_pressure"), self._watch_pressure))
+        self._spawn(supervised_task(self.health.component("clock_checkpoint"), self._checkpoint_clock))
         if self.mqtt is not None and self.telemetry is not None and self.config.mqtt.telemetry_interval_s > 0:
             telemetry, mqtt = self.telemetry, self.mqtt
             self._spawn(supervised_task(self.health.component("telemetry_publish"),
@@ -149,6 +155,7 @@ class Daemon:
         if self.telemetry is not None:
             await loop.run_in_executor(None, self.telemetry.stop)
         await loop.run_in_executor(None, self.service.close, timeout)
+        self.clock.checkpoint()
         print("edged: stopped", flush=True)
 
     def _remove_socket_files(self) -> None:
@@ -175,6 +182,12 @@ class Daemon:
                 complained = False
                 notifier.watchdog()
             await asyncio.sleep(interval)
+
+    async def _checkpoint_clock(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(CLOCK_CHECKPOINT_EVERY_S)
+            await loop.run_in_executor(None, self.clock.checkpoint)  # an fsync: off the event loop
 
     async def _poll_repository(self) -> None:
         loop = asyncio.get_running_loop()

@@ -342,8 +342,8 @@ class Registry:
                 record = self._records.get(name)
                 if record is not None and record.fingerprint == fingerprint(self._root / name):
                     continue
-                if record is None and name in self._lazy:
-                    continue
+                if record is None and (name in self._lazy or self._settings.control_mode == "explicit"):
+                    continue  # explicit mode: a rescan refreshes what was asked for, never loads the rest
                 try:
                     self.load(name, None, explicit=False)
                 except EdgedError as e:

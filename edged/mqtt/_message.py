@@ -21,11 +21,22 @@ class Inbound:
     received_ns: int = 0  # time.time_ns() when the adapter received it
     mid: int = 0  # the broker's packet id, for the manual PUBACK
     generation: int = 0  # which connection it arrived on; a PUBACK on a later one would ack the wrong message
+    dup: bool = False  # the broker's DUP flag: it sent this message before (see _msgid)
 
     def user_property(self, key: str) -> str | None:
         """The first user property named ``key`` (case-insensitive, as HTTP headers are)."""
         wanted = key.lower()
         return next((v for k, v in self.user_properties if k.lower() == wanted), None)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """Which inbound message a result answers, remembered with the result so that its id survives a crash."""
+
+    client: str
+    mid: int
+    ordinal: int
+    digest: bytes
 
 
 @dataclass(frozen=True)
@@ -38,6 +49,7 @@ class Outbound:
     content_type: str | None = None
     user_properties: UserProperties = ()
     message_id: str = ""  # edged's own id; duplicates after a redelivery carry the same one
+    answers: Answer | None = None  # the input this result answers (stored in the same transaction)
     # called once the message is durable (outbox) or handed to paho (QoS 0): the input it answers may then
     # be acknowledged to the broker
     on_stored: Callable[[], None] | None = field(default=None, compare=False, repr=False)

@@ -64,6 +64,10 @@ class Outbox:
         self._next_age_check = 0.0
         self._age_check_s = min(_AGE_CHECK_S, config.max_age_s / 2)
 
+    def id_state(self, client: str) -> tuple[str, dict[int, tuple[int, bytes]]]:
+        """(salt, mid -> last answered) for `MessageIds`; read before start(), while no thread owns the file."""
+        return self._store.id_salt, self._store.answered(client)
+
     # --- producers and the connection (any thread) ---------------------------------------------------------
     def put(self, message: Outbound, wait_s: float | None = None) -> bool:
         """Queue a message for the next group commit; False (counted, ``on_stored`` never called, so its input

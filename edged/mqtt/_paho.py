@@ -221,7 +221,7 @@ class Connection:
             response_topic=getattr(props, "ResponseTopic", None), correlation_data=getattr(
                 props, "CorrelationData", None), content_type=getattr(props, "ContentType", None),
             user_properties=tuple((str(k), str(v)) for k, v in getattr(props, "UserProperty", []) or []),
-            received_ns=time.time_ns(), mid=msg.mid, generation=self._generation)
+            received_ns=time.time_ns(), mid=msg.mid, generation=self._generation, dup=bool(msg.dup))
         try:
             self._listener.on_message(inbound)
         except Exception:  # a bug in one handler must not kill the network thread

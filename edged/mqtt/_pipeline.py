@@ -16,6 +16,7 @@ from edged.errors import EdgedError, PayloadError
 from edged.mqtt._codecs import BINARY_TYPE, HEADER_LENGTH, JSON_TYPE, codec_for
 from edged.mqtt._message import Inbound, Outbound
 from edged.mqtt._metrics import Metrics
+from edged.mqtt._msgid import Identity
 from edged.mqtt._queue import BoundedQueue
 from edged.mqtt._requests import MAX_ELEMENTS, Publisher
 from edged.mqtt._topics import check_filter, check_template, filter_matches, render, wildcard_count
@@ -27,7 +28,7 @@ log = logging.getLogger(__name__)
 
 class Pipeline:
     def __init__(self, index: int, service: InferenceService, pipeline: PipelineConfig, config: MqttConfig,
-                 v5: bool, publisher: Publisher, metrics: Metrics, new_id: Callable[[], str],
+                 v5: bool, publisher: Publisher, metrics: Metrics, identify: Callable[[Inbound], Identity],
                  health: HealthBoard | None = None) -> None:
         try:
             check_filter(pipeline.input)
@@ -41,7 +42,7 @@ class Pipeline:
         self._v5 = v5
         self._publisher = publisher
         self._metrics = metrics
-        self._new_id = new_id
+        self._identify = identify
         self._queue: BoundedQueue[Job] = BoundedQueue(pipeline.max_in_flight, pipeline.backpressure)
         self._labels: dict[str, list[str]] | None = None
         self._health = (health or HealthBoard()).component(f"mqtt_{self.name}")
@@ -77,8 +78,9 @@ class Pipeline:
             log.info("mqtt %s: input %r gives no valid output topic: %s", self.name, message.topic[:200], e)
             return
         codec = codec_for(message, self.config.codec) if self._v5 else self.config.codec
+        ident = self._identify(message)
         job = Job(message, self.config.model, self.config.version or "", codec, topic, self._v5,
-                  self._new_id(), self.config.input_name)
+                  ident.message_id, self.config.input_name, answers=ident.answers)
         dropped = self._queue.put(job)
         if dropped is job:  # closed: not acknowledged, so the broker redelivers it after a restart
             self._metrics.drop("shutdown")
@@ -116,7 +118,7 @@ class Pipeline:
         message = job.message
         return Outbound(job.reply_topic or "", body, self.config.qos,
                         content_type=BINARY_TYPE if header_length is not None else JSON_TYPE, user_properties=user,
-                        message_id=job.message_id, on_stored=lambda: self._publisher.ack(message))
+                        message_id=job.message_id, answers=job.answers, on_stored=lambda: self._publisher.ack(message))
 
     def _label_table(self) -> dict[str, list[str]] | None:
         if self.config.postprocess != "topk":

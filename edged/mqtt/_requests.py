@@ -17,6 +17,7 @@ from edged.errors import EdgedError, PayloadError, QueueFull
 from edged.mqtt._codecs import BINARY_TYPE, HEADER_LENGTH, JSON_TYPE, codec_for, error_payload, reply_topic_in
 from edged.mqtt._message import Inbound, Outbound
 from edged.mqtt._metrics import Metrics
+from edged.mqtt._msgid import Identity
 from edged.mqtt._queue import BoundedQueue
 from edged.mqtt._topics import check_topic_name
 from edged.mqtt._work import Job, finish, start
@@ -33,13 +34,14 @@ class Publisher(Protocol):
 
 class RequestHandler:
     def __init__(self, service: InferenceService, config: MqttConfig, v5: bool, publisher: Publisher,
-                 metrics: Metrics, new_id: Callable[[], str], health: HealthBoard | None = None) -> None:
+                 metrics: Metrics, identify: Callable[[Inbound], Identity],
+                 health: HealthBoard | None = None) -> None:
         self._service = service
         self._config = config
         self._v5 = v5
         self._publisher = publisher
         self._metrics = metrics
-        self._new_id = new_id
+        self._identify = identify
         self._queue: BoundedQueue[Job] = BoundedQueue(config.request_workers * 64, "drop_oldest")
         self._health = (health or HealthBoard()).component("mqtt_requests")
         self._threads: list[SupervisedThread] = []
@@ -66,7 +68,9 @@ class RequestHandler:
         if reply is None:
             self._publisher.ack(message)  # dropped and counted: nobody could be answered
             return
-        job = Job(message, model, version, codec_for(message, "json"), reply, self._v5, self._new_id())
+        ident = self._identify(message)
+        job = Job(message, model, version, codec_for(message, "json"), reply, self._v5, ident.message_id,
+                  answers=ident.answers)
         dropped = self._queue.put(job)
         if dropped is not None:
             self._metrics.drop("backpressure")
@@ -87,9 +91,11 @@ class RequestHandler:
         if topic is None:
             self._publisher.ack(message)
             return
+        ident = self._identify(message)
         self._publisher.send(Outbound(topic, error_payload(str(error)), message.qos,
                                       correlation_data=message.correlation_data, content_type=JSON_TYPE,
-                                      message_id=self._new_id(), on_stored=lambda: self._publisher.ack(message)))
+                                      message_id=ident.message_id, answers=ident.answers,
+                                      on_stored=lambda: self._publisher.ack(message)))
 
     def _reply_topic(self, message: Inbound) -> str | None:
         topic = message.response_topic
@@ -130,4 +136,4 @@ class RequestHandler:
         self._publisher.send(Outbound(
             job.reply_topic or "", body, message.qos, correlation_data=message.correlation_data,
             content_type=BINARY_TYPE if header_length is not None else JSON_TYPE, user_properties=user,
-            message_id=job.message_id, on_stored=lambda: self._publisher.ack(message)))
+            message_id=job.message_id, answers=job.answers, on_stored=lambda: self._publisher.ack(message)))

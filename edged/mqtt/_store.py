@@ -16,6 +16,7 @@ import orjson
 
 from edged.errors import OutboxError
 from edged.mqtt._message import Outbound
+from edged.mqtt._msgid import create_tables, load_answered, record_answered
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS outbox (
@@ -47,11 +48,16 @@ class OutboxStore:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute(f"PRAGMA synchronous={'NORMAL' if fsync == 'off' else 'FULL'}")
             self._db.execute(_SCHEMA)
+            self.id_salt = create_tables(self._db)
         except sqlite3.Error as e:
             raise OutboxError(f"outbox {path}: cannot open: {e}") from e
 
     def close(self) -> None:
         self._db.close()
+
+    def answered(self, client: str) -> dict[int, tuple[int, bytes]]:
+        """mid -> (ordinal, digest) of the last input answered under it (see _msgid)."""
+        return load_answered(self._db, client)
 
     def totals(self) -> tuple[int, int]:
         """(messages, payload bytes) stored."""
@@ -65,6 +71,7 @@ class OutboxStore:
                 return self._write_each(messages, deletes)
             self._db.execute("BEGIN")
             seqs = [self._insert(m, created) for m, created in messages]
+            record_answered(self._db, [m.answers for m, _ in messages if m.answers is not None])
             self._delete(deletes)
             self._db.execute("COMMIT")
             return seqs
@@ -75,6 +82,8 @@ class OutboxStore:
 
     def _write_each(self, messages: Sequence[tuple[Outbound, float]], deletes: Sequence[int]) -> list[int]:
         seqs = [self._insert(m, created) for m, created in messages]  # autocommit: one fsync each
+        # after its result: a crash in between leaves the state as the result's first delivery saw it
+        record_answered(self._db, [m.answers for m, _ in messages if m.answers is not None])
         self._delete(deletes)
         return seqs
 

@@ -14,7 +14,7 @@ from typing import Any
 from edged.engine import InferenceService, InferRequest, InferResponse, RequestedOutput
 from edged.errors import EdgedError, PayloadError, PayloadTooLarge, RequestTimeout
 from edged.mqtt._codecs import decode, encode, error_payload, top_k
-from edged.mqtt._message import Inbound
+from edged.mqtt._message import Answer, Inbound
 from edged.protocol import DecodedRequest
 from edged.repository import read_confined
 
@@ -54,6 +54,7 @@ class Job:
     input_name: str | None = None
     decoded: DecodedRequest | None = None
     slot: Slot = field(default_factory=Slot)
+    answers: Answer | None = None  # for the result's id state (see _msgid)
 
     def parameters(self) -> dict[str, Any]:
         """edged's own fields in a result: its message id and the input's timestamp, for de-duplication and

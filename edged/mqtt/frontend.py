@@ -8,19 +8,20 @@ and a stale "online" replayed after a restart would be wrong; a birth is publish
 
 from __future__ import annotations
 
-import itertools
+import dataclasses
 import logging
-import secrets
 import time
 from pathlib import Path
 from typing import Any
 
+from edged.clock import Clock, DeviceClock, state_file_in
 from edged.config import MqttConfig
 from edged.engine import InferenceService
 from edged.errors import PayloadError
 from edged.mqtt._codecs import JSON_TYPE
 from edged.mqtt._message import Inbound, Outbound
 from edged.mqtt._metrics import Metrics, render_prometheus
+from edged.mqtt._msgid import MessageIds
 from edged.mqtt._outbox import Outbox
 from edged.mqtt._paho import Connection
 from edged.mqtt._pipeline import Pipeline
@@ -36,22 +37,24 @@ OUTBOX_FILE = "mqtt-outbox.sqlite3"
 
 class MqttFrontEnd:
     def __init__(self, service: InferenceService, config: MqttConfig, state_dir: Path, *, version: str,
-                 health: HealthBoard | None = None) -> None:
+                 health: HealthBoard | None = None, clock: Clock | None = None) -> None:
         self._service = service
+        # The daemon's clock of this state directory: the outbox ages its messages by its elapsed time.
+        self.clock: Clock = clock or DeviceClock(state_file_in(state_dir))
         self._config = config
         self._version = version
         self._settings = connection_settings(config)
         self.device_id = device_id_of(config)
         self.prefix = f"edged/{self.device_id}"
         self._metrics = Metrics()
-        self._run_id = secrets.token_hex(6)
-        self._counter = itertools.count(1)
         self.health = health or HealthBoard()
         self._outbox = Outbox(state_dir / OUTBOX_FILE, config.outbox, self._metrics, health=self.health)
+        self._ids = MessageIds(self._settings.client_id, *self._outbox.id_state(self._settings.client_id))
         v5 = config.protocol == "5"
-        self._requests = RequestHandler(service, config, v5, self, self._metrics, self.new_message_id, self.health)
-        self._pipelines = [Pipeline(i, service, p, config, v5, self, self._metrics, self.new_message_id,
-                                    self.health) for i, p in enumerate(config.pipelines)]
+        identify = self._ids.identify
+        self._requests = RequestHandler(service, config, v5, self, self._metrics, identify, self.health)
+        self._pipelines = [Pipeline(i, service, p, config, v5, self, self._metrics, identify, self.health)
+                           for i, p in enumerate(config.pipelines)]
         subscriptions = [(f"{self.prefix}/infer/#", config.qos)]
         subscriptions += [(p.input, p.qos) for p in config.pipelines]
         will = Outbound(self._status_topic, offline(self.device_id), 1, retain=True, content_type=JSON_TYPE)
@@ -64,7 +67,8 @@ class MqttFrontEnd:
         return f"{self.prefix}/status"
 
     def new_message_id(self) -> str:
-        return f"{self._run_id}-{next(self._counter)}"
+        """An id for a message that answers no input (telemetry); results take theirs from `MessageIds`."""
+        return self._ids.fresh()
 
     # --- lifecycle -----------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -119,6 +123,8 @@ class MqttFrontEnd:
 
     # --- Publisher -----------------------------------------------------------------------------------------
     def send(self, message: Outbound, wait_s: float | None = None) -> None:
+        if message.answers is not None:  # remember the input as answered before it is acknowledged
+            message = dataclasses.replace(message, on_stored=self._ids.on_stored(message.answers, message.on_stored))
         if message.qos >= 1 and self._config.outbox.enabled:
             self._outbox.put(message, wait_s)  # it calls on_stored after the group commit
             return

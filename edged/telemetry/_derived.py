@@ -26,12 +26,13 @@ class ModelActivity(Protocol):
 
 @dataclass(frozen=True)
 class Event:
-    t: float
+    t: float  # device elapsed time (edged.clock), the key that ages it
     kind: str  # "throttle", "throttle_end", "over_temperature", "over_temperature_end", "power_mode",
     #            "model_load", "model_unload", ...
     subject: str | None = None
     value: float | None = None
     detail: str | None = None
+    wall: float | None = None  # the wall clock at the event, for display; None: t
 
 
 @dataclass(frozen=True)
@@ -107,15 +108,17 @@ class ThrottleDetector:
             return [Event(t, f"{kind}_end", subject, value, detail)]
         return []
 
-    def update(self, sample: Sample) -> list[Event]:
+    def update(self, sample: Sample, t: float | None = None) -> list[Event]:
+        """Events at ``t`` (device elapsed time; default the sample's own time)."""
+        t = sample.t if t is None else t
         events: list[Event] = []
         for domain, (cap, hw_max) in sample.freq_caps.items():
-            events += self._edge(f"throttle:{domain}", cap < hw_max, sample.t, float(cap),
+            events += self._edge(f"throttle:{domain}", cap < hw_max, t, float(cap),
                                  f"frequency capped at {cap} MHz of {hw_max} MHz")
         for sensor, temp in sample.temps_c.items():
             if sensor.upper().startswith("PMIC"):
                 continue  # PMIC-Die reads a constant 100 C on JP4 modules (docs/jetson.md §4)
             trip = sample.trips_c.get(sensor, self.over_temp_c)
-            events += self._edge(f"over_temperature:{sensor}", temp >= trip, sample.t, temp,
+            events += self._edge(f"over_temperature:{sensor}", temp >= trip, t, temp,
                                  f"{temp:.1f} C, trip point {trip:.1f} C")
         return events

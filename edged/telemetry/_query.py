@@ -1,7 +1,11 @@
 """Read side of the telemetry database, for the CLI: summaries, series, exports. Never blocks the writer (WAL).
 
 Windows are measured back from the newest sample in the database, so a copied or replayed database answers
-the same way as a live one. ``points`` uses the finest table that still covers the window: raw rows, then the
+the same way as a live one, in device elapsed time (schema v3, see `edged.clock`): ``--since 1h`` is the last
+hour of device life whatever the wall clock did meanwhile. Times shown are wall times: a raw row's own, a
+rollup bucket's mapped through the newest sample's wall/elapsed pair.
+
+``points`` uses the finest table that still covers the window: raw rows, then the
 1-minute, then the 1-hour rollups. ``summary`` is exact over the window: whole hours come from the 1-hour
 rollups, whole minutes from the 1-minute ones, and only the partial minute at the start and what is not yet
 rolled up at the end from raw rows (see `split_window`); so a day costs about a hundred rows per series.
@@ -75,11 +79,12 @@ def _bucket_parts(table: str, columns: str, prefix: str, ranges: tuple[Range, ..
 
 @dataclass(frozen=True)
 class Point:
-    t: float
+    t: float  # wall time, for display
     series: str
     mean: float
     min: float
     max: float
+    elapsed: float  # device elapsed time: the key the window is measured in
 
 
 class TelemetryReader:
@@ -108,6 +113,13 @@ class TelemetryReader:
             raise TelemetryError(f"cannot read the telemetry database: {e}") from e
         return row[0] if row else None
 
+    def wall_offset(self) -> float:
+        """Wall minus elapsed time at the newest sample: maps a rollup bucket to a time to show."""
+        if self._one("PRAGMA user_version") < 3:
+            return 0.0  # not upgraded yet: t is still wall time
+        offset = self._one("SELECT wall - t FROM samples WHERE wall IS NOT NULL ORDER BY t DESC LIMIT 1")
+        return float(offset) if offset is not None else 0.0
+
     def newest(self) -> float | None:
         t = self._one("SELECT MAX(t) FROM samples")
         if t is None:
@@ -127,19 +139,22 @@ class TelemetryReader:
             return []
         start, table = newest - since_s, table or self._table_for(since_s)
         ids = {name: i for i, name in self._conn.execute("SELECT id, name FROM names")}
+        offset = self.wall_offset()
         if table == "raw":
-            sql = (f"SELECT r.t, n.name, r.v, r.v, r.v FROM ({raw_union(ids)}) r JOIN names n ON n.id = r.name_id"
-                   " WHERE n.name LIKE :like ORDER BY r.t")
-            args: dict[str, object] = {"a": start, "b": newest + 1, "like": series_like}
+            wall = "s.wall" if self._one("PRAGMA user_version") >= 3 else "NULL"
+            sql = (f"SELECT r.t, COALESCE({wall}, r.t + :off), n.name, r.v, r.v, r.v FROM ({raw_union(ids)}) r "
+                   "JOIN names n ON n.id = r.name_id LEFT JOIN samples s ON s.t = r.t "
+                   "WHERE n.name LIKE :like ORDER BY r.t")
+            args: dict[str, object] = {"a": start, "b": newest + 1, "like": series_like, "off": offset}
         else:
-            sql = (f"SELECT r.bucket, n.name, r.mean, r.min, r.max FROM {table} r JOIN names n ON n.id = r.name_id"
-                   " WHERE r.bucket >= :a AND n.name LIKE :like ORDER BY r.bucket")
-            args = {"a": start, "like": series_like}
+            sql = (f"SELECT r.bucket, r.bucket + :off, n.name, r.mean, r.min, r.max FROM {table} r "
+                   "JOIN names n ON n.id = r.name_id WHERE r.bucket >= :a AND n.name LIKE :like ORDER BY r.bucket")
+            args = {"a": start, "like": series_like, "off": offset}
         missing = [s for s in SAMPLE_SERIES if s not in ids]
         if missing:  # an empty database: nothing was ever written
             return []
-        return [Point(float(t), name, float(mean), float(lo), float(hi))
-                for t, name, mean, lo, hi in self._conn.execute(sql, args)]
+        return [Point(float(wall), name, float(mean), float(lo), float(hi), float(t))
+                for t, wall, name, mean, lo, hi in self._conn.execute(sql, args)]
 
     def _meta(self, key: str) -> float | None:
         value = self._one("SELECT value FROM meta WHERE key = ?", key)
@@ -191,12 +206,16 @@ class TelemetryReader:
         legacy = self._one("PRAGMA user_version") < 2
         energy_w = Window(raw=((start, math.inf),), minutes=(), hours=()) if legacy else w
         energy = {names[i].removeprefix("model:"): e / c for i, e, c in self._energy(energy_w) if c}
-        return {"from": start, "to": newest, "samples": self._one(
+        offset = self.wall_offset()
+        return {"from": start + offset, "to": newest + offset, "from_elapsed": start, "to_elapsed": newest,
+                "samples": self._one(
             "SELECT COUNT(*) FROM samples WHERE t >= ?", start), "series": series, "events": events,
             "energy_per_inference_mj": energy}
 
     def events(self, since_s: float) -> list[dict[str, Any]]:
+        """Events of the window: ``t`` is the wall time recorded with each, ``elapsed`` the device time."""
         newest = self.newest() or 0.0
-        cur = self._conn.execute("SELECT t, kind, subject, value, detail FROM events WHERE t >= ? ORDER BY t",
-                                 (newest - since_s,))
-        return [dict(zip(("t", "kind", "subject", "value", "detail"), row, strict=True)) for row in cur]
+        wall = "COALESCE(wall, t)" if self._one("PRAGMA user_version") >= 3 else "t"
+        cur = self._conn.execute(f"SELECT {wall}, t, kind, subject, value, detail FROM events WHERE t >= ? "
+                                 "ORDER BY t", (newest - since_s,))
+        return [dict(zip(("t", "elapsed", "kind", "subject", "value", "detail"), row, strict=True)) for row in cur]

@@ -1,8 +1,9 @@
 """Replay a file of recorded tegrastats lines at real or accelerated speed.
 
 Spacing comes from the lines' own timestamps when they have them, else from the configured interval. Sample
-times are laid out from the moment the replay starts, so a replayed history looks like a live one. Lines that
-are not tegrastats (comments, blanks, garbage) are skipped.
+times (wall and device elapsed, see `edged.clock`) are laid out from the moment the replay starts, so a replayed
+history looks like a live one; pacing uses the monotonic clock, so a wall clock step neither stalls nor rushes
+it. Lines that are not tegrastats (comments, blanks, garbage) are skipped.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
+from edged.clock import Clock, DeviceClock
 from edged.errors import TelemetryError, TelemetryParseError
 from edged.telemetry._sample import Sample
 from edged.telemetry.tegrastats import parse_tegrastats
@@ -32,7 +34,8 @@ def _stamp(timestamp: str | None) -> float | None:
 
 
 class ReplaySource:
-    def __init__(self, path: str, speed: float = 1.0, interval_s: float = 1.0, loop: bool = False) -> None:
+    def __init__(self, path: str, speed: float = 1.0, interval_s: float = 1.0, loop: bool = False,
+                 clock: Clock | None = None) -> None:
         if speed <= 0:
             raise TelemetryError(f"replay speed must be positive, found {speed}")
         try:
@@ -44,7 +47,8 @@ class ReplaySource:
         self._interval = interval_s
         self._loop = loop
         self._iter = self._samples()
-        self._start: float | None = None
+        self._clock = clock or DeviceClock()
+        self._start: tuple[float, float, float] | None = None  # (monotonic, wall, elapsed) at the first sample
 
     @property
     def name(self) -> str:
@@ -73,15 +77,16 @@ class ReplaySource:
 
     def next_sample(self, stop: threading.Event) -> Sample | None:
         if self._start is None:
-            self._start = time.time()
+            self._start = (time.monotonic(), self._clock.wall(), self._clock.elapsed())
         item = next(self._iter, None)
         if item is None or stop.is_set():
             return None
         offset, sample = item
-        wait = self._start + offset / self._speed - time.time()
+        started, wall, elapsed = self._start
+        wait = started + offset / self._speed - time.monotonic()
         if wait > 0.001 and stop.wait(wait):  # shorter waits only hand the GIL to the writer thread
             return None
-        return dataclasses.replace(sample, t=self._start + offset)
+        return dataclasses.replace(sample, t=wall + offset, elapsed=elapsed + offset)
 
     def close(self) -> None:
         self._iter = iter(())

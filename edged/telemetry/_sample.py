@@ -53,6 +53,9 @@ class Sample:
     # Not part of the tegrastats contract; filled by sources that can read them (sysfs).
     trips_c: dict[str, float] = field(default_factory=dict)  # sensor -> lowest passive/hot trip point
     freq_caps: dict[str, tuple[int, int]] = field(default_factory=dict)  # domain -> (cap MHz, hw max MHz)
+    # Device elapsed time (edged.clock) when taken, set only by sources whose timeline is their own (a replay
+    # faster than real time); None: the service stamps the clock's elapsed time as the sample arrives.
+    elapsed: float | None = None
 
     def cpu_mean_load(self) -> float | None:
         loads = [c.load_pct for c in self.cpu if c.load_pct is not None]

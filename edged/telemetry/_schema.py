@@ -9,12 +9,19 @@ model load/unload. ``rollup_1m`` and ``rollup_1h`` hold min/mean/max/count per s
 ``model_rollup_1m`` and ``model_rollup_1h`` (v2) hold per-model sums (inferences, compute time, energy) per
 bucket, so that energy per inference over a day reads aggregates instead of every raw interval.
 
+Time (v3): every ``t`` and ``bucket`` is device elapsed time (`edged.clock.DeviceClock.elapsed`), which never
+jumps with the wall clock, so retention and ``--since`` windows age by device life; ``samples.wall`` and
+``events.wall`` keep the wall clock of the moment for display and export. Rollup buckets are aligned on elapsed
+time. Upgrading a v2 database (whose ``t`` was wall time) moves its whole history by one multiple of an hour so
+that its newest row is no later than the elapsed time at the upgrade; the old ``t`` becomes ``wall``.
+
 Space: deleted pages go to SQLite's freelist and are reused by later inserts (auto_vacuum stays NONE, no
 VACUUM ever runs): at steady state the file stops growing at its high-water mark.
 """
 
 from __future__ import annotations
 
+import math
 import sqlite3
 from collections.abc import Callable
 
@@ -50,7 +57,7 @@ def _run_script(conn: sqlite3.Connection, script: str) -> None:
             conn.execute(statement)
 
 
-def _v1(conn: sqlite3.Connection) -> None:
+def _v1(conn: sqlite3.Connection, elapsed_now: float) -> None:
     _run_script(conn, _V1)
 
 
@@ -68,22 +75,56 @@ INSERT INTO model_rollup_1h
 """
 
 
-def _v2(conn: sqlite3.Connection) -> None:
+def _v2(conn: sqlite3.Connection, elapsed_now: float) -> None:
     # Backfill from the raw intervals a v1 database still holds (its raw retention, a day by default). Older
     # energy is gone, so the oldest backfilled bucket may hold only its tail: the same sum the raw rows gave.
     _run_script(conn, _V2)
 
 
+_KEYED_BY_T = ("samples", "rails", "temperatures", "engine_loads", "model_stats")
+_KEYED_BY_BUCKET = ("rollup_1m", "rollup_1h", "model_rollup_1m", "model_rollup_1h")
+_NEWEST = ("SELECT MAX(x) FROM (SELECT MAX(t) AS x FROM samples UNION ALL SELECT MAX(t) FROM events "
+           "UNION ALL SELECT MAX(bucket) + 60 FROM rollup_1m UNION ALL SELECT MAX(bucket) + 3600 FROM rollup_1h)")
+
+
+def _shift_keys(conn: sqlite3.Connection, table: str, column: str, shift: float) -> None:
+    # Through a copy: an in-place UPDATE of a primary key can collide with a row not moved yet.
+    conn.execute(f"CREATE TEMP TABLE _moving AS SELECT * FROM {table}")
+    conn.execute(f"DELETE FROM {table}")
+    conn.execute(f"UPDATE _moving SET {column} = {column} - ?", (shift,))
+    conn.execute(f"INSERT INTO {table} SELECT * FROM _moving")
+    conn.execute("DROP TABLE _moving")
+
+
+def _v3(conn: sqlite3.Connection, elapsed_now: float) -> None:
+    conn.execute("ALTER TABLE samples ADD COLUMN wall REAL")
+    conn.execute("ALTER TABLE events ADD COLUMN wall REAL")
+    conn.execute("UPDATE samples SET wall = t")
+    conn.execute("UPDATE events SET wall = t")
+    newest = conn.execute(_NEWEST).fetchone()[0]
+    if newest is None or newest <= elapsed_now:
+        return  # nothing recorded ahead of device life: the history ages from where it is
+    shift = math.ceil((newest - elapsed_now) / 3600) * 3600.0  # whole hours keep the rollup buckets aligned
+    for table in _KEYED_BY_T:
+        _shift_keys(conn, table, "t", shift)
+    for table in _KEYED_BY_BUCKET:
+        _shift_keys(conn, table, "bucket", shift)
+    conn.execute("UPDATE events SET t = t - ?", (shift,))
+    conn.execute("UPDATE meta SET value = CAST(CAST(value AS REAL) - ? AS TEXT) "
+                 "WHERE key IN ('rolled_1m', 'rolled_1h')", (shift,))
+
+
 # Index i upgrades user_version i to i + 1. Append, never edit a released step.
-MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_v1, _v2)
+MIGRATIONS: tuple[Callable[[sqlite3.Connection, float], None], ...] = (_v1, _v2, _v3)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 # Scalar columns of `samples` that are rolled up, under their series names.
 SAMPLE_SERIES = ("gpu_load_pct", "cpu_load_pct", "emc_load_pct", "ram_used_mb", "power_in_mw")
 
 
-def migrate(conn: sqlite3.Connection) -> int:
-    """Bring the schema to SCHEMA_VERSION, one transaction per step; return the version found."""
+def migrate(conn: sqlite3.Connection, elapsed_now: float) -> int:
+    """Bring the schema to SCHEMA_VERSION, one transaction per step; return the version found.
+    ``elapsed_now`` is the device clock's elapsed time, for the step that re-keys wall time (v3)."""
     found: int = conn.execute("PRAGMA user_version").fetchone()[0]
     if found > SCHEMA_VERSION:
         from edged.errors import TelemetryError
@@ -92,7 +133,7 @@ def migrate(conn: sqlite3.Connection) -> int:
     for version in range(found, SCHEMA_VERSION):
         conn.execute("BEGIN IMMEDIATE")
         try:
-            MIGRATIONS[version](conn)
+            MIGRATIONS[version](conn, elapsed_now)
             conn.execute(f"PRAGMA user_version = {version + 1}")
             conn.execute("COMMIT")
         except BaseException:

@@ -3,17 +3,23 @@
 The daemon builds it with the ``[telemetry]`` section, the database path and the engine as `ModelActivity`,
 calls `start()` and `stop()`; the serving layer calls `snapshot()` and `render_prometheus()`, the MQTT front
 end `snapshot()` (through `summary_payload`). Nothing here starts at construction time.
+
+Every record is stamped with the device elapsed time of the daemon's clock (``clock``, one per state directory,
+see `edged.clock`): it keys the history, so a wall clock step (an offline boot in 1970, NTP later) neither
+empties nor freezes it. The sample's wall time is kept for display.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from edged.clock import Clock
+from edged.clock import Clock, DeviceClock, state_file_in
 from edged.config import TelemetryConfig
 from edged.errors import TelemetryError
 from edged.supervision import HealthBoard, SupervisedThread
@@ -35,6 +41,8 @@ class TelemetryService:
                  source: TelemetrySource | None = None, *, health: HealthBoard | None = None,
                  clock: Clock | None = None) -> None:
         self._config = config
+        # Standalone (a tool, a test): a clock of the database's folder, so that its history ages across runs.
+        self._clock = clock or DeviceClock(state_file_in(Path(database).parent))
         self._database = database
         self._activity = activity
         self._source = source
@@ -43,7 +51,7 @@ class TelemetryService:
         self._thread: SupervisedThread | None = None
         self._health = health or HealthBoard()
         self._sampler = self._health.component("telemetry_sampler")
-        self._elapsed = clock.elapsed if clock is not None else time.monotonic
+        self._elapsed = self._clock.elapsed  # staleness in device time too: a wall-clock step changes nothing
         self._started_at: float | None = None
         self._latest_at: float | None = None
         self.stale_after_s = max(STALE_INTERVALS * config.interval_s, _STALE_MIN_S)
@@ -56,7 +64,7 @@ class TelemetryService:
         self._energy = EnergyAttributor()
         self._throttle = ThrottleDetector(config.over_temp_c)
         self._power_mode: str | None = None
-        self._power_mode_checked = 0.0
+        self._power_mode_checked = -math.inf
         self.samples = 0
 
     @property
@@ -68,13 +76,13 @@ class TelemetryService:
             raise RuntimeError("TelemetryService.start() called twice")
         if self._source is None:
             self._choice = choose_source(self._config)
-            self._source = open_source(self._config, self._choice)
+            self._source = open_source(self._config, self._choice, self._clock)
         log.info("telemetry source: %s (%s)", self.choice.name, self.choice.reason)
         if self._source is None:
             self._ended = True
             return
         Path(self._database).parent.mkdir(parents=True, exist_ok=True)
-        self._store = TelemetryStore(self._database, self._config, health=self._health)
+        self._store = TelemetryStore(self._database, self._config, health=self._health, clock=self._clock)
         self._store.start()
         self._started_at = self._elapsed()
         self._thread = SupervisedThread("edged-telemetry-sampler", self._run, self._sampler,
@@ -109,7 +117,7 @@ class TelemetryService:
     def record_event(self, kind: str, subject: str | None = None, detail: str | None = None) -> None:
         """Model load/unload and other events from the daemon; dropped when telemetry is off."""
         if self._store is not None:
-            self._store.put_event(Event(time.time(), kind, subject, None, detail))
+            self._store.put_event(Event(self._clock.elapsed(), kind, subject, None, detail, self._clock.wall()))
 
     def _run(self) -> None:
         source, store = self._source, self._store
@@ -135,14 +143,16 @@ class TelemetryService:
     def _derive(self, sample: Sample) -> Record:
         power = input_power_mw(sample)
         activity = dict(self._activity.model_activity()) if self._activity is not None else {}
+        elapsed = sample.elapsed if sample.elapsed is not None else self._clock.elapsed()
         with self._lock:
-            models = self._energy.update(sample.t, power, activity)
-            events = self._throttle.update(sample) + self._check_power_mode(sample.t)
+            models = self._energy.update(elapsed, power, activity)  # intervals in elapsed time: no jumps
+            events = self._throttle.update(sample, elapsed) + self._check_power_mode(elapsed)
             self._latest, self._latest_power = sample, power
             self._latest_at = self._elapsed()
             self.samples += 1
             self._changed.notify_all()
-        return Record(sample, power, tuple(models), tuple(events))
+        events = [dataclasses.replace(e, wall=sample.t) for e in events]
+        return Record(sample, power, tuple(models), tuple(events), elapsed=elapsed, wall=sample.t)
 
     def _check_power_mode(self, t: float) -> list[Event]:
         if t - self._power_mode_checked < _POWER_MODE_EVERY_S:

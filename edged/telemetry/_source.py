@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from edged.clock import Clock
 from edged.config import TelemetryConfig
 from edged.errors import TelemetryError
 from edged.telemetry._sample import Sample
@@ -61,8 +62,9 @@ def choose_source(config: TelemetryConfig) -> SourceChoice:
     return SourceChoice("off", f"auto: no tegrastats, no jtop service and nothing under {config.sysfs_root}")
 
 
-def open_source(config: TelemetryConfig, choice: SourceChoice | None = None) -> TelemetrySource | None:
-    """Build the chosen source; None when telemetry is off."""
+def open_source(config: TelemetryConfig, choice: SourceChoice | None = None,
+                clock: Clock | None = None) -> TelemetrySource | None:
+    """Build the chosen source; None when telemetry is off. ``clock`` lays out a replay's times."""
     choice = choice or choose_source(config)
     if choice.name == "off":
         return None
@@ -73,7 +75,8 @@ def open_source(config: TelemetryConfig, choice: SourceChoice | None = None) -> 
         from edged.telemetry._replay import ReplaySource
         if config.replay_file is None:
             raise TelemetryError("[telemetry] source = 'replay' needs replay_file, found none")
-        return ReplaySource(config.replay_file, config.replay_speed, config.interval_s, config.replay_loop)
+        return ReplaySource(config.replay_file, config.replay_speed, config.interval_s, config.replay_loop,
+                            clock)
     if choice.name == "sysfs":
         from edged.telemetry._sysfs import SysfsSource
         return SysfsSource(config.sysfs_root, config.interval_s)

@@ -1,5 +1,9 @@
 """The SQLite store: one writer thread, batched transactions, WAL so that readers are never blocked.
 
+Time: a record is keyed by its device elapsed time (``Record.elapsed``, see `edged.clock`), which ages the
+rollups and retention; its wall time is kept beside it for display. A record without one (a history built by a
+tool, a test) is keyed by its sample's time.
+
 Durability: WAL with ``synchronous=NORMAL``. A killed process (SIGKILL) loses nothing that was committed and
 never corrupts the file; what it loses is the batch still in memory (at most ``batch_size`` samples or
 ``flush_interval_s`` of them). A power cut may also lose the last committed transactions, never consistency.
@@ -15,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from edged.clock import Clock, DeviceClock
 from edged.config import TelemetryConfig
 from edged.errors import TelemetryError
 from edged.supervision import HealthBoard, SupervisedThread
@@ -34,6 +39,12 @@ class Record:
     power_in_mw: int | None = None
     models: tuple[ModelInterval, ...] = ()
     events: tuple[Event, ...] = ()
+    elapsed: float | None = None  # device elapsed time when sampled (the key); None: sample.t
+    wall: float | None = None  # wall clock when sampled, for display; None: sample.t
+
+    @property
+    def key(self) -> float:
+        return self.elapsed if self.elapsed is not None else self.sample.t
 
 
 @dataclass
@@ -52,11 +63,11 @@ def _rows(records: list[Record], nid: _Names) -> dict[str, list[tuple[object, ..
     rows: dict[str, list[tuple[object, ...]]] = {
         k: [] for k in ("samples", "rails", "temps", "engines", "models")}
     for r in records:
-        s, t = r.sample, r.sample.t
+        s, t = r.sample, r.key
         cpu = json.dumps([[c.load_pct, c.freq_mhz] for c in s.cpu], separators=(",", ":"))
         rows["samples"].append((t, s.ram_used_mb, s.ram_total_mb, s.swap_used_mb, s.swap_total_mb,
                                 s.cpu_mean_load(), cpu, s.gpu_load_pct, s.gpu_freq_mhz, s.emc_load_pct,
-                                s.emc_freq_mhz, r.power_in_mw))
+                                s.emc_freq_mhz, r.power_in_mw, r.wall if r.wall is not None else s.t))
         rows["rails"] += [(t, nid(f"power_mw:{k}"), v.now_mw, v.avg_mw) for k, v in s.power_mw.items()]
         rows["temps"] += [(t, nid(f"temp_c:{k}"), v) for k, v in s.temps_c.items()]
         rows["engines"] += [(t, nid(f"engine_load_pct:{k}"), int(e.on), e.load_pct, e.freq_mhz)
@@ -68,7 +79,8 @@ def _rows(records: list[Record], nid: _Names) -> dict[str, list[tuple[object, ..
 
 class TelemetryStore:
     def __init__(self, path: str, config: TelemetryConfig,
-                 on_flush: Callable[[int], None] | None = None, *, health: HealthBoard | None = None) -> None:
+                 on_flush: Callable[[int], None] | None = None, *, health: HealthBoard | None = None,
+                 clock: Clock | None = None) -> None:
         self.path = path
         self._config = config
         self._on_flush = on_flush
@@ -82,7 +94,11 @@ class TelemetryStore:
         import sqlite_utils  # imported here so that the read-only CLI does not pay for it
 
         conn = connect(path)
-        migrate(conn)
+        clock = clock or DeviceClock()
+        migrate(conn, clock.elapsed())
+        newest = conn.execute("SELECT MAX(t) FROM samples").fetchone()[0]
+        if newest is not None and isinstance(clock, DeviceClock):
+            clock.advance_past(float(newest))  # rows written after the clock's last checkpoint (a crash)
         self._db = sqlite_utils.Database(conn)
         self._names = _Names(conn)
         self._series = {name: self._names(name) for name in SAMPLE_SERIES}
@@ -159,7 +175,7 @@ class TelemetryStore:
         try:
             self._insert(batch, events)
             if batch:
-                self._maintain(max(r.sample.t for r in batch))
+                self._maintain(max(r.key for r in batch))
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
@@ -172,15 +188,15 @@ class TelemetryStore:
         conn = self._db.conn
         rows = _rows(batch, self._names)
         events = [e for r in batch for e in r.events] + events
-        conn.executemany("INSERT OR REPLACE INTO samples VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", rows["samples"])
+        conn.executemany("INSERT OR REPLACE INTO samples VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", rows["samples"])
         conn.executemany("INSERT OR REPLACE INTO rails VALUES (?,?,?,?)", rows["rails"])
         conn.executemany("INSERT OR REPLACE INTO temperatures VALUES (?,?,?)", rows["temps"])
         conn.executemany("INSERT OR REPLACE INTO engine_loads VALUES (?,?,?,?,?)", rows["engines"])
         conn.executemany("INSERT OR REPLACE INTO model_stats VALUES (?,?,?,?,?,?)", rows["models"])
         if events:
             self._db.table("events").insert_all(
-                [{"t": e.t, "kind": e.kind, "subject": e.subject, "value": e.value, "detail": e.detail}
-                 for e in events])
+                [{"t": e.t, "kind": e.kind, "subject": e.subject, "value": e.value, "detail": e.detail,
+                  "wall": e.wall if e.wall is not None else e.t} for e in events])
 
     def _maintain(self, newest: float) -> None:
         conn = self._db.conn

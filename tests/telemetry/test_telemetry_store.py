@@ -12,6 +12,7 @@ import textwrap
 
 import pytest
 
+from edged.clock import ManualClock
 from edged.config import TelemetryConfig
 from edged.telemetry import Rail, Sample, TelemetryReader
 from edged.telemetry._derived import ModelInterval
@@ -110,10 +111,12 @@ def test_a_v1_database_migrates_and_keeps_answering_energy_per_inference(tmp_pat
     path = str(tmp_path / "t.db")
     t0 = _day_with_models(path)
     conn = sqlite3.connect(path)  # what edged with schema v1 left behind: no model rollups
-    conn.executescript("DROP TABLE model_rollup_1m; DROP TABLE model_rollup_1h; PRAGMA user_version = 1;")
+    conn.executescript("DROP TABLE model_rollup_1m; DROP TABLE model_rollup_1h; ALTER TABLE samples DROP COLUMN "
+                       "wall; ALTER TABLE events DROP COLUMN wall; PRAGMA user_version = 1;")
     conn.close()
     before = TelemetryReader(path).summary(24 * 3600)  # a reader never migrates: it falls back to raw rows
-    TelemetryStore(path, TelemetryConfig()).stop()
+    # a device clock already past the history: the v3 step keeps every time where it is
+    TelemetryStore(path, TelemetryConfig(), clock=ManualClock(elapsed=t0 + 10 * 86400)).stop()
     conn = sqlite3.connect(path)
     assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     assert conn.execute("SELECT MIN(bucket) FROM model_rollup_1m").fetchone()[0] == t0 - 17.5
