@@ -38,8 +38,9 @@ class MemoryConfig:
     budget_mb: float | None = field(default=None, metadata={"check": _non_negative})
     budget_percent: float | None = field(default=None, metadata={"check": _percent})
     policy: Literal["refuse", "evict_lru"] = "refuse"
-    # A model's need before its first load = file size x this factor (ONNX on CPU measured 1.0-1.5x).
-    load_estimate_factor: float = field(default=1.5, metadata={"check": _positive})
+    # A model file's peak need while loading, before it was first loaded, = file size x this factor; later
+    # loads of the same file use the peak measured then. ONNX on CPU peaked at PEAK_FACTOR_NOTE.
+    load_estimate_factor: float = field(default=3.0, metadata={"check": _positive})
     release_after_unload: bool = True
     pressure_min_available_mb: float = field(default=256.0, metadata={"check": _non_negative})
     pressure_some_avg10_max: float = field(default=40.0, metadata={"check": _non_negative})

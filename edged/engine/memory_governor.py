@@ -1,8 +1,14 @@
 """Memory admission for model loads: the engine's side of `edged.memory`.
 
-Before a load: refuse under memory pressure, then reserve the model's expected footprint in the budget,
-evicting least-recently-used idle versions when the policy allows. Around the load: measure the real
-footprint and charge it instead. After an unload: discharge it and give freed memory back to the system.
+Before a load: refuse under memory pressure, then reserve the load's expected peak in the budget, evicting
+least-recently-used idle versions when the policy allows. Around the load: measure the real footprint and the
+peak (VmHWM), charge the footprint instead and remember the peak for the next load of the same file. After an
+unload: discharge it and give freed memory back to the system.
+
+Each loaded copy has its own charge: a reload's new copy is charged as ``"<name>/<version> (reload)"`` beside
+the serving ``"<name>/<version>"`` until the old copy is gone, then takes over the plain key. The serving copy
+of the version being loaded is never an eviction candidate for its own reload (that would be a replace, which
+the registry decides by its ``[models] reload`` policy).
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from edged.config import MemoryConfig
@@ -25,10 +32,27 @@ from edged.memory import (
 )
 
 log = logging.getLogger(__name__)
+RELOAD_SUFFIX = " (reload)"
 
 
 def version_key(version: ModelVersion) -> str:
     return f"{version.config.name}/{version.version}"
+
+
+def file_key(key: str, path: Path) -> str:
+    """A model file's identity for its measured peak: a changed file (size or mtime) is estimated afresh."""
+    try:
+        st = path.stat()
+    except OSError:
+        return key
+    return f"{key}@{st.st_size}:{st.st_mtime_ns}"
+
+
+def file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0  # the load itself reports the missing file
 
 
 class MemoryGovernor:
@@ -40,26 +64,45 @@ class MemoryGovernor:
         self.budget = MemoryBudget(config, total_memory_bytes)
         self.pressure = pressure
         self.last_release: dict[str, Any] = {}
+        self.last_load: dict[str, Any] = {}
+        self._keys: dict[ModelVersion, str] = {}  # each charged copy → its key in the budget
+        self._free_at_admission: int | None = None
 
-    def before_load(self, version: ModelVersion, candidates: Callable[[], list[ModelVersion]],
-                    evict: Callable[[ModelVersion], None]) -> None:
+    def peak_estimate(self, key: str, path: Path) -> int:
+        """What loading the file ``path`` of version ``key`` is expected to add to the process's peak."""
+        return self.budget.estimate(file_key(key, path), file_size(path))
+
+    def charge_key(self, version: ModelVersion) -> str:
+        """The budget key for a copy about to load; refuses under memory pressure."""
         key = version_key(version)
         if self.pressure is not None:
             self.pressure.refuse_if_under_pressure(key)
-        try:
-            file_bytes = version.path.stat().st_size
-        except OSError:
-            file_bytes = 0  # the load itself reports the missing file
+        return key + RELOAD_SUFFIX if key in self.budget.charges() else key
+
+    def admit(self, key: str, needed: int, spare: str, candidates: Callable[[], list[ModelVersion]],
+              evict: Callable[[ModelVersion], None]) -> None:
+        """Reserve ``needed`` under ``key``, evicting per policy any candidate except model ``spare``'s."""
         by_key: dict[str, ModelVersion] = {}
 
         def evictable() -> list[EvictionCandidate]:
-            found = candidates()
-            by_key.update({version_key(v): v for v in found})
-            return [EvictionCandidate(version_key(v), v.last_used, v.in_flight) for v in found]
+            found = [v for v in candidates() if v.config.name != spare and v in self._keys]
+            by_key.update({self._keys[v]: v for v in found})
+            return [EvictionCandidate(self._keys[v], v.last_used, v.in_flight) for v in found]
 
-        victims = self.budget.admit(key, self.budget.estimate(key, file_bytes), evictable)
+        victims = self.budget.admit(key, needed, evictable)
+        free = self.budget.free_bytes
+        self._free_at_admission = None if free is None else free + needed  # loads run one at a time
         for victim in victims:
             evict(by_key[victim])
+
+    def charged(self, version: ModelVersion, key: str) -> None:
+        """``version`` holds the reservation made under ``key``; a reload's copy whose predecessor was
+        unloaded meanwhile (policy replace) takes the plain key."""
+        plain = version_key(version)
+        if key != plain and plain not in self.budget.charges():
+            self.budget.rename(key, plain)
+            key = plain
+        self._keys[version] = key
 
     @contextlib.contextmanager
     def measure(self) -> Iterator[FootprintProbe]:
@@ -71,11 +114,30 @@ class MemoryGovernor:
         if footprint is None:
             return
         version.footprint_bytes = max(0, footprint.total_bytes)
-        self.budget.commit(version_key(version), version.footprint_bytes)
+        version.load_peak_bytes = footprint.peak_bytes
+        key = self._keys.get(version, version_key(version))
+        self.budget.commit(key, version.footprint_bytes)
+        self.budget.remember_peak(file_key(version_key(version), version.path), footprint.peak_bytes)
+        free = self._free_at_admission
+        within = free is None or footprint.peak_bytes <= free
+        if not within:
+            log.warning("loading %s peaked at %d bytes, above the budget's free %d bytes; its next load is "
+                        "estimated from this peak", key, footprint.peak_bytes, free)
+        self.last_load = {"key": key, "peak_bytes": footprint.peak_bytes, "footprint_bytes": version.footprint_bytes,
+                          "free_before_bytes": free, "within_budget": within, "hwm_reset": probe.hwm_reset}
 
     def forget(self, version: ModelVersion) -> None:
-        """The version is unloaded, evicted, or failed to load: it no longer counts against the budget."""
-        self.budget.release(version_key(version))
+        """The copy is unloaded, evicted, or failed to load: it no longer counts against the budget. A
+        reload's new copy waiting beside it takes over the plain key."""
+        key = self._keys.pop(version, version_key(version))
+        self.budget.release(key)
+        if key.endswith(RELOAD_SUFFIX):
+            return
+        for other, other_key in self._keys.items():
+            if other_key == key + RELOAD_SUFFIX:
+                self.budget.rename(other_key, key)
+                self._keys[other] = key
+                return
 
     def release(self) -> None:
         if not self._config.release_after_unload:
@@ -91,10 +153,13 @@ class MemoryGovernor:
         return {
             "budget_bytes": self.budget.limit_bytes,
             "used_bytes": self.budget.used_bytes,
+            "free_bytes": self.budget.free_bytes,
             "charges": dict(self.budget.charges()),
             "policy": self._config.policy,
             "under_pressure": bool(state and state.under_pressure),
             "pressure_reason": state.reason if state else "",
             "mem_available_bytes": state.mem_available_bytes if state else None,
             "last_release": self.last_release,
+            "last_load": self.last_load,
         }
+

@@ -1,30 +1,49 @@
 """The models of one repository and the rules that load, reload and unload their versions.
 
 A reload builds the new versions next to the serving ones and swaps only when they are ready: a failed reload
-leaves the old versions serving. All changes run under one lock.
+leaves the old versions serving. Where the memory budget cannot hold both copies, ``[models] reload`` decides:
+"side_by_side" refuses the reload (the old copy keeps serving), "replace" unloads the old copy first (the
+version is unavailable until the new one is ready), "auto" does side by side when it fits and replace when not.
+
+All changes run under one lock, but nothing waits for an execution while holding it: versions leaving service
+stop taking requests under the lock and are drained and closed after the change lets go of it, so a slow or
+wedged execution never blocks loads, unloads, polls or shutdown of other models. (Evicted versions, which
+have nothing in flight, and the old copy a "replace" reload unloads first are closed at once, because their
+memory must be free before the load that follows.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
-import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from edged.backends import Backend
 from edged.config import ModelsConfig
 from edged.engine.lifecycle import ModelState
-from edged.engine.memory_governor import MemoryGovernor
+from edged.engine.memory_governor import MemoryGovernor, version_key
+from edged.engine.record import ModelRecord
 from edged.engine.version import ModelVersion
-from edged.errors import EdgedError, ModelLoadError, ModelNotFound, ModelNotReady, Unavailable
+from edged.errors import (
+    EdgedError,
+    MemoryBudgetExceeded,
+    ModelLoadError,
+    ModelNotFound,
+    ModelNotReady,
+    Unavailable,
+)
 from edged.repository import (
+    Fingerprint,
     autocomplete,
+    changed_versions,
     check_model_name,
     detect_runtime,
     find_models,
+    fingerprint,
     list_versions,
     load_model_config,
     normalize,
@@ -37,43 +56,6 @@ READY = ModelState.READY
 
 # Runtimes whose model files carry their inputs and outputs, so a config is completed and checked from them.
 SELF_DESCRIBING = frozenset({"onnxruntime", "tensorrt"})
-
-
-class ModelRecord:
-    """A model known to the service: its served versions and the outcome of the last load."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        # Served versions by number. Replaced (or `drop`ped from) as a whole, never changed in place, so that
-        # the cached default below can tell whether it was chosen from the current dict.
-        self.versions: dict[int, ModelVersion] = {}
-        # The default version (highest ready) with the dict it was chosen from: every request without a version
-        # asks for it, so it is chosen once per change of the dict, not per request.
-        self._default: tuple[dict[int, ModelVersion], ModelVersion | None] = ({}, None)
-        self.failed: dict[int, ModelVersion] = {}  # versions whose last load failed, with the reason
-        self.error = ""  # a failure before any version could be tried (bad config, missing runtime)
-        self.fingerprint: tuple[Any, ...] = ()
-        self.loaded_explicitly = False
-
-    def drop(self, number: int) -> None:
-        self.versions = {n: v for n, v in self.versions.items() if n != number}
-
-    def default_version(self) -> ModelVersion | None:
-        """The highest ready version, or None."""
-        chosen_from, version = self._default
-        if chosen_from is self.versions and version is not None and version.lifecycle.state is READY:
-            return version
-        versions = self.versions
-        ready = [v for _, v in sorted(versions.items()) if v.lifecycle.state is READY]
-        version = ready[-1] if ready else None
-        self._default = (versions, version)
-        return version
-
-    def ready_versions(self) -> list[ModelVersion]:
-        return [v for _, v in sorted(self.versions.items()) if v.state is ModelState.READY]
-
-    def all_versions(self) -> list[ModelVersion]:
-        return [v for _, v in sorted(self.versions.items())]
 
 
 class Registry:
@@ -91,6 +73,9 @@ class Registry:
         self._unloaded: dict[str, str] = {}  # model name → why it is no longer loaded, for the index
         self._backends: dict[str, Backend] = {}
         self._lock = threading.RLock()
+        self._depth = 0  # nesting of _changing() in the thread holding the lock
+        self._retired: list[ModelVersion] = []  # out of service, to unload when the change ends
+        self._settling: dict[str, Fingerprint] = {}  # poll: fingerprints seen once, reloaded when seen again
         self.started = False
 
     # --- queries -------------------------------------------------------------------------------------------
@@ -134,7 +119,7 @@ class Registry:
         """Load a lazily registered model; concurrent callers wait for the one load under the lock."""
         if name not in self._lazy:
             return
-        with self._lock:
+        with self._changing():
             if name in self._lazy:
                 self.load(name, None, explicit=False)
 
@@ -168,13 +153,45 @@ class Registry:
             return []
 
     # --- changes -------------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _changing(self) -> Iterator[None]:
+        """Hold the lock for a change; the versions it retired are drained and closed once the outermost
+        change has let go of the lock."""
+        retired: list[ModelVersion] = []
+        try:
+            with self._lock:
+                self._depth += 1
+                try:
+                    yield
+                finally:
+                    self._depth -= 1
+                    if self._depth == 0:
+                        retired, self._retired = self._retired, []
+        finally:
+            self._finish(retired, self._unload_timeout_s)
+
+    def _retire(self, version: ModelVersion) -> None:
+        """Take a version out of service now (under the lock); it is unloaded when the change ends."""
+        if version.lifecycle.state is READY:
+            version.lifecycle.move(ModelState.UNLOADING)
+        self._retired.append(version)
+
+    def _finish(self, versions: list[ModelVersion], timeout_s: float) -> None:
+        for version in versions:
+            version.unload(timeout_s)
+        if versions and self._memory is not None:
+            with self._lock:  # the governor's books are kept under the lock; nothing waits here
+                for version in versions:
+                    self._memory.forget(version)
+                self._memory.release()
+
     def start(self) -> None:
         names = find_models(self._root)
         mode = self._settings.control_mode
         if mode == "explicit":
             wanted = set(self._settings.startup_models)
             names = names if "*" in wanted else [n for n in names if n in wanted]
-        with self._lock:
+        with self._changing():
             for name in names:
                 if self._settings.load == "lazy":
                     self._lazy.add(name)
@@ -185,19 +202,22 @@ class Registry:
                     log.error("model %s failed to load: %s", name, e)
             self.started = True
 
-    def load(self, name: str, override: ModelConfig | None, explicit: bool) -> None:
+    def load(self, name: str, override: ModelConfig | None, explicit: bool,
+             seen: Fingerprint | None = None) -> None:
+        """Load or reload a model; ``seen`` (from poll) reloads only the versions whose files changed."""
         if explicit and self._settings.control_mode != "explicit":
             raise Unavailable(f"explicit model load / unload is not allowed in model control mode "
                               f"{self._settings.control_mode!r}; start edged with --model-control-mode explicit")
         check_model_name(name)
         if not (self._root / name).is_dir():
             raise ModelNotFound(f"unknown model: {name!r} is not in the repository {self._root}")
-        with self._lock:
+        with self._changing():
             self._unloaded.pop(name, None)
             record = self._records.setdefault(name, ModelRecord(name))
             record.loaded_explicitly = explicit
+            changed = None if seen is None or override is not None else changed_versions(record.fingerprint, seen)
             try:
-                self._load_record(record, override)
+                self._load_record(record, override, changed)
             except EdgedError as e:
                 if not record.versions:
                     record.error = str(e)
@@ -205,8 +225,9 @@ class Registry:
             finally:
                 # Only now: callers of ensure_loaded() that saw the model as lazy wait on the lock until here.
                 self._lazy.discard(name)
+            record.fingerprint = seen if seen is not None else fingerprint(self._root / name)
 
-    def _load_record(self, record: ModelRecord, override: ModelConfig | None) -> None:
+    def _load_record(self, record: ModelRecord, override: ModelConfig | None, changed: set[int] | None) -> None:
         model_dir = self._root / record.name
         if not model_dir.is_dir():
             raise ModelNotFound(f"model {record.name} is not in the repository {self._root}")
@@ -219,13 +240,63 @@ class Registry:
         backend = self._backends.get(runtime)
         if backend is None:  # one backend object per runtime: TensorRT's scratch area is shared through it
             backend = self._backends[runtime] = self._backend_loader(runtime)
-        config = self._complete(record.name, config, runtime, backend, model_dir, available)
+        reloading = [n for n in record.versions if changed is None or n in changed]
+        if reloading and self._settings.reload == "replace":
+            self._replace(record, reloading)
+        with self._describing(record, config, runtime, model_dir, available, reloading):
+            config = self._complete(record.name, config, runtime, backend, model_dir, available)
         wanted = select_versions(config.version_policy, available)
         if not wanted:
             raise ModelLoadError(f"model {record.name}: no version to serve in {model_dir} (found versions: "
                                  f"{available or 'none'}; version_policy {config.version_policy.kind})")
-        self._swap_in(record, config, backend, model_dir, wanted)
-        record.fingerprint = fingerprint(model_dir)
+        self._swap_in(record, config, backend, model_dir, wanted, changed)
+
+    @contextlib.contextmanager
+    def _describing(self, record: ModelRecord, config: ModelConfig | None, runtime: str, model_dir: Path,
+                    available: list[int], reloading: list[int]) -> Iterator[None]:
+        """Auto-complete opens the newest model file once: reserve that peak in the budget for its time."""
+        memory = self._memory
+        if memory is None or runtime not in SELF_DESCRIBING or not self._settings.autocomplete or not available:
+            yield
+            return
+        probe = ModelConfig(name=record.name, backend=runtime) if config is None else config
+        newest = max(available)
+        needed = memory.peak_estimate(f"{record.name}/{newest}", model_dir / str(newest) / probe.model_filename)
+        key = f"{record.name} (auto-complete)"
+        self._reserve(record, key, needed, reloading)
+        try:
+            yield
+        finally:
+            memory.budget.release(key)
+
+    def _reserve(self, record: ModelRecord, key: str, needed: int, reloading: list[int]) -> None:
+        """Admit ``needed`` bytes under ``key``; when the serving copies of a reload are in the way, follow
+        the reload policy: refuse ("side_by_side") or unload them first ("auto")."""
+        memory = self._memory
+        if memory is None:
+            return
+        try:
+            memory.admit(key, needed, record.name, self._eviction_candidates, self._evict)
+        except MemoryBudgetExceeded as e:
+            serving = [n for n in reloading if n in record.versions]
+            if not serving:
+                raise
+            if self._settings.reload == "side_by_side":
+                raise MemoryBudgetExceeded(f"{e}; reload refused, the loaded copy keeps serving ([models] reload "
+                                           "= \"side_by_side\"; \"replace\" or \"auto\" unload it first)") from e
+            self._replace(record, serving)
+            memory.admit(key, needed, record.name, self._eviction_candidates, self._evict)
+
+    def _replace(self, record: ModelRecord, numbers: list[int]) -> None:
+        """Unload the serving copies of ``numbers`` before their reload, so both never share the memory."""
+        for number in numbers:
+            old = record.versions.get(number)
+            if old is None:
+                continue
+            log.warning("model %s version %s is unavailable until its reload is ready: the loaded copy is "
+                        "unloaded first ([models] reload = %r)", record.name, number, self._settings.reload)
+            record.drop(number)
+            self._unload_now(old)
 
     def _complete(self, name: str, config: ModelConfig | None, runtime: str, backend: Backend, model_dir: Path,
                   available: list[int]) -> ModelConfig:
@@ -248,38 +319,42 @@ class Registry:
         return autocomplete(config, name, backend.describe(path), runtime, gpus=_gpus(backend))
 
     def _swap_in(self, record: ModelRecord, config: ModelConfig, backend: Backend, model_dir: Path,
-                 wanted: list[int]) -> None:
+                 wanted: list[int], changed: set[int] | None) -> None:
+        unchanged = {n for n in record.versions if changed is not None and n in wanted and n not in changed}
         fresh: dict[int, ModelVersion] = {}
         errors: list[str] = []
         for number in wanted:
+            if number in unchanged:
+                continue
             version = ModelVersion(config, number, model_dir, self._max_elements)
             try:
-                self._load_version(version, backend)
+                self._load_version(record, version, backend)
             except EdgedError as e:
                 record.failed[number] = version
                 errors.append(str(e))
                 continue
             fresh[number] = version
             record.failed.pop(number, None)
-        if not fresh:
-            raise ModelLoadError("; ".join(errors) if errors else f"model {record.name}: nothing loaded")
+        if errors and not fresh:
+            raise ModelLoadError("; ".join(errors))
         old = record.versions
-        record.versions = {**{n: v for n, v in old.items() if n not in fresh and n in wanted and errors}, **fresh}
+        record.versions = {**{n: v for n, v in old.items() if n not in fresh and n in wanted
+                              and (errors or n in unchanged)}, **fresh}
         record.error = ""
-        retired = [(n, v) for n, v in old.items() if record.versions.get(n) is not v]
-        for number, version in retired:
-            self._unload_version(version, self._unload_timeout_s, forget=number not in fresh)
-        if retired:
-            self._after_unload()
+        for number, version in old.items():
+            if record.versions.get(number) is not version:
+                self._retire(version)
         if errors:
             log.warning("model %s: some versions failed to load: %s", record.name, "; ".join(errors))
 
-    def _load_version(self, version: ModelVersion, backend: Backend) -> None:
+    def _load_version(self, record: ModelRecord, version: ModelVersion, backend: Backend) -> None:
         memory = self._memory
         if memory is None:
             version.load(backend, self._settings.warmup)
             return
-        memory.before_load(version, self._eviction_candidates, self._evict)
+        key = memory.charge_key(version)
+        self._reserve(record, key, memory.peak_estimate(version_key(version), version.path), [version.version])
+        memory.charged(version, key)
         try:
             with memory.measure() as probe:
                 version.load(backend, self._settings.warmup)
@@ -288,10 +363,13 @@ class Registry:
             raise
         memory.after_load(version, probe)
 
-    def _unload_version(self, version: ModelVersion, timeout_s: float, forget: bool = True) -> None:
-        version.unload(timeout_s)
-        if self._memory is not None and forget:  # a reloaded version number keeps the new copy's charge
+    def _unload_now(self, version: ModelVersion) -> None:
+        """Unload under the lock: only for versions with nothing in flight (eviction) or whose memory the next
+        load needs (replace); an execution still running is not waited for past the unload timeout."""
+        version.unload(self._unload_timeout_s)
+        if self._memory is not None:
             self._memory.forget(version)
+            self._memory.release()
 
     def _eviction_candidates(self) -> list[ModelVersion]:
         return [v for r in self._records.values() for v in r.ready_versions()]
@@ -300,7 +378,7 @@ class Registry:
         record = self._records.get(version.config.name)
         log.info("evicting model %s version %s to make room (least recently used)", version.config.name,
                  version.version)
-        self._unload_version(version, self._unload_timeout_s)
+        self._unload_now(version)
         if record is not None:
             record.drop(version.version)
             if not record.versions:
@@ -313,7 +391,7 @@ class Registry:
         if explicit and self._settings.control_mode != "explicit":
             raise Unavailable(f"explicit model load / unload is not allowed in model control mode "
                               f"{self._settings.control_mode!r}; start edged with --model-control-mode explicit")
-        with self._lock:
+        with self._changing():
             record = self._records.pop(name, None)
             if record is None:
                 if name in self._lazy:
@@ -321,42 +399,54 @@ class Registry:
                 raise ModelNotFound(f"unknown model: {name!r} is not loaded")
             self._unloaded[name] = "unloaded"
             for version in record.all_versions():
-                self._unload_version(version, self._unload_timeout_s)
-            self._after_unload()
-
-    def _after_unload(self) -> None:
-        if self._memory is not None:
-            self._memory.release()
+                self._retire(version)
 
     def poll(self) -> None:
-        with self._lock:
+        """Reload the models whose files changed and settled: a fingerprint must be the same in two polls
+        in a row, so a file still being copied is loaded only once complete."""
+        with self._changing():
             present = set(self._safe_find_models())
             for name in sorted(set(self._records) - present):
                 log.info("model %s disappeared from the repository; unloading", name)
                 self.unload(name, explicit=False)
+            for name in sorted(set(self._settling) - present):
+                del self._settling[name]
             for name in sorted(present):
-                record = self._records.get(name)
-                if record is not None and record.fingerprint == fingerprint(self._root / name):
-                    continue
-                if record is None and name in self._lazy:
-                    continue
-                try:
-                    self.load(name, None, explicit=False)
-                except EdgedError as e:
-                    log.error("model %s: reload failed, previous versions keep serving: %s", name, e)
+                self._poll_model(name)
+
+    def _poll_model(self, name: str) -> None:
+        record = self._records.get(name)
+        if record is None and name in self._lazy:
+            return
+        seen = fingerprint(self._root / name)
+        if record is not None and record.fingerprint == seen:
+            self._settling.pop(name, None)
+            return
+        if self._settling.get(name) != seen:
+            self._settling[name] = seen  # changed since the last poll: maybe still being written
+            return
+        del self._settling[name]
+        try:
+            self.load(name, None, explicit=False, seen=seen)
+        except EdgedError as e:
+            if record is not None:
+                record.fingerprint = seen  # retried when the files change again, not on every poll
+            log.error("model %s: reload failed, previous versions keep serving: %s", name, e)
 
     def close(self, timeout_s: float) -> None:
         with self._lock:
-            for record in list(self._records.values()):
-                for version in record.all_versions():
-                    self._unload_version(version, timeout_s)
+            versions = [v for record in self._records.values() for v in record.all_versions()]
+            for version in versions:
+                if version.lifecycle.state is READY:
+                    version.lifecycle.move(ModelState.UNLOADING)
             self._records.clear()
+        self._finish(versions, timeout_s)
+        with self._lock:
             for backend in self._backends.values():
                 close = getattr(backend, "close", None)  # optional: backends holding process-wide memory
                 if callable(close):
                     close()
             self._backends.clear()
-            self._after_unload()
 
 
 def _gpus(backend: Backend) -> tuple[int, ...]:
@@ -374,19 +464,3 @@ def _with_export_file(config: ModelConfig, runtime: str, model_dir: Path, availa
         return dataclasses.replace(config, default_model_filename="model.pt2")
     return config
 
-
-def fingerprint(model_dir: Path) -> tuple[Any, ...]:
-    """What poll compares to notice a change: names, sizes and mtimes of the config and version files."""
-    entries: list[tuple[str, int, int]] = []
-    try:
-        for dirpath, _dirs, files in os.walk(model_dir):
-            for file in files:
-                path = os.path.join(dirpath, file)
-                try:
-                    st = os.stat(path)
-                except OSError:
-                    continue
-                entries.append((os.path.relpath(path, model_dir), st.st_size, st.st_mtime_ns))
-    except OSError:
-        return ()
-    return tuple(sorted(entries))

@@ -22,7 +22,8 @@ from edged.engine.aio import LoopSubmitter
 from edged.engine.lifecycle import ModelState
 from edged.engine.memory_governor import MemoryGovernor
 from edged.engine.metadata import model_metadata
-from edged.engine.registry import ModelRecord, Registry
+from edged.engine.record import ModelRecord
+from edged.engine.registry import Registry
 from edged.engine.scheduler import Done
 from edged.engine.types import InferRequest, InferResponse
 from edged.engine.version import ModelVersion

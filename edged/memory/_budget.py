@@ -1,12 +1,14 @@
 """Memory budget and admission control for model versions (pure logic, no I/O).
 
 The budget is ``memory.budget_mb`` or ``memory.budget_percent`` of MemTotal; neither means no limit. Each
-model version (its key, e.g. ``"resnet/1"``) is charged first with an estimate when admitted, then with its
-measured footprint once loaded (``commit``), and discharged when unloaded (``release``). The estimate of a
-never-loaded model is its file size x ``memory.load_estimate_factor`` (default 1.5); a model measured before
-keeps its measured number. Measured with ONNX Runtime on the CPU (scripts/bench_memory.py, 50 MB of weights):
+loaded copy of a model version (its key, e.g. ``"resnet/1"``; a reload's new copy beside the serving one is
+``"resnet/1 (reload)"``) is charged first with its expected peak while loading when admitted, then with its
+measured footprint once loaded (``commit``), and discharged when unloaded (``release``). Both copies of a
+reload stay charged while both are loaded. The expected peak of a file never loaded before is its size x
+``memory.load_estimate_factor`` (default 3); a file loaded before keeps the peak measured then
+(``remember_peak``). Measured with ONNX Runtime on the CPU (scripts/bench_memory.py, 50 MB of weights):
 after load + release_memory 1.0x the file; at the load's peak 1.4x under jemalloc/tcmalloc, 2.6-2.9x on glibc
-(file bytes, parsed weights and prepacked copies coexist), so a tight budget on glibc needs a factor of 3.
+(file bytes, parsed weights and prepacked copies coexist).
 Invariants: admitted charges never exceed the budget except while the keys ``admit`` returned for eviction
 are still being unloaded; a candidate with requests in flight is never chosen; policy "refuse" chooses none.
 """
@@ -47,7 +49,7 @@ class MemoryBudget:
         self._policy = config.policy
         self._factor = config.load_estimate_factor
         self._charges: dict[str, int] = {}
-        self._measured: dict[str, int] = {}
+        self._measured: dict[str, int] = {}  # peaks measured per file identity
         self._lock = threading.Lock()
 
     @property
@@ -59,8 +61,14 @@ class MemoryBudget:
         with self._lock:
             return dict(self._charges)
 
+    @property
+    def free_bytes(self) -> int | None:
+        """What a load may still add to the process's peak; None without a limit."""
+        limit = self.limit_bytes
+        return None if limit is None else max(0, limit - self.used_bytes)
+
     def estimate(self, key: str, file_bytes: int) -> int:
-        """Bytes ``key`` is expected to need: its last measured footprint, else file size x factor."""
+        """Bytes ``key`` is expected to need: what was measured for it, else file size x factor."""
         with self._lock:
             measured = self._measured.get(key)
         return measured if measured is not None else int(file_bytes * self._factor)
@@ -83,10 +91,21 @@ class MemoryBudget:
             return victims
 
     def commit(self, key: str, measured_bytes: int) -> None:
-        """Replace ``key``'s estimate with its measured footprint after the load."""
+        """Replace ``key``'s reservation with its measured footprint after the load."""
         with self._lock:
             self._charges[key] = measured_bytes
-            self._measured[key] = measured_bytes
+
+    def remember_peak(self, key: str, peak_bytes: int) -> None:
+        """The peak a load of ``key`` (a file's identity) was measured to need: the next estimate for it."""
+        with self._lock:
+            self._measured[key] = peak_bytes
+
+    def rename(self, old_key: str, new_key: str) -> None:
+        """Move ``old_key``'s charge to ``new_key`` (a reload's new copy becomes the serving one)."""
+        with self._lock:
+            charge = self._charges.pop(old_key, None)
+            if charge is not None:
+                self._charges[new_key] = charge
 
     def release(self, key: str) -> None:
         """Discharge ``key`` (unloaded, evicted, or its load failed); unknown keys are ignored."""
