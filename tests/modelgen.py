@@ -69,3 +69,26 @@ def add_custom_model(repo: Path, name: str, backend: str, extra: str = "", max_b
     (folder / "1" / "model").write_bytes(b"test backend model\n")
     (folder / "config.pbtxt").write_text(custom_config(name, backend, extra, max_batch))
     return folder
+
+
+def write_slow_onnx(path: Path, trips: int, width: int = 64) -> None:
+    """A model whose one execution takes long: a Loop of ``trips`` small MatMul + Tanh steps on "input"."""
+    body = helper.make_graph(
+        [helper.make_node("MatMul", ["state_in", "w"], ["product"]),
+         helper.make_node("Tanh", ["product"], ["state_out"]), helper.make_node("Identity", ["cond_in"], ["cond_out"])],
+        "step",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("state_in", TensorProto.FLOAT, [1, width])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("state_out", TensorProto.FLOAT, [1, width])])
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["trips", "cond", "input"], ["output"], body=body)], "slow",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, width])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, width])],
+        [numpy_helper.from_array(np.array(trips, np.int64), "trips"), numpy_helper.from_array(np.array(True), "cond"),
+         numpy_helper.from_array((np.eye(width) * 0.5).astype(np.float32), "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(path))

@@ -117,7 +117,7 @@ class MemoryGovernor:
         version.load_peak_bytes = footprint.peak_bytes
         key = self._keys.get(version, version_key(version))
         self.budget.commit(key, version.footprint_bytes)
-        self.budget.remember_peak(file_key(version_key(version), version.path), footprint.peak_bytes)
+        self.remember_peak(version_key(version), version.path, probe)
         free = self._free_at_admission
         within = free is None or footprint.peak_bytes <= free
         if not within:
@@ -125,6 +125,11 @@ class MemoryGovernor:
                         "estimated from this peak", key, footprint.peak_bytes, free)
         self.last_load = {"key": key, "peak_bytes": footprint.peak_bytes, "footprint_bytes": version.footprint_bytes,
                           "free_before_bytes": free, "within_budget": within, "hwm_reset": probe.hwm_reset}
+
+    def remember_peak(self, key: str, path: Path, probe: FootprintProbe) -> None:
+        """The next estimate for ``key`` loading this same file is the peak measured now."""
+        if probe.footprint is not None:
+            self.budget.remember_peak(file_key(key, path), probe.footprint.peak_bytes)
 
     def forget(self, version: ModelVersion) -> None:
         """The copy is unloaded, evicted, or failed to load: it no longer counts against the budget. A

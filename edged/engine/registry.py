@@ -261,11 +261,13 @@ class Registry:
             return
         probe = ModelConfig(name=record.name, backend=runtime) if config is None else config
         newest = max(available)
-        needed = memory.peak_estimate(f"{record.name}/{newest}", model_dir / str(newest) / probe.model_filename)
-        key = f"{record.name} (auto-complete)"
-        self._reserve(record, key, needed, reloading)
+        key = f"{record.name}/{newest} (auto-complete)"
+        path = model_dir / str(newest) / probe.model_filename
+        self._reserve(record, key, memory.peak_estimate(key, path), reloading)
         try:
-            yield
+            with memory.measure() as measured:
+                yield
+            memory.remember_peak(key, path, measured)
         finally:
             memory.budget.release(key)
 
