@@ -265,10 +265,15 @@ class Daemon:
                f"edged_memory_pressure {int(described['under_pressure'])}\n",
                "# HELP edged_model_memory_bytes Measured footprint of each loaded model version.\n",
                "# TYPE edged_model_memory_bytes gauge\n"]
-        for version in self.service.loaded_versions():
+        loaded = self.service.loaded_versions()
+        for version in loaded:
             if version.footprint_bytes is not None:
                 out.append(f'edged_model_memory_bytes{{model="{version.config.name}",version="{version.version}"}} '
                            f"{version.footprint_bytes}\n")
+        out += ["# HELP edged_model_load_peak_bytes What loading each version added to the peak RSS (VmHWM).\n",
+                "# TYPE edged_model_load_peak_bytes gauge\n"]
+        out += [f'edged_model_load_peak_bytes{{model="{v.config.name}",version="{v.version}"}} {v.load_peak_bytes}\n'
+                for v in loaded if v.load_peak_bytes is not None]
         allocator = active_allocator()
         out += ["# HELP edged_allocator_info The malloc implementation in use.\n",
                 "# TYPE edged_allocator_info gauge\n", f'edged_allocator_info{{allocator="{allocator.name}"}} 1\n']

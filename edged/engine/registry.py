@@ -15,7 +15,6 @@ memory must be free before the load that follows.)
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -24,6 +23,7 @@ from typing import Any
 
 from edged.backends import Backend
 from edged.config import ModelsConfig
+from edged.engine.completion import SELF_DESCRIBING, complete_config
 from edged.engine.lifecycle import ModelState
 from edged.engine.memory_governor import MemoryGovernor, version_key
 from edged.engine.record import ModelRecord
@@ -38,7 +38,7 @@ from edged.errors import (
 )
 from edged.repository import (
     Fingerprint,
-    autocomplete,
+    Settling,
     changed_versions,
     check_model_name,
     detect_runtime,
@@ -46,16 +46,12 @@ from edged.repository import (
     fingerprint,
     list_versions,
     load_model_config,
-    normalize,
     select_versions,
 )
 from edged.repository.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
 READY = ModelState.READY
-
-# Runtimes whose model files carry their inputs and outputs, so a config is completed and checked from them.
-SELF_DESCRIBING = frozenset({"onnxruntime", "tensorrt"})
 
 
 class Registry:
@@ -75,7 +71,7 @@ class Registry:
         self._lock = threading.RLock()
         self._depth = 0  # nesting of _changing() in the thread holding the lock
         self._retired: list[ModelVersion] = []  # out of service, to unload when the change ends
-        self._settling: dict[str, Fingerprint] = {}  # poll: fingerprints seen once, reloaded when seen again
+        self._settling = Settling()
         self.started = False
 
     # --- queries -------------------------------------------------------------------------------------------
@@ -244,7 +240,8 @@ class Registry:
         if reloading and self._settings.reload == "replace":
             self._replace(record, reloading)
         with self._describing(record, config, runtime, model_dir, available, reloading):
-            config = self._complete(record.name, config, runtime, backend, model_dir, available)
+            config = complete_config(record.name, config, runtime, backend, model_dir, available,
+                                     self._settings.autocomplete)
         wanted = select_versions(config.version_policy, available)
         if not wanted:
             raise ModelLoadError(f"model {record.name}: no version to serve in {model_dir} (found versions: "
@@ -299,26 +296,6 @@ class Registry:
                         "unloaded first ([models] reload = %r)", record.name, number, self._settings.reload)
             record.drop(number)
             self._unload_now(old)
-
-    def _complete(self, name: str, config: ModelConfig | None, runtime: str, backend: Backend, model_dir: Path,
-                  available: list[int]) -> ModelConfig:
-        """Auto-complete from the model file where the format describes itself (ONNX, TensorRT), which also
-        checks the config against the file; other runtimes need a config that lists inputs and outputs."""
-        complete = config is not None and bool(config.input) and bool(config.output)
-        if not self._settings.autocomplete and not complete:
-            raise ModelLoadError(f"model {name}: auto-complete is off ([models] autocomplete = false) and the "
-                                 "config.pbtxt does not list every input and output")
-        if (runtime not in SELF_DESCRIBING or not self._settings.autocomplete) and config is not None and complete:
-            config = config if config.name else dataclasses.replace(config, name=name)
-            return normalize(_with_export_file(config, runtime, model_dir, available), _gpus(backend))
-        if runtime == "pytorch":
-            raise ModelLoadError(f"model {name}: PyTorch models need a config.pbtxt listing every input and "
-                                 "output (name, data_type, dims)")
-        if not available:
-            raise ModelLoadError(f"model {name}: no numbered version folder in {model_dir}")
-        probe = ModelConfig(name=name, backend=runtime) if config is None else config
-        path = model_dir / str(max(available)) / probe.model_filename
-        return autocomplete(config, name, backend.describe(path), runtime, gpus=_gpus(backend))
 
     def _swap_in(self, record: ModelRecord, config: ModelConfig, backend: Backend, model_dir: Path,
                  wanted: list[int], changed: set[int] | None) -> None:
@@ -404,36 +381,24 @@ class Registry:
                 self._retire(version)
 
     def poll(self) -> None:
-        """Reload the models whose files changed and settled: a fingerprint must be the same in two polls
-        in a row, so a file still being copied is loaded only once complete."""
+        """Load new models, reload changed ones once their files settled, unload removed ones."""
         with self._changing():
             present = set(self._safe_find_models())
             for name in sorted(set(self._records) - present):
                 log.info("model %s disappeared from the repository; unloading", name)
                 self.unload(name, explicit=False)
-            for name in sorted(set(self._settling) - present):
-                del self._settling[name]
-            for name in sorted(present):
-                self._poll_model(name)
-
-    def _poll_model(self, name: str) -> None:
-        record = self._records.get(name)
-        if record is None and name in self._lazy:
-            return
-        seen = fingerprint(self._root / name)
-        if record is not None and record.fingerprint == seen:
-            self._settling.pop(name, None)
-            return
-        if self._settling.get(name) != seen:
-            self._settling[name] = seen  # changed since the last poll: maybe still being written
-            return
-        del self._settling[name]
-        try:
-            self.load(name, None, explicit=False, seen=seen)
-        except EdgedError as e:
-            if record is not None:
-                record.fingerprint = seen  # retried when the files change again, not on every poll
-            log.error("model %s: reload failed, previous versions keep serving: %s", name, e)
+            self._settling.keep_only(present)
+            for name in sorted(present - self._lazy):
+                record = self._records.get(name)
+                seen = fingerprint(self._root / name)
+                if not self._settling.settled(name, record.fingerprint if record else None, seen):
+                    continue
+                try:
+                    self.load(name, None, explicit=False, seen=seen)
+                except EdgedError as e:
+                    if record is not None:
+                        record.fingerprint = seen  # retried when the files change again, not on every poll
+                    log.error("model %s: reload failed, previous versions keep serving: %s", name, e)
 
     def close(self, timeout_s: float) -> None:
         with self._lock:
@@ -449,20 +414,4 @@ class Registry:
                 if callable(close):
                     close()
             self._backends.clear()
-
-
-def _gpus(backend: Backend) -> tuple[int, ...]:
-    """The GPUs the backend can use; custom backends without the method are CPU-only."""
-    probe = getattr(backend, "available_gpus", None)
-    return tuple(probe()) if callable(probe) else ()
-
-
-def _with_export_file(config: ModelConfig, runtime: str, model_dir: Path, available: list[int]) -> ModelConfig:
-    """A PyTorch model folder holding a torch.export program (model.pt2) and no TorchScript file uses it."""
-    if runtime != "pytorch" or config.default_model_filename or not available:
-        return config
-    latest = model_dir / str(max(available))
-    if not (latest / "model.pt").exists() and (latest / "model.pt2").exists():
-        return dataclasses.replace(config, default_model_filename="model.pt2")
-    return config
 

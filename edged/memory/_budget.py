@@ -143,5 +143,5 @@ class MemoryBudget:
     def _message(self, key: str, needed: int, used: int, why: str) -> str:
         in_use = ", ".join(f"{k} {v / MIB:.1f} MiB" for k, v in sorted(self._charges.items())) or "nothing"
         limit = (self.limit_bytes or 0) / MIB
-        return (f"cannot load {key}: it needs {needed / MIB:.1f} MiB, the memory budget is {limit:.1f} MiB "
-                f"and {used / MIB:.1f} MiB is in use ({in_use}); {why}")
+        return (f"cannot load {key}: it needs {needed / MIB:.1f} MiB at its peak while loading, the memory "
+                f"budget is {limit:.1f} MiB and {used / MIB:.1f} MiB is in use ({in_use}); {why}")

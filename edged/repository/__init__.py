@@ -13,6 +13,7 @@ from edged.repository._pbtxt import Field, Ident, Message, dump, parse
 from edged.repository.layout import (
     CONFIG_FILENAME,
     Fingerprint,
+    Settling,
     changed_versions,
     check_model_name,
     detect_runtime,
@@ -33,6 +34,7 @@ __all__ = [
     "Fingerprint",
     "Ident",
     "Message",
+    "Settling",
     "autocomplete",
     "build_model_config",
     "changed_versions",

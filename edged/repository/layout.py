@@ -171,6 +171,29 @@ def changed_versions(before: Fingerprint, after: Fingerprint) -> set[int] | None
     return {int(key) for key in set(before) | set(after) if key != MODEL_FILES and before.get(key) != after.get(key)}
 
 
+class Settling:
+    """Poll mode acts on a model's change once two polls in a row saw the same new fingerprint: a file still
+    being copied (its size or mtime still moving) is loaded only when complete."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, Fingerprint] = {}
+
+    def settled(self, name: str, loaded: Fingerprint | None, now: Fingerprint) -> bool:
+        """True when ``now`` differs from what is ``loaded`` and the previous poll saw ``now`` too."""
+        if loaded == now:
+            self._seen.pop(name, None)
+            return False
+        if self._seen.get(name) != now:
+            self._seen[name] = now  # changed since the last poll: maybe still being written
+            return False
+        del self._seen[name]
+        return True
+
+    def keep_only(self, present: Iterable[str]) -> None:
+        kept = set(present)
+        self._seen = {name: seen for name, seen in self._seen.items() if name in kept}
+
+
 def _file_entries(entries: Iterable[os.DirEntry[str]], prefix: str = "") -> tuple[tuple[str, int, int], ...]:
     found = []
     for entry in entries:

@@ -107,5 +107,6 @@ def test_a_reload_that_does_not_fit_replaces_the_copy_inside_the_budget_and_rele
         assert memory["used_bytes"] <= BUDGET_MB * MIB
         assert memory["last_load"]["within_budget"] is True, memory["last_load"]
         assert memory["last_load"]["peak_bytes"] > 0
+        assert 'edged_model_load_peak_bytes{model="big",version="1"}' in client.metrics()
     finally:
         assert daemon.stop() == 0, daemon.output()
