@@ -39,8 +39,9 @@ class MemoryConfig:
     budget_percent: float | None = field(default=None, metadata={"check": _percent})
     policy: Literal["refuse", "evict_lru"] = "refuse"
     # A model file's peak need while loading, before it was first loaded, = file size x this factor; later
-    # loads of the same file use the peak measured then. ONNX on CPU peaked at PEAK_FACTOR_NOTE.
-    load_estimate_factor: float = field(default=3.0, metadata={"check": _positive})
+    # loads of the same file use the peak measured then (VmHWM). A 49 MiB ONNX model on CPU with glibc peaked
+    # at 3.1x its size (152 MiB, warm-up included; docs/benchmarks.md), 1.4x under jemalloc/tcmalloc.
+    load_estimate_factor: float = field(default=3.2, metadata={"check": _positive})
     release_after_unload: bool = True
     pressure_min_available_mb: float = field(default=256.0, metadata={"check": _non_negative})
     pressure_some_avg10_max: float = field(default=40.0, metadata={"check": _non_negative})

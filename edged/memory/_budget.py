@@ -5,7 +5,7 @@ loaded copy of a model version (its key, e.g. ``"resnet/1"``; a reload's new cop
 ``"resnet/1 (reload)"``) is charged first with its expected peak while loading when admitted, then with its
 measured footprint once loaded (``commit``), and discharged when unloaded (``release``). Both copies of a
 reload stay charged while both are loaded. The expected peak of a file never loaded before is its size x
-``memory.load_estimate_factor`` (default 3); a file loaded before keeps the peak measured then
+``memory.load_estimate_factor`` (default 3.2); a file loaded before keeps the peak measured then
 (``remember_peak``). Measured with ONNX Runtime on the CPU (scripts/bench_memory.py, 50 MB of weights):
 after load + release_memory 1.0x the file; at the load's peak 1.4x under jemalloc/tcmalloc, 2.6-2.9x on glibc
 (file bytes, parsed weights and prepacked copies coexist).
