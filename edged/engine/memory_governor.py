@@ -26,6 +26,7 @@ from edged.memory import (
     FootprintProbe,
     MemoryBudget,
     PressureMonitor,
+    active_allocator,
     measure_footprint,
     read_meminfo,
     release_memory,
@@ -61,7 +62,7 @@ class MemoryGovernor:
         self._config = config
         if total_memory_bytes is None:
             total_memory_bytes = int(read_meminfo().get("MemTotal", 0))
-        self.budget = MemoryBudget(config, total_memory_bytes)
+        self.budget = MemoryBudget(config, total_memory_bytes, active_allocator().name)
         self.pressure = pressure
         self.last_release: dict[str, Any] = {}
         self.last_load: dict[str, Any] = {}
@@ -161,6 +162,7 @@ class MemoryGovernor:
             "free_bytes": self.budget.free_bytes,
             "charges": dict(self.budget.charges()),
             "policy": self._config.policy,
+            "load_estimate_factor": self.budget.factor,
             "under_pressure": bool(state and state.under_pressure),
             "pressure_reason": state.reason if state else "",
             "mem_available_bytes": state.mem_available_bytes if state else None,

@@ -5,10 +5,11 @@ loaded copy of a model version (its key, e.g. ``"resnet/1"``; a reload's new cop
 ``"resnet/1 (reload)"``) is charged first with its expected peak while loading when admitted, then with its
 measured footprint once loaded (``commit``), and discharged when unloaded (``release``). Both copies of a
 reload stay charged while both are loaded. The expected peak of a file never loaded before is its size x
-``memory.load_estimate_factor`` (default 3.2); a file loaded before keeps the peak measured then
-(``remember_peak``). Measured with ONNX Runtime on the CPU (scripts/bench_memory.py, 50 MB of weights):
-after load + release_memory 1.0x the file; at the load's peak 1.4x under jemalloc/tcmalloc, 2.6-2.9x on glibc
-(file bytes, parsed weights and prepacked copies coexist).
+``memory.load_estimate_factor`` (by default the allocator's entry in PEAK_FACTORS); a file loaded before keeps
+the peak measured then (``remember_peak``). Measured with ONNX Runtime on the CPU through the daemon
+(scripts/bench_reload_peak.py, 48-49 MiB of weights, warm-up included): the load's peak is 3.1-5.3x the file
+on glibc, whose freed 16 MiB blocks stay in its heap, and 2.4-3.1x under jemalloc and tcmalloc (file bytes,
+parsed weights and prepacked copies coexist).
 Invariants: admitted charges never exceed the budget except while the keys ``admit`` returned for eviction
 are still being unloaded; a candidate with requests in flight is never chosen; policy "refuse" chooses none.
 """
@@ -23,6 +24,9 @@ from edged.config import MemoryConfig
 from edged.errors import MemoryBudgetExceeded
 
 MIB = 1024 * 1024
+# Load peak / file size for a file never loaded before, by the allocator serving malloc (measured maxima,
+# rounded up; see the module docstring). Unknown allocators get glibc's.
+PEAK_FACTORS = {"system": 5.5, "jemalloc": 3.5, "tcmalloc": 3.5}
 
 
 @dataclass(frozen=True)
@@ -44,10 +48,10 @@ def budget_bytes(config: MemoryConfig, total_memory_bytes: int) -> int | None:
 
 
 class MemoryBudget:
-    def __init__(self, config: MemoryConfig, total_memory_bytes: int) -> None:
+    def __init__(self, config: MemoryConfig, total_memory_bytes: int, allocator: str = "system") -> None:
         self.limit_bytes = budget_bytes(config, total_memory_bytes)
         self._policy = config.policy
-        self._factor = config.load_estimate_factor
+        self.factor = config.load_estimate_factor or PEAK_FACTORS.get(allocator, PEAK_FACTORS["system"])
         self._charges: dict[str, int] = {}
         self._measured: dict[str, int] = {}  # peaks measured per file identity
         self._lock = threading.Lock()
@@ -71,7 +75,7 @@ class MemoryBudget:
         """Bytes ``key`` is expected to need: what was measured for it, else file size x factor."""
         with self._lock:
             measured = self._measured.get(key)
-        return measured if measured is not None else int(file_bytes * self._factor)
+        return measured if measured is not None else int(file_bytes * self.factor)
 
     def admit(self, key: str, needed_bytes: int, evictable: Evictable) -> list[str]:
         """Reserve ``needed_bytes`` for ``key``; return the keys the caller must unload first (LRU first).

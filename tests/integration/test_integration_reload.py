@@ -20,6 +20,9 @@ MIB = 1024 * 1024
 BIG_DIM = 3600  # 3600 x 3600 float32 weights: a model file of about 50 MB
 # One copy peaks at about 150 MiB while loading and keeps about 100 MiB: the budget holds one copy, not two.
 BUDGET_MB = 200
+# This model's measured peak is 3.1x its file; glibc's default factor (5.5, for the worst ONNX models seen)
+# would refuse its first load under this budget.
+ESTIMATE_FACTOR = 3.5
 RSS_RELEASE_SLACK_KIB = 16 * 1024
 
 
@@ -33,8 +36,8 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _daemon(tmp_path: Path, repo: Path, reload: str) -> DaemonProcess:
-    config = (f'[telemetry]\nsource = "off"\n\n[memory]\nbudget_mb = {BUDGET_MB}\n\n'
-              f'[models]\nreload = "{reload}"\n')
+    config = (f'[telemetry]\nsource = "off"\n\n[memory]\nbudget_mb = {BUDGET_MB}\n'
+              f'load_estimate_factor = {ESTIMATE_FACTOR}\n\n[models]\nreload = "{reload}"\n')
     return start_daemon(tmp_path / reload, config=config,
                         args=["--model-repository", str(repo), "--model-control-mode", "explicit"])
 

@@ -76,9 +76,9 @@ def test_a_model_bigger_than_the_whole_budget_is_refused_without_evicting() -> N
 
 def test_the_charge_is_the_measured_footprint_and_the_next_estimate_the_measured_peak() -> None:
     b = budget()
-    assert b.estimate("a@file", file_bytes=10 * MIB) == 32 * MIB  # the default peak factor 3.2
+    assert b.estimate("a@file", file_bytes=10 * MIB) == 55 * MIB  # glibc's default peak factor 5.5
     b.admit("a", b.estimate("a@file", 10 * MIB), list)
-    assert b.used_bytes == 32 * MIB  # while loading, the expected peak is reserved
+    assert b.used_bytes == 55 * MIB  # while loading, the expected peak is reserved
     b.commit("a", 12 * MIB)
     b.remember_peak("a@file", 20 * MIB)
     assert b.used_bytes == 12 * MIB
@@ -86,6 +86,13 @@ def test_the_charge_is_the_measured_footprint_and_the_next_estimate_the_measured
     b.release("a")
     assert b.used_bytes == 0
     assert b.estimate("a@file", file_bytes=10 * MIB) == 20 * MIB
+
+
+def test_the_default_peak_factor_follows_the_allocator_and_a_configured_one_wins() -> None:
+    config = MemoryConfig(budget_mb=100)
+    assert MemoryBudget(config, 0, "jemalloc").estimate("f", 10 * MIB) == 35 * MIB
+    assert MemoryBudget(config, 0, "tcmalloc").estimate("f", 10 * MIB) == 35 * MIB
+    assert MemoryBudget(MemoryConfig(load_estimate_factor=2.0), 0, "system").estimate("f", 10 * MIB) == 20 * MIB
 
 
 def test_a_renamed_charge_keeps_its_bytes() -> None:
