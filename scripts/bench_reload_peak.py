@@ -1,7 +1,7 @@
 """Peak RSS of a model load and of its reload under a memory budget, measured from outside the daemon.
 
     .venv/bin/python scripts/bench_reload_peak.py [--budget-mb 200] [--reload auto,side_by_side,replace]
-        [--baseline DIR]
+        [--model chain|mlp] [--factor F] [--allocator system|jemalloc|tcmalloc] [--baseline DIR]
 
 Starts ``edged serve`` (explicit model control, telemetry off, ``[memory] budget_mb``) once per reload policy,
 loads and unloads a tiny model (onnxruntime's one-time start-up), then for a ~50 MB ONNX model: resets the
@@ -37,12 +37,12 @@ def status_kib(pid: int, key: str) -> int:
     raise RuntimeError(f"/proc/{pid}/status has no {key}")
 
 
-def start(source: Path, work: Path, repo: Path, budget_mb: float, reload: str,
-          allocator: str) -> subprocess.Popen[bytes]:
+def start(source: Path, work: Path, repo: Path, args: argparse.Namespace, reload: str) -> subprocess.Popen[bytes]:
     work.mkdir(parents=True)
     models = f'\n[models]\nreload = "{reload}"\n' if reload != "-" else ""
-    (work / "edged.toml").write_text(f'[telemetry]\nsource = "off"\n\n[memory]\nbudget_mb = {budget_mb}\n'
-                                     f'allocator = "{allocator}"\n{models}')
+    factor = f"load_estimate_factor = {args.factor}\n" if args.factor else ""
+    (work / "edged.toml").write_text(f'[telemetry]\nsource = "off"\n\n[memory]\nbudget_mb = {args.budget_mb}\n'
+                                     f'allocator = "{args.allocator}"\n{factor}{models}')
     command = [sys.executable, "-m", "edged", "serve", "--socket", str(work / "s"), "--state-dir",
                str(work / "state"), "--config", str(work / "edged.toml"), "--model-repository", str(repo),
                "--model-control-mode", "explicit"]
@@ -77,7 +77,7 @@ def step(pid: int, client: EdgedClient, name: str) -> dict[str, Any]:
 
 
 def run(label: str, source: Path, work: Path, repo: Path, args: argparse.Namespace, reload: str) -> None:
-    process = start(source, work, repo, args.budget_mb, reload, args.allocator)
+    process = start(source, work, repo, args, reload)
     client = EdgedClient(work / "s", timeout_s=120)
     try:
         client.load("warm")
@@ -97,6 +97,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--budget-mb", type=float, default=200)
     parser.add_argument("--reload", default="auto,side_by_side,replace")
+    parser.add_argument("--factor", type=float, help="[memory] load_estimate_factor (default: not set)")
     parser.add_argument("--allocator", default="system", choices=["system", "jemalloc", "tcmalloc"])
     parser.add_argument("--model", default="chain", choices=["chain", "mlp"],
                         help="chain: 3 MatMul+Relu layers of 2048x2048; mlp: one 3600x3600 layer")

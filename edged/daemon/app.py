@@ -208,7 +208,8 @@ class Daemon:
                 if changed:
                     log.warning("SIGHUP: changes to [%s] take effect at the next restart", "], [".join(changed))
                 logging.getLogger().setLevel(fresh.logging.level.upper())
-        await asyncio.get_running_loop().run_in_executor(None, self.service.poll)
+        # An operator's rescan: the files are in place, so no waiting for them to settle over two polls.
+        await asyncio.get_running_loop().run_in_executor(None, lambda: self.service.poll(settle=False))
         if self.notifier is not None:
             self.notifier.ready(self.summary_line())
 

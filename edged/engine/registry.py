@@ -380,8 +380,8 @@ class Registry:
             for version in record.all_versions():
                 self._retire(version)
 
-    def poll(self) -> None:
-        """Load new models, reload changed ones once their files settled, unload removed ones."""
+    def poll(self, settle: bool = True) -> None:
+        """Load new models, reload changed ones once their files settled (``settle``), unload removed ones."""
         with self._changing():
             present = set(self._safe_find_models())
             for name in sorted(set(self._records) - present):
@@ -391,7 +391,7 @@ class Registry:
             for name in sorted(present - self._lazy):
                 record = self._records.get(name)
                 seen = fingerprint(self._root / name)
-                if not self._settling.settled(name, record.fingerprint if record else None, seen):
+                if not self._settling.settled(name, record.fingerprint if record else None, seen, settle):
                     continue
                 try:
                     self.load(name, None, explicit=False, seen=seen)

@@ -80,9 +80,10 @@ class InferenceService:
     def unload_model(self, name: str) -> None:
         self._registry.unload(name, explicit=True)
 
-    def poll(self) -> None:
-        """Rescan the repository (model control mode poll): load new and changed models, unload removed."""
-        self._registry.poll()
+    def poll(self, settle: bool = True) -> None:
+        """Rescan the repository (model control mode poll): load new and changed models, unload removed.
+        With ``settle`` a change is acted on once two polls in a row saw the same files (a copy finished)."""
+        self._registry.poll(settle)
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
         return self._registry.index(ready_only)

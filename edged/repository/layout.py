@@ -178,15 +178,16 @@ class Settling:
     def __init__(self) -> None:
         self._seen: dict[str, Fingerprint] = {}
 
-    def settled(self, name: str, loaded: Fingerprint | None, now: Fingerprint) -> bool:
-        """True when ``now`` differs from what is ``loaded`` and the previous poll saw ``now`` too."""
+    def settled(self, name: str, loaded: Fingerprint | None, now: Fingerprint, wait: bool = True) -> bool:
+        """True when ``now`` differs from what is ``loaded`` and the previous poll saw ``now`` too (or,
+        without ``wait``, at once: an operator's rescan means the files are in place)."""
         if loaded == now:
             self._seen.pop(name, None)
             return False
-        if self._seen.get(name) != now:
+        if wait and self._seen.get(name) != now:
             self._seen[name] = now  # changed since the last poll: maybe still being written
             return False
-        del self._seen[name]
+        self._seen.pop(name, None)
         return True
 
     def keep_only(self, present: Iterable[str]) -> None:
