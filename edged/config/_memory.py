@@ -46,6 +46,8 @@ class MemoryConfig:
     # loads of the same file use the peak measured then (VmHWM). None: by allocator, as measured for ONNX on CPU
     # through the daemon (docs/benchmarks.md): 5.5 on glibc (3.1-5.3x seen), 3.5 with jemalloc/tcmalloc (2.4-3.1x).
     load_estimate_factor: float | None = field(default=None, metadata={"check": _positive_or_none})
+    # Give freed heap back to the kernel (malloc_trim / purge) after each unload, and also after each load,
+    # auto-complete pass and failed load, so a model is charged what it holds rather than the heap's leftovers.
     release_after_unload: bool = True
     pressure_min_available_mb: float = field(default=256.0, metadata={"check": _non_negative})
     pressure_some_avg10_max: float = field(default=40.0, metadata={"check": _non_negative})

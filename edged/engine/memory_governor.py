@@ -145,6 +145,12 @@ class MemoryGovernor:
                 self._keys[other] = key
                 return
 
+    def trim(self) -> None:
+        """Return what a load freed (parsed protobufs, an auto-complete session, a failed load) to the system,
+        so the footprint charged is what the model holds, not the allocator's leftovers."""
+        if self._config.release_after_unload:
+            release_memory()
+
     def release(self) -> None:
         if not self._config.release_after_unload:
             return

@@ -267,6 +267,7 @@ class Registry:
             memory.remember_peak(key, path, measured)
         finally:
             memory.budget.release(key)
+            memory.trim()
 
     def _reserve(self, record: ModelRecord, key: str, needed: int, reloading: list[int]) -> None:
         """Admit ``needed`` bytes under ``key``; when the serving copies of a reload are in the way, follow
@@ -337,8 +338,10 @@ class Registry:
         try:
             with memory.measure() as probe:
                 version.load(backend, self._settings.warmup)
+                memory.trim()
         except BaseException:
             memory.forget(version)
+            memory.trim()
             raise
         memory.after_load(version, probe)
 
