@@ -96,6 +96,19 @@ class MemoryGovernor:
         for victim in victims:
             evict(by_key[victim])
 
+    def fits_beside(self, serving: list[ModelVersion], candidates: list[ModelVersion]) -> bool:
+        """Whether reloads of the ``serving`` copies are expected to fit beside them: each reload's peak within
+        the free part plus what evicting other models' idle versions could free (policy evict_lru)."""
+        free = self.budget.free_bytes
+        if free is None:
+            return True
+        names = {v.config.name for v in serving}
+        if self._config.policy == "evict_lru":
+            charges = self.budget.charges()
+            free += sum(charges.get(self._keys.get(v, ""), 0) for v in candidates
+                        if v.config.name not in names and v.in_flight == 0)
+        return sum(self.peak_estimate(version_key(v), v.path) for v in serving) <= free
+
     def charged(self, version: ModelVersion, key: str) -> None:
         """``version`` holds the reservation made under ``key``; a reload's copy whose predecessor was
         unloaded meanwhile (policy replace) takes the plain key."""

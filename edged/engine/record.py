@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from edged.engine.lifecycle import ModelState
 from edged.engine.version import ModelVersion
 from edged.repository import Fingerprint
@@ -44,3 +47,25 @@ class ModelRecord:
 
     def all_versions(self) -> list[ModelVersion]:
         return [v for _, v in sorted(self.versions.items())]
+
+
+def index_entries(names: list[str], records: Mapping[str, ModelRecord], unloaded: Mapping[str, str],
+                  ready_only: bool) -> list[dict[str, Any]]:
+    """The repository index (Triton's form): one entry per version, or one per model without versions."""
+    entries: list[dict[str, Any]] = []
+    for name in names:
+        record = records.get(name)
+        versions = sorted({**(record.failed if record else {}), **(record.versions if record else {})}.items())
+        if not versions:
+            if not ready_only:
+                reason = record.error if record else unloaded.get(name, "")
+                known = record is not None or name in unloaded
+                entries.append({"name": name, "version": "", "state": "UNAVAILABLE" if known else "",
+                                "reason": reason})
+            continue
+        for number, version in versions:
+            if ready_only and version.state is not READY:
+                continue
+            entries.append({"name": name, "version": str(number), "state": version.state.value,
+                            "reason": version.lifecycle.reason})
+    return entries

@@ -23,14 +23,14 @@ from typing import Any
 
 from edged.backends import Backend
 from edged.config import ModelsConfig
-from edged.engine.completion import SELF_DESCRIBING, complete_config
+from edged.engine.admission import Admission
+from edged.engine.completion import complete_config
 from edged.engine.lifecycle import ModelState
-from edged.engine.memory_governor import MemoryGovernor, version_key
-from edged.engine.record import ModelRecord
+from edged.engine.memory_governor import MemoryGovernor
+from edged.engine.record import ModelRecord, index_entries
 from edged.engine.version import ModelVersion
 from edged.errors import (
     EdgedError,
-    MemoryBudgetExceeded,
     ModelLoadError,
     ModelNotFound,
     ModelNotReady,
@@ -72,6 +72,7 @@ class Registry:
         self._depth = 0  # nesting of _changing() in the thread holding the lock
         self._retired: list[ModelVersion] = []  # out of service, to unload when the change ends
         self._settling = Settling()
+        self._admission = Admission(memory, settings, self._eviction_candidates, self._evict, self._unload_now)
         self.started = False
 
     # --- queries -------------------------------------------------------------------------------------------
@@ -123,24 +124,8 @@ class Registry:
         return all(record.ready_versions() or record.error or record.failed for record in self.records())
 
     def index(self, ready_only: bool) -> list[dict[str, Any]]:
-        entries: list[dict[str, Any]] = []
         names = sorted(set(self._safe_find_models()) | set(self._records))
-        for name in names:
-            record = self._records.get(name)
-            versions = sorted({**(record.failed if record else {}), **(record.versions if record else {})}.items())
-            if not versions:
-                if not ready_only:
-                    reason = record.error if record else self._unloaded.get(name, "")
-                    known = record is not None or name in self._unloaded
-                    entries.append({"name": name, "version": "", "state": "UNAVAILABLE" if known else "",
-                                    "reason": reason})
-                continue
-            for number, version in versions:
-                if ready_only and version.state is not ModelState.READY:
-                    continue
-                entries.append({"name": name, "version": str(number), "state": version.state.value,
-                                "reason": version.lifecycle.reason})
-        return entries
+        return index_entries(names, self._records, self._unloaded, ready_only)
 
     def _safe_find_models(self) -> list[str]:
         try:
@@ -207,6 +192,7 @@ class Registry:
         check_model_name(name)
         if not (self._root / name).is_dir():
             raise ModelNotFound(f"unknown model: {name!r} is not in the repository {self._root}")
+        self._vacate(name, override, seen)
         with self._changing():
             self._unloaded.pop(name, None)
             record = self._records.setdefault(name, ModelRecord(name))
@@ -238,8 +224,8 @@ class Registry:
             backend = self._backends[runtime] = self._backend_loader(runtime)
         reloading = [n for n in record.versions if changed is None or n in changed]
         if reloading and self._settings.reload == "replace":
-            self._replace(record, reloading)
-        with self._describing(record, config, runtime, model_dir, available, reloading):
+            self._admission.replace(record, reloading)
+        with self._admission.describing(record, config, runtime, model_dir, available, reloading):
             config = complete_config(record.name, config, runtime, backend, model_dir, available,
                                      self._settings.autocomplete)
         wanted = select_versions(config.version_policy, available)
@@ -248,55 +234,23 @@ class Registry:
                                  f"{available or 'none'}; version_policy {config.version_policy.kind})")
         self._swap_in(record, config, backend, model_dir, wanted, changed)
 
-    @contextlib.contextmanager
-    def _describing(self, record: ModelRecord, config: ModelConfig | None, runtime: str, model_dir: Path,
-                    available: list[int], reloading: list[int]) -> Iterator[None]:
-        """Auto-complete opens the newest model file once: reserve that peak in the budget for its time."""
-        memory = self._memory
-        if memory is None or runtime not in SELF_DESCRIBING or not self._settings.autocomplete or not available:
-            yield
-            return
-        probe = ModelConfig(name=record.name, backend=runtime) if config is None else config
-        newest = max(available)
-        key = f"{record.name}/{newest} (auto-complete)"
-        path = model_dir / str(newest) / probe.model_filename
-        self._reserve(record, key, memory.peak_estimate(key, path), reloading)
-        try:
-            with memory.measure() as measured:
-                yield
-            memory.remember_peak(key, path, measured)
-        finally:
-            memory.budget.release(key)
-            memory.trim()
-
-    def _reserve(self, record: ModelRecord, key: str, needed: int, reloading: list[int]) -> None:
-        """Admit ``needed`` bytes under ``key``; when the serving copies of a reload are in the way, follow
-        the reload policy: refuse ("side_by_side") or unload them first ("auto")."""
-        memory = self._memory
-        if memory is None:
-            return
-        try:
-            memory.admit(key, needed, record.name, self._eviction_candidates, self._evict)
-        except MemoryBudgetExceeded as e:
-            serving = [n for n in reloading if n in record.versions]
-            if not serving:
-                raise
-            if self._settings.reload == "side_by_side":
-                raise MemoryBudgetExceeded(f"{e}; reload refused, the loaded copy keeps serving ([models] reload "
-                                           "= \"side_by_side\"; \"replace\" or \"auto\" unload it first)") from e
-            self._replace(record, serving)
-            memory.admit(key, needed, record.name, self._eviction_candidates, self._evict)
-
-    def _replace(self, record: ModelRecord, numbers: list[int]) -> None:
-        """Unload the serving copies of ``numbers`` before their reload, so both never share the memory."""
-        for number in numbers:
-            old = record.versions.get(number)
-            if old is None:
-                continue
-            log.warning("model %s version %s is unavailable until its reload is ready: the loaded copy is "
-                        "unloaded first ([models] reload = %r)", record.name, number, self._settings.reload)
-            record.drop(number)
-            self._unload_now(old)
+    def _vacate(self, name: str, override: ModelConfig | None, seen: Fingerprint | None) -> None:
+        """Before a reload that replaces (see Admission.should_vacate): take the old copies out of service and
+        wait for their requests without the lock. Inside a change (this thread already holds the lock) the
+        admission's ``replace`` does it under the lock instead, bounded by the unload timeout."""
+        with self._lock:
+            record = self._records.get(name)
+            if self._depth or record is None:
+                return
+            changed = None if seen is None or override is not None else changed_versions(record.fingerprint, seen)
+            leaving = [v for n, v in record.versions.items() if changed is None or n in changed]
+            if not leaving or not self._admission.should_vacate(leaving):
+                return
+            for version in leaving:
+                self._admission.announce_replace(record, version.version)
+                record.drop(version.version)
+                version.lifecycle.move(ModelState.UNLOADING)
+        self._finish(leaving, self._unload_timeout_s)
 
     def _swap_in(self, record: ModelRecord, config: ModelConfig, backend: Backend, model_dir: Path,
                  wanted: list[int], changed: set[int] | None) -> None:
@@ -308,7 +262,7 @@ class Registry:
                 continue
             version = ModelVersion(config, number, model_dir, self._max_elements)
             try:
-                self._load_version(record, version, backend)
+                self._admission.load_version(record, version, backend)
             except EdgedError as e:
                 record.failed[number] = version
                 errors.append(str(e))
@@ -326,24 +280,6 @@ class Registry:
                 self._retire(version)
         if errors:
             log.warning("model %s: some versions failed to load: %s", record.name, "; ".join(errors))
-
-    def _load_version(self, record: ModelRecord, version: ModelVersion, backend: Backend) -> None:
-        memory = self._memory
-        if memory is None:
-            version.load(backend, self._settings.warmup)
-            return
-        key = memory.charge_key(version)
-        self._reserve(record, key, memory.peak_estimate(version_key(version), version.path), [version.version])
-        memory.charged(version, key)
-        try:
-            with memory.measure() as probe:
-                version.load(backend, self._settings.warmup)
-                memory.trim()
-        except BaseException:
-            memory.forget(version)
-            memory.trim()
-            raise
-        memory.after_load(version, probe)
 
     def _unload_now(self, version: ModelVersion) -> None:
         """Unload under the lock: only for versions with nothing in flight (eviction) or whose memory the next
@@ -384,7 +320,9 @@ class Registry:
                 self._retire(version)
 
     def poll(self, settle: bool = True) -> None:
-        """Load new models, reload changed ones once their files settled (``settle``), unload removed ones."""
+        """Load new models, reload changed ones once their files settled (``settle``), unload removed ones.
+        The loads run one by one after the scan, each taking the lock itself (see ``_vacate``)."""
+        due: list[tuple[str, Fingerprint]] = []
         with self._changing():
             present = set(self._safe_find_models())
             for name in sorted(set(self._records) - present):
@@ -394,14 +332,17 @@ class Registry:
             for name in sorted(present - self._lazy):
                 record = self._records.get(name)
                 seen = fingerprint(self._root / name)
-                if not self._settling.settled(name, record.fingerprint if record else None, seen, settle):
-                    continue
-                try:
-                    self.load(name, None, explicit=False, seen=seen)
-                except EdgedError as e:
+                if self._settling.settled(name, record.fingerprint if record else None, seen, settle):
+                    due.append((name, seen))
+        for name, seen in due:
+            try:
+                self.load(name, None, explicit=False, seen=seen)
+            except EdgedError as e:
+                with self._lock:
+                    record = self._records.get(name)
                     if record is not None:
                         record.fingerprint = seen  # retried when the files change again, not on every poll
-                    log.error("model %s: reload failed, previous versions keep serving: %s", name, e)
+                log.error("model %s: reload failed, previous versions keep serving: %s", name, e)
 
     def close(self, timeout_s: float) -> None:
         with self._lock:

@@ -1,6 +1,6 @@
 """Nothing waits for an execution while holding the registry lock: unloading a version whose request is still
-executing (a real onnxruntime model that runs a long Loop) leaves loads of other models, the index and the
-status free to proceed; the unload itself finishes once the execution does."""
+executing (a real onnxruntime model that runs a long Loop), or reloading it with ``reload = "replace"``, leaves
+loads of other models and the index free to proceed; the unload itself finishes once the execution does."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 from modelgen import add_model, mlp_weights, write_slow_onnx
 
 from edged.config import ModelsConfig
@@ -32,12 +33,13 @@ def _state(service: InferenceService, name: str) -> str:
     return next((e["state"] for e in service.repository_index() if e["name"] == name), "")
 
 
-def test_unloading_a_version_with_an_execution_in_progress_blocks_no_other_registry_operation(
-        tmp_path: Path) -> None:
+@pytest.mark.parametrize("change", ["unload", "replace reload"])
+def test_a_version_leaving_with_an_execution_in_progress_blocks_no_other_registry_operation(
+        tmp_path: Path, change: str) -> None:
     write_slow_onnx(tmp_path / "slow" / "1" / "model.onnx", SLOW_TRIPS)
     add_model(tmp_path, "fast", None, {1: mlp_weights(in_dim=4, hidden=4, out_dim=2)})
-    service = InferenceService(tmp_path, ModelsConfig(control_mode="explicit", warmup=False),
-                               unload_timeout_s=WAIT_S)
+    settings = ModelsConfig(control_mode="explicit", warmup=False, reload="replace")
+    service = InferenceService(tmp_path, settings, unload_timeout_s=WAIT_S)
     service.start()
     results: list[InferResponse | EdgedError] = []
     try:
@@ -53,13 +55,13 @@ def test_unloading_a_version_with_an_execution_in_progress_blocks_no_other_regis
         running = threading.Thread(target=infer)
         running.start()
         _wait_for(lambda: slow.in_flight > 0, "the slow request to start")
-        unloading = threading.Thread(target=service.unload_model, args=("slow",))
+        leave = service.unload_model if change == "unload" else service.load_model
+        unloading = threading.Thread(target=leave, args=("slow",))
         unloading.start()
         _wait_for(lambda: slow.state is not ModelState.READY, "the slow model to leave service")
 
         service.load_model("fast")  # blocked behind the execution before the fix
-        assert service.model_ready("fast")
-        assert _state(service, "slow") in ("UNLOADING", "UNAVAILABLE", "")
+        assert service.model_ready("fast") and _state(service, "fast") == "READY"
         assert running.is_alive() and not results, "the slow execution should still be running"
         assert unloading.is_alive(), "the unload waits for the execution, outside the registry lock"
 
@@ -67,6 +69,6 @@ def test_unloading_a_version_with_an_execution_in_progress_blocks_no_other_regis
         unloading.join(WAIT_S)
         assert isinstance(results[0], InferResponse), results  # the request in progress still completes
         assert slow.state is ModelState.UNLOADED and not slow.instances
-        assert not service.model_ready("slow")
+        assert service.model_ready("slow") is (change == "replace reload")
     finally:
         service.close()
