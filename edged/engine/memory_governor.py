@@ -33,11 +33,13 @@ from edged.memory import (
 )
 
 log = logging.getLogger(__name__)
-RELOAD_SUFFIX = " (reload)"
-
-
 def version_key(version: ModelVersion) -> str:
     return f"{version.config.name}/{version.version}"
+
+
+def reload_key(key: str, number: int = 1) -> str:
+    """The budget key of a reload's copy loaded beside the serving one (the second such copy: number 2)."""
+    return f"{key} (reload)" if number == 1 else f"{key} (reload {number})"
 
 
 def file_key(key: str, path: Path) -> str:
@@ -78,7 +80,14 @@ class MemoryGovernor:
         key = version_key(version)
         if self.pressure is not None:
             self.pressure.refuse_if_under_pressure(key)
-        return key + RELOAD_SUFFIX if key in self.budget.charges() else key
+        charges = self.budget.charges()
+        if key not in charges:
+            return key
+        # A copy still draining after an earlier reload may hold "(reload)" as well: each copy its own key.
+        number = 1
+        while reload_key(key, number) in charges:
+            number += 1
+        return reload_key(key, number)
 
     def admit(self, key: str, needed: int, spare: str, candidates: Callable[[], list[ModelVersion]],
               evict: Callable[[ModelVersion], None]) -> None:
@@ -150,13 +159,13 @@ class MemoryGovernor:
         reload's new copy waiting beside it takes over the plain key."""
         key = self._keys.pop(version, version_key(version))
         self.budget.release(key)
-        if key.endswith(RELOAD_SUFFIX):
+        if key != version_key(version):
             return
-        for other, other_key in self._keys.items():
-            if other_key == key + RELOAD_SUFFIX:
-                self.budget.rename(other_key, key)
-                self._keys[other] = key
-                return
+        waiting = sorted((k, v) for v, k in self._keys.items() if k.startswith(key + " (reload"))
+        if waiting:
+            other_key, other = waiting[0]
+            self.budget.rename(other_key, key)
+            self._keys[other] = key
 
     def trim(self) -> None:
         """Return what a load freed (parsed protobufs, an auto-complete session, a failed load) to the system,

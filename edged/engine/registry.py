@@ -7,9 +7,11 @@ version is unavailable until the new one is ready), "auto" does side by side whe
 
 All changes run under one lock, but nothing waits for an execution while holding it: versions leaving service
 stop taking requests under the lock and are drained and closed after the change lets go of it, so a slow or
-wedged execution never blocks loads, unloads, polls or shutdown of other models. (Evicted versions, which
-have nothing in flight, and the old copy a "replace" reload unloads first are closed at once, because their
-memory must be free before the load that follows.)
+wedged execution never blocks loads, unloads, polls or shutdown of other models. The old copies a replacing
+reload unloads first are drained before the load takes the lock (``_vacate``). Evicted versions have nothing
+in flight and are closed at once: their memory must be free before the load that follows. Only a replace
+decided inside a change (the budget refusing a step of a load already under way) drains under the lock,
+bounded by the unload timeout.
 """
 
 from __future__ import annotations
