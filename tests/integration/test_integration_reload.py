@@ -7,6 +7,7 @@ Figures are printed (``pytest -s``) for docs/benchmarks.md.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -83,6 +84,7 @@ def test_side_by_side_refuses_a_reload_that_does_not_fit_and_keeps_serving(repo:
             assert expected in message, message
         rise = proc_status_kib(daemon.pid, "VmHWM") - rss_before
         assert rise <= RSS_RELEASE_SLACK_KIB, f"a refused reload raised the peak by {rise} KiB"
+        assert proc_status_kib(daemon.pid, "VmRSS") <= rss_before + RSS_RELEASE_SLACK_KIB
         assert client.model_ready("big")
         _assert_serves(client)
         memory = client.status()["memory"]
@@ -111,5 +113,23 @@ def test_a_reload_that_does_not_fit_replaces_the_copy_inside_the_budget_and_rele
         assert memory["last_load"]["within_budget"] is True, memory["last_load"]
         assert memory["last_load"]["peak_bytes"] > 0
         assert 'edged_model_load_peak_bytes{model="big",version="1"}' in client.metrics()
+    finally:
+        assert daemon.stop() == 0, daemon.output()
+
+
+def test_a_failed_reload_keeps_the_old_copy_serving_and_gives_its_memory_back(repo: Path, tmp_path: Path) -> None:
+    own = tmp_path / "models"
+    shutil.copytree(repo, own)
+    daemon = _daemon(tmp_path, own, "side_by_side")
+    try:
+        client = _load_first_copy(daemon)
+        rss_before = proc_status_kib(daemon.pid, "VmRSS")
+        (own / "big" / "1" / "model.onnx").write_bytes(b"\x08\x07 not an ONNX model" * 64)
+        with pytest.raises(ClientError):
+            client.load("big")
+        assert client.model_ready("big"), "the old copy keeps serving after a failed reload"
+        _assert_serves(client)
+        assert proc_status_kib(daemon.pid, "VmRSS") <= rss_before + RSS_RELEASE_SLACK_KIB
+        assert set(client.status()["memory"]["charges"]) == {"big/1"}
     finally:
         assert daemon.stop() == 0, daemon.output()
