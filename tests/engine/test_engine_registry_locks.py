@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 from modelgen import add_model, mlp_weights, write_slow_onnx
 
-from edged.config import ModelsConfig
+from edged.config import MemoryConfig, ModelsConfig
 from edged.engine import InferenceService, InferRequest, InferResponse, ModelState
+from edged.engine.memory_governor import MemoryGovernor
 from edged.errors import EdgedError
 
 # About four seconds of Loop steps on an idle core of the build machine: long beside loading a tiny model.
@@ -70,5 +71,33 @@ def test_a_version_leaving_with_an_execution_in_progress_blocks_no_other_registr
         assert isinstance(results[0], InferResponse), results  # the request in progress still completes
         assert slow.state is ModelState.UNLOADED and not slow.instances
         assert service.model_ready("slow") is (change == "replace reload")
+    finally:
+        service.close()
+
+
+def test_reloads_while_an_older_copy_still_drains_keep_one_charge_per_copy(tmp_path: Path) -> None:
+    write_slow_onnx(tmp_path / "slow" / "1" / "model.onnx", SLOW_TRIPS)
+    memory = MemoryGovernor(MemoryConfig())
+    settings = ModelsConfig(control_mode="explicit", warmup=False, reload="side_by_side")
+    service = InferenceService(tmp_path, settings, memory=memory, unload_timeout_s=WAIT_S)
+    service.start()
+    try:
+        service.load_model("slow")
+        first = service.record_for("slow").versions[1]
+        running = threading.Thread(target=service.infer,
+                                   args=(InferRequest("slow", {"input": np.ones((1, 64), np.float32)}),))
+        running.start()
+        _wait_for(lambda: first.in_flight > 0, "the slow request to start")
+        reloading = threading.Thread(target=service.load_model, args=("slow",))
+        reloading.start()  # swaps in a second copy, then waits for the first one's request
+        _wait_for(lambda: service.record_for("slow").versions[1] is not first, "the second copy")
+        second = service.record_for("slow").versions[1]
+        service.load_model("slow")  # a third copy while the first still drains
+        third = service.record_for("slow").versions[1]
+        assert third is not second and running.is_alive()
+        assert set(memory.budget.charges()) == {"slow/1", "slow/1 (reload 2)"}, memory.budget.charges()
+        running.join(WAIT_S)
+        reloading.join(WAIT_S)
+        assert memory.budget.charges() == {"slow/1": third.footprint_bytes}
     finally:
         service.close()
