@@ -106,7 +106,7 @@ class MemoryGovernor:
             evict(by_key[victim])
 
     def fits_beside(self, serving: list[ModelVersion], candidates: list[ModelVersion]) -> bool:
-        """Whether reloads of the ``serving`` copies are expected to fit beside them: each reload's peak within
+        """Whether reloads of the ``serving`` copies are expected to fit beside them: their peaks together within
         the free part plus what evicting other models' idle versions could free (policy evict_lru)."""
         free = self.budget.free_bytes
         if free is None:
@@ -157,13 +157,15 @@ class MemoryGovernor:
     def forget(self, version: ModelVersion) -> None:
         """The copy is unloaded, evicted, or failed to load: it no longer counts against the budget. A
         reload's new copy waiting beside it takes over the plain key."""
-        key = self._keys.pop(version, version_key(version))
+        key = self._keys.pop(version, None)
+        if key is None:  # never charged (loaded without the governor, or its admission failed)
+            return
         self.budget.release(key)
         if key != version_key(version):
             return
-        waiting = sorted((k, v) for v, k in self._keys.items() if k.startswith(key + " (reload"))
+        waiting = [(k, v) for v, k in self._keys.items() if k.startswith(key + " (reload")]
         if waiting:
-            other_key, other = waiting[0]
+            other_key, other = min(waiting, key=lambda item: item[0])
             self.budget.rename(other_key, key)
             self._keys[other] = key
 
