@@ -20,6 +20,7 @@ from edged.engine.memory_governor import MemoryGovernor, version_key
 from edged.engine.record import ModelRecord
 from edged.engine.version import ModelVersion
 from edged.errors import MemoryBudgetExceeded
+from edged.repository import confined_path
 from edged.repository.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,8 @@ class Admission:
         probe = ModelConfig(name=record.name, backend=runtime) if config is None else config
         newest = max(available)
         key = f"{record.name}/{newest} (auto-complete)"
-        path = model_dir / str(newest) / probe.model_filename
+        path = confined_path(model_dir, probe.model_filename, "default_model_filename", under=str(newest),
+                             must_exist=False)
         self.reserve(record, key, memory.peak_estimate(key, path), reloading)
         try:
             with memory.measure() as measured:

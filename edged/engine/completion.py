@@ -9,7 +9,7 @@ from pathlib import Path
 
 from edged.backends import Backend
 from edged.errors import ModelLoadError
-from edged.repository import autocomplete, normalize
+from edged.repository import autocomplete, confined_path, normalize
 from edged.repository.model_config import ModelConfig
 
 # Runtimes whose model files carry their inputs and outputs, so a config is completed and checked from them.
@@ -33,7 +33,8 @@ def complete_config(name: str, config: ModelConfig | None, runtime: str, backend
     if not available:
         raise ModelLoadError(f"model {name}: no numbered version folder in {model_dir}")
     probe = ModelConfig(name=name, backend=runtime) if config is None else config
-    path = model_dir / str(max(available)) / probe.model_filename
+    path = confined_path(model_dir, probe.model_filename, "default_model_filename", under=str(max(available)),
+                         must_exist=False)
     return autocomplete(config, name, backend.describe(path), runtime, gpus=_gpus(backend))
 
 

@@ -42,6 +42,7 @@ from edged.repository import (
     Fingerprint,
     Settling,
     changed_versions,
+    check_config_files,
     check_model_name,
     detect_runtime,
     find_models,
@@ -234,6 +235,7 @@ class Registry:
         if not wanted:
             raise ModelLoadError(f"model {record.name}: no version to serve in {model_dir} (found versions: "
                                  f"{available or 'none'}; version_policy {config.version_policy.kind})")
+        check_config_files(config, model_dir, wanted)
         self._swap_in(record, config, backend, model_dir, wanted, changed)
 
     def _vacate(self, name: str, override: ModelConfig | None, seen: Fingerprint | None) -> None:
