@@ -69,3 +69,46 @@ def add_custom_model(repo: Path, name: str, backend: str, extra: str = "", max_b
     (folder / "1" / "model").write_bytes(b"test backend model\n")
     (folder / "config.pbtxt").write_text(custom_config(name, backend, extra, max_batch))
     return folder
+
+
+def write_slow_onnx(path: Path, trips: int, width: int = 64) -> None:
+    """A model whose one execution takes long: a Loop of ``trips`` small MatMul + Tanh steps on "input"."""
+    body = helper.make_graph(
+        [helper.make_node("MatMul", ["state_in", "w"], ["product"]),
+         helper.make_node("Tanh", ["product"], ["state_out"]), helper.make_node("Identity", ["cond_in"], ["cond_out"])],
+        "step",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("state_in", TensorProto.FLOAT, [1, width])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("state_out", TensorProto.FLOAT, [1, width])])
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["trips", "cond", "input"], ["output"], body=body)], "slow",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, width])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, width])],
+        [numpy_helper.from_array(np.array(trips, np.int64), "trips"), numpy_helper.from_array(np.array(True), "cond"),
+         numpy_helper.from_array((np.eye(width) * 0.5).astype(np.float32), "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(path))
+
+
+def write_chain_onnx(path: Path, width: int = 2048, layers: int = 3) -> int:
+    """``layers`` MatMul+Relu steps with [width, width] float32 weights on input "x" (3 x 2048^2: 48 MiB);
+    the weights' size in bytes. Under glibc its load leaves freed 16 MiB blocks in the heap."""
+    rng = np.random.default_rng(0)
+    nodes, weights, previous = [], [], "x"
+    for i in range(layers):
+        weights.append(numpy_helper.from_array((rng.standard_normal((width, width)) / np.sqrt(width))
+                                               .astype(np.float32), f"w{i}"))
+        nodes.append(helper.make_node("MatMul", [previous, f"w{i}"], [f"m{i}"]))
+        previous = "y" if i == layers - 1 else f"r{i}"
+        nodes.append(helper.make_node("Relu", [f"m{i}"], [previous]))
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", width])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", width])], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(path))
+    return layers * width * width * 4

@@ -69,27 +69,42 @@ class TensorRTInstance:
         self._cuda = cuda
         self._arena = arena
         self._lock = threading.Lock()
+        # close() never waits for an execution: when one holds _lock it sets _close_requested, and run() closes
+        # before it lets go. _flag_lock makes the check and the release of _lock one step, so no close is lost.
+        self._flag_lock = threading.Lock()
+        self._close_requested = False
         self._stream = cuda.stream_create()
         self._profile = -1  # none selected yet
         self._by_name = {b.name: b for b in setup.bindings}
         self._buffers = {b.name: IoBuffer(cuda, setup.zero_copy) for b in setup.bindings}
 
     def run(self, inputs: Mapping[str, Array], output_names: Sequence[str]) -> dict[str, Array]:
-        with self._lock:
-            if self._handles is None:
-                raise InferenceFailed(f"TensorRT instance {self._setup.name} is closed")
-            arrays = self._checked_inputs(inputs)
-            wanted = list(output_names) or [b.name for b in self._setup.bindings if not b.is_input]
-            unknown = [n for n in wanted if n not in self._by_name or self._by_name[n].is_input]
-            if unknown:
-                raise InvalidInput(f"unknown output(s) {unknown} for {self._setup.name}")
-            try:
-                with self._scratch() as scratch:
-                    if scratch is not None:
-                        set_context_memory(self._handles.context, scratch.ptr, scratch.size, self._setup.caps)
-                    return self._execute(self._handles, arrays, wanted)
-            except CudaError as e:
-                raise InferenceFailed(f"{self._setup.name}: {e}") from e
+        self._lock.acquire()
+        try:
+            return self._run_locked(inputs, output_names)
+        finally:
+            with self._flag_lock:
+                try:
+                    if self._close_requested:
+                        self._close_locked()
+                finally:
+                    self._lock.release()
+
+    def _run_locked(self, inputs: Mapping[str, Array], output_names: Sequence[str]) -> dict[str, Array]:
+        if self._handles is None:
+            raise InferenceFailed(f"TensorRT instance {self._setup.name} is closed")
+        arrays = self._checked_inputs(inputs)
+        wanted = list(output_names) or [b.name for b in self._setup.bindings if not b.is_input]
+        unknown = [n for n in wanted if n not in self._by_name or self._by_name[n].is_input]
+        if unknown:
+            raise InvalidInput(f"unknown output(s) {unknown} for {self._setup.name}")
+        try:
+            with self._scratch() as scratch:
+                if scratch is not None:
+                    set_context_memory(self._handles.context, scratch.ptr, scratch.size, self._setup.caps)
+                return self._execute(self._handles, arrays, wanted)
+        except CudaError as e:
+            raise InferenceFailed(f"{self._setup.name}: {e}") from e
 
     def _checked_inputs(self, inputs: Mapping[str, Array]) -> dict[str, Array]:
         expected = [b for b in self._setup.bindings if b.is_input]
@@ -154,18 +169,29 @@ class TensorRTInstance:
         """Buffers are sized to the largest request; shrinking them would only allocate again."""
 
     def close(self) -> None:
-        with self._lock:
-            if self._handles is None:
+        """Free the engine now, or, while an execution runs, as soon as it ends: close never waits for an
+        execution (the registry may call it with its lock held)."""
+        with self._flag_lock:
+            if not self._lock.acquire(blocking=False):
+                self._close_requested = True
                 return
-            try:
-                self._cuda.stream_sync(self._stream)
-            finally:
-                for buffer in self._buffers.values():
-                    buffer.close()
-                self._cuda.stream_destroy(self._stream)
-                if self._arena is not None:
-                    self._arena.unregister(self._setup.name)
-                handles, self._handles = self._handles, None
-                handles.context = None
-                handles.engine = None
-                handles.runtime = None
+        try:
+            self._close_locked()
+        finally:
+            self._lock.release()
+
+    def _close_locked(self) -> None:
+        if self._handles is None:
+            return
+        try:
+            self._cuda.stream_sync(self._stream)
+        finally:
+            for buffer in self._buffers.values():
+                buffer.close()
+            self._cuda.stream_destroy(self._stream)
+            if self._arena is not None:
+                self._arena.unregister(self._setup.name)
+            handles, self._handles = self._handles, None
+            handles.context = None
+            handles.engine = None
+            handles.runtime = None

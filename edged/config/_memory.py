@@ -18,6 +18,10 @@ def _positive(value: float) -> str | None:
     return None if value > 0 else "expected a number > 0"
 
 
+def _positive_or_none(value: float | None) -> str | None:
+    return None if value is None or value > 0 else "expected a number > 0"
+
+
 def _percent(value: float | None) -> str | None:
     return None if value is None or 0 < value <= 100 else "expected a percentage in (0, 100]"
 
@@ -38,8 +42,12 @@ class MemoryConfig:
     budget_mb: float | None = field(default=None, metadata={"check": _non_negative})
     budget_percent: float | None = field(default=None, metadata={"check": _percent})
     policy: Literal["refuse", "evict_lru"] = "refuse"
-    # A model's need before its first load = file size x this factor (ONNX on CPU measured 1.0-1.5x).
-    load_estimate_factor: float = field(default=1.5, metadata={"check": _positive})
+    # A model file's peak need while loading, before it was first loaded, = file size x this factor; later
+    # loads of the same file use the peak measured then (VmHWM). None: by allocator, as measured for ONNX on CPU
+    # through the daemon (docs/benchmarks.md): 5.5 on glibc (3.1-5.3x seen), 3.5 with jemalloc/tcmalloc (2.4-3.1x).
+    load_estimate_factor: float | None = field(default=None, metadata={"check": _positive_or_none})
+    # Give freed heap back to the kernel (malloc_trim / purge) after each unload, and also after each load,
+    # auto-complete pass and failed load, so a model is charged what it holds rather than the heap's leftovers.
     release_after_unload: bool = True
     pressure_min_available_mb: float = field(default=256.0, metadata={"check": _non_negative})
     pressure_some_avg10_max: float = field(default=40.0, metadata={"check": _non_negative})

@@ -21,6 +21,11 @@ class ModelsConfig:
     # thread hop (about 70 µs on these machines, see FIELD-NOTES.md); slower ones run on worker threads.
     inline_execution_max_us: int = 1000
     warmup: bool = True
+    # How a reload of a loaded version meets the memory budget. "side_by_side": the new copy loads beside the
+    # serving one and replaces it when ready; when both do not fit the reload is refused and the old copy keeps
+    # serving. "replace": the old copy is unloaded first, so the version is briefly unavailable. "auto": side
+    # by side when both copies fit the budget, replace when they do not.
+    reload: Literal["auto", "side_by_side", "replace"] = "auto"
     # As Triton's --disable-auto-complete-config when false: configs must list inputs and outputs themselves.
     autocomplete: bool = True
     # An execution running longer than this means a wedged backend: the systemd watchdog pings stop.

@@ -235,7 +235,8 @@ class Daemon:
                 if changed:
                     log.warning("SIGHUP: changes to [%s] take effect at the next restart", "], [".join(changed))
                 logging.getLogger().setLevel(fresh.logging.level.upper())
-        await asyncio.get_running_loop().run_in_executor(None, self.service.poll)
+        # An operator's rescan: the files are in place, so no waiting for them to settle over two polls.
+        await asyncio.get_running_loop().run_in_executor(None, lambda: self.service.poll(settle=False))
         if self.notifier is not None:
             self.notifier.ready(self.summary_line())
 
@@ -307,6 +308,11 @@ class Daemon:
             if version.footprint_bytes is not None:
                 footprints.add(version.footprint_bytes, {"model": version.config.name,
                                                          "version": str(version.version)})
+        peaks = MetricFamily("edged_model_load_peak_bytes", "gauge",
+                             "What loading each version added to the peak RSS (VmHWM).")
+        for version in self.service.loaded_versions():
+            if version.load_peak_bytes is not None:
+                peaks.add(version.load_peak_bytes, {"model": version.config.name, "version": str(version.version)})
         allocator = self.allocator
         return render([
             MetricFamily("edged_memory_budget_bytes", "gauge", "The model memory budget (0: none).")
@@ -314,6 +320,7 @@ class Daemon:
             MetricFamily("edged_memory_pressure", "gauge", "1 while the system is under memory pressure.")
             .add(int(described["under_pressure"])),
             footprints,
+            peaks,
             MetricFamily("edged_allocator_info", "gauge", "The malloc implementation in use.")
             .add(1, {"allocator": allocator.name}),
         ])

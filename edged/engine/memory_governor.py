@@ -1,8 +1,14 @@
 """Memory admission for model loads: the engine's side of `edged.memory`.
 
-Before a load: refuse under memory pressure, then reserve the model's expected footprint in the budget,
-evicting least-recently-used idle versions when the policy allows. Around the load: measure the real
-footprint and charge it instead. After an unload: discharge it and give freed memory back to the system.
+Before a load: refuse under memory pressure, then reserve the load's expected peak in the budget, evicting
+least-recently-used idle versions when the policy allows. Around the load: measure the real footprint and the
+peak (VmHWM), charge the footprint instead and remember the peak for the next load of the same file. After an
+unload: discharge it and give freed memory back to the system.
+
+Each loaded copy has its own charge: a reload's new copy is charged as ``"<name>/<version> (reload)"`` beside
+the serving ``"<name>/<version>"`` until the old copy is gone, then takes over the plain key. The serving copy
+of the version being loaded is never an eviction candidate for its own reload (that would be a replace, which
+the registry decides by its ``[models] reload`` policy).
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from edged.config import MemoryConfig
@@ -19,16 +26,36 @@ from edged.memory import (
     FootprintProbe,
     MemoryBudget,
     PressureMonitor,
+    active_allocator,
     measure_footprint,
     read_meminfo,
     release_memory,
 )
 
 log = logging.getLogger(__name__)
-
-
 def version_key(version: ModelVersion) -> str:
     return f"{version.config.name}/{version.version}"
+
+
+def reload_key(key: str, number: int = 1) -> str:
+    """The budget key of a reload's copy loaded beside the serving one (the second such copy: number 2)."""
+    return f"{key} (reload)" if number == 1 else f"{key} (reload {number})"
+
+
+def file_key(key: str, path: Path) -> str:
+    """A model file's identity for its measured peak: a changed file (size or mtime) is estimated afresh."""
+    try:
+        st = path.stat()
+    except OSError:
+        return key
+    return f"{key}@{st.st_size}:{st.st_mtime_ns}"
+
+
+def file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0  # the load itself reports the missing file
 
 
 class MemoryGovernor:
@@ -37,29 +64,68 @@ class MemoryGovernor:
         self._config = config
         if total_memory_bytes is None:
             total_memory_bytes = int(read_meminfo().get("MemTotal", 0))
-        self.budget = MemoryBudget(config, total_memory_bytes)
+        self.budget = MemoryBudget(config, total_memory_bytes, active_allocator().name)
         self.pressure = pressure
         self.last_release: dict[str, Any] = {}
+        self.last_load: dict[str, Any] = {}
+        self._keys: dict[ModelVersion, str] = {}  # each charged copy → its key in the budget
+        self._free_at_admission: int | None = None
 
-    def before_load(self, version: ModelVersion, candidates: Callable[[], list[ModelVersion]],
-                    evict: Callable[[ModelVersion], None]) -> None:
+    def peak_estimate(self, key: str, path: Path) -> int:
+        """What loading the file ``path`` of version ``key`` is expected to add to the process's peak."""
+        return self.budget.estimate(file_key(key, path), file_size(path))
+
+    def charge_key(self, version: ModelVersion) -> str:
+        """The budget key for a copy about to load; refuses under memory pressure."""
         key = version_key(version)
         if self.pressure is not None:
             self.pressure.refuse_if_under_pressure(key)
-        try:
-            file_bytes = version.path.stat().st_size
-        except OSError:
-            file_bytes = 0  # the load itself reports the missing file
+        charges = self.budget.charges()
+        if key not in charges:
+            return key
+        # A copy still draining after an earlier reload may hold "(reload)" as well: each copy its own key.
+        number = 1
+        while reload_key(key, number) in charges:
+            number += 1
+        return reload_key(key, number)
+
+    def admit(self, key: str, needed: int, spare: str, candidates: Callable[[], list[ModelVersion]],
+              evict: Callable[[ModelVersion], None]) -> None:
+        """Reserve ``needed`` under ``key``, evicting per policy any candidate except model ``spare``'s."""
         by_key: dict[str, ModelVersion] = {}
 
         def evictable() -> list[EvictionCandidate]:
-            found = candidates()
-            by_key.update({version_key(v): v for v in found})
-            return [EvictionCandidate(version_key(v), v.last_used, v.in_flight) for v in found]
+            found = [v for v in candidates() if v.config.name != spare and v in self._keys]
+            by_key.update({self._keys[v]: v for v in found})
+            return [EvictionCandidate(self._keys[v], v.last_used, v.in_flight) for v in found]
 
-        victims = self.budget.admit(key, self.budget.estimate(key, file_bytes), evictable)
+        victims = self.budget.admit(key, needed, evictable)
+        free = self.budget.free_bytes
+        self._free_at_admission = None if free is None else free + needed  # loads run one at a time
         for victim in victims:
             evict(by_key[victim])
+
+    def fits_beside(self, serving: list[ModelVersion], candidates: list[ModelVersion]) -> bool:
+        """Whether reloads of the ``serving`` copies are expected to fit beside them: their peaks together within
+        the free part plus what evicting other models' idle versions could free (policy evict_lru)."""
+        free = self.budget.free_bytes
+        if free is None:
+            return True
+        names = {v.config.name for v in serving}
+        if self._config.policy == "evict_lru":
+            charges = self.budget.charges()
+            free += sum(charges.get(self._keys.get(v, ""), 0) for v in candidates
+                        if v.config.name not in names and v.in_flight == 0)
+        return sum(self.peak_estimate(version_key(v), v.path) for v in serving) <= free
+
+    def charged(self, version: ModelVersion, key: str) -> None:
+        """``version`` holds the reservation made under ``key``; a reload's copy whose predecessor was
+        unloaded meanwhile (policy replace) takes the plain key."""
+        plain = version_key(version)
+        if key != plain and plain not in self.budget.charges():
+            self.budget.rename(key, plain)
+            key = plain
+        self._keys[version] = key
 
     @contextlib.contextmanager
     def measure(self) -> Iterator[FootprintProbe]:
@@ -71,11 +137,43 @@ class MemoryGovernor:
         if footprint is None:
             return
         version.footprint_bytes = max(0, footprint.total_bytes)
-        self.budget.commit(version_key(version), version.footprint_bytes)
+        version.load_peak_bytes = footprint.peak_bytes
+        key = self._keys.get(version, version_key(version))
+        self.budget.commit(key, version.footprint_bytes)
+        self.remember_peak(version_key(version), version.path, probe)
+        free = self._free_at_admission
+        within = free is None or footprint.peak_bytes <= free
+        if not within:
+            log.warning("loading %s peaked at %d bytes, above the budget's free %d bytes; its next load is "
+                        "estimated from this peak", key, footprint.peak_bytes, free)
+        self.last_load = {"key": key, "peak_bytes": footprint.peak_bytes, "footprint_bytes": version.footprint_bytes,
+                          "free_before_bytes": free, "within_budget": within, "hwm_reset": probe.hwm_reset}
+
+    def remember_peak(self, key: str, path: Path, probe: FootprintProbe) -> None:
+        """The next estimate for ``key`` loading this same file is the peak measured now."""
+        if probe.footprint is not None:
+            self.budget.remember_peak(file_key(key, path), probe.footprint.peak_bytes)
 
     def forget(self, version: ModelVersion) -> None:
-        """The version is unloaded, evicted, or failed to load: it no longer counts against the budget."""
-        self.budget.release(version_key(version))
+        """The copy is unloaded, evicted, or failed to load: it no longer counts against the budget. A
+        reload's new copy waiting beside it takes over the plain key."""
+        key = self._keys.pop(version, None)
+        if key is None:  # never charged (loaded without the governor, or its admission failed)
+            return
+        self.budget.release(key)
+        if key != version_key(version):
+            return
+        waiting = [(k, v) for v, k in self._keys.items() if k.startswith(key + " (reload")]
+        if waiting:
+            other_key, other = min(waiting, key=lambda item: item[0])
+            self.budget.rename(other_key, key)
+            self._keys[other] = key
+
+    def trim(self) -> None:
+        """Return what a load freed (parsed protobufs, an auto-complete session, a failed load) to the system,
+        so the footprint charged is what the model holds, not the allocator's leftovers."""
+        if self._config.release_after_unload:
+            release_memory()
 
     def release(self) -> None:
         if not self._config.release_after_unload:
@@ -91,10 +189,14 @@ class MemoryGovernor:
         return {
             "budget_bytes": self.budget.limit_bytes,
             "used_bytes": self.budget.used_bytes,
+            "free_bytes": self.budget.free_bytes,
             "charges": dict(self.budget.charges()),
             "policy": self._config.policy,
+            "load_estimate_factor": self.budget.factor,
             "under_pressure": bool(state and state.under_pressure),
             "pressure_reason": state.reason if state else "",
             "mem_available_bytes": state.mem_available_bytes if state else None,
             "last_release": self.last_release,
+            "last_load": self.last_load,
         }
+

@@ -1,81 +1,60 @@
 """The models of one repository and the rules that load, reload and unload their versions.
 
 A reload builds the new versions next to the serving ones and swaps only when they are ready: a failed reload
-leaves the old versions serving. All changes run under one lock.
+leaves the old versions serving. Where the memory budget cannot hold both copies, ``[models] reload`` decides:
+"side_by_side" refuses the reload (the old copy keeps serving), "replace" unloads the old copy first (the
+version is unavailable until the new one is ready), "auto" does side by side when it fits and replace when not.
+
+All changes run under one lock, but nothing waits for an execution while holding it: versions leaving service
+stop taking requests under the lock and are drained and closed after the change lets go of it, so a slow or
+wedged execution never blocks loads, unloads, polls or shutdown of other models. The old copies a replacing
+reload unloads first are drained before the load takes the lock (``_vacate``). Evicted versions have nothing
+in flight and are closed at once: their memory must be free before the load that follows. Only a replace
+decided inside a change (the budget refusing a step of a load already under way) drains under the lock,
+bounded by the unload timeout.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import logging
-import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from edged.backends import Backend
 from edged.config import ModelsConfig
+from edged.engine.admission import Admission
+from edged.engine.completion import complete_config
 from edged.engine.lifecycle import ModelState
 from edged.engine.memory_governor import MemoryGovernor
+from edged.engine.record import ModelRecord, index_entries
 from edged.engine.version import ModelVersion
-from edged.errors import EdgedError, ModelLoadError, ModelNotFound, ModelNotReady, Unavailable
+from edged.errors import (
+    EdgedError,
+    ModelLoadError,
+    ModelNotFound,
+    ModelNotReady,
+    Unavailable,
+)
 from edged.repository import (
-    autocomplete,
+    Fingerprint,
+    Settling,
+    changed_versions,
     check_config_files,
     check_model_name,
-    confined_path,
     detect_runtime,
     find_models,
+    fingerprint,
     list_versions,
     load_model_config,
-    normalize,
     select_versions,
 )
 from edged.repository.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
 READY = ModelState.READY
-
-# Runtimes whose model files carry their inputs and outputs, so a config is completed and checked from them.
-SELF_DESCRIBING = frozenset({"onnxruntime", "tensorrt"})
-
-
-class ModelRecord:
-    """A model known to the service: its served versions and the outcome of the last load."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        # Served versions by number. Replaced (or `drop`ped from) as a whole, never changed in place, so that
-        # the cached default below can tell whether it was chosen from the current dict.
-        self.versions: dict[int, ModelVersion] = {}
-        # The default version (highest ready) with the dict it was chosen from: every request without a version
-        # asks for it, so it is chosen once per change of the dict, not per request.
-        self._default: tuple[dict[int, ModelVersion], ModelVersion | None] = ({}, None)
-        self.failed: dict[int, ModelVersion] = {}  # versions whose last load failed, with the reason
-        self.error = ""  # a failure before any version could be tried (bad config, missing runtime)
-        self.fingerprint: tuple[Any, ...] = ()
-        self.loaded_explicitly = False
-
-    def drop(self, number: int) -> None:
-        self.versions = {n: v for n, v in self.versions.items() if n != number}
-
-    def default_version(self) -> ModelVersion | None:
-        """The highest ready version, or None."""
-        chosen_from, version = self._default
-        if chosen_from is self.versions and version is not None and version.lifecycle.state is READY:
-            return version
-        versions = self.versions
-        ready = [v for _, v in sorted(versions.items()) if v.lifecycle.state is READY]
-        version = ready[-1] if ready else None
-        self._default = (versions, version)
-        return version
-
-    def ready_versions(self) -> list[ModelVersion]:
-        return [v for _, v in sorted(self.versions.items()) if v.state is ModelState.READY]
-
-    def all_versions(self) -> list[ModelVersion]:
-        return [v for _, v in sorted(self.versions.items())]
 
 
 class Registry:
@@ -93,6 +72,10 @@ class Registry:
         self._unloaded: dict[str, str] = {}  # model name → why it is no longer loaded, for the index
         self._backends: dict[str, Backend] = {}
         self._lock = threading.RLock()
+        self._depth = 0  # nesting of _changing() in the thread holding the lock
+        self._retired: list[ModelVersion] = []  # out of service, to unload when the change ends
+        self._settling = Settling()
+        self._admission = Admission(memory, settings, self._eviction_candidates, self._evict, self._unload_now)
         self.started = False
 
     # --- queries -------------------------------------------------------------------------------------------
@@ -136,7 +119,7 @@ class Registry:
         """Load a lazily registered model; concurrent callers wait for the one load under the lock."""
         if name not in self._lazy:
             return
-        with self._lock:
+        with self._changing():
             if name in self._lazy:
                 self.load(name, None, explicit=False)
 
@@ -144,24 +127,8 @@ class Registry:
         return all(record.ready_versions() or record.error or record.failed for record in self.records())
 
     def index(self, ready_only: bool) -> list[dict[str, Any]]:
-        entries: list[dict[str, Any]] = []
         names = sorted(set(self._safe_find_models()) | set(self._records))
-        for name in names:
-            record = self._records.get(name)
-            versions = sorted({**(record.failed if record else {}), **(record.versions if record else {})}.items())
-            if not versions:
-                if not ready_only:
-                    reason = record.error if record else self._unloaded.get(name, "")
-                    known = record is not None or name in self._unloaded
-                    entries.append({"name": name, "version": "", "state": "UNAVAILABLE" if known else "",
-                                    "reason": reason})
-                continue
-            for number, version in versions:
-                if ready_only and version.state is not ModelState.READY:
-                    continue
-                entries.append({"name": name, "version": str(number), "state": version.state.value,
-                                "reason": version.lifecycle.reason})
-        return entries
+        return index_entries(names, self._records, self._unloaded, ready_only)
 
     def _safe_find_models(self) -> list[str]:
         try:
@@ -170,13 +137,45 @@ class Registry:
             return []
 
     # --- changes -------------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _changing(self) -> Iterator[None]:
+        """Hold the lock for a change; the versions it retired are drained and closed once the outermost
+        change has let go of the lock."""
+        retired: list[ModelVersion] = []
+        try:
+            with self._lock:
+                self._depth += 1
+                try:
+                    yield
+                finally:
+                    self._depth -= 1
+                    if self._depth == 0:
+                        retired, self._retired = self._retired, []
+        finally:
+            self._finish(retired, self._unload_timeout_s)
+
+    def _retire(self, version: ModelVersion) -> None:
+        """Take a version out of service now (under the lock); it is unloaded when the change ends."""
+        if version.lifecycle.state is READY:
+            version.lifecycle.move(ModelState.UNLOADING)
+        self._retired.append(version)
+
+    def _finish(self, versions: list[ModelVersion], timeout_s: float) -> None:
+        for version in versions:
+            version.unload(timeout_s)
+        if versions and self._memory is not None:
+            with self._lock:  # the governor's books are kept under the lock; nothing waits here
+                for version in versions:
+                    self._memory.forget(version)
+                self._memory.release()
+
     def start(self) -> None:
         names = find_models(self._root)
         mode = self._settings.control_mode
         if mode == "explicit":
             wanted = set(self._settings.startup_models)
             names = names if "*" in wanted else [n for n in names if n in wanted]
-        with self._lock:
+        with self._changing():
             for name in names:
                 if self._settings.load == "lazy":
                     self._lazy.add(name)
@@ -187,19 +186,23 @@ class Registry:
                     log.error("model %s failed to load: %s", name, e)
             self.started = True
 
-    def load(self, name: str, override: ModelConfig | None, explicit: bool) -> None:
+    def load(self, name: str, override: ModelConfig | None, explicit: bool,
+             seen: Fingerprint | None = None) -> None:
+        """Load or reload a model; ``seen`` (from poll) reloads only the versions whose files changed."""
         if explicit and self._settings.control_mode != "explicit":
             raise Unavailable(f"explicit model load / unload is not allowed in model control mode "
                               f"{self._settings.control_mode!r}; start edged with --model-control-mode explicit")
         check_model_name(name)
         if not (self._root / name).is_dir():
             raise ModelNotFound(f"unknown model: {name!r} is not in the repository {self._root}")
-        with self._lock:
+        self._vacate(name, override, seen)
+        with self._changing():
             self._unloaded.pop(name, None)
             record = self._records.setdefault(name, ModelRecord(name))
             record.loaded_explicitly = explicit
+            changed = None if seen is None or override is not None else changed_versions(record.fingerprint, seen)
             try:
-                self._load_record(record, override)
+                self._load_record(record, override, changed)
             except EdgedError as e:
                 if not record.versions:
                     record.error = str(e)
@@ -207,8 +210,9 @@ class Registry:
             finally:
                 # Only now: callers of ensure_loaded() that saw the model as lazy wait on the lock until here.
                 self._lazy.discard(name)
+            record.fingerprint = seen if seen is not None else fingerprint(self._root / name)
 
-    def _load_record(self, record: ModelRecord, override: ModelConfig | None) -> None:
+    def _load_record(self, record: ModelRecord, override: ModelConfig | None, changed: set[int] | None) -> None:
         model_dir = self._root / record.name
         if not model_dir.is_dir():
             raise ModelNotFound(f"model {record.name} is not in the repository {self._root}")
@@ -221,81 +225,73 @@ class Registry:
         backend = self._backends.get(runtime)
         if backend is None:  # one backend object per runtime: TensorRT's scratch area is shared through it
             backend = self._backends[runtime] = self._backend_loader(runtime)
-        config = self._complete(record.name, config, runtime, backend, model_dir, available)
+        reloading = [n for n in record.versions if changed is None or n in changed]
+        if reloading and self._settings.reload == "replace":
+            self._admission.replace(record, reloading)
+        with self._admission.describing(record, config, runtime, model_dir, available, reloading):
+            config = complete_config(record.name, config, runtime, backend, model_dir, available,
+                                     self._settings.autocomplete)
         wanted = select_versions(config.version_policy, available)
         if not wanted:
             raise ModelLoadError(f"model {record.name}: no version to serve in {model_dir} (found versions: "
                                  f"{available or 'none'}; version_policy {config.version_policy.kind})")
         check_config_files(config, model_dir, wanted)
-        self._swap_in(record, config, backend, model_dir, wanted)
-        record.fingerprint = fingerprint(model_dir)
+        self._swap_in(record, config, backend, model_dir, wanted, changed)
 
-    def _complete(self, name: str, config: ModelConfig | None, runtime: str, backend: Backend, model_dir: Path,
-                  available: list[int]) -> ModelConfig:
-        """Auto-complete from the model file where the format describes itself (ONNX, TensorRT), which also
-        checks the config against the file; other runtimes need a config that lists inputs and outputs."""
-        complete = config is not None and bool(config.input) and bool(config.output)
-        if not self._settings.autocomplete and not complete:
-            raise ModelLoadError(f"model {name}: auto-complete is off ([models] autocomplete = false) and the "
-                                 "config.pbtxt does not list every input and output")
-        if (runtime not in SELF_DESCRIBING or not self._settings.autocomplete) and config is not None and complete:
-            config = config if config.name else dataclasses.replace(config, name=name)
-            return normalize(_with_export_file(config, runtime, model_dir, available), _gpus(backend))
-        if runtime == "pytorch":
-            raise ModelLoadError(f"model {name}: PyTorch models need a config.pbtxt listing every input and "
-                                 "output (name, data_type, dims)")
-        if not available:
-            raise ModelLoadError(f"model {name}: no numbered version folder in {model_dir}")
-        probe = ModelConfig(name=name, backend=runtime) if config is None else config
-        path = confined_path(model_dir, probe.model_filename, "default_model_filename", under=str(max(available)),
-                             must_exist=False)
-        return autocomplete(config, name, backend.describe(path), runtime, gpus=_gpus(backend))
+    def _vacate(self, name: str, override: ModelConfig | None, seen: Fingerprint | None) -> None:
+        """Before a reload that replaces (see Admission.should_vacate): take the old copies out of service and
+        wait for their requests without the lock. Inside a change (this thread already holds the lock) the
+        admission's ``replace`` does it under the lock instead, bounded by the unload timeout."""
+        with self._lock:
+            record = self._records.get(name)
+            if self._depth or record is None:
+                return
+            changed = None if seen is None or override is not None else changed_versions(record.fingerprint, seen)
+            leaving = [v for n, v in record.versions.items() if changed is None or n in changed]
+            if not leaving or not self._admission.should_vacate(leaving):
+                return
+            for version in leaving:
+                self._admission.announce_replace(record, version.version)
+                record.drop(version.version)
+                version.lifecycle.move(ModelState.UNLOADING)
+        self._finish(leaving, self._unload_timeout_s)
 
     def _swap_in(self, record: ModelRecord, config: ModelConfig, backend: Backend, model_dir: Path,
-                 wanted: list[int]) -> None:
+                 wanted: list[int], changed: set[int] | None) -> None:
+        unchanged = {n for n in record.versions if changed is not None and n in wanted and n not in changed}
         fresh: dict[int, ModelVersion] = {}
         errors: list[str] = []
         for number in wanted:
+            if number in unchanged:
+                continue
             version = ModelVersion(config, number, model_dir, self._max_elements)
             try:
-                self._load_version(version, backend)
+                self._admission.load_version(record, version, backend)
             except EdgedError as e:
                 record.failed[number] = version
                 errors.append(str(e))
                 continue
             fresh[number] = version
             record.failed.pop(number, None)
-        if not fresh:
-            raise ModelLoadError("; ".join(errors) if errors else f"model {record.name}: nothing loaded")
+        if errors and not fresh:
+            raise ModelLoadError("; ".join(errors))
         old = record.versions
-        record.versions = {**{n: v for n, v in old.items() if n not in fresh and n in wanted and errors}, **fresh}
+        record.versions = {**{n: v for n, v in old.items() if n not in fresh and n in wanted
+                              and (errors or n in unchanged)}, **fresh}
         record.error = ""
-        retired = [(n, v) for n, v in old.items() if record.versions.get(n) is not v]
-        for number, version in retired:
-            self._unload_version(version, self._unload_timeout_s, forget=number not in fresh)
-        if retired:
-            self._after_unload()
+        for number, version in old.items():
+            if record.versions.get(number) is not version:
+                self._retire(version)
         if errors:
             log.warning("model %s: some versions failed to load: %s", record.name, "; ".join(errors))
 
-    def _load_version(self, version: ModelVersion, backend: Backend) -> None:
-        memory = self._memory
-        if memory is None:
-            version.load(backend, self._settings.warmup)
-            return
-        memory.before_load(version, self._eviction_candidates, self._evict)
-        try:
-            with memory.measure() as probe:
-                version.load(backend, self._settings.warmup)
-        except BaseException:
-            memory.forget(version)
-            raise
-        memory.after_load(version, probe)
-
-    def _unload_version(self, version: ModelVersion, timeout_s: float, forget: bool = True) -> None:
-        version.unload(timeout_s)
-        if self._memory is not None and forget:  # a reloaded version number keeps the new copy's charge
+    def _unload_now(self, version: ModelVersion) -> None:
+        """Unload under the lock: only for versions with nothing in flight (eviction) or whose memory the next
+        load needs (replace); an execution still running is not waited for past the unload timeout."""
+        version.unload(self._unload_timeout_s)
+        if self._memory is not None:
             self._memory.forget(version)
+            self._memory.release()
 
     def _eviction_candidates(self) -> list[ModelVersion]:
         return [v for r in self._records.values() for v in r.ready_versions()]
@@ -304,7 +300,7 @@ class Registry:
         record = self._records.get(version.config.name)
         log.info("evicting model %s version %s to make room (least recently used)", version.config.name,
                  version.version)
-        self._unload_version(version, self._unload_timeout_s)
+        self._unload_now(version)
         if record is not None:
             record.drop(version.version)
             if not record.versions:
@@ -317,7 +313,7 @@ class Registry:
         if explicit and self._settings.control_mode != "explicit":
             raise Unavailable(f"explicit model load / unload is not allowed in model control mode "
                               f"{self._settings.control_mode!r}; start edged with --model-control-mode explicit")
-        with self._lock:
+        with self._changing():
             record = self._records.pop(name, None)
             if record is None:
                 if name in self._lazy:
@@ -325,72 +321,47 @@ class Registry:
                 raise ModelNotFound(f"unknown model: {name!r} is not loaded")
             self._unloaded[name] = "unloaded"
             for version in record.all_versions():
-                self._unload_version(version, self._unload_timeout_s)
-            self._after_unload()
+                self._retire(version)
 
-    def _after_unload(self) -> None:
-        if self._memory is not None:
-            self._memory.release()
-
-    def poll(self) -> None:
-        with self._lock:
+    def poll(self, settle: bool = True) -> None:
+        """Load new models, reload changed ones once their files settled (``settle``), unload removed ones.
+        The loads run one by one after the scan, each taking the lock itself (see ``_vacate``)."""
+        due: list[tuple[str, Fingerprint]] = []
+        with self._changing():
             present = set(self._safe_find_models())
             for name in sorted(set(self._records) - present):
                 log.info("model %s disappeared from the repository; unloading", name)
                 self.unload(name, explicit=False)
-            for name in sorted(present):
+            self._settling.keep_only(present)
+            for name in sorted(present - self._lazy):
                 record = self._records.get(name)
-                if record is not None and record.fingerprint == fingerprint(self._root / name):
-                    continue
-                if record is None and (name in self._lazy or self._settings.control_mode == "explicit"):
+                if record is None and self._settings.control_mode == "explicit":
                     continue  # explicit mode: a rescan refreshes what was asked for, never loads the rest
-                try:
-                    self.load(name, None, explicit=False)
-                except EdgedError as e:
-                    log.error("model %s: reload failed, previous versions keep serving: %s", name, e)
+                seen = fingerprint(self._root / name)
+                if self._settling.settled(name, record.fingerprint if record else None, seen, settle):
+                    due.append((name, seen))
+        for name, seen in due:
+            try:
+                self.load(name, None, explicit=False, seen=seen)
+            except EdgedError as e:
+                with self._lock:
+                    record = self._records.get(name)
+                    if record is not None:
+                        record.fingerprint = seen  # retried when the files change again, not on every poll
+                log.error("model %s: reload failed, previous versions keep serving: %s", name, e)
 
     def close(self, timeout_s: float) -> None:
         with self._lock:
-            for record in list(self._records.values()):
-                for version in record.all_versions():
-                    self._unload_version(version, timeout_s)
+            versions = [v for record in self._records.values() for v in record.all_versions()]
+            for version in versions:
+                if version.lifecycle.state is READY:
+                    version.lifecycle.move(ModelState.UNLOADING)
             self._records.clear()
+        self._finish(versions, timeout_s)
+        with self._lock:
             for backend in self._backends.values():
                 close = getattr(backend, "close", None)  # optional: backends holding process-wide memory
                 if callable(close):
                     close()
             self._backends.clear()
-            self._after_unload()
 
-
-def _gpus(backend: Backend) -> tuple[int, ...]:
-    """The GPUs the backend can use; custom backends without the method are CPU-only."""
-    probe = getattr(backend, "available_gpus", None)
-    return tuple(probe()) if callable(probe) else ()
-
-
-def _with_export_file(config: ModelConfig, runtime: str, model_dir: Path, available: list[int]) -> ModelConfig:
-    """A PyTorch model folder holding a torch.export program (model.pt2) and no TorchScript file uses it."""
-    if runtime != "pytorch" or config.default_model_filename or not available:
-        return config
-    latest = model_dir / str(max(available))
-    if not (latest / "model.pt").exists() and (latest / "model.pt2").exists():
-        return dataclasses.replace(config, default_model_filename="model.pt2")
-    return config
-
-
-def fingerprint(model_dir: Path) -> tuple[Any, ...]:
-    """What poll compares to notice a change: names, sizes and mtimes of the config and version files."""
-    entries: list[tuple[str, int, int]] = []
-    try:
-        for dirpath, _dirs, files in os.walk(model_dir):
-            for file in files:
-                path = os.path.join(dirpath, file)
-                try:
-                    st = os.stat(path)
-                except OSError:
-                    continue
-                entries.append((os.path.relpath(path, model_dir), st.st_size, st.st_mtime_ns))
-    except OSError:
-        return ()
-    return tuple(sorted(entries))

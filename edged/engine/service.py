@@ -22,7 +22,8 @@ from edged.engine.aio import LoopSubmitter
 from edged.engine.lifecycle import ModelState
 from edged.engine.memory_governor import MemoryGovernor
 from edged.engine.metadata import model_metadata
-from edged.engine.registry import ModelRecord, Registry
+from edged.engine.record import ModelRecord
+from edged.engine.registry import Registry
 from edged.engine.scheduler import Done
 from edged.engine.types import InferRequest, InferResponse
 from edged.engine.version import ModelVersion
@@ -79,9 +80,10 @@ class InferenceService:
     def unload_model(self, name: str) -> None:
         self._registry.unload(name, explicit=True)
 
-    def poll(self) -> None:
-        """Rescan the repository (model control mode poll): load new and changed models, unload removed."""
-        self._registry.poll()
+    def poll(self, settle: bool = True) -> None:
+        """Rescan the repository (model control mode poll): load new and changed models, unload removed.
+        With ``settle`` a change is acted on once two polls in a row saw the same files (a copy finished)."""
+        self._registry.poll(settle)
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
         return self._registry.index(ready_only)

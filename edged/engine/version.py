@@ -38,6 +38,7 @@ class ModelVersion:
         self.scheduler: Scheduler | None = None
         self.exec_p50_us: float | None = None  # measured during warm-up; decides inline execution
         self.footprint_bytes: int | None = None
+        self.load_peak_bytes: int | None = None  # what the load added to the process's peak RSS (VmHWM)
         self.load_seconds: float | None = None
         self._labels: dict[str, list[str]] | None = None  # label files, read on the first classification
 

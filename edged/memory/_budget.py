@@ -1,12 +1,15 @@
 """Memory budget and admission control for model versions (pure logic, no I/O).
 
 The budget is ``memory.budget_mb`` or ``memory.budget_percent`` of MemTotal; neither means no limit. Each
-model version (its key, e.g. ``"resnet/1"``) is charged first with an estimate when admitted, then with its
-measured footprint once loaded (``commit``), and discharged when unloaded (``release``). The estimate of a
-never-loaded model is its file size x ``memory.load_estimate_factor`` (default 1.5); a model measured before
-keeps its measured number. Measured with ONNX Runtime on the CPU (scripts/bench_memory.py, 50 MB of weights):
-after load + release_memory 1.0x the file; at the load's peak 1.4x under jemalloc/tcmalloc, 2.6-2.9x on glibc
-(file bytes, parsed weights and prepacked copies coexist), so a tight budget on glibc needs a factor of 3.
+loaded copy of a model version (its key, e.g. ``"resnet/1"``; a reload's new copy beside the serving one is
+``"resnet/1 (reload)"``) is charged first with its expected peak while loading when admitted, then with its
+measured footprint once loaded (``commit``), and discharged when unloaded (``release``). Both copies of a
+reload stay charged while both are loaded. The expected peak of a file never loaded before is its size x
+``memory.load_estimate_factor`` (by default the allocator's entry in PEAK_FACTORS); a file loaded before keeps
+the peak measured then (``remember_peak``). Measured with ONNX Runtime on the CPU through the daemon
+(scripts/bench_reload_peak.py, 48-49 MiB of weights, warm-up included): the load's peak is 3.1-5.3x the file
+on glibc, whose freed 16 MiB blocks stay in its heap, and 2.4-3.1x under jemalloc and tcmalloc (file bytes,
+parsed weights and prepacked copies coexist).
 Invariants: admitted charges never exceed the budget except while the keys ``admit`` returned for eviction
 are still being unloaded; a candidate with requests in flight is never chosen; policy "refuse" chooses none.
 """
@@ -21,6 +24,9 @@ from edged.config import MemoryConfig
 from edged.errors import MemoryBudgetExceeded
 
 MIB = 1024 * 1024
+# Load peak / file size for a file never loaded before, by the allocator serving malloc (measured maxima,
+# rounded up; see the module docstring). Unknown allocators get glibc's.
+PEAK_FACTORS = {"system": 5.5, "jemalloc": 3.5, "tcmalloc": 3.5}
 
 
 @dataclass(frozen=True)
@@ -42,12 +48,12 @@ def budget_bytes(config: MemoryConfig, total_memory_bytes: int) -> int | None:
 
 
 class MemoryBudget:
-    def __init__(self, config: MemoryConfig, total_memory_bytes: int) -> None:
+    def __init__(self, config: MemoryConfig, total_memory_bytes: int, allocator: str = "system") -> None:
         self.limit_bytes = budget_bytes(config, total_memory_bytes)
         self._policy = config.policy
-        self._factor = config.load_estimate_factor
+        self.factor = config.load_estimate_factor or PEAK_FACTORS.get(allocator, PEAK_FACTORS["system"])
         self._charges: dict[str, int] = {}
-        self._measured: dict[str, int] = {}
+        self._measured: dict[str, int] = {}  # peaks measured per file identity
         self._lock = threading.Lock()
 
     @property
@@ -59,11 +65,17 @@ class MemoryBudget:
         with self._lock:
             return dict(self._charges)
 
+    @property
+    def free_bytes(self) -> int | None:
+        """What a load may still add to the process's peak; None without a limit."""
+        limit = self.limit_bytes
+        return None if limit is None else max(0, limit - self.used_bytes)
+
     def estimate(self, key: str, file_bytes: int) -> int:
-        """Bytes ``key`` is expected to need: its last measured footprint, else file size x factor."""
+        """Bytes ``key`` is expected to need: what was measured for it, else file size x factor."""
         with self._lock:
             measured = self._measured.get(key)
-        return measured if measured is not None else int(file_bytes * self._factor)
+        return measured if measured is not None else int(file_bytes * self.factor)
 
     def admit(self, key: str, needed_bytes: int, evictable: Evictable) -> list[str]:
         """Reserve ``needed_bytes`` for ``key``; return the keys the caller must unload first (LRU first).
@@ -83,10 +95,21 @@ class MemoryBudget:
             return victims
 
     def commit(self, key: str, measured_bytes: int) -> None:
-        """Replace ``key``'s estimate with its measured footprint after the load."""
+        """Replace ``key``'s reservation with its measured footprint after the load."""
         with self._lock:
             self._charges[key] = measured_bytes
-            self._measured[key] = measured_bytes
+
+    def remember_peak(self, key: str, peak_bytes: int) -> None:
+        """The peak a load of ``key`` (a file's identity) was measured to need: the next estimate for it."""
+        with self._lock:
+            self._measured[key] = peak_bytes
+
+    def rename(self, old_key: str, new_key: str) -> None:
+        """Move ``old_key``'s charge to ``new_key`` (a reload's new copy becomes the serving one)."""
+        with self._lock:
+            charge = self._charges.pop(old_key, None)
+            if charge is not None:
+                self._charges[new_key] = charge
 
     def release(self, key: str) -> None:
         """Discharge ``key`` (unloaded, evicted, or its load failed); unknown keys are ignored."""
@@ -124,5 +147,5 @@ class MemoryBudget:
     def _message(self, key: str, needed: int, used: int, why: str) -> str:
         in_use = ", ".join(f"{k} {v / MIB:.1f} MiB" for k, v in sorted(self._charges.items())) or "nothing"
         limit = (self.limit_bytes or 0) / MIB
-        return (f"cannot load {key}: it needs {needed / MIB:.1f} MiB, the memory budget is {limit:.1f} MiB "
-                f"and {used / MIB:.1f} MiB is in use ({in_use}); {why}")
+        return (f"cannot load {key}: it needs {needed / MIB:.1f} MiB at its peak while loading, the memory "
+                f"budget is {limit:.1f} MiB and {used / MIB:.1f} MiB is in use ({in_use}); {why}")

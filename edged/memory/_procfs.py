@@ -22,6 +22,27 @@ def read_rss_bytes(proc_root: Path = PROC, pid: str = "self") -> int:
     return int(fields[1]) * page_size()
 
 
+def read_hwm_bytes(proc_root: Path = PROC, pid: str = "self") -> int | None:
+    """The process's peak resident set size (``VmHWM`` in ``status``) since start or the last reset."""
+    try:
+        text = (proc_root / pid / "status").read_text(encoding="ascii")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return None
+
+
+def reset_hwm(proc_root: Path = PROC, pid: str = "self") -> bool:
+    """Set VmHWM back to the current RSS (writing "5" to ``clear_refs``, Linux 4.0+); False where refused."""
+    try:
+        (proc_root / pid / "clear_refs").write_text("5", encoding="ascii")
+    except OSError:
+        return False
+    return True
+
+
 def read_meminfo(proc_root: Path = PROC) -> dict[str, int]:
     """``/proc/meminfo`` as bytes per field (``kB`` values are scaled; unit-less counters are kept as is)."""
     try:

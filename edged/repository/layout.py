@@ -4,6 +4,10 @@
 Model names are single safe path segments; versions are positive decimal folder names (anything else in a
 model folder is ignored with a log line, as Triton does). Installing a version is atomic: the version appears
 complete or not at all, even across a power cut.
+
+Poll mode compares fingerprints: per version folder (and one for the model folder's own files) the names, sizes
+and mtimes of the files that matter. Hidden files and the temporaries of editors and copy tools are not part of
+a model, so creating or changing them reloads nothing.
 """
 
 from __future__ import annotations
@@ -130,6 +134,87 @@ def load_model_config(model_dir: Path | str) -> ModelConfig | None:
         raise ModelConfigError(f"the config names the model '{config.name}' but its folder is '{name}'; "
                                "expected them to match", str(path))
     return config
+
+
+# --- fingerprints for poll mode ---------------------------------------------------------------------------
+# Editors' and copy tools' temporaries: vim swap files, emacs backups and autosaves, partial downloads/copies.
+_TEMPORARY_SUFFIXES = ("~", ".swp", ".swo", ".swx", ".tmp", ".temp", ".part", ".partial", ".crdownload")
+MODEL_FILES = ""  # the fingerprint key of the files directly in the model folder (config.pbtxt, labels)
+Fingerprint = dict[str, tuple[tuple[str, int, int], ...]]
+
+
+def is_temporary(name: str) -> bool:
+    """A hidden file or an editor's / copier's temporary, which poll mode ignores."""
+    return name.startswith((".", "#")) or name.endswith(_TEMPORARY_SUFFIXES)
+
+
+def fingerprint(model_dir: Path | str) -> Fingerprint:
+    """Names, sizes and mtimes of the files that make a model, by version folder name (MODEL_FILES for the
+    model folder itself); hidden folders, temporaries and folders that are not versions are left out."""
+    model_dir = Path(model_dir)
+    result: Fingerprint = {}
+    try:
+        entries = list(os.scandir(model_dir))
+    except OSError:
+        return result
+    result[MODEL_FILES] = _file_entries(e for e in entries if not e.is_dir(follow_symlinks=True))
+    for entry in entries:
+        if entry.is_dir(follow_symlinks=True) and _VERSION.fullmatch(entry.name):
+            result[entry.name] = _tree_entries(Path(entry.path))
+    return result
+
+
+def changed_versions(before: Fingerprint, after: Fingerprint) -> set[int] | None:
+    """The version numbers whose files differ; None when the model folder's own files changed (all)."""
+    if before.get(MODEL_FILES) != after.get(MODEL_FILES):
+        return None
+    return {int(key) for key in set(before) | set(after) if key != MODEL_FILES and before.get(key) != after.get(key)}
+
+
+class Settling:
+    """Poll mode acts on a model's change once two polls in a row saw the same new fingerprint: a file still
+    being copied (its size or mtime still moving) is loaded only when complete."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, Fingerprint] = {}
+
+    def settled(self, name: str, loaded: Fingerprint | None, now: Fingerprint, wait: bool = True) -> bool:
+        """True when ``now`` differs from what is ``loaded`` and the previous poll saw ``now`` too (or,
+        without ``wait``, at once: an operator's rescan means the files are in place)."""
+        if loaded == now:
+            self._seen.pop(name, None)
+            return False
+        if wait and self._seen.get(name) != now:
+            self._seen[name] = now  # changed since the last poll: maybe still being written
+            return False
+        self._seen.pop(name, None)
+        return True
+
+    def keep_only(self, present: Iterable[str]) -> None:
+        kept = set(present)
+        self._seen = {name: seen for name, seen in self._seen.items() if name in kept}
+
+
+def _file_entries(entries: Iterable[os.DirEntry[str]], prefix: str = "") -> tuple[tuple[str, int, int], ...]:
+    found = []
+    for entry in entries:
+        if is_temporary(entry.name):
+            continue
+        try:
+            st = entry.stat(follow_symlinks=True)
+        except OSError:
+            continue  # removed meanwhile: the next poll sees the folder without it
+        found.append((prefix + entry.name, st.st_size, st.st_mtime_ns))
+    return tuple(sorted(found))
+
+
+def _tree_entries(folder: Path) -> tuple[tuple[str, int, int], ...]:
+    found: list[tuple[str, int, int]] = []
+    for dirpath, dirs, files in os.walk(folder):
+        dirs[:] = [d for d in dirs if not is_temporary(d)]
+        prefix = os.path.relpath(dirpath, folder.parent) + os.sep
+        found.extend(_file_entries((e for e in os.scandir(dirpath) if e.name in files), prefix))
+    return tuple(sorted(found))
 
 
 # --- atomic installation ------------------------------------------------------------------------------------

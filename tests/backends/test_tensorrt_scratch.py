@@ -257,3 +257,40 @@ def test_user_managed_instances_share_the_arena_one_at_a_time() -> None:
 
 def arena_ptrs(cuda: FakeCuda) -> list[int]:
     return [ptr for ptr, block in cuda.blocks.items() if block.nbytes == 2048]
+
+
+class GatedContext(FakeContext):
+    """Holds its execution until the test opens the gate, as a long TensorRT execution would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+
+    def execute_async_v3(self, stream: int) -> bool:
+        self.entered.set()
+        if not self.gate.wait(60):
+            raise AssertionError("the test never opened the gate")
+        return super().execute_async_v3(stream)
+
+
+def test_close_during_an_execution_returns_at_once_and_frees_the_engine_when_it_ends() -> None:
+    cuda = FakeCuda()
+    context = GatedContext()
+    inst = instance(cuda, context)
+    results: list[Any] = []
+    x = np.ones((1, 4), np.float32)
+    running = threading.Thread(target=lambda: results.append(inst.run({"x": x}, ["y"])))
+    running.start()
+    assert context.entered.wait(60)
+    closing = threading.Thread(target=inst.close)
+    closing.start()
+    closing.join(30)  # a bound for a hang, not a measurement: close must not wait for the execution
+    assert not closing.is_alive(), "close() waited for the execution (the registry lock would be held meanwhile)"
+    assert cuda.streams == 1, "the engine must stay alive while its execution runs"
+    context.gate.set()
+    running.join(60)
+    np.testing.assert_array_equal(results[0]["y"], 2 * x)  # the execution in progress completes
+    assert cuda.blocks == {} and cuda.streams == 0, "the deferred close freed the engine after the execution"
+    with pytest.raises(InferenceFailed, match="closed"):
+        inst.run({"x": x}, ["y"])

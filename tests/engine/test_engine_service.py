@@ -177,9 +177,12 @@ def test_poll_loads_new_models_keeps_serving_on_a_broken_reload_and_unloads_remo
     service.start()
     try:
         add_model(tmp_path, "b", None, {1: mlp_weights(in_dim=4, hidden=4, out_dim=2)})
+        service.poll()  # a change is acted on once two polls in a row see the same files (settled)
+        assert not service.model_ready("b")
         service.poll()
         assert service.model_ready("b")
         (tmp_path / "a" / "config.pbtxt").write_text("max_batch_size: [oops")
+        service.poll()
         service.poll()
         assert service.model_ready("a"), "a failed reload must keep the old version serving"
         service.infer(InferRequest("a", {"input": np.zeros((1, 4), np.float32)}))

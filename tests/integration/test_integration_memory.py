@@ -106,7 +106,7 @@ def test_idle_daemon_with_an_empty_repository_stays_under_120mb_rss(tmp_path: Pa
 # --- budget and admission -------------------------------------------------------------------------------------
 BUDGET_MB = 48
 SMALL_DIM = 1000  # about 4 MB of weights
-LOAD_ESTIMATE_FACTOR = 1.5  # the default: a model never loaded before needs file size x 1.5
+LOAD_ESTIMATE_FACTOR = 5.5  # the default on glibc: a file never loaded before peaks at file size x 5.5
 
 
 def _dim_for_file_bytes(target: float) -> int:

@@ -74,15 +74,32 @@ def test_a_model_bigger_than_the_whole_budget_is_refused_without_evicting() -> N
         b.admit("x", 101 * MIB, lambda: [EvictionCandidate("a", 0.0, 0)])
 
 
-def test_measured_footprint_replaces_the_estimate() -> None:
+def test_the_charge_is_the_measured_footprint_and_the_next_estimate_the_measured_peak() -> None:
     b = budget()
-    assert b.estimate("a", file_bytes=10 * MIB) == 15 * MIB  # the default factor 1.5
-    b.admit("a", b.estimate("a", 10 * MIB), list)
+    assert b.estimate("a@file", file_bytes=10 * MIB) == 55 * MIB  # glibc's default peak factor 5.5
+    b.admit("a", b.estimate("a@file", 10 * MIB), list)
+    assert b.used_bytes == 55 * MIB  # while loading, the expected peak is reserved
     b.commit("a", 12 * MIB)
+    b.remember_peak("a@file", 20 * MIB)
     assert b.used_bytes == 12 * MIB
+    assert b.free_bytes == 88 * MIB
     b.release("a")
     assert b.used_bytes == 0
-    assert b.estimate("a", file_bytes=10 * MIB) == 12 * MIB
+    assert b.estimate("a@file", file_bytes=10 * MIB) == 20 * MIB
+
+
+def test_the_default_peak_factor_follows_the_allocator_and_a_configured_one_wins() -> None:
+    config = MemoryConfig(budget_mb=100)
+    assert MemoryBudget(config, 0, "jemalloc").estimate("f", 10 * MIB) == 35 * MIB
+    assert MemoryBudget(config, 0, "tcmalloc").estimate("f", 10 * MIB) == 35 * MIB
+    assert MemoryBudget(MemoryConfig(load_estimate_factor=2.0), 0, "system").estimate("f", 10 * MIB) == 20 * MIB
+
+
+def test_a_renamed_charge_keeps_its_bytes() -> None:
+    b = budget()
+    loaded(b, **{"a/1 (reload)": 30})
+    b.rename("a/1 (reload)", "a/1")
+    assert b.charges() == {"a/1": 30 * MIB}
 
 
 def test_a_failed_admission_keeps_the_previous_charge_of_a_reload() -> None:

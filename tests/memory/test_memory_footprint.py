@@ -79,3 +79,14 @@ def test_finishing_twice_is_a_programming_error() -> None:
 
 def test_total_counts_negative_deltas_as_zero() -> None:
     assert Footprint(rss_bytes=-5 * MIB, unified_bytes=None, device_bytes=2 * MIB).total_bytes == 2 * MIB
+
+
+def test_the_peak_of_a_transient_allocation_is_measured_after_it_is_freed() -> None:
+    with measure_footprint() as probe:
+        block = np.ones(64 * MIB, dtype=np.uint8)
+        del block  # freed before the load ends: the steady footprint misses it, the peak must not
+    assert probe.footprint is not None
+    assert probe.hwm_reset, "writing 5 to /proc/self/clear_refs should reset VmHWM on Linux >= 4.0"
+    assert probe.footprint.peak_rss_bytes is not None and probe.footprint.peak_rss_bytes > 60 * MIB
+    assert probe.footprint.rss_bytes < 16 * MIB
+    assert probe.footprint.peak_bytes >= probe.footprint.peak_rss_bytes

@@ -9,9 +9,11 @@ import pytest
 
 from edged.errors import ModelConfigError, ModelError
 from edged.repository import (
+    changed_versions,
     check_model_name,
     detect_runtime,
     find_models,
+    fingerprint,
     install_version,
     list_versions,
     load_model_config,
@@ -126,3 +128,17 @@ def test_write_file_atomic_replaces_content_and_leaves_no_temp_files(tmp_path: P
     write_file_atomic(path, b"two")
     assert path.read_bytes() == b"two"
     assert [p.name for p in tmp_path.iterdir()] == ["config.pbtxt"]
+
+
+def test_fingerprints_name_the_changed_version_or_all_when_the_model_folder_changed(tmp_path: Path) -> None:
+    for version in (1, 2):
+        (tmp_path / str(version)).mkdir()
+        (tmp_path / str(version) / "model.onnx").write_bytes(b"v%d" % version)
+    (tmp_path / "config.pbtxt").write_text('name: "m"\n')
+    before = fingerprint(tmp_path)
+    (tmp_path / "2" / "model.onnx").write_bytes(b"version two, rewritten")
+    (tmp_path / "2" / "model.onnx.swp").write_bytes(b"editor")
+    (tmp_path / ".#config.pbtxt").write_bytes(b"emacs lock")
+    assert changed_versions(before, fingerprint(tmp_path)) == {2}
+    (tmp_path / "config.pbtxt").write_text('name: "m"\nmax_batch_size: 4\n')
+    assert changed_versions(before, fingerprint(tmp_path)) is None

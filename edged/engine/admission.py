@@ -1,0 +1,117 @@
+"""How a load meets the memory budget and the ``[models] reload`` policy; runs under the registry's lock.
+
+Each step of a load reserves its expected peak first: the auto-complete pass (it opens the newest model file
+once) and then each version. When the serving copies of a reload are what stands in the way, the policy
+decides: "side_by_side" refuses the reload with the budget's figures and the old copy keeps serving; "auto"
+and "replace" unload the old copy first (the version is unavailable until the new copy is ready).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from edged.backends import Backend
+from edged.config import ModelsConfig
+from edged.engine.completion import SELF_DESCRIBING
+from edged.engine.memory_governor import MemoryGovernor, version_key
+from edged.engine.record import ModelRecord
+from edged.engine.version import ModelVersion
+from edged.errors import MemoryBudgetExceeded
+from edged.repository import confined_path
+from edged.repository.model_config import ModelConfig
+
+log = logging.getLogger(__name__)
+
+
+class Admission:
+    def __init__(self, memory: MemoryGovernor | None, settings: ModelsConfig,
+                 candidates: Callable[[], list[ModelVersion]], evict: Callable[[ModelVersion], None],
+                 unload_now: Callable[[ModelVersion], None]) -> None:
+        self._memory = memory
+        self._settings = settings
+        self._candidates = candidates
+        self._evict = evict
+        self._unload_now = unload_now
+
+    def should_vacate(self, leaving: list[ModelVersion]) -> bool:
+        """Whether a reload of ``leaving`` unloads them first: always under "replace", under "auto" when the
+        new copies are not expected to fit beside them."""
+        if self._settings.reload == "replace":
+            return True
+        return (self._settings.reload == "auto" and self._memory is not None
+                and not self._memory.fits_beside(leaving, self._candidates()))
+
+    @contextlib.contextmanager
+    def describing(self, record: ModelRecord, config: ModelConfig | None, runtime: str, model_dir: Path,
+                    available: list[int], reloading: list[int]) -> Iterator[None]:
+        """Auto-complete opens the newest model file once: reserve that peak in the budget for its time."""
+        memory = self._memory
+        if memory is None or runtime not in SELF_DESCRIBING or not self._settings.autocomplete or not available:
+            yield
+            return
+        probe = ModelConfig(name=record.name, backend=runtime) if config is None else config
+        newest = max(available)
+        key = f"{record.name}/{newest} (auto-complete)"
+        path = confined_path(model_dir, probe.model_filename, "default_model_filename", under=str(newest),
+                             must_exist=False)
+        self.reserve(record, key, memory.peak_estimate(key, path), reloading)
+        try:
+            with memory.measure() as measured:
+                yield
+            memory.remember_peak(key, path, measured)
+        finally:
+            memory.budget.release(key)
+            memory.trim()
+
+    def reserve(self, record: ModelRecord, key: str, needed: int, reloading: list[int]) -> None:
+        """Admit ``needed`` bytes under ``key``; when the serving copies of a reload are in the way, follow
+        the reload policy: refuse ("side_by_side") or unload them first ("auto")."""
+        memory = self._memory
+        if memory is None:
+            return
+        try:
+            memory.admit(key, needed, record.name, self._candidates, self._evict)
+        except MemoryBudgetExceeded as e:
+            serving = [n for n in reloading if n in record.versions]
+            if not serving:
+                raise
+            if self._settings.reload == "side_by_side":
+                raise MemoryBudgetExceeded(f"{e}; reload refused, the loaded copy keeps serving ([models] reload "
+                                           "= \"side_by_side\"; \"replace\" or \"auto\" unload it first)") from e
+            self.replace(record, serving)
+            memory.admit(key, needed, record.name, self._candidates, self._evict)
+
+    def announce_replace(self, record: ModelRecord, number: int) -> None:
+        log.warning("model %s version %s is unavailable until its reload is ready: the loaded copy is unloaded "
+                    "first ([models] reload = %r)", record.name, number, self._settings.reload)
+
+    def replace(self, record: ModelRecord, numbers: list[int]) -> None:
+        """Unload the serving copies of ``numbers`` before their reload, so both never share the memory."""
+        for number in numbers:
+            old = record.versions.get(number)
+            if old is None:
+                continue
+            self.announce_replace(record, number)
+            record.drop(number)
+            self._unload_now(old)
+
+    def load_version(self, record: ModelRecord, version: ModelVersion, backend: Backend) -> None:
+        memory = self._memory
+        if memory is None:
+            version.load(backend, self._settings.warmup)
+            return
+        key = memory.charge_key(version)
+        self.reserve(record, key, memory.peak_estimate(version_key(version), version.path), [version.version])
+        memory.charged(version, key)
+        try:
+            with memory.measure() as probe:
+                version.load(backend, self._settings.warmup)
+                memory.trim()
+        except BaseException:
+            memory.forget(version)
+            memory.trim()
+            raise
+        memory.after_load(version, probe)
