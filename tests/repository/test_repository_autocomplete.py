@@ -140,3 +140,13 @@ def test_validate_prints_json_and_a_summary_of_kept_fields(tmp_path: Path) -> No
     assert result.returncode == 0, result.stderr
     assert "note: field 'response_cache' is kept" in result.stdout
     assert '"response_cache": {' in result.stdout
+
+
+def test_validate_reports_sequence_batching_as_an_error_at_its_line(tmp_path: Path) -> None:
+    write_onnx(tmp_path / "relu" / "1" / "model.onnx", "batch")
+    config = tmp_path / "relu" / "config.pbtxt"
+    config.write_text('name: "relu"\nmax_batch_size: 4\nsequence_batching { max_sequence_idle_microseconds: 5 }\n')
+    result = run_validate(str(tmp_path / "relu"))
+    assert result.returncode == 1
+    assert f"{config}:3:1: field 'sequence_batching': stateful (sequence) models are not supported" in result.stderr
+    assert "ok: model" not in result.stdout
