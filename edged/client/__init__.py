@@ -11,6 +11,7 @@ from edged.client._errors import (
     InvalidInputError,
     ModelNotFoundError,
     ModelNotReadyError,
+    OutOfMemoryError,
     PayloadTooLargeError,
     PermissionDeniedError,
     ProtocolError,
@@ -27,7 +28,7 @@ from edged.errors import ClientError, ServerUnreachable
 
 __all__ = [
     "AsyncEdgedClient", "ClientError", "ClientTimeout", "EdgedClient", "InferResult", "InferenceFailedError",
-    "InvalidInputError", "ModelNotFoundError", "ModelNotReadyError", "PayloadTooLargeError",
+    "InvalidInputError", "ModelNotFoundError", "ModelNotReadyError", "OutOfMemoryError", "PayloadTooLargeError",
     "PermissionDeniedError", "ProtocolError", "QueueFullError", "RequestTimeoutError", "ServerError",
     "ServerUnreachable", "SocketSearch", "UnavailableError", "UnixHTTPConnection", "find_sockets", "socket_candidates",
     "unreachable_message",
