@@ -7,6 +7,7 @@ executing thread), so the queue behind it is built deterministically before anyt
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from modelgen import add_model, mlp_weights
 
 from edged.config import ModelsConfig
 from edged.engine import InferenceService, InferRequest, InferResponse
-from edged.engine.scheduler import INLINE_MAX_BATCHES
+from edged.engine.scheduler import INLINE_MAX_BATCHES, WORKER_TIMER_SLACK_NS
 from edged.errors import EdgedError, QueueFull, RequestTimeout
 
 WEIGHTS = mlp_weights(in_dim=4, hidden=8, out_dim=2)
@@ -218,5 +219,22 @@ def test_an_inline_caller_overtaken_by_a_flood_of_urgent_work_runs_a_bounded_num
         assert finished.acquire(timeout=60)
         service.close()  # the caller's own request, overtaken, finished on a worker
         assert len(own) == 1 and isinstance(own[0], InferResponse)
+    finally:
+        service.close()
+
+
+def test_a_worker_waiting_out_a_batching_delay_asks_for_precise_timers(tmp_path: Path) -> None:
+    service = serve(tmp_path, "max_queue_delay_microseconds: 100", max_batch=8)
+    libc = ctypes.CDLL(None, use_errno=True)
+    slack: list[int] = []
+    try:
+        outcomes = Outcomes()
+        # A callback runs on the thread that executed: with a queue delay, always a worker.
+        service.submit(InferRequest("m", {"input": X}), lambda result: slack.append(libc.prctl(30, 0, 0, 0, 0)),
+                       inline=True)
+        outcomes.submit(service, "after", inline=True)
+        outcomes.wait(1)
+        assert slack == [WORKER_TIMER_SLACK_NS]  # PR_GET_TIMERSLACK; Linux's default would be 50000
+        assert libc.prctl(30, 0, 0, 0, 0) != WORKER_TIMER_SLACK_NS  # the caller's own thread is left alone
     finally:
         service.close()
