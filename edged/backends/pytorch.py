@@ -160,7 +160,10 @@ def translate_failure(torch: Any, error: Exception) -> EdgedError:
     # A failure of the call itself (torch's argument check) says so on its first line; an operator's failure
     # inside TorchScript comes after the script's traceback, on the last.
     cause = lines[0] if lines[0].startswith("forward()") else lines[-1]
-    if isinstance(error, torch.OutOfMemoryError) or _OUT_OF_MEMORY.search(cause):
+    # torch.OutOfMemoryError exists only in recent torch; older JetPack builds have torch.cuda.OutOfMemoryError
+    oom_types = tuple(t for t in (getattr(torch, "OutOfMemoryError", None),
+                                  getattr(torch.cuda, "OutOfMemoryError", None)) if isinstance(t, type))
+    if isinstance(error, oom_types) or _OUT_OF_MEMORY.search(cause):
         return OutOfMemory(f"torch ran out of memory: {cause}")
     if isinstance(error, torch.jit.Error):
         return InferenceFailed(f"the model raised: {cause}")
