@@ -6,7 +6,9 @@ What it guarantees (the scheduler holds its lock around every call; nothing here
   or one above ``priority_levels``, gets ``default_priority_level``, as Triton does.
 - A level's policy is its ``priority_queue_policy`` entry, else ``default_queue_policy``:
   - ``max_queue_size`` bounds that level's queue (Triton: per level); 0, Triton's "unbounded", means
-    DEFAULT_MAX_QUEUE, since a device with a few GB cannot hold an unbounded queue.
+    DEFAULT_MAX_QUEUE, since a device with a few GB cannot hold an unbounded queue. The levels without a
+    ``priority_queue_policy`` entry share the one bound of ``default_queue_policy`` (edged: with up to 2**64
+    levels, a bound per level would bound nothing).
   - ``default_timeout_microseconds`` is how long a request may wait. A request's own ``timeout`` parameter may
     shorten it when ``allow_timeout_override`` is true, never lengthen it (Triton); on a level without a default
     timeout the request's own timeout applies (edged: a caller's deadline is honoured).
@@ -160,6 +162,7 @@ class PriorityQueues:
         for level in sorted(self._kept):
             self._level(level)
         self.count = 0
+        self._shared = 0  # requests waiting in levels without their own policy: they share its bound
 
     def _level(self, key: int) -> Level:
         level = self._levels.get(key)
@@ -180,19 +183,23 @@ class PriorityQueues:
         return Pending(request, plan, done, policy.timeout_for(request.timeout_us), key)
 
     def push(self, item: Pending) -> int:
-        """Queue ``item``; 0 when queued, else its level's max_queue_size that it would exceed."""
+        """Queue ``item``; 0 when queued, else the max_queue_size that it would exceed."""
+        shared = item.level not in self._policies
+        bound = self._default_policy.max_queue if shared else self._policies[item.level].max_queue
         level = self._level(item.level)
-        if level.size >= level.policy.max_queue:
+        if (self._shared if shared else level.size) >= bound:
             self._drop_if_empty(item.level, level)
-            return level.policy.max_queue
+            return bound
         level.push(item)
         self.count += 1
+        self._shared += shared
         return 0
 
     def push_front(self, items: list[Pending]) -> None:
         """Put ``items`` (taken earlier, in order) back at the front of their queues."""
         for item in reversed(items):
             self._level(item.level).push_front(item)
+            self._shared += item.level not in self._policies
         self.count += len(items)
 
     @property
@@ -205,7 +212,10 @@ class PriorityQueues:
         for key in list(self._order):
             level = self._levels[key]
             if level.next_deadline_ns and level.next_deadline_ns < now_ns:
+                before = len(expired)
                 level.expire(now_ns, expired)
+                if key not in self._policies:
+                    self._shared -= len(expired) - before
                 self._drop_if_empty(key, level)
         self.count -= len(expired)
         return expired
@@ -221,6 +231,8 @@ class PriorityQueues:
             if level.size:
                 batch = level.take(self._max_batch)
                 self.count -= len(batch)
+                if key not in self._policies:
+                    self._shared -= len(batch)
                 preferred = self._preferred
                 if preferred and len(batch) > 1:
                     total = sum(item.batch_size for item in batch)
@@ -252,5 +264,5 @@ class PriorityQueues:
         for key in [key for key in self._order if key not in self._kept]:
             del self._levels[key]
             self._order.remove(key)
-        self.count = 0
+        self.count = self._shared = 0
         return items

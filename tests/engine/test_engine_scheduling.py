@@ -238,3 +238,21 @@ def test_a_worker_waiting_out_a_batching_delay_asks_for_precise_timers(tmp_path:
         assert libc.prctl(30, 0, 0, 0, 0) != WORKER_TIMER_SLACK_NS  # the caller's own thread is left alone
     finally:
         service.close()
+
+
+def test_levels_without_their_own_policy_share_the_default_queue_bound(tmp_path: Path) -> None:
+    service = serve(tmp_path, "priority_levels: 18446744073709551615 default_priority_level: 1\n"
+                              "default_queue_policy { max_queue_size: 2 }\n"
+                              "priority_queue_policy { key: 3 value: { max_queue_size: 1 } }")
+    try:
+        hold, outcomes = Hold(service), Outcomes()
+        for tag, priority in (("p5", 5), ("p6", 6), ("p7", 7), ("p3", 3), ("p3_again", 3)):
+            outcomes.submit(service, tag, priority)
+        assert isinstance(outcomes.results["p7"], QueueFull)  # levels 5, 6, 7 share default's 2
+        assert isinstance(outcomes.results["p3_again"], QueueFull)  # level 3's own bound of 1
+        hold.release()
+        outcomes.wait(5)
+        assert outcomes.order == ["p7", "p3_again", "p3", "p5", "p6"]
+        assert all(isinstance(outcomes.results[tag], InferResponse) for tag in ("p3", "p5", "p6"))
+    finally:
+        service.close()
