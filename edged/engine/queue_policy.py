@@ -96,7 +96,8 @@ class Level:
     def push(self, item: Pending) -> None:
         self.ready.append(item)
         self.size += 1
-        self._note(item.deadline_ns)
+        if item.deadline_ns:
+            self._note(item.deadline_ns)
 
     def _note(self, deadline_ns: int) -> None:
         if deadline_ns and (not self.next_deadline_ns or deadline_ns < self.next_deadline_ns):
@@ -163,6 +164,10 @@ class PriorityQueues:
             self._level(level)
         self.count = 0
         self._shared = 0  # requests waiting in levels without their own policy: they share its bound
+        # At or before the earliest deadline of any queued request; 0: none has one, no clock needs reading.
+        self.next_deadline_ns = 0
+        # Without priority levels every request goes to one level: the per-request path skips the level lookups.
+        self._only = self._levels[self._default_level] if self._level_count <= 1 else None
 
     def _level(self, key: int) -> Level:
         level = self._levels.get(key)
@@ -177,6 +182,11 @@ class PriorityQueues:
             self._order.remove(key)
 
     def pending(self, request: InferRequest, plan: InputPlan, done: Done) -> Pending:
+        only = self._only
+        if only is not None:
+            policy = only.policy
+            timeout_ns = policy.timeout_for(request.timeout_us) if request.timeout_us else policy.timeout_ns
+            return Pending(request, plan, done, timeout_ns, self._default_level)
         priority = request.priority
         key = priority if 0 < priority <= self._level_count else self._default_level
         policy = self._policies.get(key, self._default_policy)
@@ -184,6 +194,19 @@ class PriorityQueues:
 
     def push(self, item: Pending) -> int:
         """Queue ``item``; 0 when queued, else the max_queue_size that it would exceed."""
+        deadline = item.deadline_ns
+        if deadline and (not self.next_deadline_ns or deadline < self.next_deadline_ns):
+            self.next_deadline_ns = deadline
+        only = self._only
+        if only is not None:  # one level: its size is the shared count too
+            if only.size >= only.policy.max_queue:
+                return only.policy.max_queue
+            only.ready.append(item)  # Level.push without the call: this runs for every request
+            only.size += 1
+            if deadline and (not only.next_deadline_ns or deadline < only.next_deadline_ns):
+                only.next_deadline_ns = deadline
+            self.count += 1
+            return 0
         shared = item.level not in self._policies
         bound = self._default_policy.max_queue if shared else self._policies[item.level].max_queue
         level = self._level(item.level)
@@ -200,12 +223,10 @@ class PriorityQueues:
         for item in reversed(items):
             self._level(item.level).push_front(item)
             self._shared += item.level not in self._policies
+            deadline = item.deadline_ns
+            if deadline and (not self.next_deadline_ns or deadline < self.next_deadline_ns):
+                self.next_deadline_ns = deadline
         self.count += len(items)
-
-    @property
-    def may_expire(self) -> bool:
-        """Whether some queued request has a deadline: only then is a clock worth reading."""
-        return any(level.next_deadline_ns for level in self._levels.values())
 
     def expire(self, now_ns: int) -> list[Pending]:
         expired: list[Pending] = []
@@ -218,6 +239,8 @@ class PriorityQueues:
                     self._shared -= len(expired) - before
                 self._drop_if_empty(key, level)
         self.count -= len(expired)
+        self.next_deadline_ns = min((level.next_deadline_ns for level in self._levels.values()
+                                     if level.next_deadline_ns), default=0)
         return expired
 
     def urgent(self) -> Level | None:
@@ -226,6 +249,13 @@ class PriorityQueues:
 
     def take(self) -> list[Pending]:
         """The next batch (empty when nothing waits)."""
+        only = self._only
+        if only is not None:
+            if not only.size:
+                return []
+            batch = only.take(self._max_batch)
+            self.count -= len(batch)
+            return self._trim(batch) if len(batch) > 1 else batch
         for key in self._order:
             level = self._levels[key]
             if level.size:
@@ -233,16 +263,18 @@ class PriorityQueues:
                 self.count -= len(batch)
                 if key not in self._policies:
                     self._shared -= len(batch)
-                preferred = self._preferred
-                if preferred and len(batch) > 1:
-                    total = sum(item.batch_size for item in batch)
-                    if total >= preferred[0] and total not in preferred:
-                        batch = self._trim(batch)  # below the smallest preferred size nothing can be cut
+                if len(batch) > 1:
+                    batch = self._trim(batch)
                 self._drop_if_empty(key, level)
                 return batch
         return []
 
     def _trim(self, batch: list[Pending]) -> list[Pending]:
+        """``batch`` cut back to the largest preferred size it holds; below the smallest nothing can be cut."""
+        preferred = self._preferred
+        total = sum(item.batch_size for item in batch)
+        if not preferred or total < preferred[0] or total in preferred:
+            return batch
         running = 0
         best = len(batch)
         for index, item in enumerate(batch, start=1):
@@ -264,5 +296,5 @@ class PriorityQueues:
         for key in [key for key in self._order if key not in self._kept]:
             del self._levels[key]
             self._order.remove(key)
-        self.count = self._shared = 0
+        self.count = self._shared = self.next_deadline_ns = 0
         return items

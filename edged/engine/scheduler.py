@@ -167,14 +167,17 @@ class Scheduler:
     # --- executors -----------------------------------------------------------------------------------------
     def _drain_inline(self, instance: ModelInstance, own: Sequence[Pending]) -> None:
         ran = extra = 0
-        started = time.perf_counter_ns()
+        started = own[0].enqueued_ns  # queued just now, by this caller: no clock read for the start
         try:
             while True:
                 with self._lock:
                     mine_done = _all_finished(own)
-                    batch: list[Pending] = []
-                    expired: list[Pending] = []
-                    if not self._inline_spent(ran, extra, started):
+                    # its share (module docstring) spent? Its first batch always runs.
+                    if ran and (ran >= INLINE_MAX_BATCHES or extra >= INLINE_EXTRA_BATCHES
+                                or time.perf_counter_ns() - started >= INLINE_MAX_NS):
+                        batch: list[Pending] = []
+                        expired: list[Pending] = []
+                    else:
                         batch, expired = self._take_batch_locked()
                     if not batch:
                         if self._queue.count:  # what the caller leaves goes to a worker
@@ -198,14 +201,6 @@ class Scheduler:
                     self._executing -= 1
                     self._notify_locked()
             raise
-
-    @staticmethod
-    def _inline_spent(ran: int, extra: int, started: int) -> bool:
-        """Whether an inline caller has done its share (module docstring); its first batch always runs."""
-        if not ran:
-            return False
-        return (ran >= INLINE_MAX_BATCHES or extra >= INLINE_EXTRA_BATCHES
-                or time.perf_counter_ns() - started >= INLINE_MAX_NS)
 
     def _ensure_workers_locked(self, closing: bool = False) -> None:
         if self._workers or (self._closed and not closing):
@@ -263,8 +258,11 @@ class Scheduler:
     # --- batch formation -----------------------------------------------------------------------------------
     def _take_batch_locked(self) -> tuple[list[Pending], list[Pending]]:
         queue = self._queue
-        # the clock is read only when a deadline could have passed
-        expired = queue.expire(time.perf_counter_ns()) if queue.may_expire else []
+        expired: list[Pending] = []
+        if queue.next_deadline_ns:  # the clock is read only when some queued request has a deadline
+            now = time.perf_counter_ns()
+            if queue.next_deadline_ns < now:
+                expired = queue.expire(now)
         return queue.take(), expired
 
     # --- execution -----------------------------------------------------------------------------------------
