@@ -83,6 +83,10 @@ class InferenceFailed(RequestError):
     """The backend failed while running the request."""
 
 
+class OutOfMemory(InferenceFailed):
+    """The backend ran out of (device) memory running the request; later, or in a smaller batch, it may fit."""
+
+
 class PermissionDenied(RequestError):
     """The caller is not allowed to do this (peer-credential access control)."""
 

@@ -5,6 +5,11 @@ order (or by the index in a ``NAME__<i>`` name), outputs are taken from the retu
 config order (or by ``__<i>`` index, or by key). Runs under ``torch.inference_mode`` on CUDA when the config asks
 for a GPU instance and CUDA is available, else on the CPU; a GPU request without CUDA fails the load unless
 ``allow_provider_fallback`` is "true".
+
+Failures keep their family: an input the module cannot take (a missing input, torch's argument check, an
+operator's shape or dtype check) is InvalidInput (HTTP 400); running out of memory is OutOfMemory (503); an
+exception the model raises itself (``raise`` in TorchScript surfaces as ``torch.jit.Error``) or any other
+runtime failure, CUDA errors included, is InferenceFailed (500).
 """
 
 from __future__ import annotations
@@ -19,12 +24,17 @@ from typing import Any
 import numpy as np
 
 from edged.backends.base import Array, InstanceInfo
-from edged.errors import BackendUnavailable, InferenceFailed, InvalidInput, ModelLoadError
+from edged.errors import BackendUnavailable, EdgedError, InferenceFailed, InvalidInput, ModelLoadError, OutOfMemory
 from edged.repository.model_config import ModelConfig, ModelSignature
 
 log = logging.getLogger(__name__)
 
 _INDEXED_NAME = re.compile(r"__(\d+)$")
+# torch raises RuntimeError for nearly everything; these words in its last line tell the causes apart.
+_OUT_OF_MEMORY = re.compile(r"out of memory|can't allocate memory|not enough memory", re.IGNORECASE)
+_DEVICE_FAILURE = re.compile(r"CUDA error|cuDNN|CUBLAS|cuFFT|NCCL|device-side assert", re.IGNORECASE)
+_INPUT_MISMATCH = re.compile(r"shape|size of tensor|dimension|dtype|scalar type|channels|^forward\(\)",
+                             re.IGNORECASE)
 
 
 def _import_torch() -> Any:
@@ -144,6 +154,25 @@ def _choose_device(torch: Any, config: ModelConfig) -> tuple[Any, str | None]:
     return torch.device("cpu"), reason
 
 
+def translate_failure(torch: Any, error: Exception) -> EdgedError:
+    """The edged family of an exception raised by a module call (see the module docstring)."""
+    lines = str(error).strip().splitlines() or [type(error).__name__]
+    # A failure of the call itself (torch's argument check) says so on its first line; an operator's failure
+    # inside TorchScript comes after the script's traceback, on the last.
+    cause = lines[0] if lines[0].startswith("forward()") else lines[-1]
+    # torch.OutOfMemoryError exists only in recent torch; older JetPack builds have torch.cuda.OutOfMemoryError
+    oom_types = tuple(t for t in (getattr(torch, "OutOfMemoryError", None),
+                                  getattr(torch.cuda, "OutOfMemoryError", None)) if isinstance(t, type))
+    if isinstance(error, oom_types) or _OUT_OF_MEMORY.search(cause):
+        return OutOfMemory(f"torch ran out of memory: {cause}")
+    if isinstance(error, torch.jit.Error):
+        return InferenceFailed(f"the model raised: {cause}")
+    if (isinstance(error, RuntimeError | TypeError | ValueError) and not _DEVICE_FAILURE.search(cause)
+            and _INPUT_MISMATCH.search(cause)):
+        return InvalidInput(f"torch rejected the input: {cause}")
+    return InferenceFailed(f"torch failed: {cause}")
+
+
 class PyTorchInstance:
     def __init__(self, torch: Any, module: Any, device: Any, config: ModelConfig, info: InstanceInfo) -> None:
         self._torch = torch
@@ -170,10 +199,8 @@ class PyTorchInstance:
         try:
             with self._lock, torch.inference_mode():
                 result = module(*args)
-        except RuntimeError as e:
-            raise InvalidInput(f"torch rejected the input: {str(e).splitlines()[0]}") from e
         except Exception as e:  # a model may raise anything from its forward()
-            raise InferenceFailed(f"torch failed: {e}") from e
+            raise translate_failure(torch, e) from e
         return {name: self._pick(result, name) for name in output_names}
 
     def _pick(self, result: Any, name: str) -> Array:

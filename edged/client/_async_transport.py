@@ -4,6 +4,10 @@ Each request takes an idle connection (or opens one), so concurrent requests fro
 connections; a connection goes back to the pool when its response was read whole and the daemon keeps it open.
 The reader handles Content-Length and chunked bodies, which is all the daemon sends, and interim 100 Continue
 answers to the ``Expect: 100-continue`` that large bodies are sent with.
+
+As in the sync transport, a request is repeated only when it provably never reached the daemon: an idle
+connection the daemon closed is dropped before anything is written to it, and a POST whose connection is lost
+after it was written fails with ProtocolError rather than running twice.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from dataclasses import dataclass
 from edged.client._calls import Call, Reply
 from edged.client._discovery import SocketSearch, find_sockets
 from edged.client._errors import ClientTimeout, ProtocolError
+from edged.client._sync_transport import IDEMPOTENT, stale
 
 MAX_IDLE = 8
 EXPECT_CONTINUE_BYTES = 1 << 20
@@ -58,10 +63,17 @@ class AsyncTransport:
     async def _exchange(self, call: Call) -> Reply:
         while self._idle:
             conn = self._idle.pop()
+            if conn.reader.at_eof() or conn.writer.is_closing() or stale(conn.writer.get_extra_info("socket")):
+                conn.close()  # closed by the daemon while idle; nothing of this request was written to it
+                continue
             try:
                 return await self._send(conn, call)
-            except (ConnectionError, asyncio.IncompleteReadError):
-                conn.close()  # closed by the daemon while idle: try the next one
+            except (ConnectionError, asyncio.IncompleteReadError) as e:
+                conn.close()
+                if call.method not in IDEMPOTENT:
+                    raise ProtocolError(f"{call.what}: {self.socket_path} closed the connection after the request "
+                                        f"was sent ({e or type(e).__name__}); not repeated, since it may have "
+                                        "run") from e
         conn = await self._open()
         try:
             return await self._send(conn, call)

@@ -59,6 +59,10 @@ class InferenceFailedError(ServerError):
     """500: the backend or the server failed (server: InferenceFailed, ModelLoadError, ...)."""
 
 
+class OutOfMemoryError(UnavailableError):
+    """503: the backend ran out of memory running the request; retry later or smaller (server: OutOfMemory)."""
+
+
 class ClientTimeout(ClientError):
     """No answer arrived within the client's timeout."""
 
@@ -78,7 +82,7 @@ _BY_FAMILY: dict[str, type[ServerError]] = {
     "InvalidInput": InvalidInputError, "PayloadTooLarge": PayloadTooLargeError,
     "PermissionDenied": PermissionDeniedError, "ModelNotFound": ModelNotFoundError,
     "ModelNotReady": ModelNotReadyError, "QueueFull": QueueFullError, "RequestTimeout": RequestTimeoutError,
-    "Unavailable": UnavailableError, "InferenceFailed": InferenceFailedError,
+    "Unavailable": UnavailableError, "InferenceFailed": InferenceFailedError, "OutOfMemory": OutOfMemoryError,
 }
 
 

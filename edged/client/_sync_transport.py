@@ -1,7 +1,9 @@
 """Blocking HTTP/1.1 over the daemon's Unix socket: one keep-alive ``http.client`` connection.
 
-A connection the daemon closed while idle is noticed on the next request, which is then sent once more on a
-fresh connection; a failure on a fresh connection is reported as ServerUnreachable naming the socket.
+A request is repeated only when it provably never reached the daemon: a kept-alive connection is checked before
+each request (a non-blocking peek sees the daemon's close), and a stale one is replaced before any byte is
+written. Once bytes are written, a lost connection repeats only an idempotent GET; a POST (an inference may
+already have run) fails with ProtocolError instead. Failing to connect is ServerUnreachable naming the socket.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import os
+import select
 import socket
 from collections.abc import Mapping
 
@@ -18,6 +21,7 @@ from edged.client._errors import ClientTimeout, ProtocolError
 
 _DISCONNECTED = (ConnectionError, http.client.RemoteDisconnected, http.client.BadStatusLine,
                  http.client.ResponseNotReady)
+IDEMPOTENT = frozenset({"GET", "HEAD"})  # the daemon's GET routes change nothing
 
 
 class UnixHTTPConnection(http.client.HTTPConnection):
@@ -38,6 +42,20 @@ class UnixHTTPConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
+def stale(sock: socket.socket | None) -> bool:
+    """Whether a kept-alive connection is unusable before anything is written to it: the daemon closed it (the
+    socket reads end-of-file) or sent bytes nobody asked for. Between requests a usable one has nothing to read."""
+    if sock is None:
+        return True
+    poller = select.poll()  # not select(): it fails for descriptors above 1023
+    try:
+        poller.register(sock, select.POLLIN)
+        events = poller.poll(0)
+    except (OSError, ValueError):  # ValueError: the socket was closed under us
+        return True
+    return bool(events)
+
+
 class SyncTransport:
     def __init__(self, socket_path: str | os.PathLike[str] | None, timeout_s: float | None,
                  environ: Mapping[str, str] | None) -> None:
@@ -53,13 +71,18 @@ class SyncTransport:
             self._conn = None
 
     def exchange(self, call: Call) -> Reply:
-        reused = self._conn is not None
+        reused = self._conn is not None and not stale(self._conn.sock)
+        if self._conn is not None and not reused:
+            self.close()  # the daemon closed it while idle: nothing of this request was written to it
         try:
             return self._send(call)
         except _DISCONNECTED as e:
             self.close()
             if not reused:
                 raise self._search().unreachable(f"{self.socket_path}: {e or type(e).__name__}") from e
+            if call.method not in IDEMPOTENT:
+                raise ProtocolError(f"{call.what}: {self.socket_path} closed the connection after the request was "
+                                    f"sent ({e or type(e).__name__}); not repeated, since it may have run") from e
         try:
             return self._send(call)
         except _DISCONNECTED as e:

@@ -6,20 +6,29 @@ busy executor picks its request up when its current batch ends. So an idle model
 70 µs on these machines, FIELD-NOTES.md), and under load requests batch themselves. Submitters that must not
 block (an event loop with a slow model) or models with a queue delay use worker threads instead, one per
 instance, started on first need. A request that fails inside a batch is retried alone, so it fails alone.
+
+Inline work is bounded from the moment the caller takes the instance, whatever the priorities: at most
+INLINE_MAX_BATCHES batches and INLINE_MAX_NS, and INLINE_EXTRA_BATCHES once the caller's own requests are done;
+then the rest goes to the workers and the caller returns (its own requests, if overtaken, finish on a worker).
+So an event loop whose low-priority request keeps being overtaken never stalls HTTP, MQTT or the watchdog.
+Queue policies, priority levels and batch formation live in `queue_policy`; ``preserve_ordering`` in `ordering`.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import sys
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from edged.backends.base import ModelInstance
+from edged.engine.ordering import ResponseOrder
+from edged.engine.queue_policy import Done, Pending, PriorityQueues
 from edged.engine.stats import VersionStats
 from edged.engine.types import Array, InferRequest, InferResponse
 from edged.engine.validation import InputPlan
@@ -28,22 +37,17 @@ from edged.repository.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
 
-Done = Callable[[InferResponse | EdgedError], None]
-# Triton leaves max_queue_size 0 as unbounded; a device with a few GB cannot, so 0 means this many.
-DEFAULT_MAX_QUEUE = 1024
-# An inline executor serves other callers' requests for at most this many batches after its own are done.
+__all__ = ["Done", "Pending", "Scheduler"]
+
+# An inline executor serves other callers' requests for at most this many batches after its own are done,
 INLINE_EXTRA_BATCHES = 4
-
-
-class Pending:
-    __slots__ = ("batch_size", "deadline_ns", "done", "enqueued_ns", "inputs", "request", "signature")
-
-    def __init__(self, request: InferRequest, plan: InputPlan, done: Done, timeout_ns: int) -> None:
-        self.request = request
-        self.batch_size, self.inputs, self.signature = plan
-        self.done = done
-        self.enqueued_ns = time.perf_counter_ns()
-        self.deadline_ns = self.enqueued_ns + timeout_ns if timeout_ns > 0 else 0
+# and runs at most this many batches, for at most this long, in all (its own first batch always runs).
+INLINE_MAX_BATCHES = 8
+INLINE_MAX_NS = 2_000_000
+# Linux rounds a thread's timed waits up by its timer slack (50 µs by default); a worker waiting out a batching
+# delay of 100 µs must wake on time, so workers ask for 1 µs.
+_PR_SET_TIMERSLACK = 29
+WORKER_TIMER_SLACK_NS = 1000
 
 
 class Scheduler:
@@ -61,17 +65,11 @@ class Scheduler:
         # be spent on it, or queued requests wait with an idle instance and a sleeping worker.
         self._settled = threading.Condition(self._lock)
         batching = config.dynamic_batching
-        levels = max(1, batching.priority_levels) if batching else 1
-        self._queues: list[deque[Pending]] = [deque() for _ in range(levels)]
-        self._default_level = (batching.default_priority_level or 1) if batching else 1
-        self._queued = 0
         self._executing = 0
-        policy = batching.default_queue_policy if batching else None
-        self._max_queue = (policy.max_queue_size if policy and policy.max_queue_size else DEFAULT_MAX_QUEUE)
-        self._default_timeout_ns = policy.default_timeout_microseconds * 1000 if policy else 0
-        self._allow_timeout_override = bool(policy and policy.allow_timeout_override)
         self._max_batch = config.max_batch_size if (batching and config.max_batch_size > 0) else 0
         self._preferred = tuple(sorted(batching.preferred_batch_size)) if batching else ()
+        self._queue = PriorityQueues(batching, self._max_batch, self._preferred)
+        self._order = ResponseOrder() if batching and batching.preserve_ordering else None
         self._delay_ns = batching.max_queue_delay_microseconds * 1000 if batching else 0
         self._output_names = [t.name for t in config.output]
         self._workers: list[threading.Thread] = []
@@ -82,10 +80,7 @@ class Scheduler:
 
     # --- submission ----------------------------------------------------------------------------------------
     def pending(self, request: InferRequest, plan: InputPlan, done: Done) -> Pending:
-        timeout_ns = self._default_timeout_ns
-        if request.timeout_us and (self._allow_timeout_override or not timeout_ns):
-            timeout_ns = request.timeout_us * 1000
-        return Pending(request, plan, done, timeout_ns)
+        return self._queue.pending(request, plan, done)
 
     def submit(self, items: Sequence[Pending], inline: bool) -> None:
         """Queue ``items``; with ``inline`` the caller may execute them (and others) before returning."""
@@ -96,7 +91,7 @@ class Scheduler:
                 error = self._admit_locked(item)
                 if error is not None:
                     rejected.append((item, error))
-            if self._queued:
+            if self._queue.count:
                 if inline and not self._delay_ns and self._idle:
                     instance = self._idle.pop()
                     self._executing += 1
@@ -109,10 +104,7 @@ class Scheduler:
 
     def submit_one(self, request: InferRequest, plan: InputPlan, done: Done, inline: bool) -> None:
         """`submit` for a single request, the path nearly every request takes (without the lists)."""
-        timeout_ns = self._default_timeout_ns
-        if request.timeout_us and (self._allow_timeout_override or not timeout_ns):
-            timeout_ns = request.timeout_us * 1000
-        item = Pending(request, plan, done, timeout_ns)
+        item = self._queue.pending(request, plan, done)
         instance: ModelInstance | None = None
         with self._lock:
             error = self._admit_locked(item)
@@ -130,12 +122,12 @@ class Scheduler:
     def _admit_locked(self, item: Pending) -> EdgedError | None:
         if self._closed:
             return Unavailable(f"model {self._config.name} version {self._version} is unloading")
-        if self._queued >= self._max_queue:
-            return QueueFull(f"model {self._config.name}: queue is full ({self._max_queue} requests waiting); "
-                             "retry later")
-        queues = self._queues  # one priority level is the usual case: no `_queue_for` call per request
-        (queues[0] if len(queues) == 1 else self._queue_for(item)).append(item)
-        self._queued += 1
+        bound = self._queue.push(item)
+        if bound:
+            return QueueFull(f"model {self._config.name}: queue is full ({bound} requests waiting at priority "
+                             f"level {item.level}); retry later")
+        if self._order is not None:  # its place in the order is taken now, under the lock, in queueing order
+            item.done = self._order.slot(item.done)
         return None
 
     def _wake_worker_locked(self) -> None:
@@ -146,13 +138,6 @@ class Scheduler:
             self._ensure_workers_locked()
         if self._sleepers and self._idle:
             self._wake.notify()
-
-    def _queue_for(self, item: Pending) -> deque[Pending]:
-        queues = self._queues
-        if len(queues) == 1:
-            return queues[0]
-        level = item.request.priority or self._default_level
-        return queues[min(max(level, 1), len(queues)) - 1]
 
     def _notify_locked(self, everyone: bool = False) -> None:
         if self._sleepers:
@@ -172,7 +157,7 @@ class Scheduler:
 
     @property
     def in_flight(self) -> int:
-        return self._queued + self._executing
+        return self._queue.count + self._executing
 
     def longest_execution_s(self) -> float:
         """How long the longest execution now running has taken (0 when idle); the watchdog reads it."""
@@ -181,15 +166,21 @@ class Scheduler:
 
     # --- executors -----------------------------------------------------------------------------------------
     def _drain_inline(self, instance: ModelInstance, own: Sequence[Pending]) -> None:
-        extra = 0
+        ran = extra = 0
+        started = own[0].enqueued_ns  # queued just now, by this caller: no clock read for the start
         try:
             while True:
                 with self._lock:
-                    batch, expired = self._take_batch_locked()
                     mine_done = _all_finished(own)
-                    if not batch or (mine_done and extra >= INLINE_EXTRA_BATCHES):
-                        if batch:  # hand the rest to a worker and let the caller go
-                            self._requeue_front_locked(batch)
+                    # its share (module docstring) spent? Its first batch always runs.
+                    if ran and (ran >= INLINE_MAX_BATCHES or extra >= INLINE_EXTRA_BATCHES
+                                or time.perf_counter_ns() - started >= INLINE_MAX_NS):
+                        batch: list[Pending] = []
+                        expired: list[Pending] = []
+                    else:
+                        batch, expired = self._take_batch_locked()
+                    if not batch:
+                        if self._queue.count:  # what the caller leaves goes to a worker
                             self._ensure_workers_locked()
                         self._idle.append(instance)
                         self._executing -= 1
@@ -199,6 +190,7 @@ class Scheduler:
                     self._finish_timeout(item)
                 if instance is None:
                     return
+                ran += 1
                 if mine_done:
                     extra += 1
                 self._execute(instance, batch)
@@ -220,11 +212,12 @@ class Scheduler:
             thread.start()
 
     def _worker(self) -> None:
+        _precise_timers()
         self._lock.acquire()
         try:
             while True:
-                if not (self._queued and self._idle):
-                    if self._closed and not self._queued:
+                if not (self._queue.count and self._idle):
+                    if self._closed and not self._queue.count:
                         return  # closed and drained
                     self._wait_locked()
                     continue
@@ -253,65 +246,24 @@ class Scheduler:
         """Seconds to keep waiting for a fuller batch (max_queue_delay_microseconds), or 0 to run now."""
         if not self._delay_ns or not self._max_batch:
             return 0.0
-        queue = next(q for q in self._queues if q)
-        target = self._preferred[-1] if self._preferred else self._max_batch
-        if sum(item.batch_size for item in queue) >= target:
+        level = self._queue.urgent()
+        if level is None:
             return 0.0
-        remaining = queue[0].enqueued_ns + self._delay_ns - time.perf_counter_ns()
+        target = self._preferred[-1] if self._preferred else self._max_batch
+        if level.rows() >= target:
+            return 0.0
+        remaining = level.first().enqueued_ns + self._delay_ns - time.perf_counter_ns()
         return max(0.0, remaining / 1e9)
 
     # --- batch formation -----------------------------------------------------------------------------------
     def _take_batch_locked(self) -> tuple[list[Pending], list[Pending]]:
+        queue = self._queue
         expired: list[Pending] = []
-        for queue in self._queues:
-            if queue and queue[0].deadline_ns:  # the clock is read only when a deadline could have passed
-                self._expire_locked(queue, expired)
-            if queue:
-                return self._take_from_locked(queue), expired
-        return [], expired
-
-    def _expire_locked(self, queue: deque[Pending], expired: list[Pending]) -> None:
-        now = time.perf_counter_ns()
-        while queue and queue[0].deadline_ns and queue[0].deadline_ns < now:
-            expired.append(queue.popleft())
-            self._queued -= 1
-
-    def _take_from_locked(self, queue: deque[Pending]) -> list[Pending]:
-        first = queue.popleft()
-        self._queued -= 1
-        batch = [first]
-        if not self._max_batch or not queue:
-            return batch
-        total = first.batch_size
-        signature = first.signature
-        limit = self._max_batch
-        while queue:
-            item = queue[0]
-            if item.signature != signature or total + item.batch_size > limit:
-                break
-            batch.append(queue.popleft())
-            total += item.batch_size
-        self._queued -= len(batch) - 1
-        if self._preferred and total >= self._preferred[0] and total not in self._preferred:
-            batch = self._trim_to_preferred_locked(batch, queue)  # below the smallest size nothing can be cut
-        return batch
-
-    def _trim_to_preferred_locked(self, batch: list[Pending], queue: deque[Pending]) -> list[Pending]:
-        running = 0
-        best = len(batch)
-        for index, item in enumerate(batch, start=1):
-            running += item.batch_size
-            if running in self._preferred:
-                best = index
-        for item in reversed(batch[best:]):
-            queue.appendleft(item)
-            self._queued += 1
-        return batch[:best]
-
-    def _requeue_front_locked(self, batch: list[Pending]) -> None:
-        for item in reversed(batch):
-            self._queue_for(item).appendleft(item)
-            self._queued += 1
+        if queue.next_deadline_ns:  # the clock is read only when some queued request has a deadline
+            now = time.perf_counter_ns()
+            if queue.next_deadline_ns < now:
+                expired = queue.expire(now)
+        return queue.take(), expired
 
     # --- execution -----------------------------------------------------------------------------------------
     def _execute(self, instance: ModelInstance, batch: list[Pending]) -> None:
@@ -430,15 +382,12 @@ class Scheduler:
         deadline = time.monotonic() + timeout_s
         with self._lock:
             self._closed = True
-            if self._queued:
+            if self._queue.count:
                 self._ensure_workers_locked(closing=True)
             self._notify_locked(everyone=True)
-            while self._queued + self._executing and time.monotonic() < deadline:
+            while self._queue.count + self._executing and time.monotonic() < deadline:
                 self._settled.wait(min(0.05, max(0.0, deadline - time.monotonic())))
-            leftover = [item for queue in self._queues for item in queue]
-            for queue in self._queues:
-                queue.clear()
-            self._queued = 0
+            leftover = self._queue.drain()
             clean = not leftover and not self._executing
             self._wake.notify_all()  # closed and empty: every sleeping worker leaves now (joined below)
         for item in leftover:
@@ -446,6 +395,18 @@ class Scheduler:
         for thread in self._workers:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
         return clean
+
+
+def _precise_timers() -> None:
+    """Set the calling thread's timer slack to WORKER_TIMER_SLACK_NS (Linux; elsewhere waits stay as they are)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_TIMERSLACK, WORKER_TIMER_SLACK_NS, 0, 0, 0) != 0:
+            log.debug("prctl(PR_SET_TIMERSLACK) failed: errno %d", ctypes.get_errno())
+    except (OSError, AttributeError) as e:
+        log.debug("cannot set the timer slack: %s", e)
 
 
 def _all_finished(items: Sequence[Pending]) -> bool:

@@ -32,6 +32,8 @@ from edged.repository.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
 
+# schedule_policy: the "priority" and "timeout" request parameters, applied by each model's queue policy
+# (engine/queue_policy.py): priority levels, timeouts that REJECT or DELAY.
 EXTENSIONS = ("classification", "model_repository", "model_configuration", "system_shared_memory",
               "binary_tensor_data", "parameters", "statistics", "schedule_policy")
 

@@ -2,7 +2,9 @@
 
 Field types follow Triton's model_config.proto (int32/uint32/int64/uint64 ranges, enums by name or number,
 non-repeated fields given once). Fields edged does not model are kept in ``extra`` as plain data, keyed by
-their dotted path (``sequence_batching``, ``instance_group[0].profile``), and reported; they are never fatal.
+their dotted path (``instance_group[0].profile``), and reported. The exception are the schedulers edged does not
+implement (``sequence_batching``, ``ensemble_scheduling``): serving such a model as if it were stateless would
+give wrong answers, so the config is refused at the field's line.
 """
 
 from __future__ import annotations
@@ -45,6 +47,12 @@ Source = Literal["zero_data", "random_data", "input_data_file"]
 _TOP = frozenset({"name", "platform", "backend", "max_batch_size", "input", "output", "version_policy",
                   "instance_group", "dynamic_batching", "parameters", "model_warmup",
                   "default_model_filename", "optimization"})
+# Schedulers whose semantics (per-sequence state, a pipeline of models) edged does not implement.
+_REFUSED_TOP = {
+    "sequence_batching": "stateful (sequence) models are not supported by edged; serve the model without "
+                         "sequence_batching only if it keeps no state between requests",
+    "ensemble_scheduling": "ensembles are not supported by edged; run the steps as separate models",
+}
 _REPEATED_TOP = frozenset({"input", "output", "instance_group", "parameters", "model_warmup"})
 _INPUT = frozenset({"name", "data_type", "format", "dims", "reshape", "is_shape_tensor", "allow_ragged_batch",
                     "optional"})
@@ -63,6 +71,7 @@ def parse_model_config(text: str, path: str | None = None, default_name: str = "
 
 def build_model_config(tree: Message, path: str | None = None, default_name: str = "") -> ModelConfig:
     reader = Reader(path)
+    _refuse_unsupported_schedulers(reader, tree)
     groups = reader.group(tree, "", _TOP, _REPEATED_TOP)
     config = ModelConfig(
         name=_text(reader, groups, "name") or default_name,
@@ -87,6 +96,13 @@ def build_model_config(tree: Message, path: str | None = None, default_name: str
         logger.info("model %s: fields kept but not applied by edged: %s", config.name or default_name,
                     ", ".join(reader.extra))
     return config
+
+
+def _refuse_unsupported_schedulers(reader: Reader, tree: Message) -> None:
+    for item in tree.fields:
+        reason = _REFUSED_TOP.get(item.name)
+        if reason is not None:
+            raise reader.error(f"field '{item.name}': {reason}", item)
 
 
 def unknown_fields(config: ModelConfig) -> list[str]:

@@ -1,7 +1,8 @@
 """HTTP responses as bytes, and the one table that maps edged's error families to HTTP status codes.
 
 The status codes follow Triton's HTTP front end: NOT_FOUND → 404, INVALID_ARG → 400, UNAVAILABLE → 503
-(Triton reports a request that timed out in the queue as UNAVAILABLE too), INTERNAL → 500.
+(Triton reports a request that timed out in the queue as UNAVAILABLE too), INTERNAL → 500. A backend that ran
+out of memory answers 503 (OutOfMemory: on a Jetson's shared memory it is usually transient), never 400.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ import orjson
 from edged.errors import (
     ConfigError,
     EdgedError,
+    InferenceFailed,
     InvalidInput,
     ModelNotFound,
     ModelNotReady,
+    OutOfMemory,
     PayloadTooLarge,
     PermissionDenied,
     QueueFull,
@@ -48,6 +51,7 @@ _STATUS_BY_FAMILY: tuple[tuple[type[EdgedError], int], ...] = (
     (InvalidInput, 400),
     (ConfigError, 400),
     (QueueFull, 503),
+    (OutOfMemory, 503),
     (ModelNotReady, 503),
     (Unavailable, 503),
     (RequestTimeout, 503),
@@ -79,7 +83,9 @@ def error_response(status: int, message: str, close: bool = False) -> Response:
 
 
 # Families the client tells apart although they share a status code (503 above all); sent as X-Edged-Error.
-_NAMED_FAMILIES: tuple[type[EdgedError], ...] = (QueueFull, ModelNotReady, RequestTimeout, Unavailable)
+# Most specific first: OutOfMemory is an InferenceFailed.
+_NAMED_FAMILIES: tuple[type[EdgedError], ...] = (QueueFull, ModelNotReady, RequestTimeout, Unavailable, OutOfMemory,
+                                                 InferenceFailed)
 
 
 def error_for(error: BaseException) -> Response:

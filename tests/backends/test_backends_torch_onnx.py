@@ -10,10 +10,10 @@ import torch
 from modelgen import add_model, mlp_reference, mlp_weights
 
 from edged.backends.onnxruntime import OnnxRuntimeBackend, plan_providers
-from edged.backends.pytorch import PyTorchBackend, cuda_allocator_plan, positional_order
+from edged.backends.pytorch import PyTorchBackend, cuda_allocator_plan, positional_order, translate_failure
 from edged.config import ModelsConfig
 from edged.engine import InferenceService, InferRequest
-from edged.errors import BackendUnavailable, InvalidInput, ModelLoadError
+from edged.errors import BackendUnavailable, InferenceFailed, InvalidInput, ModelLoadError, OutOfMemory
 from edged.repository import parse_model_config
 
 TORCH_CONFIG = """name: "{name}"
@@ -187,3 +187,19 @@ def test_bytes_inputs_reach_onnx_string_tensors_as_text(tmp_path: Path) -> None:
             service.infer(InferRequest("echo", {"s": bad}))
     finally:
         service.close()
+
+
+@pytest.mark.parametrize(("error", "family"), [
+    (torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 7.44 GiB total)"),
+     OutOfMemory),
+    (RuntimeError("NVML_SUCCESS == r INTERNAL ASSERT FAILED\nCUDA out of memory"), OutOfMemory),
+    (RuntimeError("CUDA error: an illegal memory access was encountered"), InferenceFailed),
+    (RuntimeError("CUDA error: device-side assert triggered: index out of bounds, shape [4]"), InferenceFailed),
+    (RuntimeError("Expected all tensors to be on the same device, but found cuda:0 and cpu"), InferenceFailed),
+    (RuntimeError("The size of tensor a (5) must match the size of tensor b (4) at non-singleton dimension 1"),
+     InvalidInput),
+    (RuntimeError("forward() expected at most 2 argument(s) but received 3 argument(s)."), InvalidInput),
+])
+def test_torch_failures_keep_their_family(error: Exception, family: type) -> None:
+    translated = translate_failure(torch, error)
+    assert type(translated) is family

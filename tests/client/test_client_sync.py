@@ -166,3 +166,98 @@ def test_a_request_the_server_refuses_mid_body_reports_its_answer() -> None:
         asyncio.run(scenario())
     finally:
         small.stop()
+
+
+class ScriptedServer:
+    """A minimal HTTP server on a real Unix socket that answers or hangs up per request, counting POSTs."""
+
+    OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+    INFER = b'{"model_name":"m","outputs":[{"name":"y","datatype":"FP32","shape":[1,1],"data":[2.0]}]}'
+
+    def __init__(self, path: str, script: list[str]) -> None:
+        self.path = path
+        self.script = script  # per request, in order: "answer", "answer-then-close" or "hang-up"
+        self.posts = 0
+        self.listener = socket.socket(socket.AF_UNIX)
+        self.listener.bind(path)
+        self.listener.listen(4)
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while self.script:
+            conn, _ = self.listener.accept()
+            with conn:
+                while self.script and self._one(conn):
+                    pass
+
+    def _one(self, conn: socket.socket) -> bool:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = conn.recv(65536)
+            if not chunk:
+                return False
+            data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                       if line.lower().startswith(b"content-length:")), 0)
+        while len(body) < length:
+            body += conn.recv(65536)
+        if head.startswith(b"POST"):
+            self.posts += 1
+        action = self.script.pop(0)
+        if action == "hang-up":
+            return False
+        payload = self.INFER if head.startswith(b"POST") else b"{}"
+        conn.sendall(self.OK % (len(payload), payload))
+        return action == "answer"
+
+    def close(self) -> None:
+        self.script.clear()
+        self.listener.close()
+        os.unlink(self.path)
+
+
+def test_a_post_whose_connection_drops_after_sending_is_not_sent_again(tmp_path: Path) -> None:
+    server = ScriptedServer(str(tmp_path / "drop.sock"), ["answer", "hang-up", "answer", "answer"])
+    try:
+        with EdgedClient(server.path, timeout_s=5) as client:
+            assert client.live()  # opens the kept-alive connection the POST then reuses
+            with pytest.raises(ClientError, match="not repeated, since it may have run"):
+                client.infer("m", {"x": np.ones((1, 1), np.float32)})
+            assert server.posts == 1  # the inference ran once; a resend would have run it twice
+            assert client.live()  # the client recovers on a fresh connection
+    finally:
+        server.close()
+
+
+def test_a_post_after_the_daemon_closed_the_idle_connection_goes_once_on_a_fresh_one(tmp_path: Path) -> None:
+    server = ScriptedServer(str(tmp_path / "idle.sock"), ["answer-then-close", "answer"])
+    try:
+        with EdgedClient(server.path, timeout_s=5) as client:
+            assert client.live()
+            for _ in range(500):  # until the server thread has closed its end
+                if not server.script[1:]:
+                    break
+                time.sleep(0.01)
+            time.sleep(0.05)
+            assert client.infer("m", {"x": np.ones((1, 1), np.float32)}).as_numpy("y").tolist() == [[2.0]]
+            assert server.posts == 1
+    finally:
+        server.close()
+
+
+def test_the_async_client_does_not_send_a_dropped_post_again(tmp_path: Path) -> None:
+    server = ScriptedServer(str(tmp_path / "adrop.sock"), ["answer", "hang-up", "answer"])
+
+    async def scenario() -> None:
+        async with AsyncEdgedClient(server.path, timeout_s=5) as client:
+            assert await client.live()
+            with pytest.raises(ClientError, match="not repeated, since it may have run"):
+                await client.infer("m", {"x": np.ones((1, 1), np.float32)})
+            assert await client.live()
+    try:
+        asyncio.run(scenario())
+        assert server.posts == 1
+    finally:
+        server.close()

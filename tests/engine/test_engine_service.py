@@ -247,3 +247,20 @@ def test_classification_extension_returns_top_k_with_labels(bundled: InferenceSe
         score, index, label = top[row, 0].decode().split(":")
         assert int(index) == best and label == str(best)  # labels.txt holds the digit names
         assert abs(float(score) - float(scores[row, best])) < 1e-5
+
+
+def test_a_stateful_or_ensemble_model_is_refused_at_load_naming_the_field(tmp_path: Path) -> None:
+    weights = mlp_weights(in_dim=4, hidden=4, out_dim=2)
+    add_model(tmp_path, "stateful", 'name: "stateful"\nmax_batch_size: 4\nsequence_batching { }\n', {1: weights})
+    add_model(tmp_path, "plain", None, {1: weights})
+    service = InferenceService(tmp_path, ModelsConfig())
+    service.start()
+    try:
+        index = {e["name"]: e for e in service.repository_index()}
+        assert index["plain"]["state"] == "READY"
+        assert index["stateful"]["state"] == "UNAVAILABLE"
+        assert "config.pbtxt:3:1: field 'sequence_batching'" in index["stateful"]["reason"]
+        with pytest.raises(ModelNotReady):
+            service.infer(InferRequest("stateful", {"input": np.zeros((1, 4), np.float32)}))
+    finally:
+        service.close()

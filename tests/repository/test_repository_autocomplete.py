@@ -154,3 +154,13 @@ def test_validate_refuses_a_config_naming_files_outside_the_model_folder(tmp_pat
     result = run_validate(str(tmp_path / "relu"))
     assert result.returncode == 1
     assert "default_model_filename '../../other.onnx' leads outside the model folder" in result.stderr
+
+
+def test_validate_reports_sequence_batching_as_an_error_at_its_line(tmp_path: Path) -> None:
+    write_onnx(tmp_path / "relu" / "1" / "model.onnx", "batch")
+    config = tmp_path / "relu" / "config.pbtxt"
+    config.write_text('name: "relu"\nmax_batch_size: 4\nsequence_batching { max_sequence_idle_microseconds: 5 }\n')
+    result = run_validate(str(tmp_path / "relu"))
+    assert result.returncode == 1
+    assert f"{config}:3:1: field 'sequence_batching': stateful (sequence) models are not supported" in result.stderr
+    assert "ok: model" not in result.stdout

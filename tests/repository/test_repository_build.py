@@ -22,7 +22,14 @@ def test_there_are_at_least_twenty_real_fixtures_each_cited_in_sources() -> None
     assert {p.name for p in FIXTURE_FILES} == cited
 
 
-@pytest.mark.parametrize("path", FIXTURE_FILES, ids=lambda p: p.name)
+# Real configs whose scheduler edged does not implement: refused, never served as if stateless.
+REFUSED_FIXTURES = {"preprocess_resnet50_ensemble.pbtxt": ("ensemble_scheduling", 45),
+                    "simple_dyna_sequence.pbtxt": ("sequence_batching", 31),
+                    "single_state_buffer.pbtxt": ("sequence_batching", 30)}
+
+
+@pytest.mark.parametrize("path", [p for p in FIXTURE_FILES if p.name not in REFUSED_FIXTURES],
+                         ids=lambda p: p.name)
 def test_every_real_fixture_builds_a_model_config(path: Path) -> None:
     config = parse_model_config(path.read_text(), str(path), default_name=path.stem)
     assert config.name
@@ -31,12 +38,20 @@ def test_every_real_fixture_builds_a_model_config(path: Path) -> None:
         assert tensor.data_type.startswith("TYPE_") and tensor.data_type != "TYPE_INVALID"
 
 
+@pytest.mark.parametrize("name", sorted(REFUSED_FIXTURES))
+def test_a_sequence_or_ensemble_model_is_refused_at_the_field_that_needs_it(name: str) -> None:
+    field, line = REFUSED_FIXTURES[name]
+    path = FIXTURES / name
+    with pytest.raises(ModelConfigError) as raised:
+        parse_model_config(path.read_text(), str(path))
+    assert raised.value.line == line
+    assert str(raised.value).startswith(f"{path}:{line}:1: field '{field}'")
+    assert "not supported by edged" in str(raised.value)
+
+
 def test_fixture_details_are_read_faithfully() -> None:
-    dyna = parse_model_config((FIXTURES / "simple_dyna_sequence.pbtxt").read_text())
-    assert dyna.parameters == {"execute_delay_ms": "3"}
-    assert dyna.instance_group[0].kind == "KIND_CPU" and dyna.instance_group[0].count == 2
-    assert unknown_fields(dyna) == ["sequence_batching"]
-    assert dyna.extra["sequence_batching"]["control_input"][3]["control"][0]["data_type"] == "TYPE_UINT64"
+    vllm = parse_model_config((FIXTURES / "vllm_model.pbtxt").read_text())
+    assert unknown_fields(vllm) == ["model_transaction_policy"]
     lpr = parse_model_config((FIXTURES / "lpr_us_deepstream.pbtxt").read_text())
     assert lpr.instance_group[0].gpus == (0,)
     assert lpr.input[0].format == "FORMAT_NCHW"

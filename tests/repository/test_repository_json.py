@@ -126,11 +126,11 @@ def test_dynamic_batching_and_version_policy_numbers_as_in_triton_qa() -> None:
 
 
 def test_unknown_fields_keep_their_place_in_the_json() -> None:
-    config = parse_model_config((FIXTURES / "simple_dyna_sequence.pbtxt").read_text())
+    config = parse_model_config((FIXTURES / "vllm_model.pbtxt").read_text())
     data = model_config_to_json(config)
     keys = list(data)
-    assert keys.index("optimization") < keys.index("sequence_batching") < keys.index("instance_group")
-    assert data["sequence_batching"]["oldest"]["max_queue_delay_microseconds"] == 10000
+    assert keys.index("instance_group") < keys.index("model_transaction_policy")
+    assert data["model_transaction_policy"] == {"decoupled": True}
     assert "dynamic_batching" not in data
 
 
@@ -145,7 +145,10 @@ def test_warmup_and_parameters_json() -> None:
 
 
 def test_json_reads_back_into_the_same_config() -> None:
+    refused = ("sequence_batching {", "ensemble_scheduling {")  # refused at parse: nothing to read back
     for path in sorted(FIXTURES.glob("*.pbtxt")):
+        if any(marker in path.read_text() for marker in refused):
+            continue
         first = model_config_to_json(parse_model_config(path.read_text(), str(path), "m"))
         again = model_config_to_json(model_config_from_json(json.loads(json.dumps(first))))
         assert again == first, path.name
