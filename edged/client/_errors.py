@@ -63,6 +63,11 @@ class OutOfMemoryError(UnavailableError):
     """503: the backend ran out of memory running the request; retry later or smaller (server: OutOfMemory)."""
 
 
+class MemoryBudgetError(UnavailableError):
+    """503: a load was refused by the memory budget or under memory pressure; unload something or raise the
+    budget (server: MemoryBudgetExceeded, MemoryPressure)."""
+
+
 class ClientTimeout(ClientError):
     """No answer arrived within the client's timeout."""
 
@@ -83,6 +88,7 @@ _BY_FAMILY: dict[str, type[ServerError]] = {
     "PermissionDenied": PermissionDeniedError, "ModelNotFound": ModelNotFoundError,
     "ModelNotReady": ModelNotReadyError, "QueueFull": QueueFullError, "RequestTimeout": RequestTimeoutError,
     "Unavailable": UnavailableError, "InferenceFailed": InferenceFailedError, "OutOfMemory": OutOfMemoryError,
+    "MemoryBudgetExceeded": MemoryBudgetError, "MemoryPressure": MemoryBudgetError,
 }
 
 

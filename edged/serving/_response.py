@@ -17,6 +17,8 @@ from edged.errors import (
     EdgedError,
     InferenceFailed,
     InvalidInput,
+    MemoryBudgetExceeded,
+    MemoryPressure,
     ModelNotFound,
     ModelNotReady,
     OutOfMemory,
@@ -52,6 +54,9 @@ _STATUS_BY_FAMILY: tuple[tuple[type[EdgedError], int], ...] = (
     (ConfigError, 400),
     (QueueFull, 503),
     (OutOfMemory, 503),
+    # a load the memory budget or the system's memory pressure refuses: retry after unloading something
+    (MemoryBudgetExceeded, 503),
+    (MemoryPressure, 503),
     (ModelNotReady, 503),
     (Unavailable, 503),
     (RequestTimeout, 503),
@@ -85,7 +90,7 @@ def error_response(status: int, message: str, close: bool = False) -> Response:
 # Families the client tells apart although they share a status code (503 above all); sent as X-Edged-Error.
 # Most specific first: OutOfMemory is an InferenceFailed.
 _NAMED_FAMILIES: tuple[type[EdgedError], ...] = (QueueFull, ModelNotReady, RequestTimeout, Unavailable, OutOfMemory,
-                                                 InferenceFailed)
+                                                 MemoryBudgetExceeded, MemoryPressure, InferenceFailed)
 
 
 def error_for(error: BaseException) -> Response:

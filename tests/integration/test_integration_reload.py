@@ -15,7 +15,7 @@ import pytest
 from integration.edged_daemon import DaemonProcess, proc_status_kib, start_daemon
 from modelgen import mlp_reference, mlp_weights, write_chain_onnx, write_mlp_onnx
 
-from edged.client import ClientError, EdgedClient
+from edged.client import ClientError, EdgedClient, MemoryBudgetError
 
 MIB = 1024 * 1024
 BIG_DIM = 3600  # 3600 x 3600 float32 weights: a model file of about 50 MB
@@ -77,8 +77,9 @@ def test_side_by_side_refuses_a_reload_that_does_not_fit_and_keeps_serving(repo:
     try:
         client = _load_first_copy(daemon)
         rss_before = proc_status_kib(daemon.pid, "VmRSS")
-        with pytest.raises(ClientError) as refused:
+        with pytest.raises(MemoryBudgetError) as refused:  # 503 with X-Edged-Error: MemoryBudgetExceeded
             _peak_rise_kib(daemon, client, "side_by_side reload (refused)")
+        assert refused.value.status == 503
         message = str(refused.value)
         for expected in ("big/1", "needs", f"budget is {BUDGET_MB:.1f} MiB", "in use", "side_by_side"):
             assert expected in message, message
