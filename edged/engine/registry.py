@@ -10,6 +10,7 @@ import dataclasses
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -345,18 +346,33 @@ class Registry:
                 except EdgedError as e:
                     log.error("model %s: reload failed, previous versions keep serving: %s", name, e)
 
-    def close(self, timeout_s: float) -> None:
+    def close(self, timeout_s: float) -> list[str]:
+        """Unload every version in parallel within one deadline. Versions still unloading at the deadline are
+        abandoned (returned and logged): the process is about to exit and the OS frees what they hold."""
+        deadline = time.monotonic() + timeout_s
         with self._lock:
-            for record in list(self._records.values()):
-                for version in record.all_versions():
-                    self._unload_version(version, timeout_s)
+            versions = [v for record in self._records.values() for v in record.all_versions()]
             self._records.clear()
+            workers = [(version, threading.Thread(target=self._unload_version, args=(version, timeout_s),
+                                                  name=f"unload-{version.config.name}-{version.version}",
+                                                  daemon=True)) for version in versions]
+            for _, worker in workers:
+                worker.start()
+            for _, worker in workers:
+                worker.join(max(0.0, deadline - time.monotonic()))
+            abandoned = [f"{v.config.name}/{v.version}" for v, worker in workers if worker.is_alive()]
+            if abandoned:
+                # Closing a backend under a version that still unloads could crash the process mid-stop.
+                log.warning("stop budget of %.1f s spent: abandoning the unload of %s", timeout_s,
+                            ", ".join(abandoned))
+                return abandoned
             for backend in self._backends.values():
                 close = getattr(backend, "close", None)  # optional: backends holding process-wide memory
                 if callable(close):
                     close()
             self._backends.clear()
             self._after_unload()
+        return []
 
 
 def _gpus(backend: Backend) -> tuple[int, ...]:
