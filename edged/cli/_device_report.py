@@ -12,6 +12,7 @@ readable summary beside it are written, to send back.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -51,13 +52,14 @@ class Context:
     tests: Path | None
     inputs: np.ndarray
     outputs: dict[str, np.ndarray] = field(default_factory=dict)  # the reference outputs, per runtime
+    plan: Path | None = None  # the TensorRT engine, once built
 
 
 def collect(root: Path, workdir: Path, tests: Path | None) -> list[Step]:
     context = Context(root, workdir, tests, np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32))
     steps: list[Callable[[Context], Step | list[Step]]] = [
         platform_step, onnxruntime_step, tensorrt_step, onnxruntime_cuda_step, probes.telemetry_steps,
-        memory_step, probes.hardware_tests_step]
+        memory_step, probes.hardware_tests_step]  # memory after tensorrt: it measures the engine too
     results: list[Step] = []
     for run in steps:
         try:
@@ -131,6 +133,7 @@ def tensorrt_step(context: Context) -> list[Step]:
                      shapes=(parse_shape_spec("input:min=1x64,opt=8x64,max=64x64"),))
     log: list[str] = []
     built = build_engine(spec, log.append)
+    context.plan = plan
     build = Step("tensorrt build", "ok", f"built {plan.name} ({built.size} bytes) in {built.seconds:.1f} s",
                  {"seconds": built.seconds, "size": built.size, "warnings": list(built.warnings), "log": log})
     service = InferenceService(_repository(context, plan), ModelsConfig(warmup=False))
@@ -166,31 +169,35 @@ def onnxruntime_cuda_step(context: Context) -> Step:
     return Step("onnxruntime cuda", status, f"max |CUDA - CPU| = {diff:.2e}", {"max_abs_diff": diff})
 
 
-def memory_step(context: Context) -> Step:
-    """MemAvailable and this process's RSS before a load, after it, and after the unload."""
-    repo = _repository(context)
+def memory_step(context: Context) -> list[Step]:
+    """MemAvailable and this process's RSS before a load, after it, and after the unload, per runtime."""
+    repo = _repository(context, context.plan)
+    models = [MODEL] + ([TRT_MODEL] if context.plan is not None else [])
     service = InferenceService(repo, ModelsConfig(warmup=False, control_mode="explicit"))
     try:
         service.start()  # explicit mode: nothing loads until asked
-        points: dict[str, dict[str, int]] = {"before": probes.memory_now(context.root)}
-        service.load_model(MODEL)
-        service.infer(InferRequest(MODEL, {"input": context.inputs}), timeout_s=60)
-        points["loaded"] = probes.memory_now(context.root)
-        service.unload_model(MODEL)
-        points["unloaded"] = probes.memory_now(context.root)
+        return [_measure(service, context, model) for model in models]
     finally:
         service.close(30)
+
+
+def _measure(service: InferenceService, context: Context, model: str) -> Step:
+    points: dict[str, dict[str, int]] = {"before": probes.memory_now(context.root)}
+    service.load_model(model)
+    service.infer(InferRequest(model, {"input": context.inputs}), timeout_s=60)
+    points["loaded"] = probes.memory_now(context.root)
+    service.unload_model(model)
+    points["unloaded"] = probes.memory_now(context.root)
     load = points["before"]["mem_available_kib"] - points["loaded"]["mem_available_kib"]
     kept = points["before"]["mem_available_kib"] - points["unloaded"]["mem_available_kib"]
-    return Step("memory", "ok", f"loading {MODEL} took {load / 1024:.1f} MiB of MemAvailable, "
+    name = "memory" if model == MODEL else f"memory {model}"
+    return Step(name, "ok", f"loading {model} took {load / 1024:.1f} MiB of MemAvailable, "
                 f"{kept / 1024:.1f} MiB not returned after the unload (RSS {points['before']['rss_kib'] // 1024}"
                 f" -> {points['loaded']['rss_kib'] // 1024} -> {points['unloaded']['rss_kib'] // 1024} MiB)",
                 {"points": points, "load_kib": load, "not_returned_kib": kept})
 
 
 def _digest(array: np.ndarray) -> str:
-    import hashlib
-
     return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
 
 
