@@ -154,7 +154,9 @@ class Daemon:
             await loop.run_in_executor(None, self.mqtt.stop, budget.share(0.5))
         if self.telemetry is not None:
             await loop.run_in_executor(None, self.telemetry.stop)
-        abandoned = await loop.run_in_executor(None, self.service.close, budget.left())
+        # Requests had their drain above: a version still busy after shutdown_timeout_s more is wedged.
+        unload = min(self.config.server.shutdown_timeout_s, budget.left())
+        abandoned = await loop.run_in_executor(None, self.service.close, unload)
         if self.starts is not None:
             self.starts.record_clean_stop()
         print(f"edged: stopped in {budget.spent():.1f} s"
