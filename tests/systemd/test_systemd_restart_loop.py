@@ -102,3 +102,11 @@ def test_the_daemon_killed_three_times_says_it_restarts_in_a_loop(tmp_path: Path
             assert client.status()["restart_loop"] is None
     finally:
         again.stop()
+
+
+def test_edged_status_shows_the_restart_loop_line() -> None:
+    from edged.cli.status import describe
+
+    lines = describe({"version": "1", "restart_loop": {"message": "restarting in a loop: 4 starts in 10 min"}})
+    assert "restarts   restarting in a loop: 4 starts in 10 min" in lines
+    assert not any(line.startswith("restarts") for line in describe({"version": "1", "restart_loop": None}))
