@@ -11,7 +11,10 @@
 # Layout: /opt/edged/releases/<version> is a venv (--system-site-packages, so JetPack's TensorRT is
 # visible); /opt/edged/current and /opt/edged/previous are symlinks switched atomically (rename of a new
 # link over the old one). A release is built in a temporary directory and renamed into place at the end;
-# any failure removes it and leaves the installed release untouched.
+# any failure removes it and leaves the installed release untouched. The venv's paths are written for
+# /opt/edged (never for --root), so an image staged with --root runs at its real path. The units travel with
+# the release (share/edged/systemd): they are installed when the release becomes current, and --rollback
+# reinstalls the previous release's units.
 set -euo pipefail
 umask 022
 
@@ -28,7 +31,7 @@ die() { printf 'install.sh: error: %s\n' "$*" >&2; exit 1; }
 act() {  # run a command that changes the system, or print it under --dry-run
     if [ "$DRY_RUN" = 1 ]; then printf 'install.sh: would run: %s\n' "$*"; else "$@"; fi
 }
-usage() { sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 parse_args() {
     while [ $# -gt 0 ]; do

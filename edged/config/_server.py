@@ -46,7 +46,7 @@ class ServerConfig:
     max_tensor_elements: int = field(default=64 * 1024 * 1024, metadata={"check": _positive})
     request_timeout_s: float = field(default=30.0, metadata={"check": _positive})
     idle_timeout_s: float = field(default=300.0, metadata={"check": _positive})
-    shutdown_timeout_s: float = field(default=10.0, metadata={"check": _positive})  # HTTP drain, within stop
+    shutdown_timeout_s: float = field(default=10.0, metadata={"check": _positive})  # request drain, each step
     # The whole stop (HTTP and MQTT drains, model unloads): keep below the unit's TimeoutStopSec (45 s).
-    stop_timeout_s: float = field(default=30.0, metadata={"check": _positive})
+    stop_timeout_s: float = field(default=30.0, metadata={"check": _positive})  # all of the stop, < TimeoutStopSec
     access: AccessConfig = AccessConfig()
