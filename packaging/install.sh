@@ -31,7 +31,7 @@ die() { printf 'install.sh: error: %s\n' "$*" >&2; exit 1; }
 act() {  # run a command that changes the system, or print it under --dry-run
     if [ "$DRY_RUN" = 1 ]; then printf 'install.sh: would run: %s\n' "$*"; else "$@"; fi
 }
-usage() { sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 parse_args() {
     while [ $# -gt 0 ]; do
