@@ -13,6 +13,7 @@ readable summary beside it are written, to send back.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import platform
@@ -64,7 +65,7 @@ def collect(root: Path, workdir: Path, tests: Path | None) -> list[Step]:
     for run in steps:
         try:
             outcome = run(context)
-        except (EdgedError, OSError, RuntimeError, ValueError) as e:  # one step's failure is that step's result
+        except (EdgedError, ImportError, OSError, RuntimeError, ValueError) as e:  # that step's result only
             outcome = Step(run.__name__.removesuffix("_step"), "failed", f"{type(e).__name__}: {e}")
         results.extend(outcome if isinstance(outcome, list) else [outcome])
     return results
@@ -154,6 +155,8 @@ def tensorrt_step(context: Context) -> list[Step]:
 
 
 def onnxruntime_cuda_step(context: Context) -> Step:
+    if importlib.util.find_spec("onnxruntime") is None:
+        return skipped("onnxruntime cuda", "onnxruntime is not installed (pip install edged[onnx])")
     import onnxruntime
 
     available = onnxruntime.get_available_providers()
