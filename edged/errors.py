@@ -91,6 +91,23 @@ class Unavailable(RequestError):
     """The server is shutting down or not ready."""
 
 
+# --- shared memory -----------------------------------------------------------------------------------------
+class SharedMemoryError(RequestError):
+    """A shared-memory region could not be registered, found or used (Triton: INTERNAL, 500)."""
+
+
+class SharedMemoryInvalid(SharedMemoryError, InvalidInput):
+    """A region's key, offset or size is wrong, or its object changed under it (Triton: INVALID_ARG, 400)."""
+
+
+class SharedMemoryNotFound(SharedMemoryError):
+    """No region of that name is registered (Triton: NOT_FOUND, 404)."""
+
+
+class SharedMemoryExists(SharedMemoryError):
+    """A region of that name is already registered (Triton: ALREADY_EXISTS, 409)."""
+
+
 # --- memory ------------------------------------------------------------------------------------------------
 class MemoryBudgetExceeded(ModelLoadError):
     """Loading a model would exceed the memory budget and nothing can be evicted."""

@@ -5,6 +5,9 @@
   scikit-learn on its bundled 8×8 digits data set, exported as ONNX (built with onnx.helper from the trained
   weights) and as TorchScript. The held-out accuracy is printed and written to ``models/ACCURACY.txt``.
 - ``tiny_mlp``: the benchmark model, FP32 [-1, 64] → 256 → ReLU → 10 with fixed random weights.
+- ``camera_frame``: a camera-sized input for the shared-memory benchmarks: a 1080p RGB UINT8 frame
+  [-1, 1080, 1920, 3] → float, NCHW, resized to 224×224 (linear), scaled by 1/255 → a 3×3 convolution with 8
+  fixed random filters, stride 2 → ReLU → mean over the image: FP32 [-1, 8].
 
 Needs the dev extra (scikit-learn, onnx, torch). Usage: ``python scripts/make_sample_models.py [--out models]``.
 """
@@ -119,6 +122,58 @@ def mlp_torchscript(weights: list[np.ndarray], biases: list[np.ndarray], path: P
     module.save(str(path))
 
 
+CAMERA_CONFIG = """name: "camera_frame"
+platform: "onnxruntime_onnx"
+max_batch_size: 4
+input [ { name: "frame", data_type: TYPE_UINT8, dims: [ 1080, 1920, 3 ] } ]
+output [ { name: "features", data_type: TYPE_FP32, dims: [ 8 ] } ]
+instance_group [ { count: 1, kind: KIND_CPU } ]
+"""
+
+
+def camera_onnx(path: Path) -> None:
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(1)
+    initializers = [
+        numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.2, "filters"),
+        numpy_helper.from_array(np.zeros(8, np.float32), "bias"),
+        numpy_helper.from_array(np.array([1 / 255], np.float32), "scale"),
+        numpy_helper.from_array(np.array([224, 224], np.int64), "target_hw"),
+        numpy_helper.from_array(np.array([0], np.int64), "start"),
+        numpy_helper.from_array(np.array([2], np.int64), "end"),
+    ]
+    nodes = [
+        helper.make_node("Cast", ["frame"], ["as_float"], to=TensorProto.FLOAT),
+        helper.make_node("Transpose", ["as_float"], ["nchw"], perm=[0, 3, 1, 2]),
+        helper.make_node("Shape", ["nchw"], ["full_shape"]),
+        helper.make_node("Slice", ["full_shape", "start", "end"], ["batch_channels"]),
+        helper.make_node("Concat", ["batch_channels", "target_hw"], ["sizes"], axis=0),
+        helper.make_node("Resize", ["nchw", "", "", "sizes"], ["resized"], mode="linear"),
+        helper.make_node("Mul", ["resized", "scale"], ["normalised"]),
+        helper.make_node("Conv", ["normalised", "filters", "bias"], ["conv"], kernel_shape=[3, 3], strides=[2, 2]),
+        helper.make_node("Relu", ["conv"], ["relu"]),
+        helper.make_node("ReduceMean", ["relu"], ["features"], axes=[2, 3], keepdims=0),
+    ]
+    graph = helper.make_graph(
+        nodes, "camera_frame",
+        [helper.make_tensor_value_info("frame", TensorProto.UINT8, ["batch", 1080, 1920, 3])],
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", 8])],
+        initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="edged")
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(path))
+
+
+def write_camera_model(out: Path) -> None:
+    (out / "camera_frame" / "1").mkdir(parents=True, exist_ok=True)
+    (out / "camera_frame" / "config.pbtxt").write_text(CAMERA_CONFIG)
+    camera_onnx(out / "camera_frame" / "1" / "model.onnx")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "models")
@@ -144,6 +199,7 @@ def main() -> None:
     (out / "tiny_mlp" / "1").mkdir(parents=True, exist_ok=True)
     (out / "tiny_mlp" / "config.pbtxt").write_text(TINY_CONFIG)
     mlp_onnx(tiny_w, tiny_b, False, out / "tiny_mlp" / "1" / "model.onnx")
+    write_camera_model(out)
     (out / "ACCURACY.txt").write_text(
         f"digits classifier (scikit-learn MLPClassifier 64-32-10, random_state=0), held-out accuracy on 25% of "
         f"scikit-learn's digits data set (450 images): {accuracy:.4f}\n")

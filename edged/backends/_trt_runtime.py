@@ -2,7 +2,7 @@
 
 TensorRT is imported inside functions only. The name-based API (``num_io_tensors``, ``set_input_shape``,
 ``execute_async_v3``) exists from 8.5 (JetPack 5.1); allocation strategies from 10.0;
-``device_memory_size_v2`` and ``set_device_memory(ptr, size)`` from 10.1 (JETSON.md §9). Capabilities are
+``device_memory_size_v2`` and ``set_device_memory(ptr, size)`` from 10.1 (docs/jetson.md §9). Capabilities are
 decided from the version.
 """
 

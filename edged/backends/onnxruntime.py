@@ -4,7 +4,7 @@ Providers come from ``parameters { key: "providers" ... }`` ("tensorrt,cuda,cpu"
 ``instance_group { kind: KIND_GPU }`` and ``optimization { execution_accelerators { ... } }``. A requested
 provider that is unavailable fails the load unless ``allow_provider_fallback`` is "true"; then the fallback is
 logged and reported in the instance info. Sessions are created from a path, never from bytes (bytes stay
-alive as a copy, about +50 MiB for a 53 MB model: FIELD-NOTES.md).
+alive as a copy, about +50 MiB for a 53 MB model: docs/field-notes.md).
 """
 
 from __future__ import annotations
@@ -251,7 +251,7 @@ class OnnxRuntimeInstance:
         self._session: Any = session
         self.info = info
         # As in Triton's ONNX Runtime backend, shrinkage applies to every run when the config asks for it:
-        # the CPU arena never shrinks by itself after a large batch (FIELD-NOTES.md).
+        # the CPU arena never shrinks by itself after a large batch (docs/field-notes.md).
         self._run_options: Any = None
         if shrinkage:
             self._run_options = ort.RunOptions()

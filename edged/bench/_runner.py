@@ -74,9 +74,9 @@ def run_remote(scenario: Scenario, target: dict[str, Any], progress: Progress) -
     for concurrency in scenario.concurrency:
         progress(f"{scenario.label}: concurrency {concurrency} for {scenario.duration_s:.0f} s")
         run_socket("warm-up", scenario.transport, target, scenario.model, inputs, concurrency, scenario.warmup_s,
-                   scenario.batch)
+                   scenario.batch, scenario.shm, scenario.body)
         results.append(run_socket(scenario.label, scenario.transport, target, scenario.model, inputs, concurrency,
-                                  scenario.duration_s, scenario.batch))
+                                  scenario.duration_s, scenario.batch, scenario.shm, scenario.body))
     return results
 
 

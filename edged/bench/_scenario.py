@@ -32,10 +32,16 @@ class Scenario:
     # inproc: requests kept in flight by completion callbacks (as perf_analyzer --async), threads calling infer(),
     # or coroutines awaiting infer_async() on one event loop
     client: Literal["callbacks", "threads", "asyncio"] = "callbacks"
+    # uds: inputs and outputs through system shared memory (one region per connection, the input copied into it
+    # before every request, as a camera writes each frame) instead of the request and response bodies
+    shm: bool = False
+    # uds/http: the request body's tensors in the binary-data extension (default) or as JSON lists
+    body: Literal["binary", "json"] = "binary"
 
     @property
     def label(self) -> str:
-        return self.name or f"{self.transport} {self.model} b{self.batch}"
+        kind = "+shm" if self.shm else "+json" if self.body == "json" else ""
+        return self.name or f"{self.transport}{kind} {self.model} b{self.batch}"
 
 
 @dataclass(frozen=True)

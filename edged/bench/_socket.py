@@ -7,21 +7,36 @@ import subprocess
 import sys
 from typing import Any
 
+from edged.bench._shm import shared_memory_jobs
 from edged.bench._stats import Result, summarize
 from edged.errors import ClientError
 from edged.protocol import encode_request
 
 
 def run_socket(label: str, transport: str, target: dict[str, Any], model: str, inputs: dict[str, Any],
-               concurrency: int, duration_s: float, batch: int) -> Result:
-    body, header_length = encode_request(inputs, binary=True)
-    job = {**target, "model": model, "body_hex": body.hex(), "header_length": header_length,
-           "concurrency": concurrency, "duration_s": duration_s}
-    completed = subprocess.run([sys.executable, "-m", "edged.bench._socket_worker"], input=json.dumps(job),
-                               capture_output=True, text=True, timeout=duration_s + 60, check=False)
+               concurrency: int, duration_s: float, batch: int, shm: bool = False, body_kind: str = "binary") -> Result:
+    if shm:
+        with shared_memory_jobs(target, model, inputs, concurrency) as extra:
+            completed = _run_worker({**target, "model": model, "concurrency": concurrency,
+                                     "duration_s": duration_s, **extra}, duration_s)
+        transport = f"{transport}+shm"
+    else:
+        body, header_length = encode_request(inputs, binary=body_kind == "binary")
+        transport = transport if body_kind == "binary" else f"{transport}+json"
+        completed = _run_worker({**target, "model": model, "body_hex": body.hex(), "header_length": header_length,
+                                 "concurrency": concurrency, "duration_s": duration_s}, duration_s)
     if completed.returncode != 0:
         raise ClientError(f"load generator failed: {completed.stderr.strip()[-2000:]}")
-    result = json.loads(completed.stdout)
+    return _summary(label, transport, model, concurrency, batch, completed.stdout)
+
+
+def _run_worker(job: dict[str, Any], duration_s: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "edged.bench._socket_worker"], input=json.dumps(job),
+                          capture_output=True, text=True, timeout=duration_s + 60, check=False)
+
+
+def _summary(label: str, transport: str, model: str, concurrency: int, batch: int, stdout: str) -> Result:
+    result = json.loads(stdout)
     if result["errors"] and not result["latencies_us"]:
         raise ClientError(f"every request failed ({result['first_error']}); is model {model} loaded?")
     return summarize(label, transport, model, concurrency, batch, result["latencies_us"], result["errors"],

@@ -1,7 +1,7 @@
 """Jetson identification for ``edged doctor``: the module name and the L4T release, from files a tree holds.
 
 Keyed on the L4T triple from /etc/nv_tegra_release; JetPack is only a label looked up from it (tools disagree
-at the patch level, see JETSON.md §1-2). Every file is optional: a machine without them is not a Jetson.
+at the patch level, see docs/jetson.md §1-2). Every file is optional: a machine without them is not a Jetson.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 _RELEASE = re.compile(r"^#\s*R(\d+)\s*\(release\),\s*REVISION:\s*(\d+)\.(\d+)")
 
-# L4T (major, minor, patch) -> JetPack label, from JETSON.md §1.
+# L4T (major, minor, patch) -> JetPack label, from docs/jetson.md §1.
 _JETPACK: dict[tuple[int, int, int], str] = {
     (32, 6, 1): "4.6", (32, 7, 1): "4.6.1", (32, 7, 2): "4.6.2", (32, 7, 3): "4.6.3", (32, 7, 4): "4.6.4",
     (32, 7, 5): "4.6.5", (32, 7, 6): "4.6.6",

@@ -35,6 +35,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--socket", help="uds: the daemon's socket (default: found as the other commands do)")
     parser.add_argument("--http-port", type=int, help="http: the daemon's loopback port")
     parser.add_argument("--spawn", action="store_true", help="start a private daemon for uds/http scenarios")
+    parser.add_argument("--shm", action="store_true", help="uds: inputs and outputs through system shared memory "
+                        "(a region per connection; the input is copied in before every request)")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the results as JSON")
     parser.set_defaults(handler=run)
 
@@ -51,7 +53,7 @@ def _scenarios(args: argparse.Namespace) -> list[Any]:
         raise ConfigError(f"--concurrency: expected comma-separated integers, found {args.concurrency!r}") from None
     return [Scenario(model=args.model, transport=args.transport, concurrency=levels, batch=args.batch,
                      duration_s=args.duration, batching=args.batching, compare_raw=not args.no_raw,
-                     client=args.client)]
+                     client=args.client, shm=args.shm)]
 
 
 def run(args: argparse.Namespace) -> int:

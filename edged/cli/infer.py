@@ -44,6 +44,10 @@ def register(subparsers: Any) -> None:
                         help="write each output to DIR/NAME.json or DIR/NAME.npy instead of stdout")
     parser.add_argument("--json-transport", action="store_true",
                         help="send and receive tensors as JSON instead of the binary-data extension")
+    parser.add_argument("--shm", action="store_true",
+                        help="pass the inputs (and the outputs whose size the model fixes) through a system "
+                        "shared-memory region instead of the HTTP body; the daemon must be able to open it "
+                        "(same user, or in this user's group)")
     parser.add_argument("--request-id", default="", help="id echoed in the response")
     add_client_options(parser)
     parser.set_defaults(handler=run)
@@ -53,8 +57,14 @@ def run(args: argparse.Namespace) -> int:
     with client_from(args) as client:
         metadata = client.model_metadata(args.model, args.version)
         inputs = read_inputs(args.inputs, metadata)
-        result = client.infer(args.model, inputs, args.outputs, args.version, binary=not args.json_transport,
-                              request_id=args.request_id)
+        if args.shm:
+            from edged.cli._infer_shm import infer_through_shm
+
+            result = infer_through_shm(client, args.model, inputs, metadata, args.outputs, args.version,
+                                       args.request_id)
+        else:
+            result = client.infer(args.model, inputs, args.outputs, args.version, binary=not args.json_transport,
+                                  request_id=args.request_id)
     write_result(result, args.output_format, args.output_dir)
     return 0
 

@@ -19,6 +19,7 @@ from edged.errors import EdgedError, ModelConfigError
 from edged.repository import (
     CONFIG_FILENAME,
     autocomplete,
+    check_config_files,
     detect_runtime,
     list_versions,
     load_model_config,
@@ -78,6 +79,8 @@ def validate_path(path: Path) -> Report:
         warnings.append(f"version policy names versions {missing}, which are not present")
     runtime = (config.runtime if config is not None and config.runtime else None) or detect_runtime(
         model_dir, chosen)
+    if config is not None:  # before any model file is read: the daemon refuses the same names
+        check_config_files(config, model_dir, chosen)
     completed = _complete(config, model_dir, chosen, runtime, warnings)
     return Report(model_config_to_json(completed), unknown_fields(completed), warnings)
 

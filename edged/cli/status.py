@@ -54,6 +54,7 @@ def describe(doc: Mapping[str, Any]) -> list[str]:
     lines.append(_row("mqtt", _mqtt(doc.get("mqtt"))))
     lines.append(_row("memory", _memory(doc.get("memory"))))
     lines.append(_row("telemetry", _telemetry(doc.get("telemetry"))))
+    lines.extend(_health(doc.get("health")))
     return lines
 
 
@@ -117,4 +118,22 @@ def _telemetry(telemetry: Any) -> str:
     if not isinstance(telemetry, dict):
         return "-"
     reason = f" ({telemetry['reason']})" if telemetry.get("reason") else ""
-    return f"source {telemetry.get('source', '?')}{reason}"
+    text = f"source {telemetry.get('source', '?')}{reason}"
+    if telemetry.get("stale"):
+        age = telemetry.get("last_sample_age_s")
+        text += ", STALE (" + (f"last sample {float(age):.0f} s ago" if age is not None else "no sample yet") + ")"
+    return text
+
+
+def _health(health: Any) -> list[str]:
+    """One line for the background threads, plus one per component that is not ok or has restarted."""
+    if not isinstance(health, dict):
+        return []
+    components = health.get("components") or {}
+    lines = [_row("health", str(health.get("state", "?")))]
+    for name, c in sorted(components.items()):
+        if c.get("state") != "ok" or c.get("restarts") or c.get("errors"):
+            detail = f"{name} {c.get('state')}, {c.get('restarts', 0)} restarts, {c.get('errors', 0)} errors"
+            reason = c.get("reason") or c.get("last_error")
+            lines.append(_row("", detail + (f": {reason}" if reason else "")))
+    return lines

@@ -22,13 +22,35 @@ from edged.client._errors import (
 from edged.client._result import InferResult
 from edged.client._sync_transport import UnixHTTPConnection
 from edged.client.aio import AsyncEdgedClient
+from edged.client.shm import SharedMemoryRegion, ShmOutput, ShmTensor, share_with
 from edged.client.sync import EdgedClient
 from edged.errors import ClientError, ServerUnreachable
 
 __all__ = [
-    "AsyncEdgedClient", "ClientError", "ClientTimeout", "EdgedClient", "InferResult", "InferenceFailedError",
-    "InvalidInputError", "ModelNotFoundError", "ModelNotReadyError", "PayloadTooLargeError",
-    "PermissionDeniedError", "ProtocolError", "QueueFullError", "RequestTimeoutError", "ServerError",
-    "ServerUnreachable", "SocketSearch", "UnavailableError", "UnixHTTPConnection", "find_sockets", "socket_candidates",
+    "AsyncEdgedClient",
+    "ClientError",
+    "ClientTimeout",
+    "EdgedClient",
+    "InferResult",
+    "InferenceFailedError",
+    "InvalidInputError",
+    "ModelNotFoundError",
+    "ModelNotReadyError",
+    "PayloadTooLargeError",
+    "PermissionDeniedError",
+    "ProtocolError",
+    "QueueFullError",
+    "RequestTimeoutError",
+    "ServerError",
+    "ServerUnreachable",
+    "SharedMemoryRegion",
+    "ShmOutput",
+    "ShmTensor",
+    "SocketSearch",
+    "UnavailableError",
+    "UnixHTTPConnection",
+    "find_sockets",
+    "share_with",
+    "socket_candidates",
     "unreachable_message",
 ]

@@ -16,6 +16,7 @@ import orjson
 
 from edged.client._errors import ProtocolError, error_for
 from edged.client._result import Array, InferResult
+from edged.client.shm import ShmOutput, ShmTensor
 from edged.errors import EdgedError
 from edged.protocol import decode_response, encode_request
 
@@ -62,12 +63,17 @@ def post_json(path: str, what: str, doc: Mapping[str, Any]) -> Call:
     return Call("POST", path, what, orjson.dumps(doc), (("Content-Type", JSON_TYPE),))
 
 
-def infer_call(model: str, inputs: Mapping[str, Array], outputs: Sequence[str] | None, version: str,
-               binary: bool, request_id: str, parameters: Mapping[str, Any] | None) -> Call:
-    arrays = {name: np.asarray(value) for name, value in inputs.items()}
-    if not arrays:
+def infer_call(model: str, inputs: Mapping[str, Array | ShmTensor], outputs: Sequence[str] | None, version: str,
+               binary: bool, request_id: str, parameters: Mapping[str, Any] | None,
+               shm_outputs: Mapping[str, ShmOutput] | None = None) -> Call:
+    if not inputs:
         raise ValueError(f"infer on model {model!r}: at least one input is required")
-    body, header_length = encode_request(arrays, tuple(outputs or ()), binary, request_id, parameters)
+    arrays = {name: np.asarray(value) for name, value in inputs.items() if not isinstance(value, ShmTensor)}
+    placed = [{"name": name, "datatype": value.datatype, "shape": list(value.shape),
+               "parameters": value.parameters()} for name, value in inputs.items() if isinstance(value, ShmTensor)]
+    placed_outputs = {name: out.parameters() for name, out in (shm_outputs or {}).items()}
+    body, header_length = encode_request(arrays, tuple(outputs or ()), binary, request_id, parameters, placed,
+                                         placed_outputs)
     if header_length is None:
         headers: tuple[tuple[str, str], ...] = (("Content-Type", JSON_TYPE),)
     else:
@@ -86,6 +92,26 @@ def load_call(model: str, config: Mapping[str, Any] | None) -> Call:
 
 def unload_call(model: str) -> Call:
     return post_json(f"/v2/repository/models/{quote(model, safe='')}/unload", f"unload model {model!r}", {})
+
+
+def shm_register_call(name: str, key: str, byte_size: int, offset: int) -> Call:
+    return post_json(f"/v2/systemsharedmemory/region/{quote(name, safe='')}/register",
+                     f"register shared memory region {name!r}", {"key": key, "offset": offset,
+                                                                 "byte_size": byte_size})
+
+
+def shm_unregister_call(name: str) -> Call:
+    if not name:
+        return post_json("/v2/systemsharedmemory/unregister", "unregister all shared memory regions", {})
+    return post_json(f"/v2/systemsharedmemory/region/{quote(name, safe='')}/unregister",
+                     f"unregister shared memory region {name!r}", {})
+
+
+def shm_status_call(name: str) -> Call:
+    if not name:
+        return get("/v2/systemsharedmemory/status", "shared memory status")
+    return get(f"/v2/systemsharedmemory/region/{quote(name, safe='')}/status",
+               f"status of shared memory region {name!r}")
 
 
 def stats_call(model: str, version: str) -> Call:

@@ -33,6 +33,13 @@ class InferResult:
         params = self.doc.get("parameters")
         return params if isinstance(params, dict) else {}
 
+    def shape(self, name: str) -> list[int]:
+        """The shape of output ``name`` as the response states it (for outputs written to shared memory too)."""
+        for entry in self.doc.get("outputs", []):
+            if isinstance(entry, dict) and entry.get("name") == name:
+                return [int(d) for d in entry.get("shape", [])]
+        raise KeyError(f"output {name!r} is not in the response")
+
     def as_numpy(self, name: str) -> Array:
         """The output ``name``; a KeyError names the outputs the response has."""
         try:

@@ -16,6 +16,7 @@ from typing import Any
 from edged.client import _calls as calls
 from edged.client._async_transport import AsyncTransport
 from edged.client._result import Array, InferResult
+from edged.client.shm import ShmOutput, ShmTensor
 
 DEFAULT_TIMEOUT_S = 60.0  # the same as EdgedClient's
 
@@ -67,11 +68,28 @@ class AsyncEdgedClient:
         return calls.read_model_ready(call, await self._run(call))
 
     # --- inference -------------------------------------------------------------------------------------------
-    async def infer(self, model: str, inputs: Mapping[str, Array], outputs: Sequence[str] | None = None,
-              version: str = "", binary: bool = True, request_id: str = "",
-              parameters: Mapping[str, Any] | None = None) -> InferResult:
-        call = calls.infer_call(model, inputs, outputs, version, binary, request_id, parameters)
+    async def infer(self, model: str, inputs: Mapping[str, Array | ShmTensor], outputs: Sequence[str] | None = None,
+                    version: str = "", binary: bool = True, request_id: str = "",
+                    parameters: Mapping[str, Any] | None = None,
+                    shm_outputs: Mapping[str, ShmOutput] | None = None) -> InferResult:
+        """Inputs may be arrays or ``ShmTensor`` references to registered regions; outputs named in
+        ``shm_outputs`` are written to their regions (``result.shape(name)`` gives their shapes)."""
+        call = calls.infer_call(model, inputs, outputs, version, binary, request_id, parameters, shm_outputs)
         return calls.read_infer(call, await self._run(call))
+
+    # --- system shared memory (Triton's extension) -----------------------------------------------------------
+    async def register_system_shared_memory(self, name: str, key: str, byte_size: int, offset: int = 0) -> None:
+        call = calls.shm_register_call(name, key, byte_size, offset)
+        calls.checked(call, await self._run(call))
+
+    async def unregister_system_shared_memory(self, name: str = "") -> None:
+        """One region, or (without a name) every region this caller may use."""
+        call = calls.shm_unregister_call(name)
+        calls.checked(call, await self._run(call))
+
+    async def system_shared_memory_status(self, name: str = "") -> list[dict[str, Any]]:
+        call = calls.shm_status_call(name)
+        return calls.read_list(call, await self._run(call))
 
     # --- statistics, repository, edged extensions ------------------------------------------------------------
     async def statistics(self, model: str = "", version: str = "") -> dict[str, Any]:

@@ -16,6 +16,7 @@ from edged.config._models import ModelsConfig
 from edged.config._mqtt import MqttConfig, OutboxConfig, PipelineConfig
 from edged.config._paths import resolve_state_dir
 from edged.config._server import AccessConfig, ServerConfig
+from edged.config._tcp_restricted import TCP_CATEGORIES, check_tcp_restricted, parse_restriction
 from edged.config._telemetry import TelemetryConfig
 from edged.errors import ConfigError
 
@@ -25,9 +26,10 @@ else:  # pragma: no cover - JetPack 6 ships Python 3.10
     import tomli as tomllib
 
 __all__ = [
-    "DEFAULT_CONFIG_PATH", "AccessConfig", "EdgedConfig", "LoggingConfig", "MemoryConfig", "ModelsConfig",
-    "MqttConfig", "OtaConfig", "OutboxConfig", "PipelineConfig", "ServerConfig", "TelemetryConfig",
-    "load_config", "parse_config", "resolve_state_dir", "with_overrides",
+    "DEFAULT_CONFIG_PATH", "TCP_CATEGORIES", "AccessConfig", "EdgedConfig", "LoggingConfig", "MemoryConfig",
+    "ModelsConfig", "MqttConfig", "OtaConfig", "OutboxConfig", "PipelineConfig", "ServerConfig", "TelemetryConfig",
+    "check_tcp_restricted", "load_config", "parse_config", "parse_restriction", "resolve_state_dir",
+    "with_overrides",
 ]
 
 DEFAULT_CONFIG_PATH = Path("/etc/edged/edged.toml")

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 # jemalloc returns freed pages to the kernel by itself within about a second with these settings
-# (FIELD-NOTES: back to baseline in ~11 s with dirty_decay_ms alone; the default decay is 10 s).
+# (docs/field-notes.md: back to baseline in ~11 s with dirty_decay_ms alone; the default decay is 10 s).
 DEFAULT_JEMALLOC_CONF = "background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:1000"
 
 

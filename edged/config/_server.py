@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from edged.config._tcp_restricted import check_tcp_restricted
+
 
 def _positive(value: float) -> str | None:
     return None if value > 0 else "expected a positive number"
@@ -21,13 +23,23 @@ def _port(value: int | None) -> str | None:
     return None if value is None or 0 <= value <= 65535 else "expected a TCP port between 0 and 65535"
 
 
+def _tcp_restricted(value: dict[str, str]) -> str | None:
+    check_tcp_restricted(value)  # raises itself: the loader's own message would quote the secret values
+    return None
+
+
+# [server.tcp_restricted]: Triton API category -> "HEADER=VALUE" a loopback TCP request of it must carry
+_TCP_CHECK = {"check": _tcp_restricted}
+
+
 @dataclass(frozen=True)
 class AccessConfig:
-    """Who may talk to the Unix socket, by peer credentials. Empty lists mean "anyone who can connect"."""
+    """Who may do what over the Unix socket, by peer credentials. Empty infer lists: anyone who can connect
+    may run inference. Administrators are root and the daemon's own user always, plus these lists."""
 
-    infer_users: tuple[str, ...] = ()
+    infer_users: tuple[str, ...] = ()  # with infer_groups empty too: anyone who can connect may infer
     infer_groups: tuple[str, ...] = ()
-    admin_users: tuple[str, ...] = ()
+    admin_users: tuple[str, ...] = ()  # may load and unload; root and the daemon's own user always may
     admin_groups: tuple[str, ...] = ()
 
 
@@ -49,4 +61,8 @@ class ServerConfig:
     shutdown_timeout_s: float = field(default=10.0, metadata={"check": _positive})  # request drain, each step
     # The whole stop (HTTP and MQTT drains, model unloads): keep below the unit's TimeoutStopSec (45 s).
     stop_timeout_s: float = field(default=30.0, metadata={"check": _positive})  # all of the stop, < TimeoutStopSec
+    # System shared memory (Triton's extension): how many regions clients may register and how much they map.
+    shm_max_regions: int = field(default=64, metadata={"check": _positive})
+    shm_max_bytes_mb: int = field(default=1024, metadata={"check": _positive})
     access: AccessConfig = AccessConfig()
+    tcp_restricted: dict[str, str] = field(default_factory=dict, metadata=_TCP_CHECK)  # category = "HEADER=VALUE"

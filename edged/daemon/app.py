@@ -21,6 +21,7 @@ from typing import Any
 from edged import __version__
 from edged.clock import DeviceClock, state_file_in
 from edged.config import EdgedConfig, load_config, resolve_state_dir
+from edged.daemon._health import health_status, render_health, supervised_task
 from edged.daemon._restarts import StartHistory
 from edged.daemon._sdnotify import SystemdNotifier
 from edged.daemon._stop import StopBudget
@@ -28,9 +29,11 @@ from edged.daemon.paths import bundled_models
 from edged.engine import InferenceService
 from edged.engine.memory_governor import MemoryGovernor
 from edged.errors import ConfigError, EdgedError
+from edged.exposition import MetricFamily, render
 from edged.memory import PressureMonitor, active_allocator
 from edged.serving import HttpServer
 from edged.serving.listeners import default_socket_path, open_listeners
+from edged.supervision import HealthBoard
 from edged.telemetry import TelemetryService, default_database_path, summary_payload
 
 log = logging.getLogger(__name__)
@@ -51,14 +54,20 @@ class Daemon:
         self.memory = MemoryGovernor(config.memory, pressure)
         self.service = InferenceService(self.repository, config.models, max_elements=config.server.max_tensor_elements,
                                         memory=self.memory, unload_timeout_s=config.server.shutdown_timeout_s)
+        self.health = HealthBoard()  # the supervised background threads; readiness stays about inference
+        # Read once: malloc cannot change in a running process, and status must answer even when no file
+        # descriptor is left to read /proc/self/maps with.
+        self.allocator = active_allocator()
+        self._memory_last: dict[str, Any] = {"budget_bytes": None, "under_pressure": False}
         self.telemetry: TelemetryService | None = None
         if config.telemetry.source != "off":
             database = default_database_path(str(self.state_dir), config.telemetry.database)
-            self.telemetry = TelemetryService(config.telemetry, database, activity=self.service)
+            self.telemetry = TelemetryService(config.telemetry, database, activity=self.service, health=self.health)
         self.mqtt: Any = None
         if config.mqtt.broker:
             from edged.mqtt import MqttFrontEnd  # only when configured: paho and threads cost memory
-            self.mqtt = MqttFrontEnd(self.service, config.mqtt, self.state_dir, version=__version__)
+            self.mqtt = MqttFrontEnd(self.service, config.mqtt, self.state_dir, version=__version__,
+                                     health=self.health)
         self.server = HttpServer(self.service, config.server, telemetry=self.telemetry,
                                  status_provider=self.status, metrics_provider=self._extra_metrics)
         self._stop = asyncio.Event()
@@ -120,10 +129,12 @@ class Daemon:
         if self.notifier is not None and interval:
             self._spawn(self._watchdog(self.notifier, interval))
         if self.config.models.control_mode == "poll":
-            self._spawn(self._poll_repository())
-        self._spawn(self._watch_pressure())
+            self._spawn(supervised_task(self.health.component("repository_poll"), self._poll_repository))
+        self._spawn(supervised_task(self.health.component("memory_pressure"), self._watch_pressure))
         if self.mqtt is not None and self.telemetry is not None and self.config.mqtt.telemetry_interval_s > 0:
-            self._spawn(self._publish_telemetry(self.telemetry, self.mqtt))
+            telemetry, mqtt = self.telemetry, self.mqtt
+            self._spawn(supervised_task(self.health.component("telemetry_publish"),
+                                        lambda: self._publish_telemetry(telemetry, mqtt)))
 
     def _spawn(self, coroutine: Any) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
@@ -192,6 +203,7 @@ class Daemon:
         while True:
             await asyncio.sleep(self.config.models.poll_interval_s)
             await loop.run_in_executor(None, self.service.poll)
+            self.health.component("repository_poll").ok()
 
     async def _watch_pressure(self) -> None:
         pressure = self.memory.pressure
@@ -200,6 +212,7 @@ class Daemon:
         while True:
             await asyncio.sleep(self.config.memory.pressure_check_interval_s)
             pressure.check()
+            self.health.component("memory_pressure").ok()
 
     async def _publish_telemetry(self, telemetry: TelemetryService, mqtt: Any) -> None:
         previous: dict[str, Any] | None = None
@@ -214,6 +227,7 @@ class Daemon:
             if payload is not None:
                 mqtt.publish_telemetry(payload)
                 previous = snapshot
+            self.health.component("telemetry_publish").ok()
 
     async def _reload(self) -> None:
         if self.notifier is not None:
@@ -252,7 +266,7 @@ class Daemon:
         return "; ".join(parts)
 
     def status(self) -> dict[str, Any]:
-        allocator = active_allocator()
+        allocator = self.allocator
         return {
             "version": __version__,
             "pid": os.getpid(),
@@ -265,38 +279,55 @@ class Daemon:
             "model_control_mode": self.config.models.control_mode,
             "models": self.service.repository_index(),
             "mqtt": self.mqtt.status() if self.mqtt is not None else {"enabled": False},
-            "memory": {**self.memory.describe(), "allocator": allocator.name,
+            "memory": {**self._memory_described(), "allocator": allocator.name,
                        "allocator_library": str(allocator.library or ""), "allocator_settings": allocator.settings},
-            "telemetry": ({"source": self.telemetry.choice.name, "reason": self.telemetry.choice.reason}
-                          if self.telemetry is not None else {"source": "off"}),
+            "telemetry": self._telemetry_status(),
+            "health": health_status(self.health),
             "restart_loop": (self.starts.loop.as_dict()
                              if self.starts is not None and self.starts.loop is not None else None),
         }
 
+    def _memory_described(self) -> dict[str, Any]:
+        """The memory governor's state; when /proc cannot be read (no file descriptor left) the last one read,
+        flagged, so that status and /metrics still answer in the situation they are most needed in."""
+        try:
+            self._memory_last = self.memory.describe()
+        except OSError as e:
+            log.warning("memory state not read: %s", e)
+            return {**self._memory_last, "error": f"cannot read memory state: {e}"}
+        return self._memory_last
+
+    def _telemetry_status(self) -> dict[str, Any]:
+        if self.telemetry is None:
+            return {"source": "off"}
+        snapshot = self.telemetry.snapshot()
+        return {"source": self.telemetry.choice.name, "reason": self.telemetry.choice.reason,
+                "stale": snapshot["stale"], "last_sample_age_s": snapshot["last_sample_age_s"]}
+
     def _extra_metrics(self) -> str:
-        lines = [self.memory_metrics()]
+        lines = [self.memory_metrics(), render_health(self.health)]
         if self.mqtt is not None:
             lines.append(self.mqtt.prometheus_lines())
         return "".join(lines)
 
     def memory_metrics(self) -> str:
-        described = self.memory.describe()
-        out = ["# HELP edged_memory_budget_bytes The model memory budget (0: none).\n",
-               "# TYPE edged_memory_budget_bytes gauge\n",
-               f"edged_memory_budget_bytes {described['budget_bytes'] or 0}\n",
-               "# HELP edged_memory_pressure 1 while the system is under memory pressure.\n",
-               "# TYPE edged_memory_pressure gauge\n",
-               f"edged_memory_pressure {int(described['under_pressure'])}\n",
-               "# HELP edged_model_memory_bytes Measured footprint of each loaded model version.\n",
-               "# TYPE edged_model_memory_bytes gauge\n"]
+        described = self._memory_described()
+        footprints = MetricFamily("edged_model_memory_bytes", "gauge",
+                                  "Measured footprint of each loaded model version.")
         for version in self.service.loaded_versions():
             if version.footprint_bytes is not None:
-                out.append(f'edged_model_memory_bytes{{model="{version.config.name}",version="{version.version}"}} '
-                           f"{version.footprint_bytes}\n")
-        allocator = active_allocator()
-        out += ["# HELP edged_allocator_info The malloc implementation in use.\n",
-                "# TYPE edged_allocator_info gauge\n", f'edged_allocator_info{{allocator="{allocator.name}"}} 1\n']
-        return "".join(out)
+                footprints.add(version.footprint_bytes, {"model": version.config.name,
+                                                         "version": str(version.version)})
+        allocator = self.allocator
+        return render([
+            MetricFamily("edged_memory_budget_bytes", "gauge", "The model memory budget (0: none).")
+            .add(described["budget_bytes"] or 0),
+            MetricFamily("edged_memory_pressure", "gauge", "1 while the system is under memory pressure.")
+            .add(int(described["under_pressure"])),
+            footprints,
+            MetricFamily("edged_allocator_info", "gauge", "The malloc implementation in use.")
+            .add(1, {"allocator": allocator.name}),
+        ])
 
 
 def run_daemon(config: EdgedConfig) -> int:

@@ -9,20 +9,22 @@ import numpy as np
 
 from edged.engine.types import Array
 from edged.errors import InvalidInput
+from edged.repository import confined_path, read_confined
 from edged.repository.model_config import ModelConfig
 
 
 def load_labels(config: ModelConfig, model_dir: Path) -> dict[str, list[str]]:
-    """Each output's labels from its ``label_filename`` (one label per line), where the file exists."""
+    """Each output's labels from its ``label_filename`` (one label per line), where the file exists; a name
+    leading outside the model folder is a ModelConfigError."""
     labels: dict[str, list[str]] = {}
     for output in config.output:
         if not output.label_filename:
             continue
-        try:
-            text = (model_dir / output.label_filename).read_text(encoding="utf-8")
-        except OSError:
+        what = f"label_filename of output {output.name!r}"
+        if not confined_path(model_dir, output.label_filename, what, must_exist=False).exists():
             continue  # Triton also serves scores without labels when the file is missing
-        labels[output.name] = text.splitlines()
+        raw = read_confined(model_dir, output.label_filename, what)
+        labels[output.name] = raw.decode("utf-8", errors="replace").splitlines()
     return labels
 
 

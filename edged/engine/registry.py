@@ -23,7 +23,9 @@ from edged.engine.version import ModelVersion
 from edged.errors import EdgedError, ModelLoadError, ModelNotFound, ModelNotReady, Unavailable
 from edged.repository import (
     autocomplete,
+    check_config_files,
     check_model_name,
+    confined_path,
     detect_runtime,
     find_models,
     list_versions,
@@ -225,6 +227,7 @@ class Registry:
         if not wanted:
             raise ModelLoadError(f"model {record.name}: no version to serve in {model_dir} (found versions: "
                                  f"{available or 'none'}; version_policy {config.version_policy.kind})")
+        check_config_files(config, model_dir, wanted)
         self._swap_in(record, config, backend, model_dir, wanted)
         record.fingerprint = fingerprint(model_dir)
 
@@ -245,7 +248,8 @@ class Registry:
         if not available:
             raise ModelLoadError(f"model {name}: no numbered version folder in {model_dir}")
         probe = ModelConfig(name=name, backend=runtime) if config is None else config
-        path = model_dir / str(max(available)) / probe.model_filename
+        path = confined_path(model_dir, probe.model_filename, "default_model_filename", under=str(max(available)),
+                             must_exist=False)
         return autocomplete(config, name, backend.describe(path), runtime, gpus=_gpus(backend))
 
     def _swap_in(self, record: ModelRecord, config: ModelConfig, backend: Backend, model_dir: Path,

@@ -18,6 +18,7 @@ from edged.engine.types import InferRequest, InferResponse
 from edged.engine.validation import RequestValidator
 from edged.engine.warmup import warmup_samples
 from edged.errors import EdgedError, ModelLoadError, ModelNotReady
+from edged.repository import confined_path, with_confined_parameters
 from edged.repository.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -56,11 +57,15 @@ class ModelVersion:
         """Create the instances and warm them up; on failure the version is FAILED and holds nothing."""
         started = time.monotonic()
         try:
+            # confined again here: the folder may have changed since the registry checked the config
+            self.path = confined_path(self.model_dir, self.config.model_filename, "default_model_filename",
+                                      under=self.version_str, must_exist=False)
             if not self.path.is_file():
                 raise ModelLoadError(f"model {self.config.name} version {self.version}: model file {self.path} "
                                      "does not exist")
+            runtime_config = with_confined_parameters(self.config, self.model_dir)
             for index in range(self.config.instance_count):
-                self.instances.append(backend.load(self.path, self.config, index))
+                self.instances.append(backend.load(self.path, runtime_config, index))
             self.scheduler = Scheduler(self.config, self.version_str, self.instances, self.stats)
             if warmup:
                 self._warm_up()

@@ -9,6 +9,7 @@ import numpy as np
 
 from edged.engine.types import Array
 from edged.errors import ModelLoadError
+from edged.repository.confine import read_confined
 from edged.repository.datatypes import TRITON_TO_NUMPY
 from edged.repository.model_config import ModelConfig, WarmupInput
 
@@ -54,10 +55,8 @@ def _warmup_array(config: ModelConfig, name: str, spec: WarmupInput, shape: list
             return rng.integers(0, 2, size=shape).astype(dtype)
         return np.zeros(shape, dtype=dtype)
     path = model_dir / "warmup" / spec.input_data_file  # Triton's location for input_data_file
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise ModelLoadError(f"model {config.name}: warm-up input {name!r}: cannot read {path}: {e.strerror}") from e
+    raw = read_confined(model_dir, spec.input_data_file,
+                        f"model {config.name}: input_data_file of warm-up input {name!r}", under="warmup")
     count = int(np.prod(shape))
     data = np.frombuffer(raw, dtype=dtype)
     if data.size < count:

@@ -8,8 +8,10 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
-DROP_REASONS = ("outbox_full", "outbox_expired", "backpressure", "bad_topic", "no_reply_topic", "not_connected",
-                "retained", "unrouted", "shutdown")
+from edged.exposition import MetricFamily, render
+
+DROP_REASONS = ("outbox_full", "outbox_expired", "outbox_busy", "backpressure", "bad_topic", "no_reply_topic",
+                "not_connected", "retained", "unrouted", "shutdown")
 
 
 class Metrics:
@@ -39,33 +41,25 @@ class Metrics:
 def render_prometheus(snapshot: dict[str, dict[str, int]], connected: bool, outbox_depth: int,
                       outbox_bytes: int, in_flight: int) -> str:
     counts, drops, errors = snapshot["counts"], snapshot["drops"], snapshot["errors"]
-    lines = [
-        "# HELP edged_mqtt_connected Whether the MQTT connection to the broker is up.",
-        "# TYPE edged_mqtt_connected gauge",
-        f"edged_mqtt_connected {int(connected)}",
-        "# HELP edged_mqtt_messages_received_total MQTT messages received.",
-        "# TYPE edged_mqtt_messages_received_total counter",
-        f"edged_mqtt_messages_received_total {counts.get('received', 0)}",
-        "# HELP edged_mqtt_messages_published_total MQTT messages acknowledged by the broker (QoS 0: sent).",
-        "# TYPE edged_mqtt_messages_published_total counter",
-        f"edged_mqtt_messages_published_total {counts.get('published', 0)}",
-        "# HELP edged_mqtt_outbox_messages Messages in the durable outbox, not yet acknowledged.",
-        "# TYPE edged_mqtt_outbox_messages gauge",
-        f"edged_mqtt_outbox_messages {outbox_depth}",
-        "# HELP edged_mqtt_outbox_bytes Payload bytes in the durable outbox.",
-        "# TYPE edged_mqtt_outbox_bytes gauge",
-        f"edged_mqtt_outbox_bytes {outbox_bytes}",
-        "# HELP edged_mqtt_outbox_in_flight Outbox messages sent and awaiting PUBACK.",
-        "# TYPE edged_mqtt_outbox_in_flight gauge",
-        f"edged_mqtt_outbox_in_flight {in_flight}",
-        "# HELP edged_mqtt_connects_total Successful connections to the broker, the first one included.",
-        "# TYPE edged_mqtt_connects_total counter",
-        f"edged_mqtt_connects_total {counts.get('connects', 0)}",
-        "# HELP edged_mqtt_dropped_total Messages dropped, by reason.",
-        "# TYPE edged_mqtt_dropped_total counter",
-    ]
-    lines += [f'edged_mqtt_dropped_total{{reason="{r}"}} {drops.get(r, 0)}' for r in
-              sorted(set(DROP_REASONS) | set(drops))]
-    lines += ["# HELP edged_mqtt_errors_total Errors, by kind.", "# TYPE edged_mqtt_errors_total counter"]
-    lines += [f'edged_mqtt_errors_total{{kind="{k}"}} {v}' for k, v in sorted(errors.items())]
-    return "\n".join(lines) + "\n"
+    dropped = MetricFamily("edged_mqtt_dropped_total", "counter", "Messages dropped, by reason.")
+    for reason in sorted(set(DROP_REASONS) | set(drops)):
+        dropped.add(drops.get(reason, 0), {"reason": reason})
+    failed = MetricFamily("edged_mqtt_errors_total", "counter", "Errors, by kind.")
+    for kind, value in sorted(errors.items()):
+        failed.add(value, {"kind": kind})
+    return render([
+        MetricFamily("edged_mqtt_connected", "gauge", "Whether the MQTT connection to the broker is up.")
+        .add(int(connected)),
+        MetricFamily("edged_mqtt_messages_received_total", "counter", "MQTT messages received.")
+        .add(counts.get("received", 0)),
+        MetricFamily("edged_mqtt_messages_published_total", "counter",
+                     "MQTT messages acknowledged by the broker (QoS 0: sent).").add(counts.get("published", 0)),
+        MetricFamily("edged_mqtt_outbox_messages", "gauge", "Messages in the durable outbox, not yet acknowledged.")
+        .add(outbox_depth),
+        MetricFamily("edged_mqtt_outbox_bytes", "gauge", "Payload bytes in the durable outbox.").add(outbox_bytes),
+        MetricFamily("edged_mqtt_outbox_in_flight", "gauge", "Outbox messages sent and awaiting PUBACK.")
+        .add(in_flight),
+        MetricFamily("edged_mqtt_connects_total", "counter",
+                     "Successful connections to the broker, the first one included.").add(counts.get("connects", 0)),
+        dropped, failed,
+    ])

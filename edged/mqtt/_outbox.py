@@ -22,6 +22,7 @@ from edged.errors import OutboxError
 from edged.mqtt._message import Outbound
 from edged.mqtt._metrics import Metrics
 from edged.mqtt._store import OutboxStore, Stored
+from edged.supervision import HealthBoard, SupervisedThread
 
 log = logging.getLogger(__name__)
 
@@ -29,10 +30,15 @@ _PAGE = 1024
 _AGE_CHECK_S = 5.0
 _EARLY_ACKS_MAX = 1024
 _EARLY_ACK_S = 2.0  # paho reuses a mid only after 65,535 others
+# Messages waiting for the outbox thread's next group commit. Past this a producer waits (up to
+# PENDING_WAIT_S): a pipeline then stops taking and acknowledging inputs, which is the backpressure.
+PENDING_MAX = 4096
+PENDING_WAIT_S = 5.0
 
 
 class Outbox:
-    def __init__(self, path: Path, config: OutboxConfig, metrics: Metrics) -> None:
+    def __init__(self, path: Path, config: OutboxConfig, metrics: Metrics, *, health: HealthBoard | None = None,
+                 pending_max: int = PENDING_MAX, pending_wait_s: float = PENDING_WAIT_S) -> None:
         self._config = config
         self._metrics = metrics
         self._store = OutboxStore(path, config.fsync)
@@ -51,15 +57,29 @@ class Outbox:
         self._connected = False
         self._stopping = False
         self._publish: Callable[[Outbound], int | None] | None = None
-        self._thread: threading.Thread | None = None
+        self._thread: SupervisedThread | None = None
+        self._health = (health or HealthBoard()).component("mqtt_outbox")
+        self._pending_max, self._pending_wait_s = pending_max, pending_wait_s
+        self._committing = 0
         self._next_age_check = 0.0
         self._age_check_s = min(_AGE_CHECK_S, config.max_age_s / 2)
 
     # --- producers and the connection (any thread) ---------------------------------------------------------
-    def put(self, message: Outbound) -> None:
+    def put(self, message: Outbound, wait_s: float | None = None) -> bool:
+        """Queue a message for the next group commit; False (counted, ``on_stored`` never called, so its input
+        stays unacknowledged and the broker redelivers it) when the outbox thread did not make room within
+        ``wait_s`` (default: the outbox's pending wait)."""
+        deadline = time.monotonic() + (self._pending_wait_s if wait_s is None else wait_s)
         with self._cond:
+            while len(self._pending) >= self._pending_max and not self._stopping:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self._metrics.drop("outbox_busy")
+                    return False
+                self._cond.wait(left)
             self._pending.append((message, time.time()))
-            self._cond.notify()
+            self._cond.notify_all()
+            return True
 
     def set_connected(self, connected: bool) -> None:
         with self._cond:
@@ -86,7 +106,7 @@ class Outbox:
     @property
     def depth(self) -> int:
         with self._cond:
-            return self._count + len(self._pending)
+            return self._count + len(self._pending) + self._committing
 
     @property
     def stored_bytes(self) -> int:
@@ -99,14 +119,14 @@ class Outbox:
     # --- lifecycle -----------------------------------------------------------------------------------------
     def start(self, publish: Callable[[Outbound], int | None]) -> None:
         self._publish = publish
-        self._thread = threading.Thread(target=self._run, name="edged-mqtt-outbox", daemon=True)
+        self._thread = SupervisedThread("edged-mqtt-outbox", self._run, self._health)
         self._thread.start()
 
     def wait_drained(self, timeout_s: float) -> bool:
         """Wait until nothing is pending, stored or in flight (only possible while connected)."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
-            while self._pending or self._acked or self._count or self._inflight:
+            while self._pending or self._acked or self._committing or self._count or self._inflight:
                 left = deadline - time.monotonic()
                 if left <= 0 or not self._connected:
                     return False
@@ -116,13 +136,15 @@ class Outbox:
     def stop(self, timeout_s: float) -> None:
         with self._cond:
             self._stopping = True
-            self._cond.notify()
+            self._cond.notify_all()
         if self._thread is not None:
+            self._thread.stop()
             self._thread.join(timeout_s)
         self._store.close()
 
     # --- the outbox thread ---------------------------------------------------------------------------------
     def _run(self) -> None:
+        write_failed = False
         while True:
             with self._cond:
                 while not (self._stopping or self._pending or self._acked or self._can_send()):
@@ -131,17 +153,27 @@ class Outbox:
                         break
                 pending, self._pending = self._pending, []
                 acked, self._acked = self._acked, []
+                self._committing = len(pending)  # taken but not yet counted as stored
                 stopping = self._stopping
+                self._cond.notify_all()  # producers blocked in put()
             try:
                 self._commit(pending, acked)
+                write_failed = write_failed and not (pending or acked)  # healthy again once a write succeeds
                 if stopping:
                     return
                 self._expire()
                 self._send()
-            except OutboxError:
+            except OutboxError as e:
                 log.exception("mqtt outbox: a write failed; %d messages not stored", len(pending))
                 self._metrics.error("outbox_write", max(1, len(pending)))
+                self._health.degraded(str(e))
+                write_failed = True
                 time.sleep(0.1)
+            finally:
+                with self._cond:
+                    self._committing = 0
+            if not write_failed:
+                self._health.ok()
 
     def _can_send(self) -> bool:
         return self._connected and (bool(self._ready) or self._backlog) and \
@@ -150,12 +182,19 @@ class Outbox:
     def _commit(self, pending: list[tuple[Outbound, float]], acked: list[int]) -> None:
         if not pending and not acked:
             return
-        seqs = self._store.write(pending, acked)
-        for message, _ in pending:
-            if message.on_stored is not None:
-                message.on_stored()
+        try:
+            seqs = self._store.write(pending, acked)
+        except OutboxError:
+            raise
+        except Exception:  # not stored: the restarted thread writes the batch again, in order
+            with self._cond:
+                self._pending[:0] = pending
+                self._acked[:0] = acked
+                self._committing = 0
+            raise
         added = sum(len(m.payload) for m, _ in pending)
         with self._cond:
+            self._committing = 0
             self._count += len(pending) - len(acked)
             self._bytes += added - self._acked_bytes(acked)
             for seq, (message, created) in zip(seqs, pending, strict=True):
@@ -165,6 +204,21 @@ class Outbox:
                     self._ready.append((seq, message, created))
                     self._last_loaded = seq
         self._enforce_bounds()
+        self._stored(pending)
+
+    @staticmethod
+    def _stored(pending: list[tuple[Outbound, float]]) -> None:
+        """Every stored message's callback runs (each acknowledges an input) even if one raises; the first
+        exception is raised afterwards, for the supervisor to count."""
+        failure: Exception | None = None
+        for message, _ in pending:
+            try:
+                if message.on_stored is not None:
+                    message.on_stored()
+            except Exception as e:
+                failure = failure or e
+        if failure is not None:
+            raise failure
 
     def _acked_bytes(self, acked: list[int]) -> int:
         sizes = self._sent_sizes
@@ -223,7 +277,12 @@ class Outbox:
     def _send_one(self, seq: int, message: Outbound) -> bool:
         if self._publish is None:
             raise OutboxError("outbox used before start()")
-        mid = self._publish(message)
+        try:
+            mid = self._publish(message)
+        except Exception:  # the restarted thread sends it again, first
+            with self._cond:
+                self._ready.appendleft((seq, message, 0.0))
+            raise
         with self._cond:
             if mid is None:
                 self._ready.appendleft((seq, message, 0.0))

@@ -25,6 +25,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 from edged.errors import MqttError
 from edged.mqtt._message import Inbound, Outbound
 from edged.mqtt._settings import ConnectionSettings
+from edged.supervision import HealthBoard, SupervisedThread
 
 log = logging.getLogger(__name__)
 
@@ -44,14 +45,16 @@ def backoff_delay(attempt: int, min_s: float, max_s: float, rng: random.Random) 
 
 class Connection:
     def __init__(self, settings: ConnectionSettings, listener: Listener, will: Outbound,
-                 subscriptions: list[tuple[str, int]]) -> None:
+                 subscriptions: list[tuple[str, int]], health: HealthBoard | None = None) -> None:
         self._settings = settings
         self._listener = listener
         self._subscriptions = subscriptions
         self._v5 = settings.protocol == "5"
         self._stopping = threading.Event()
         self._connected = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread: SupervisedThread | None = None
+        self._health = (health or HealthBoard()).component("mqtt_network")
+        self._failed = False  # the network loop raised: its connection is not to be trusted
         self._rng = random.Random()
         self.last_error = ""
         self.connects = 0
@@ -116,19 +119,27 @@ class Connection:
                                        properties=self._connect_properties())
         else:
             self._client.connect_async(s.host, s.port, s.keepalive_s)
-        self._thread = threading.Thread(target=self._run, name="edged-mqtt-net", daemon=True)
+        self._thread = SupervisedThread("edged-mqtt-net", self._run, self._health,
+                                        backoff_min_s=s.reconnect_min_s, backoff_max_s=s.reconnect_max_s)
         self._thread.start()
 
     def stop(self, timeout_s: float) -> None:
         """Disconnect cleanly (no last will) and end the network thread."""
         self._stop_deadline = time.monotonic() + timeout_s
         self._stopping.set()
+        if self._thread is not None:
+            self._thread.stop()
         if self._connected.is_set():
             self._client.disconnect()  # thread-safe; wakes the network thread out of its select()
         if self._thread is not None:
             self._thread.join(timeout_s + 1.0)
 
     def _run(self) -> None:
+        if self._failed:  # restarted by the supervisor: start over with a fresh connection
+            self._mark_down("the network thread failed; reconnecting")
+            if self._client.socket() is not None:
+                self._try_connect()
+        self._failed = True
         while not self._stopping.is_set():
             if self._client.socket() is None and not self._try_connect():
                 self._backoff()
@@ -138,6 +149,9 @@ class Connection:
             if rc != paho.MQTT_ERR_SUCCESS and not self._stopping.is_set():
                 self._mark_down(self._refusal or f"connection lost ({paho.error_string(rc)})")
                 self._backoff()
+            elif self._connected.is_set():
+                self._health.ok()
+        self._failed = False
         self._disconnect()
 
     def _announce_connect(self) -> None:

@@ -8,7 +8,6 @@ their input topic. Failures are published to the output topic as ``{"error": ...
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 
 from edged.config import MqttConfig, PipelineConfig
@@ -21,13 +20,15 @@ from edged.mqtt._queue import BoundedQueue
 from edged.mqtt._requests import MAX_ELEMENTS, Publisher
 from edged.mqtt._topics import check_filter, check_template, filter_matches, render, wildcard_count
 from edged.mqtt._work import Job, finish, load_labels, start
+from edged.supervision import HealthBoard, SupervisedThread
 
 log = logging.getLogger(__name__)
 
 
 class Pipeline:
     def __init__(self, index: int, service: InferenceService, pipeline: PipelineConfig, config: MqttConfig,
-                 v5: bool, publisher: Publisher, metrics: Metrics, new_id: Callable[[], str]) -> None:
+                 v5: bool, publisher: Publisher, metrics: Metrics, new_id: Callable[[], str],
+                 health: HealthBoard | None = None) -> None:
         try:
             check_filter(pipeline.input)
             check_template(pipeline.output, wildcard_count(pipeline.input))
@@ -43,7 +44,8 @@ class Pipeline:
         self._new_id = new_id
         self._queue: BoundedQueue[Job] = BoundedQueue(pipeline.max_in_flight, pipeline.backpressure)
         self._labels: dict[str, list[str]] | None = None
-        self._thread: threading.Thread | None = None
+        self._health = (health or HealthBoard()).component(f"mqtt_{self.name}")
+        self._thread: SupervisedThread | None = None
 
     @property
     def queued(self) -> int:
@@ -53,12 +55,13 @@ class Pipeline:
         return filter_matches(self.config.input, topic)
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._work, name=f"edged-mqtt-{self.name}", daemon=True)
+        self._thread = SupervisedThread(f"edged-mqtt-{self.name}", self._work, self._health)
         self._thread.start()
 
     def stop(self, timeout_s: float) -> None:
         self._queue.close()
         if self._thread is not None:
+            self._thread.stop()
             self._thread.join(timeout_s)
         left = self._queue.clear()
         if left:
@@ -90,9 +93,13 @@ class Pipeline:
             batch = self._queue.take(self.config.max_in_flight)
             try:
                 self._run(batch)
-            except Exception:  # keep the pipeline alive whatever one batch does
+            except Exception as e:  # one batch's failure is that batch's; the next batch runs at once
                 log.exception("mqtt %s: a batch of %d failed", self.name, len(batch))
                 self._metrics.error("internal", len(batch))
+                self._health.error(e)
+                continue
+            if batch:
+                self._health.ok()
 
     def _run(self, batch: list[Job]) -> None:
         for job in batch:

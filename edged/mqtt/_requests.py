@@ -8,7 +8,6 @@ of workers serves requests in any order; a full queue answers its oldest request
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from typing import Protocol
 
@@ -21,6 +20,7 @@ from edged.mqtt._metrics import Metrics
 from edged.mqtt._queue import BoundedQueue
 from edged.mqtt._topics import check_topic_name
 from edged.mqtt._work import Job, finish, start
+from edged.supervision import HealthBoard, SupervisedThread
 
 log = logging.getLogger(__name__)
 MAX_ELEMENTS = 64 * 1024 * 1024
@@ -33,7 +33,7 @@ class Publisher(Protocol):
 
 class RequestHandler:
     def __init__(self, service: InferenceService, config: MqttConfig, v5: bool, publisher: Publisher,
-                 metrics: Metrics, new_id: Callable[[], str]) -> None:
+                 metrics: Metrics, new_id: Callable[[], str], health: HealthBoard | None = None) -> None:
         self._service = service
         self._config = config
         self._v5 = v5
@@ -41,16 +41,19 @@ class RequestHandler:
         self._metrics = metrics
         self._new_id = new_id
         self._queue: BoundedQueue[Job] = BoundedQueue(config.request_workers * 64, "drop_oldest")
-        self._threads: list[threading.Thread] = []
+        self._health = (health or HealthBoard()).component("mqtt_requests")
+        self._threads: list[SupervisedThread] = []
 
     def start(self) -> None:
         for index in range(self._config.request_workers):
-            thread = threading.Thread(target=self._work, name=f"edged-mqtt-request-{index}", daemon=True)
+            thread = SupervisedThread(f"edged-mqtt-request-{index}", self._work, self._health)
             thread.start()
             self._threads.append(thread)
 
     def stop(self, timeout_s: float) -> None:
         self._queue.close()
+        for thread in self._threads:
+            thread.stop()
         for thread in self._threads:
             thread.join(timeout_s / max(1, len(self._threads)))
         left = self._queue.clear()
@@ -110,9 +113,12 @@ class RequestHandler:
             for job in self._queue.take(1):
                 try:
                     self._serve(job)
-                except Exception:  # one bad request must not end the worker
+                except Exception as e:  # one bad request must not end the worker
                     log.exception("mqtt: serving a request on %r failed", job.message.topic[:200])
                     self._metrics.error("internal")
+                    self._health.error(e)
+                    continue
+                self._health.ok()
 
     def _serve(self, job: Job) -> None:
         start(self._service, job, self._config.max_payload_bytes, MAX_ELEMENTS, inline=True)

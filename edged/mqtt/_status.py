@@ -11,15 +11,20 @@ from edged.config import MqttConfig
 from edged.mqtt._codecs import CODECS
 
 
-def birth(device_id: str, version: str, models: list[str], config: MqttConfig, protocol: str) -> bytes:
+def birth(device_id: str, version: str, models: list[str], config: MqttConfig, protocol: str,
+          health: str = "ok", reason: str = "") -> bytes:
+    """"online", or "degraded" with the reason while a supervised part of the daemon is not healthy."""
     doc: dict[str, Any] = {
-        "state": "online", "device_id": device_id, "version": version, "models": sorted(models),
+        "state": "online" if health == "ok" else "degraded", "device_id": device_id, "version": version,
+        "models": sorted(models),
         "capabilities": {"protocol": protocol, "codecs": list(CODECS), "request_response": True,
                          "pipelines": [{"input": p.input, "model": p.model, "output": p.output}
                                        for p in config.pipelines],
                          "max_payload_bytes": config.max_payload_bytes},
         "timestamp": time.time(),
     }
+    if health != "ok":
+        doc["reason"] = reason
     return orjson.dumps(doc)
 
 

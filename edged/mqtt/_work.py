@@ -16,6 +16,7 @@ from edged.errors import EdgedError, PayloadError, PayloadTooLarge, RequestTimeo
 from edged.mqtt._codecs import decode, encode, error_payload, top_k
 from edged.mqtt._message import Inbound
 from edged.protocol import DecodedRequest
+from edged.repository import read_confined
 
 RESULT_TIMEOUT_S = 120.0
 
@@ -110,12 +111,14 @@ def load_labels(service: InferenceService, model: str, version: str, override: s
     config = service.model_config(model, version)
     labels: dict[str, list[str]] = {}
     for output in config.output:
-        name = override or output.label_filename
-        if not name:
-            continue
-        path = Path(name) if Path(name).is_absolute() else Path(service.repository) / model / name
-        try:
-            labels[output.name] = path.read_text(encoding="utf-8").splitlines()
-        except OSError as e:
-            raise PayloadError(f"model {model}: cannot read label file {path}: {e}") from e
+        if override:  # the pipeline's labels key: edged.toml is the operator's, so it may name any file
+            path = Path(override) if Path(override).is_absolute() else Path(service.repository) / model / override
+            try:
+                labels[output.name] = path.read_text(encoding="utf-8").splitlines()
+            except OSError as e:
+                raise PayloadError(f"model {model}: cannot read label file {path}: {e}") from e
+        elif output.label_filename:  # the model config's: confined to the model folder
+            raw = read_confined(Path(service.repository) / model, output.label_filename,
+                                f"model {model}: label_filename of output {output.name!r}")
+            labels[output.name] = raw.decode("utf-8", errors="replace").splitlines()
     return labels

@@ -28,13 +28,15 @@ from edged.mqtt._requests import RequestHandler
 from edged.mqtt._settings import connection_settings, device_id_of
 from edged.mqtt._status import birth, offline, stopped
 from edged.mqtt._topics import parse_infer_topic
+from edged.supervision import HealthBoard
 
 log = logging.getLogger(__name__)
 OUTBOX_FILE = "mqtt-outbox.sqlite3"
 
 
 class MqttFrontEnd:
-    def __init__(self, service: InferenceService, config: MqttConfig, state_dir: Path, *, version: str) -> None:
+    def __init__(self, service: InferenceService, config: MqttConfig, state_dir: Path, *, version: str,
+                 health: HealthBoard | None = None) -> None:
         self._service = service
         self._config = config
         self._version = version
@@ -44,16 +46,18 @@ class MqttFrontEnd:
         self._metrics = Metrics()
         self._run_id = secrets.token_hex(6)
         self._counter = itertools.count(1)
-        self._outbox = Outbox(state_dir / OUTBOX_FILE, config.outbox, self._metrics)
+        self.health = health or HealthBoard()
+        self._outbox = Outbox(state_dir / OUTBOX_FILE, config.outbox, self._metrics, health=self.health)
         v5 = config.protocol == "5"
-        self._requests = RequestHandler(service, config, v5, self, self._metrics, self.new_message_id)
-        self._pipelines = [Pipeline(i, service, p, config, v5, self, self._metrics, self.new_message_id)
-                           for i, p in enumerate(config.pipelines)]
+        self._requests = RequestHandler(service, config, v5, self, self._metrics, self.new_message_id, self.health)
+        self._pipelines = [Pipeline(i, service, p, config, v5, self, self._metrics, self.new_message_id,
+                                    self.health) for i, p in enumerate(config.pipelines)]
         subscriptions = [(f"{self.prefix}/infer/#", config.qos)]
         subscriptions += [(p.input, p.qos) for p in config.pipelines]
         will = Outbound(self._status_topic, offline(self.device_id), 1, retain=True, content_type=JSON_TYPE)
-        self._connection = Connection(self._settings, self, will, subscriptions)
+        self._connection = Connection(self._settings, self, will, subscriptions, self.health)
         self._stopping = False
+        self.health.add_listener(self._health_changed)
 
     @property
     def _status_topic(self) -> str:
@@ -109,13 +113,14 @@ class MqttFrontEnd:
                                  self._outbox.stored_bytes, self._outbox.in_flight)
 
     def publish_telemetry(self, payload: bytes) -> None:
+        """Called on the daemon's event loop: never waits for room in the outbox (a full one drops, counted)."""
         self.send(Outbound(f"{self.prefix}/telemetry", payload, self._config.qos, content_type=JSON_TYPE,
-                           message_id=self.new_message_id()))
+                           message_id=self.new_message_id()), wait_s=0.0)
 
     # --- Publisher -----------------------------------------------------------------------------------------
-    def send(self, message: Outbound) -> None:
+    def send(self, message: Outbound, wait_s: float | None = None) -> None:
         if message.qos >= 1 and self._config.outbox.enabled:
-            self._outbox.put(message)  # it calls on_stored after the group commit
+            self._outbox.put(message, wait_s)  # it calls on_stored after the group commit
             return
         if message.qos >= 1:
             self._connection.publish(message)  # paho queues it in memory while disconnected
@@ -134,10 +139,19 @@ class MqttFrontEnd:
         self._metrics.add("connects")
         log.info("mqtt: connected to %s:%d (session present: %s)", self._settings.host, self._settings.port,
                  session_present)
-        payload = birth(self.device_id, self._version, self._service.model_names(), self._config,
-                        self._settings.protocol)
-        self._connection.publish(Outbound(self._status_topic, payload, 1, retain=True, content_type=JSON_TYPE))
+        self._publish_birth()
         self._outbox.set_connected(True)
+
+    def _publish_birth(self) -> None:
+        state, reason = self.health.overall()
+        payload = birth(self.device_id, self._version, self._service.model_names(), self._config,
+                        self._settings.protocol, state, reason)
+        self._connection.publish(Outbound(self._status_topic, payload, 1, retain=True, content_type=JSON_TYPE))
+
+    def _health_changed(self) -> None:
+        """Any component's health changed: the retained status says "degraded" (and why) or "online" again."""
+        if self._connection.connected and not self._stopping:
+            self._publish_birth()
 
     def on_disconnected(self, reason: str) -> None:
         if self._stopping:

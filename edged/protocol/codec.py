@@ -20,6 +20,7 @@ import orjson
 
 from edged.errors import InvalidInput, PayloadTooLarge
 from edged.protocol.datatypes import KSERVE_TO_NUMPY, kserve_datatype, numpy_for
+from edged.protocol.shm_params import ShmReader, ShmReference, shm_reference
 
 Array = np.ndarray[Any, Any]
 
@@ -41,6 +42,7 @@ class OutputRequest:
     name: str
     binary_data: bool | None = None
     class_count: int = 0
+    shm: ShmReference | None = None  # written into a shared-memory region instead of the response body
 
 
 @dataclass
@@ -66,8 +68,10 @@ class ResponseLike(Protocol):
 
 
 def decode_request(body: bytes, header_length: int | None,
-                   max_elements: int = 64 * 1024 * 1024) -> DecodedRequest:
-    """Parse an infer request body; every problem is an InvalidInput naming the tensor and the field."""
+                   max_elements: int = 64 * 1024 * 1024, shm: ShmReader | None = None) -> DecodedRequest:
+    """Parse an infer request body; every problem is an InvalidInput naming the tensor and the field.
+
+    ``shm`` resolves inputs that name a shared-memory region; without it such inputs are refused."""
     if header_length is not None and not 0 < header_length <= len(body):
         raise InvalidInput(f"Inference-Header-Content-Length is {header_length} but the body has {len(body)} "
                            "bytes")
@@ -85,7 +89,7 @@ def decode_request(body: bytes, header_length: int | None,
     offset = 0
     inputs: dict[str, Array] = {}
     for entry in raw_inputs:
-        name, array, used = _decode_input(entry, binary, offset, max_elements)
+        name, array, used = _decode_input(entry, binary, offset, max_elements, shm)
         if name in inputs:
             raise InvalidInput(f"input {name!r} appears twice in the request")
         inputs[name] = array
@@ -126,7 +130,8 @@ def _shape(entry: Mapping[str, Any], name: str) -> tuple[int, ...]:
     raise InvalidInput(f"input {name!r}: \"shape\" must be a list of non-negative integers, found {shape!r}")
 
 
-def _decode_input(entry: Any, binary: memoryview, offset: int, max_elements: int) -> tuple[str, Array, int]:
+def _decode_input(entry: Any, binary: memoryview, offset: int, max_elements: int,
+                  shm: ShmReader | None = None) -> tuple[str, Array, int]:
     if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
         raise InvalidInput("each input must be an object with a string \"name\"")
     name: str = entry["name"]
@@ -143,7 +148,12 @@ def _decode_input(entry: Any, binary: memoryview, offset: int, max_elements: int
     if count > max_elements:
         raise PayloadTooLarge(f"input {name!r} has {count} elements, more than the limit of {max_elements}")
     params = entry.get("parameters") or {}
-    size = params.get("binary_data_size") if isinstance(params, dict) else None
+    if not isinstance(params, dict):
+        raise InvalidInput(f"input {name!r}: \"parameters\" must be an object")
+    reference = shm_reference(params, name, "input") if params else None
+    if reference is not None:
+        return name, _from_shared_memory(name, reference, shm, dtype, shape, count, params), 0
+    size = params.get("binary_data_size")
     if size is not None:
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
             raise InvalidInput(f"input {name!r}: binary_data_size must be a non-negative integer")
@@ -155,6 +165,19 @@ def _decode_input(entry: Any, binary: memoryview, offset: int, max_elements: int
     if "data" not in entry:
         raise InvalidInput(f"input {name!r} has neither \"data\" nor parameters.binary_data_size")
     return name, _from_json(name, entry["data"], dtype, datatype, shape, count), 0
+
+
+def _from_shared_memory(name: str, reference: ShmReference, shm: ShmReader | None, dtype: np.dtype[Any],
+                        shape: tuple[int, ...], count: int, params: Mapping[str, Any]) -> Array:
+    if shm is None:
+        raise InvalidInput(f"input {name!r} names shared-memory region {reference.region!r}, but shared memory "
+                           "is only available over the socket API (HTTP and gRPC)")
+    if "binary_data_size" in params:
+        raise InvalidInput(f"input {name!r}: shared_memory_region and binary_data_size cannot both be given")
+    if dtype.kind != "O" and reference.byte_size != count * dtype.itemsize:
+        raise InvalidInput(f"input {name!r}: shared_memory_byte_size is {reference.byte_size} bytes, expected "
+                           f"{count * dtype.itemsize} for shape {list(shape)} of {dtype.name}")
+    return _from_binary(name, shm(reference), dtype, shape, count)
 
 
 def _from_binary(name: str, chunk: memoryview, dtype: np.dtype[Any], shape: tuple[int, ...],
@@ -240,23 +263,31 @@ def _decode_outputs(raw: Any) -> tuple[tuple[OutputRequest, ...], dict[str, bool
         classes = params.get("classification", 0)
         if isinstance(classes, bool) or not isinstance(classes, int) or classes < 0:
             raise InvalidInput(f"output {entry['name']!r}: classification must be a non-negative integer")
+        reference = shm_reference(params, entry["name"], "output") if params else None
+        if reference is not None and classes:
+            raise InvalidInput(f"output {entry['name']!r}: Output can't set both 'shared_memory_region' and "
+                               "'classification'")
         if binary is not None:
             flags[entry["name"]] = bool(binary)
-        outputs.append(OutputRequest(entry["name"], None if binary is None else bool(binary), classes))
+        outputs.append(OutputRequest(entry["name"], None if binary is None else bool(binary), classes, reference))
     return tuple(outputs), flags
 
 
 # --- responses -----------------------------------------------------------------------------------------------
 def encode_response(response: ResponseLike, binary_outputs: Mapping[str, bool], binary_default: bool,
-                    datatypes: Mapping[str, str] | None = None) -> tuple[bytes, int | None]:
-    """(body, header length or None when all outputs are JSON)."""
+                    datatypes: Mapping[str, str] | None = None,
+                    placed: frozenset[str] = frozenset()) -> tuple[bytes, int | None]:
+    """(body, header length or None when all outputs are JSON). Outputs in ``placed`` were written to shared
+    memory: their entries carry name, datatype and shape only, as Triton's do."""
     entries: list[dict[str, Any]] = []
     chunks: list[bytes] = []
     for name, array in response.outputs.items():
         datatype = ((datatypes.get(name) if datatypes else None) or _DATATYPE_NAMES.get(array.dtype)
                     or kserve_datatype(array))
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
-        if binary_outputs.get(name, binary_default):
+        if name in placed:
+            pass
+        elif binary_outputs.get(name, binary_default):
             raw = _to_binary(array)
             entry["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)
@@ -272,6 +303,11 @@ def encode_response(response: ResponseLike, binary_outputs: Mapping[str, bool], 
     if not chunks:
         return header, None
     return b"".join([header, *chunks]), len(header)
+
+
+def tensor_bytes(array: Array) -> bytes:
+    """A tensor as the binary-data extension carries it (row-major little-endian; BYTES length-prefixed)."""
+    return _to_binary(array)
 
 
 def _to_binary(array: Array) -> bytes:
@@ -301,9 +337,13 @@ def error_body(message: str) -> bytes:
 
 # --- client side ---------------------------------------------------------------------------------------------
 def encode_request(inputs: Mapping[str, Array], outputs: Sequence[str] = (), binary: bool = True,
-                   request_id: str = "", parameters: Mapping[str, Any] | None = None) -> tuple[bytes, int | None]:
-    """Build an infer request body (binary-data extension unless ``binary`` is False)."""
-    entries: list[dict[str, Any]] = []
+                   request_id: str = "", parameters: Mapping[str, Any] | None = None,
+                   placed_inputs: Sequence[Mapping[str, Any]] = (),
+                   placed_outputs: Mapping[str, Mapping[str, Any]] | None = None) -> tuple[bytes, int | None]:
+    """Build an infer request body (binary-data extension unless ``binary`` is False). ``placed_inputs`` are
+    input entries without data (their bytes are in shared memory); ``placed_outputs`` maps output names to the
+    parameters that place them (``shared_memory_region`` ...)."""
+    entries: list[dict[str, Any]] = [dict(entry) for entry in placed_inputs]
     chunks: list[bytes] = []
     for name, array in inputs.items():
         entry: dict[str, Any] = {"name": name, "datatype": kserve_datatype(array), "shape": list(array.shape)}
@@ -322,8 +362,11 @@ def encode_request(inputs: Mapping[str, Array], outputs: Sequence[str] = (), bin
         params["binary_data_output"] = True
     if params:
         doc["parameters"] = params
-    if outputs:
-        doc["outputs"] = [{"name": o, "parameters": {"binary_data": binary}} for o in outputs]
+    requested = [{"name": o, "parameters": {"binary_data": binary}} for o in outputs
+                 if o not in (placed_outputs or {})]
+    requested += [{"name": o, "parameters": dict(p)} for o, p in (placed_outputs or {}).items()]
+    if requested:
+        doc["outputs"] = requested
     header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
     if not chunks:
         return header, None
@@ -341,6 +384,10 @@ def decode_response(body: bytes, header_length: int | None) -> tuple[dict[str, A
     offset = 0
     outputs: dict[str, Array] = {}
     for entry in doc.get("outputs", []):
+        params = entry.get("parameters") if isinstance(entry, dict) else None
+        if isinstance(entry, dict) and "data" not in entry and not (
+                isinstance(params, dict) and "binary_data_size" in params):
+            continue  # written to shared memory: the entry names its shape only
         name, array, used = _decode_input(entry, binary, offset, 1 << 62)
         outputs[name] = array
         offset += used

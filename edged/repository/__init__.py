@@ -10,6 +10,7 @@ from edged.repository._from_json import model_config_from_json
 from edged.repository._json import model_config_to_json
 from edged.repository._normalize import normalize
 from edged.repository._pbtxt import Field, Ident, Message, dump, parse
+from edged.repository.confine import check_config_files, confined_path, read_confined, with_confined_parameters
 from edged.repository.layout import (
     CONFIG_FILENAME,
     check_model_name,
@@ -31,7 +32,9 @@ __all__ = [
     "Message",
     "autocomplete",
     "build_model_config",
+    "check_config_files",
     "check_model_name",
+    "confined_path",
     "detect_runtime",
     "dump",
     "find_models",
@@ -44,7 +47,9 @@ __all__ = [
     "normalize",
     "parse",
     "parse_model_config",
+    "read_confined",
     "select_versions",
     "unknown_fields",
+    "with_confined_parameters",
     "write_file_atomic",
 ]

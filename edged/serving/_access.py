@@ -1,28 +1,42 @@
-"""Peer-credential access control on the Unix socket (SO_PEERCRED).
+"""Who may do what: peer credentials (SO_PEERCRED) on the Unix socket, request headers on loopback TCP.
 
-Names in ``[server.access]`` are resolved to uids and gids once, when the server is built; an unknown name is
-a ConfigError. An empty pair of lists allows everyone who can connect (the socket's mode is then the control).
-Administrators may also run inference. Loopback TCP carries no credentials: where a list restricts an action,
-TCP callers are refused it.
+Unix socket: administrators (load, unload) are root and the daemon's own user always, plus
+``[server.access]`` ``admin_users`` / ``admin_groups``. Inference is open to anyone who can connect (the
+socket's mode and group are then the control) unless ``infer_users`` / ``infer_groups`` are set; then to
+those and the administrators. Everything else (health, metadata, config, statistics, index, status) is open.
+
+Group membership is looked up once per uid/gid and kept ``PEER_CACHE_TTL_S`` seconds (device time, which
+does not jump with the wall clock): connections cost no user-database lookups, and a user removed from a
+group loses access within that time, even on a connection opened before. Names in the lists are resolved
+once, when the server is built; an unknown name is a ConfigError.
+
+Loopback TCP carries no credentials: see `edged.serving._restricted`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import grp
 import logging
 import os
 import pwd
 import socket
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+from edged.clock import Clock, DeviceClock
 from edged.config import AccessConfig
 from edged.errors import ConfigError, PermissionDenied
+from edged.serving._restricted import TcpRestrictions
+from edged.shm import TCP_CALLER, Caller
 
 log = logging.getLogger(__name__)
 
+PEER_CACHE_TTL_S = 30.0
+_PEER_CACHE_SIZE = 1024  # distinct (uid, gid) pairs; past it the cache starts again rather than growing
 _UCRED = struct.Struct("3i")
+_WHO = {"admin": "administrators are root, the daemon's user and server.access admin_users / admin_groups",
+        "infer": "server.access infer_users / infer_groups limit inference, administrators included"}
 
 
 @dataclass(frozen=True)
@@ -32,29 +46,56 @@ class Peer:
     pid: int
     uid: int
     gid: int
-    groups: frozenset[int]
 
     def describe(self) -> str:
+        """For log lines on the event loop: no user-database lookup (`AccessPolicy.describe` names the user)."""
         if self.uid < 0:
             return "a loopback TCP client (no peer credentials)"
-        try:
-            name = pwd.getpwuid(self.uid).pw_name
-        except KeyError:
-            name = str(self.uid)
-        return f"user {name} (uid {self.uid})"
+        return f"uid {self.uid} (pid {self.pid})"
 
 
-UNKNOWN_PEER = Peer(-1, -1, -1, frozenset())
+UNKNOWN_PEER = Peer(-1, -1, -1)
 
 
 def peer_of(sock: socket.socket) -> Peer:
-    """The credentials of a Unix-socket peer, with its supplementary groups."""
+    """The credentials of a Unix-socket peer: one getsockopt, no user-database lookup."""
     raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
     pid, uid, gid = _UCRED.unpack(raw)
-    groups = {gid}
-    with contextlib.suppress(KeyError):  # a uid without a passwd entry has only its primary group
-        groups.update(os.getgrouplist(pwd.getpwuid(uid).pw_name, gid))
-    return Peer(pid, uid, gid, frozenset(groups))
+    return Peer(pid, uid, gid)
+
+
+@dataclass(frozen=True)
+class _Identity:
+    name: str
+    groups: frozenset[int]
+    expires: float
+
+
+class PeerDirectory:
+    """uid/gid → user name and groups (primary and supplementary), each looked up once per ``ttl_s``."""
+
+    def __init__(self, clock: Clock, ttl_s: float = PEER_CACHE_TTL_S) -> None:
+        self._clock = clock
+        self._ttl_s = ttl_s
+        self._cache: dict[tuple[int, int], _Identity] = {}
+
+    def identity(self, uid: int, gid: int) -> _Identity:
+        now = self._clock.elapsed()
+        found = self._cache.get((uid, gid))
+        if found is None or found.expires <= now:
+            found = _look_up(uid, gid, now + self._ttl_s)
+            if len(self._cache) >= _PEER_CACHE_SIZE:
+                self._cache.clear()
+            self._cache[(uid, gid)] = found
+        return found
+
+
+def _look_up(uid: int, gid: int, expires: float) -> _Identity:
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:  # a uid without a passwd entry has only its primary group
+        return _Identity(str(uid), frozenset({gid}), expires)
+    return _Identity(name, frozenset({gid, *os.getgrouplist(name, gid)}), expires)
 
 
 @dataclass(frozen=True)
@@ -62,27 +103,44 @@ class _Allowed:
     uids: frozenset[int]
     gids: frozenset[int]
 
-    @property
-    def anyone(self) -> bool:
-        return not self.uids and not self.gids
-
-    def admits(self, peer: Peer) -> bool:
-        return self.anyone or peer.uid in self.uids or bool(peer.groups & self.gids)
-
 
 class AccessPolicy:
-    def __init__(self, config: AccessConfig) -> None:
-        self._admin = _Allowed(_uids(config.admin_users), _gids(config.admin_groups))
+    def __init__(self, config: AccessConfig, tcp_restricted: Mapping[str, str] | None = None, *,
+                 clock: Clock | None = None) -> None:
+        self._directory = PeerDirectory(clock if clock is not None else DeviceClock())
+        # root and the daemon's own user can change the repository and the config anyway
+        self._admin = _Allowed(_uids(config.admin_users) | {0, os.getuid()}, _gids(config.admin_groups))
         infer = _Allowed(_uids(config.infer_users), _gids(config.infer_groups))
-        # administrators may always infer; with no infer lists everyone may
-        self._infer = infer if infer.anyone else _Allowed(infer.uids | self._admin.uids,
-                                                          infer.gids | self._admin.gids)
+        self.infer_open = not infer.uids and not infer.gids
+        self._infer = _Allowed(infer.uids | self._admin.uids, infer.gids | self._admin.gids)
+        self.tcp = TcpRestrictions(tcp_restricted or {}, self.infer_open)
 
     def check(self, peer: Peer, permission: str, action: str) -> None:
-        allowed = self._admin if permission == "admin" else self._infer if permission == "infer" else None
-        if allowed is None or allowed.admits(peer):
+        """Raise PermissionDenied unless the Unix-socket ``peer`` may use a route of ``permission``."""
+        if permission == "open" or (permission == "infer" and self.infer_open):
             return
-        raise PermissionDenied(f"permission denied: {peer.describe()} may not {action}")
+        allowed = self._admin if permission == "admin" else self._infer
+        if peer.uid in allowed.uids:
+            return
+        if peer.uid < 0:  # credentials could not be read: nobody to look up
+            raise PermissionDenied(f"permission denied: a Unix-socket client with unreadable credentials may "
+                                   f"not {action}")
+        identity = self._directory.identity(peer.uid, peer.gid)
+        if identity.groups & allowed.gids:
+            return
+        raise PermissionDenied(f"permission denied: {self.describe(peer)} may not {action} ({_WHO[permission]})")
+
+    def caller(self, peer: Peer) -> Caller:
+        """The peer with its groups (from the peer cache), as edged.shm checks a region's owner against."""
+        if peer.uid < 0:
+            return TCP_CALLER
+        return Caller(peer.uid, peer.gid, self._directory.identity(peer.uid, peer.gid).groups)
+
+    def describe(self, peer: Peer) -> str:
+        """The peer with its user name, from the peer cache."""
+        if peer.uid < 0:
+            return peer.describe()
+        return f"user {self._directory.identity(peer.uid, peer.gid).name} (uid {peer.uid})"
 
 
 def _uids(names: tuple[str, ...]) -> frozenset[int]:

@@ -15,10 +15,12 @@ from edged.engine import InferenceService
 from edged.errors import EdgedError, InvalidInput
 from edged.serving._access import AccessPolicy
 from edged.serving._handlers import Handlers, load_override
-from edged.serving._http import Connection, Incoming, Slot
+from edged.serving._http import WANTED_HEADERS, Connection, Incoming, Slot
 from edged.serving._infer import InferPath
 from edged.serving._response import Response, error_for, error_response, render
-from edged.serving._routes import SPECS, Kind, Route, RouteSpec, match
+from edged.serving._routes import SHARED_MEMORY_KINDS, SPECS, Kind, Route, RouteSpec, match
+from edged.serving._shm_routes import handle_shm
+from edged.shm import SharedMemoryRegistry
 
 log = logging.getLogger(__name__)
 
@@ -38,15 +40,19 @@ class _Target(NamedTuple):
 
 class App:
     def __init__(self, service: InferenceService, config: ServerConfig, access: AccessPolicy,
-                 handlers: Handlers) -> None:
+                 handlers: Handlers, shared_memory: SharedMemoryRegistry | None = None) -> None:
         self.service = service
         self.limits = config
         self.access = access
+        # the headers connections keep: edged's own and those [server.tcp_restricted] names
+        self.wanted_headers = WANTED_HEADERS | access.tcp.header_names
+        self.wanted_lengths = frozenset(len(name) for name in self.wanted_headers)
         self.handlers = handlers
         self.connections: set[Connection] = set()
         self.active = 0
         self.draining = False
-        self.infer = InferPath(service, config.max_tensor_elements)
+        self.shared_memory = SharedMemoryRegistry() if shared_memory is None else shared_memory
+        self.infer = InferPath(service, config.max_tensor_elements, self.shared_memory, access.caller)
         self.end_of_input = self.infer.end_of_input
         self._loop = asyncio.get_running_loop()
         self._targets: dict[bytes, _Target] = {}
@@ -64,8 +70,8 @@ class App:
         if self.draining:
             self._answer(connection, incoming, slot, error_response(503, "the server is shutting down", True))
             return
-        if (spec.permission != "open" and spec.permission not in connection.granted
-                and not self._permitted(connection, incoming, slot, route)):
+        if ((spec.permission != "open" or connection.kind == "tcp")
+                and not self._permitted(connection, incoming, slot, route, spec)):
             return
         if target.lazy and self.service.needs_load(route.model):
             self._in_executor(connection, incoming, slot, lambda: self.service.ensure_loaded(route.model),
@@ -96,6 +102,12 @@ class App:
             self.infer.handle(connection, incoming, slot, route.model, route.version)
         elif route.kind is Kind.LOAD or route.kind is Kind.UNLOAD:
             self._repository_change(connection, incoming, slot, route)
+        elif route.kind in SHARED_MEMORY_KINDS:
+            try:
+                response = handle_shm(self.shared_memory, route, incoming.body, self.access.caller(connection.peer))
+            except EdgedError as e:
+                response = error_for(e)
+            self._answer(connection, incoming, slot, response)
         else:
             try:
                 response = self.handlers.handle(route, incoming)
@@ -103,18 +115,22 @@ class App:
                 response = error_for(e)
             self._answer(connection, incoming, slot, response)
 
-    def _permitted(self, connection: Connection, incoming: Incoming, slot: Slot, route: Route) -> bool:
+    def _permitted(self, connection: Connection, incoming: Incoming, slot: Slot, route: Route,
+                   spec: RouteSpec) -> bool:
+        """Checked on every request, not once per connection: a user removed from a group loses access
+        within the peer cache's lifetime, and TCP requests are judged by their own headers."""
         action = _ACTIONS.get(route.kind, route.kind.value)
-        permission = SPECS[route.kind].permission
         try:
-            self.access.check(connection.peer, permission, action)
+            if connection.kind == "tcp":
+                self.access.tcp.check(spec.category, spec.permission, incoming.headers, action)
+            else:
+                self.access.check(connection.peer, spec.permission, action)
         except EdgedError as e:
             denied = self.handlers.denied
             denied[action] = denied.get(action, 0) + 1
             log.warning("%s (model %s)", e, route.model or "-")
             self._answer(connection, incoming, slot, error_for(e))
             return False
-        connection.granted.add(permission)
         return True
 
     def _repository_change(self, connection: Connection, incoming: Incoming, slot: Slot, route: Route) -> None:
@@ -130,7 +146,7 @@ class App:
             work = lambda: service.load_model(model, override)  # noqa: E731
         else:
             work = lambda: service.unload_model(model)  # noqa: E731
-        log.info("%s of model %s requested by %s", route.kind.value, model, connection.peer.describe())
+        log.info("%s of model %s requested by %s", route.kind.value, model, self.access.describe(connection.peer))
         self._in_executor(connection, incoming, slot, work,
                           lambda _: self._answer(connection, incoming, slot, Response(200, b"")))
 

@@ -30,8 +30,7 @@ MAX_PIPELINED = 32  # responses owed on one connection before we stop reading fr
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 # The only request headers anything reads; the others are counted against the size limit and dropped. Most
 # headers are dismissed by their length, without lowercasing them.
-_WANTED_HEADERS = frozenset({b"content-length", b"expect", b"inference-header-content-length"})
-_WANTED_LENGTHS = frozenset(len(name) for name in _WANTED_HEADERS)
+WANTED_HEADERS = frozenset({b"content-length", b"expect", b"inference-header-content-length"})
 
 
 class Slot:
@@ -85,7 +84,8 @@ class Connection(asyncio.Protocol):
         self._writing_paused = False
         self._limits = app.limits
         self._max_header_bytes = app.limits.max_header_bytes
-        self.granted: set[str] = set()  # permissions access control has granted this peer (they never change)
+        self._wanted_headers = app.wanted_headers  # WANTED_HEADERS and those access control reads
+        self._wanted_lengths = app.wanted_lengths
         self.feeding = False  # inside data_received: requests it completes are flushed when it returns
 
     # --- asyncio callbacks ---------------------------------------------------------------------------------
@@ -162,10 +162,10 @@ class Connection(asyncio.Protocol):
         self._header_bytes += len(name) + len(value) + 4
         if self._header_bytes > self._max_header_bytes:
             raise self._headers_too_large()
-        if len(name) not in _WANTED_LENGTHS:
+        if len(name) not in self._wanted_lengths:
             return
         key = name.lower()
-        if key not in _WANTED_HEADERS:
+        if key not in self._wanted_headers:
             return
         if key in self._headers:
             self._headers[key] += b"," + value

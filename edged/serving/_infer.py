@@ -14,13 +14,19 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+
+import numpy as np
 
 from edged.engine import InferenceService, InferRequest, InferResponse, RequestedOutput
-from edged.errors import EdgedError
+from edged.errors import EdgedError, InvalidInput
 from edged.protocol import DecodedRequest, decode_request, encode_response
+from edged.protocol.codec import tensor_bytes
+from edged.protocol.shm_params import ShmReader
+from edged.serving._access import Peer
 from edged.serving._http import Connection, Incoming, Slot, header_int
 from edged.serving._response import error_for, render
+from edged.shm import TCP_CALLER, Caller, SharedMemoryRegistry
 
 _JSON_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%s\r\n"
 _BINARY_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\ncontent-length: %d\r\n"
@@ -55,9 +61,13 @@ class _Call:
 
 
 class InferPath:
-    def __init__(self, service: InferenceService, max_elements: int) -> None:
+    def __init__(self, service: InferenceService, max_elements: int,
+                 shared_memory: SharedMemoryRegistry | None = None,
+                 caller_of: Callable[[Peer], Caller] = lambda peer: TCP_CALLER) -> None:
         self._service = service
         self._max_elements = max_elements
+        self._shm = SharedMemoryRegistry() if shared_memory is None else shared_memory
+        self._caller_of = caller_of
         self.loop = asyncio.get_running_loop()
         self.loop_thread = threading.get_ident()
         self._queued: list[_Call] = []
@@ -69,7 +79,8 @@ class InferPath:
     def handle(self, connection: Connection, incoming: Incoming, slot: Slot, model: str, version: str) -> None:
         try:
             header_length = header_int(incoming.headers, b"inference-header-content-length")
-            decoded = decode_request(incoming.body, header_length, self._max_elements)
+            decoded = decode_request(incoming.body, header_length, self._max_elements,
+                                     self._reader(connection.peer))
         except EdgedError as e:
             connection.respond(slot, render(error_for(e), incoming.keep_alive), not incoming.keep_alive)
             return
@@ -81,6 +92,11 @@ class InferPath:
         self._queued.append(_Call(self, connection, slot, request, decoded, incoming.keep_alive))
         if not connection.feeding and not self._scheduled:  # e.g. after a lazy load: no end_of_input follows
             self._schedule()
+
+    def _reader(self, peer: Peer) -> ShmReader:
+        """Reads a region on behalf of ``peer``; the caller (its groups) is looked up only when an input
+        names a region, through the access policy's peer cache."""
+        return lambda reference: self._shm.readable(reference, self._caller_of(peer))
 
     def end_of_input(self, connection: Connection) -> None:
         """``connection`` has parsed all it received: submit what it queued, now or in a flush."""
@@ -140,7 +156,9 @@ class InferPath:
             return
         decoded = call.decoded
         try:
-            body, header_length = encode_response(result, decoded.binary_outputs, decoded.binary_default)
+            placed = self._place_outputs(call, result) if decoded.outputs else frozenset()
+            body, header_length = encode_response(result, decoded.binary_outputs, decoded.binary_default,
+                                                  placed=placed)
         except EdgedError as e:
             call.connection.respond(call.slot, render(error_for(e), keep_alive), not keep_alive)
             return
@@ -150,3 +168,29 @@ class InferPath:
         else:
             head = _BINARY_HEAD % (len(body), header_length, tail)
         call.connection.respond(call.slot, head + body, not keep_alive)
+
+    def _place_outputs(self, call: _Call, result: InferResponse) -> frozenset[str]:
+        """Write the outputs that name a shared-memory region into it; their names (no data in the body)."""
+        placed = []
+        for output in call.decoded.outputs:
+            reference = output.shm
+            array = result.outputs.get(output.name)
+            if reference is None or array is None:
+                continue
+            target = self._shm.writable(reference, self._caller_of(call.connection.peer))
+            if array.dtype.kind in "OSU":
+                raw = tensor_bytes(array)
+                size = len(raw)
+            else:
+                raw = None
+                size = array.nbytes
+            if size > len(target):
+                raise InvalidInput(f"shared memory size specified with the request for output '{output.name}' "
+                                   f"({len(target)} bytes) should be at least {size} bytes to hold the results")
+            if raw is not None:
+                target[:size] = raw
+            else:
+                np.copyto(np.frombuffer(target, dtype=array.dtype.newbyteorder("<"), count=array.size)
+                          .reshape(array.shape), array, casting="unsafe")
+            placed.append(output.name)
+        return frozenset(placed)

@@ -11,6 +11,7 @@ from typing import Any
 
 from edged.engine import InferenceService
 from edged.engine.stats import LATENCY_BUCKETS_S
+from edged.exposition import MetricFamily, render
 
 # (metric, help, path into the statistics document, divisor to microseconds or 1 for counts)
 _TRITON_METRICS: tuple[tuple[str, str, tuple[str, ...], int], ...] = (
@@ -38,38 +39,38 @@ _TRITON_METRICS: tuple[tuple[str, str, tuple[str, ...], int], ...] = (
 def render_metrics(service: InferenceService, denied: Mapping[str, int], extra: str = "") -> str:
     versions = service.loaded_versions()
     docs = [(v.config.name, v.version_str, v.stats.as_json()) for v in versions]
-    lines: list[str] = []
+    families: list[MetricFamily] = []
     for metric, help_text, path, divisor in _TRITON_METRICS:
-        lines.append(f"# HELP {metric} {help_text}")
-        lines.append(f"# TYPE {metric} counter")
+        family = MetricFamily(metric, "counter", help_text)
         for model, version, doc in docs:
-            lines.append(f"{metric}{_labels(model, version)} {_dig(doc, path) // divisor}")
-    lines.extend(_histograms(versions))
-    lines.append("# HELP edged_access_denied_total Requests refused by peer-credential access control")
-    lines.append("# TYPE edged_access_denied_total counter")
+            family.add(_dig(doc, path) // divisor, {"model": model, "version": version})
+        families.append(family)
+    families.append(_histogram(versions))
+    access = MetricFamily("edged_access_denied_total", "counter",
+                          "Requests refused by peer-credential access control")
     for action, count in sorted(denied.items()):
-        lines.append(f'edged_access_denied_total{{action="{_escape(action)}"}} {count}')
-    text = "\n".join(lines) + "\n"
+        access.add(count, {"action": action})
+    families.append(access)
+    text = render(families)
     if extra:
         text += extra if extra.endswith("\n") else extra + "\n"
     return text
 
 
-def _histograms(versions: Iterable[Any]) -> list[str]:
-    name = "edged_request_duration_seconds"
-    lines = [f"# HELP {name} Inference request duration (queue and compute) per model version",
-             f"# TYPE {name} histogram"]
+def _histogram(versions: Iterable[Any]) -> MetricFamily:
+    family = MetricFamily("edged_request_duration_seconds", "histogram",
+                          "Inference request duration (queue and compute) per model version")
     for version in versions:
         counts, sum_ns, total = version.stats.latency_histogram()
-        base = f'model="{_escape(version.config.name)}",version="{version.version_str}"'
+        labels = {"model": version.config.name, "version": version.version_str}
         cumulative = 0
         for bound, count in zip(LATENCY_BUCKETS_S, counts, strict=False):
             cumulative += count
-            lines.append(f'{name}_bucket{{{base},le="{bound}"}} {cumulative}')
-        lines.append(f'{name}_bucket{{{base},le="+Inf"}} {total}')
-        lines.append(f"{name}_sum{{{base}}} {sum_ns / 1e9:.9f}")
-        lines.append(f"{name}_count{{{base}}} {total}")
-    return lines
+            family.add(cumulative, {**labels, "le": str(bound)}, "_bucket")
+        family.add(total, {**labels, "le": "+Inf"}, "_bucket")
+        family.add(sum_ns / 1e9, labels, "_sum")
+        family.add(total, labels, "_count")
+    return family
 
 
 def _dig(doc: Mapping[str, Any], path: tuple[str, ...]) -> int:
@@ -77,11 +78,3 @@ def _dig(doc: Mapping[str, Any], path: tuple[str, ...]) -> int:
     for key in path:
         value = value[key]
     return int(value)
-
-
-def _labels(model: str, version: str) -> str:
-    return f'{{model="{_escape(model)}",version="{_escape(version)}"}}'
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", "\\n")

@@ -21,12 +21,15 @@ from edged.errors import (
     PermissionDenied,
     QueueFull,
     RequestTimeout,
+    SharedMemoryExists,
+    SharedMemoryNotFound,
     Unavailable,
 )
 
 REASONS: dict[int, bytes] = {
     100: b"Continue", 200: b"OK", 400: b"Bad Request", 403: b"Forbidden", 404: b"Not Found",
-    405: b"Method Not Allowed", 408: b"Request Timeout", 411: b"Length Required", 413: b"Payload Too Large",
+    405: b"Method Not Allowed", 408: b"Request Timeout", 409: b"Conflict",
+    411: b"Length Required", 413: b"Payload Too Large",
     431: b"Request Header Fields Too Large", 500: b"Internal Server Error", 501: b"Not Implemented",
     503: b"Service Unavailable", 505: b"HTTP Version Not Supported",
 }
@@ -40,6 +43,8 @@ _STATUS_BY_FAMILY: tuple[tuple[type[EdgedError], int], ...] = (
     (PayloadTooLarge, 413),
     (PermissionDenied, 403),
     (ModelNotFound, 404),
+    (SharedMemoryNotFound, 404),
+    (SharedMemoryExists, 409),
     (InvalidInput, 400),
     (ConfigError, 400),
     (QueueFull, 503),

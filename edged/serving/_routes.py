@@ -33,23 +33,51 @@ class Kind(Enum):
     STATUS = "status"
     TELEMETRY = "telemetry"
     OPENAPI = "openapi"
+    SHM_STATUS = "system_shared_memory_status"
+    SHM_REGISTER = "system_shared_memory_register"
+    SHM_UNREGISTER = "system_shared_memory_unregister"
+    CUDA_SHM_STATUS = "cuda_shared_memory_status"
+    CUDA_SHM_REGISTER = "cuda_shared_memory_register"
+    CUDA_SHM_UNREGISTER = "cuda_shared_memory_unregister"
 
 
 @dataclass(frozen=True)
 class RouteSpec:
     method: bytes
-    permission: Permission
+    permission: Permission  # who may call it over the Unix socket (edged.serving._access)
+    category: str  # its Triton API category, which [server.tcp_restricted] keys name (edged.config)
 
 
+# edged's own routes join the nearest Triton category: status and telemetry are statistics, the OpenAPI
+# document is metadata. The repository index is open over TCP by default, as tritonclient expects.
 SPECS: dict[Kind, RouteSpec] = {
-    Kind.SERVER_METADATA: RouteSpec(b"GET", "open"), Kind.LIVE: RouteSpec(b"GET", "open"),
-    Kind.READY: RouteSpec(b"GET", "open"), Kind.ALL_STATS: RouteSpec(b"GET", "open"),
-    Kind.MODEL_METADATA: RouteSpec(b"GET", "open"), Kind.MODEL_READY: RouteSpec(b"GET", "open"),
-    Kind.MODEL_CONFIG: RouteSpec(b"GET", "open"), Kind.MODEL_STATS: RouteSpec(b"GET", "open"),
-    Kind.INFER: RouteSpec(b"POST", "infer"), Kind.REPOSITORY_INDEX: RouteSpec(b"POST", "open"),
-    Kind.LOAD: RouteSpec(b"POST", "admin"), Kind.UNLOAD: RouteSpec(b"POST", "admin"),
-    Kind.METRICS: RouteSpec(b"GET", "open"), Kind.STATUS: RouteSpec(b"GET", "open"),
-    Kind.TELEMETRY: RouteSpec(b"GET", "open"), Kind.OPENAPI: RouteSpec(b"GET", "open"),
+    Kind.SERVER_METADATA: RouteSpec(b"GET", "open", "metadata"), Kind.LIVE: RouteSpec(b"GET", "open", "health"),
+    Kind.READY: RouteSpec(b"GET", "open", "health"), Kind.ALL_STATS: RouteSpec(b"GET", "open", "statistics"),
+    Kind.MODEL_METADATA: RouteSpec(b"GET", "open", "metadata"),
+    Kind.MODEL_READY: RouteSpec(b"GET", "open", "health"),
+    Kind.MODEL_CONFIG: RouteSpec(b"GET", "open", "model-config"),
+    Kind.MODEL_STATS: RouteSpec(b"GET", "open", "statistics"),
+    Kind.INFER: RouteSpec(b"POST", "infer", "inference"),
+    Kind.REPOSITORY_INDEX: RouteSpec(b"POST", "open", "model-repository"),
+    Kind.LOAD: RouteSpec(b"POST", "admin", "model-repository"),
+    Kind.UNLOAD: RouteSpec(b"POST", "admin", "model-repository"),
+    Kind.METRICS: RouteSpec(b"GET", "open", "statistics"), Kind.STATUS: RouteSpec(b"GET", "open", "statistics"),
+    Kind.TELEMETRY: RouteSpec(b"GET", "open", "statistics"), Kind.OPENAPI: RouteSpec(b"GET", "open", "metadata"),
+    # Shared memory needs the right to run inference; which regions a peer may touch is edged.shm's check.
+    Kind.SHM_STATUS: RouteSpec(b"GET", "infer", "shared-memory"),
+    Kind.SHM_REGISTER: RouteSpec(b"POST", "infer", "shared-memory"),
+    Kind.SHM_UNREGISTER: RouteSpec(b"POST", "infer", "shared-memory"),
+    Kind.CUDA_SHM_STATUS: RouteSpec(b"GET", "infer", "shared-memory"),
+    Kind.CUDA_SHM_REGISTER: RouteSpec(b"POST", "infer", "shared-memory"),
+    Kind.CUDA_SHM_UNREGISTER: RouteSpec(b"POST", "infer", "shared-memory"),
+}
+SHARED_MEMORY_KINDS = frozenset({Kind.SHM_STATUS, Kind.SHM_REGISTER, Kind.SHM_UNREGISTER, Kind.CUDA_SHM_STATUS,
+                                 Kind.CUDA_SHM_REGISTER, Kind.CUDA_SHM_UNREGISTER})
+_SHM_ACTIONS: dict[str, dict[str, Kind]] = {
+    "systemsharedmemory": {"status": Kind.SHM_STATUS, "register": Kind.SHM_REGISTER,
+                           "unregister": Kind.SHM_UNREGISTER},
+    "cudasharedmemory": {"status": Kind.CUDA_SHM_STATUS, "register": Kind.CUDA_SHM_REGISTER,
+                         "unregister": Kind.CUDA_SHM_UNREGISTER},
 }
 
 _FIXED: dict[tuple[str, ...], Kind] = {
@@ -67,7 +95,7 @@ _MAX_SEGMENT = 255
 @dataclass(frozen=True)
 class Route:
     kind: Kind
-    model: str = ""
+    model: str = ""  # for shared-memory routes: the region name ("" for all regions)
     version: str = ""
 
 
@@ -86,6 +114,17 @@ def match(path: bytes) -> Route | None:
         return _model_route(parts[2:])
     if len(parts) == 5 and parts[:3] == ("v2", "repository", "models") and parts[4] in ("load", "unload"):
         return Route(Kind.LOAD if parts[4] == "load" else Kind.UNLOAD, _name(parts[3]))
+    if len(parts) >= 3 and parts[0] == "v2" and parts[1] in _SHM_ACTIONS:
+        return _shm_route(_SHM_ACTIONS[parts[1]], parts[2:])
+    return None
+
+
+def _shm_route(actions: dict[str, Kind], rest: tuple[str, ...]) -> Route | None:
+    """``status`` / ``unregister`` for all regions, ``region/{name}/status|register|unregister`` for one."""
+    if len(rest) == 1 and rest[0] in ("status", "unregister"):
+        return Route(actions[rest[0]])
+    if len(rest) == 3 and rest[0] == "region" and rest[2] in actions:
+        return Route(actions[rest[2]], _name(rest[1], "shared memory region name"))
     return None
 
 
@@ -115,12 +154,11 @@ def _segment(raw: bytes) -> str:
     return text
 
 
-def _name(segment: str) -> str:
+def _name(segment: str, what: str = "model name") -> str:
     if not segment or segment in (".", "..") or segment.startswith("."):
-        raise InvalidInput(f"model name {segment!r} is not a valid model name; expected one path segment such "
-                           "as 'resnet50'")
+        raise InvalidInput(f"{what} {segment!r} is not valid; expected one path segment such as 'resnet50'")
     if len(segment.encode()) > _MAX_SEGMENT or not segment.isprintable():
-        raise InvalidInput(f"model name {segment!r} is too long or holds control characters")
+        raise InvalidInput(f"{what} {segment!r} is too long or holds control characters")
     return segment
 
 

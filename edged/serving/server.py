@@ -17,11 +17,13 @@ from typing import Any
 
 from edged.config import ServerConfig
 from edged.engine import InferenceService
+from edged.errors import ConfigError
 from edged.serving._access import AccessPolicy
 from edged.serving._app import App
 from edged.serving._handlers import Handlers
 from edged.serving._http import Connection
 from edged.serving._openapi import openapi_document
+from edged.shm import SharedMemoryRegistry, ShmLimits
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +37,10 @@ class HttpServer:
         self._config = config
         self._telemetry = telemetry
         self._status_provider = status_provider
-        self._access = AccessPolicy(config.access)  # unknown user or group names fail here, at build time
+        # unknown user or group names, malformed tcp_restricted entries fail here, at build time
+        self._access = AccessPolicy(config.access, config.tcp_restricted)
+        self.shared_memory = SharedMemoryRegistry(ShmLimits(config.shm_max_regions,
+                                                            config.shm_max_bytes_mb * 1024 * 1024))
         self._app: App | None = None
         self._servers: list[asyncio.AbstractServer] = []
         self._sweeper: asyncio.Task[None] | None = None
@@ -50,11 +55,14 @@ class HttpServer:
         return len(self._app.connections) if self._app is not None else 0
 
     async def start(self, sockets: list[socket.socket]) -> None:
+        if self._config.tcp_restricted and all(sock.family == socket.AF_UNIX for sock in sockets):
+            raise ConfigError("server.tcp_restricted is set but edged has no TCP listener (server.http_port or "
+                              "an activated TCP socket): it would restrict nothing; remove it or add one")
         loop = asyncio.get_running_loop()
         handlers = Handlers(self._service, self._telemetry, self._status_provider, openapi_document(),
                             self._metrics_provider)
         handlers.status_extra = self._status_extra
-        app = self._app = App(self._service, self._config, self._access, handlers)
+        app = self._app = App(self._service, self._config, self._access, handlers, self.shared_memory)
         for sock in sockets:
             sock.setblocking(False)
             if sock.family == socket.AF_UNIX:
@@ -92,6 +100,7 @@ class HttpServer:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(server.wait_closed(), max(0.1, deadline - time.monotonic()))
         self._servers = []
+        self.shared_memory.close()  # after the connections: no request can still be reading a region
 
     async def _sweep(self) -> None:
         config = self._config
@@ -112,4 +121,5 @@ class HttpServer:
 
     def _status_extra(self) -> dict[str, Any]:
         return {"listeners": list(self._addresses), "connections": self.connection_count,
-                "active_requests": self.active_requests}
+                "active_requests": self.active_requests,
+                "shared_memory": {"regions": len(self.shared_memory), "mapped_bytes": self.shared_memory.mapped_bytes}}

@@ -114,7 +114,7 @@ class ThrottleDetector:
                                  f"frequency capped at {cap} MHz of {hw_max} MHz")
         for sensor, temp in sample.temps_c.items():
             if sensor.upper().startswith("PMIC"):
-                continue  # PMIC-Die reads a constant 100 C on JP4 modules (JETSON.md §4)
+                continue  # PMIC-Die reads a constant 100 C on JP4 modules (docs/jetson.md §4)
             trip = sample.trips_c.get(sensor, self.over_temp_c)
             events += self._edge(f"over_temperature:{sensor}", temp >= trip, sample.t, temp,
                                  f"{temp:.1f} C, trip point {trip:.1f} C")

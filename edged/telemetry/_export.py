@@ -11,51 +11,65 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from edged.errors import TelemetryError
+from edged.exposition import Kind, MetricFamily, render
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _metric(name: str, kind: str, help_text: str,
-            samples: Iterable[tuple[dict[str, str], float]]) -> list[str]:
-    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+def _gauge(name: str, help_text: str, samples: Iterable[tuple[dict[str, str], float]],
+           kind: Kind = "gauge") -> MetricFamily:
+    family = MetricFamily(name, kind, help_text)
     for labels, value in samples:
-        label_text = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
-        lines.append(f"{name}{{{label_text}}} {value:g}" if label_text else f"{name} {value:g}")
-    return lines if len(lines) > 2 else []
+        family.add(value, labels)
+    return family
+
+
+def _sample_families(snapshot: Mapping[str, Any]) -> list[MetricFamily]:
+    s: Mapping[str, Any] = snapshot.get("sample") or {}
+
+    def one(value: Any, scale: float = 1.0) -> list[tuple[dict[str, str], float]]:
+        return [] if value is None else [({}, float(value) * scale)]
+
+    rails = [({"rail": k}, float(v["now"])) for k, v in (s.get("power_mw") or {}).items()]
+    temps = [({"sensor": k}, float(v)) for k, v in (s.get("temps_c") or {}).items()]
+    cpus = [({"core": str(i)}, float(c["load_pct"])) for i, c in enumerate(s.get("cpu") or [])
+            if c.get("load_pct") is not None]
+    return [
+        _gauge("edged_gpu_utilization", "GPU load in percent.", one(s.get("gpu_load_pct"))),
+        _gauge("edged_gpu_frequency_mhz", "GPU clock in MHz.", one(s.get("gpu_freq_mhz"))),
+        _gauge("edged_memory_used_bytes", "RAM in use (shared by CPU and GPU).",
+               one(s.get("ram_used_mb"), 1024 * 1024)),
+        _gauge("edged_power_input_milliwatts", "Module input power (input rail or sum).",
+               one(snapshot.get("power_in_mw"))),
+        _gauge("edged_power_milliwatts", "Power per rail in mW.", rails),
+        _gauge("edged_temperature_celsius", "Temperature per sensor.", temps),
+        _gauge("edged_cpu_utilization", "CPU load per online core in percent.", cpus),
+    ]
 
 
 def render_prometheus(snapshot: Mapping[str, Any]) -> str:
-    """Prometheus text exposition (version 0.0.4) of a `TelemetryService.snapshot()`."""
-    s: Mapping[str, Any] = snapshot.get("sample") or {}
-    lines: list[str] = []
-    one: list[tuple[dict[str, str], float]]
-    one = [({}, float(v)) for v in [s.get("gpu_load_pct")] if v is not None]
-    lines += _metric("edged_gpu_utilization", "gauge", "GPU load in percent.", one)
-    one = [({}, float(v)) for v in [s.get("gpu_freq_mhz")] if v is not None]
-    lines += _metric("edged_gpu_frequency_mhz", "gauge", "GPU clock in MHz.", one)
-    one = [({}, float(v) * 1024 * 1024) for v in [s.get("ram_used_mb")] if v is not None]
-    lines += _metric("edged_memory_used_bytes", "gauge", "RAM in use (shared by CPU and GPU).", one)
-    one = [({}, float(v)) for v in [snapshot.get("power_in_mw")] if v is not None]
-    lines += _metric("edged_power_input_milliwatts", "gauge", "Module input power (input rail or sum).", one)
-    rails = [({"rail": k}, float(v["now"])) for k, v in (s.get("power_mw") or {}).items()]
-    lines += _metric("edged_power_milliwatts", "gauge", "Power per rail in mW.", rails)
-    temps = [({"sensor": k}, float(v)) for k, v in (s.get("temps_c") or {}).items()]
-    lines += _metric("edged_temperature_celsius", "gauge", "Temperature per sensor.", temps)
-    cpus = [({"core": str(i)}, float(c["load_pct"])) for i, c in enumerate(s.get("cpu") or [])
-            if c.get("load_pct") is not None]
-    lines += _metric("edged_cpu_utilization", "gauge", "CPU load per online core in percent.", cpus)
+    """Prometheus text exposition (version 0.0.4) of a `TelemetryService.snapshot()`.
+
+    A stale snapshot (no sample for several intervals: the sampler failed or the source hangs) exports no
+    readings at all, only ``edged_telemetry_stale 1`` and the age of the last sample: old values served as
+    current would be worse than none.
+    """
+    stale = bool(snapshot.get("stale"))
+    families = [] if stale else _sample_families(snapshot)
     energy = [({"model": k}, float(v)) for k, v in (snapshot.get("energy_per_inference_mj") or {}).items()]
-    lines += _metric("edged_energy_per_inference_millijoules", "gauge",
-                     "Module energy attributed per inference, since start.", energy)
+    families.append(_gauge("edged_energy_per_inference_millijoules",
+                           "Module energy attributed per inference, since start.", energy))
     throttles = [({"kind": k.split(":", 1)[0], "subject": k.split(":", 1)[1]}, float(v))
                  for k, v in (snapshot.get("throttle_counts") or {}).items()]
-    lines += _metric("edged_throttle_events_total", "counter",
-                     "Times a frequency cap or a trip point was entered.", throttles)
-    lines += _metric("edged_telemetry_samples_total", "counter", "Telemetry samples taken.",
-                     [({"source": str(snapshot.get("source"))}, float(snapshot.get("samples") or 0))])
-    return "\n".join(lines) + "\n"
+    families.append(_gauge("edged_throttle_events_total", "Times a frequency cap or a trip point was entered.",
+                           throttles, "counter"))
+    families.append(_gauge("edged_telemetry_samples_total", "Telemetry samples taken.",
+                           [({"source": str(snapshot.get("source"))}, float(snapshot.get("samples") or 0))],
+                           "counter"))
+    families.append(_gauge("edged_telemetry_stale", "1 while the newest telemetry sample is too old to be "
+                           "current (its readings are then not exported).", [({}, float(stale))]))
+    age = snapshot.get("last_sample_age_s")
+    families.append(_gauge("edged_telemetry_last_sample_age_seconds", "Seconds since the newest telemetry sample.",
+                           [] if age is None else [({}, float(age))]))
+    return render(families, skip_empty=True)
 
 
 def _compact(snapshot: Mapping[str, Any], level: int) -> dict[str, Any]:

@@ -13,8 +13,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from edged.clock import Clock
 from edged.config import TelemetryConfig
 from edged.errors import TelemetryError
+from edged.supervision import HealthBoard, SupervisedThread
 from edged.telemetry._derived import EnergyAttributor, Event, ModelActivity, ThrottleDetector, input_power_mw
 from edged.telemetry._sample import Sample
 from edged.telemetry._source import SourceChoice, TelemetrySource, choose_source, open_source
@@ -23,18 +25,28 @@ from edged.telemetry._sysfs_read import read_power_mode
 
 log = logging.getLogger(__name__)
 _POWER_MODE_EVERY_S = 30.0
+# Newest sample older than this many intervals (and at least _STALE_MIN_S): its readings are no longer current.
+STALE_INTERVALS = 3
+_STALE_MIN_S = 5.0
 
 
 class TelemetryService:
     def __init__(self, config: TelemetryConfig, database: str, activity: ModelActivity | None = None,
-                 source: TelemetrySource | None = None) -> None:
+                 source: TelemetrySource | None = None, *, health: HealthBoard | None = None,
+                 clock: Clock | None = None) -> None:
         self._config = config
         self._database = database
         self._activity = activity
         self._source = source
         self._choice = SourceChoice(source.name, "given by the caller") if source is not None else None
         self._store: TelemetryStore | None = None
-        self._thread: threading.Thread | None = None
+        self._thread: SupervisedThread | None = None
+        self._health = health or HealthBoard()
+        self._sampler = self._health.component("telemetry_sampler")
+        self._elapsed = clock.elapsed if clock is not None else time.monotonic
+        self._started_at: float | None = None
+        self._latest_at: float | None = None
+        self.stale_after_s = max(STALE_INTERVALS * config.interval_s, _STALE_MIN_S)
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
@@ -62,13 +74,18 @@ class TelemetryService:
             self._ended = True
             return
         Path(self._database).parent.mkdir(parents=True, exist_ok=True)
-        self._store = TelemetryStore(self._database, self._config)
+        self._store = TelemetryStore(self._database, self._config, health=self._health)
         self._store.start()
-        self._thread = threading.Thread(target=self._run, name="edged-telemetry-sampler", daemon=True)
+        self._started_at = self._elapsed()
+        self._thread = SupervisedThread("edged-telemetry-sampler", self._run, self._sampler,
+                                        backoff_min_s=self._config.restart_backoff_s,
+                                        backoff_max_s=self._config.restart_backoff_max_s)
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
+        if self._thread is not None:
+            self._thread.stop()
         if self._source is not None:
             self._source.close()
         if self._thread is not None:
@@ -103,10 +120,14 @@ class TelemetryService:
                 sample = source.next_sample(self._stop)
             except TelemetryError as e:
                 log.error("telemetry source %s failed: %s", source.name, e)
+                self._sampler.degraded(f"source {source.name} failed: {e}")
                 break
             if sample is None:
+                if not self._stop.is_set():
+                    self._sampler.degraded(f"source {source.name} ended")
                 break
             store.put(self._derive(sample))
+            self._sampler.ok()
         with self._lock:
             self._ended = True
             self._changed.notify_all()
@@ -118,6 +139,7 @@ class TelemetryService:
             models = self._energy.update(sample.t, power, activity)
             events = self._throttle.update(sample) + self._check_power_mode(sample.t)
             self._latest, self._latest_power = sample, power
+            self._latest_at = self._elapsed()
             self.samples += 1
             self._changed.notify_all()
         return Record(sample, power, tuple(models), tuple(events))
@@ -136,6 +158,7 @@ class TelemetryService:
         """The latest sample and derived numbers, JSON-able (``GET /v2/edged/telemetry``)."""
         with self._lock:
             sample, power = self._latest, self._latest_power
+            age, stale = self._age()
             out: dict[str, Any] = {
                 "source": self.choice.name,
                 "source_reason": self.choice.reason,
@@ -149,11 +172,22 @@ class TelemetryService:
                 "inferences": dict(self._energy.inferences),
                 "throttle_counts": dict(self._throttle.counts),
                 "throttle_active": sorted(self._throttle.active),
+                "stale": stale,
+                "last_sample_age_s": None if age is None else round(age, 3),
             }
         store = self._store
         out["store_error"] = str(store.error) if store is not None and store.error else None
         out["store_dropped"] = store.dropped if store is not None else 0
         return out
+
+    def _age(self) -> tuple[float | None, bool]:
+        """(seconds since the newest sample, whether that is too old to be current); lock held."""
+        if self._started_at is None:
+            return None, False
+        now = self._elapsed()
+        age = None if self._latest_at is None else now - self._latest_at
+        since = now - (self._latest_at if self._latest_at is not None else self._started_at)
+        return age, since > self.stale_after_s
 
     def render_prometheus(self) -> str:
         from edged.telemetry._export import render_prometheus

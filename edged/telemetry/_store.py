@@ -11,13 +11,13 @@ import json
 import logging
 import queue
 import sqlite3
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from edged.config import TelemetryConfig
 from edged.errors import TelemetryError
+from edged.supervision import HealthBoard, SupervisedThread
 from edged.telemetry._db import connect
 from edged.telemetry._derived import Event, ModelInterval
 from edged.telemetry._rollup import apply_retention, roll_hours, roll_minutes
@@ -68,14 +68,15 @@ def _rows(records: list[Record], nid: _Names) -> dict[str, list[tuple[object, ..
 
 class TelemetryStore:
     def __init__(self, path: str, config: TelemetryConfig,
-                 on_flush: Callable[[int], None] | None = None) -> None:
+                 on_flush: Callable[[int], None] | None = None, *, health: HealthBoard | None = None) -> None:
         self.path = path
         self._config = config
         self._on_flush = on_flush
         # Bounded: a stalled disk makes the sampler wait, then drop (counted), instead of growing memory.
         self._queue: queue.Queue[object] = queue.Queue(maxsize=4 * config.batch_size)
         self.dropped = 0
-        self._thread: threading.Thread | None = None
+        self._thread: SupervisedThread | None = None
+        self._writer = (health or HealthBoard()).component("telemetry_writer")
         self.written = 0  # samples committed
         self.error: Exception | None = None
         import sqlite_utils  # imported here so that the read-only CLI does not pay for it
@@ -87,7 +88,7 @@ class TelemetryStore:
         self._series = {name: self._names(name) for name in SAMPLE_SERIES}
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="edged-telemetry-writer", daemon=True)
+        self._thread = SupervisedThread("edged-telemetry-writer", self._run, self._writer)
         self._thread.start()
 
     def put(self, record: Record) -> None:
@@ -106,6 +107,7 @@ class TelemetryStore:
     def stop(self) -> None:
         """Flush what is queued and close; safe to call twice."""
         if self._thread is not None:
+            self._thread.stop()
             self._queue.put(_STOP)
             self._thread.join()
             self._thread = None
@@ -126,7 +128,12 @@ class TelemetryStore:
                 events.append(item)
             full = len(batch) >= self._config.batch_size
             if item is _STOP or full or time.monotonic() >= deadline:
-                self._flush_safely(batch, events)
+                written = self.written
+                try:
+                    self._flush_safely(batch, events)
+                except Exception:  # the supervisor restarts this thread; a batch not written is counted lost
+                    self.dropped += len(batch) if self.written == written else 0
+                    raise
                 batch, events = [], []
                 deadline = time.monotonic() + self._config.flush_interval_s
             if item is _STOP:
@@ -138,6 +145,10 @@ class TelemetryStore:
         except sqlite3.Error as e:  # a full disk must not kill the sampler; count and log instead
             self.error = TelemetryError(f"telemetry write to {self.path} failed: {e}")
             log.error("%s", self.error)
+            self._writer.degraded(str(self.error))
+            return
+        if batch or events:
+            self._writer.ok()
 
     def flush(self, batch: list[Record], events: list[Event]) -> None:
         """Write one batch in one transaction, then roll up and apply retention (writer thread only)."""

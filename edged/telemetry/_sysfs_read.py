@@ -1,4 +1,4 @@
-"""Readers of Linux sysfs and procfs under a configurable root (JETSON.md §3-5).
+"""Readers of Linux sysfs and procfs under a configurable root (docs/jetson.md §3-5).
 
 Paths and names are discovered at run time, never taken from a table: thermal zones by their ``type``, power
 monitors by a hwmon ``name`` starting with "ina" (INA3221 on JP5+, INA238-family on Thor) or the JP4 IIO
@@ -52,7 +52,7 @@ def read_thermal(root: Path) -> tuple[dict[str, float], dict[str, float]]:
             continue
         name = _sensor_name(zone_type)
         if milli == 0 and name.lower().startswith("cv"):
-            continue  # a DLA/PVA zone of a module without them reads 0 (JETSON.md §4)
+            continue  # a DLA/PVA zone of a module without them reads 0 (docs/jetson.md §4)
         temps[name] = milli / 1000.0
         for trip_type in zone.glob("trip_point_*_type"):
             if read_text(trip_type) in ("passive", "hot"):
@@ -97,7 +97,7 @@ def read_rails(root: Path) -> dict[str, Rail]:
 
 
 def find_gpu_devfreq(root: Path) -> Path | None:
-    """The devfreq node of the integrated GPU (JETSON.md §5, jtop's method)."""
+    """The devfreq node of the integrated GPU (docs/jetson.md §5, jtop's method)."""
     for node in sorted((root / "sys/class/devfreq").glob("*")):
         of_name = read_text(node / "device/of_node/name") or ""
         if of_name in _GPU_OF_NAMES or "gpu" in of_name or "gpu" in node.name:

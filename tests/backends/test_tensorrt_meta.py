@@ -22,7 +22,7 @@ from edged.backends._trt_meta import (
 from edged.backends._trt_runtime import parse_allocation_strategy
 from edged.errors import ModelLoadError
 
-# The first line of /etc/nv_tegra_release as JETSON.md §2 gives it (R36 on JetPack 6.2, R35 on JetPack 5.1.4);
+# The first line of /etc/nv_tegra_release as docs/jetson.md §2 gives it (R36 on JetPack 6.2, R35 on JetPack 5.1.4);
 # GCID and DATE vary by build.
 JP62 = ("# R36 (release), REVISION: 4.3, GCID: 0, BOARD: generic, EABI: aarch64, "
         "DATE: Wed Jan  8 01:49:37 UTC 2025\n")

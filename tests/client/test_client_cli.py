@@ -107,3 +107,17 @@ def test_every_command_names_the_socket_it_tried(tmp_path: Path) -> None:
     done = edged("status", env=env)
     assert done.returncode == 1
     assert path in done.stderr and str(tmp_path / "edged" / "edged.sock") in done.stderr
+
+
+def test_infer_over_shared_memory_gives_the_same_outputs_and_leaves_no_region(server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    x = np.random.default_rng(5).standard_normal((3, 64)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    before = set(Path("/dev/shm").iterdir())
+    done = edged("infer", "tiny_mlp", "--input", f"input={tmp_path / 'x.npy'}", "--shm", env=server.env())
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)["outputs"][0]
+    with harness.EdgedClient(server.socket_path) as client:
+        expected = client.infer("tiny_mlp", {"input": x}).as_numpy("output")
+        assert client.system_shared_memory_status() == []
+    np.testing.assert_allclose(np.array(out["data"]).reshape(3, 10), expected, rtol=1e-5, atol=1e-6)
+    assert set(Path("/dev/shm").iterdir()) == before

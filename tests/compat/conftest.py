@@ -14,8 +14,14 @@ def tcp_server() -> Iterator[harness.ThreadedServer]:
     running.stop()
 
 
+# Loading and unloading over TCP needs a key (server.tcp_restricted): the explicit-mode server has one.
+REPOSITORY_KEY = {"edged-key": "compat-test-key"}
+
+
 @pytest.fixture(scope="module")
 def explicit_tcp_server() -> Iterator[harness.ThreadedServer]:
-    running = harness.ThreadedServer(control_mode="explicit", startup_models=("tiny_mlp",), tcp=True).start()
+    restricted = {"model-repository": "edged-key=compat-test-key"}
+    running = harness.ThreadedServer(control_mode="explicit", startup_models=("tiny_mlp",), tcp=True,
+                                     tcp_restricted=restricted).start()
     yield running
     running.stop()

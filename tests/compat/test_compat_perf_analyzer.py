@@ -44,3 +44,33 @@ def test_perf_analyzer_measures_sensible_statistics(tcp_server, tmp_path: Path, 
     assert 0 < p50 <= p99 < 1_000_000, row
     assert int(row["Server Compute Infer"]) > 0, row
     print(f"perf_analyzer c{concurrency}: {throughput:.0f} infer/s, p50 {p50} us, p99 {p99} us")
+
+
+SHM_KEY = {"edged-key": "perf-shm-key"}
+
+
+@pytest.fixture(scope="module")
+def shm_tcp_server():  # type: ignore[no-untyped-def]
+    import server_harness as harness
+
+    running = harness.ThreadedServer(models=("tiny_mlp", "camera_frame"), tcp=True,
+                                     tcp_restricted={"shared-memory": "edged-key=perf-shm-key"}).start()
+    yield running
+    running.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["tiny_mlp", "camera_frame"])
+def test_perf_analyzer_with_system_shared_memory(shm_tcp_server, tmp_path: Path, model: str) -> None:  # type: ignore[no-untyped-def]
+    """perf_analyzer creates, registers and uses its own regions for inputs and outputs; edged serves them."""
+    csv_path = tmp_path / "pa.csv"
+    done = subprocess.run(
+        [str(PERF_ANALYZER), "-m", model, "-i", "http", "-u", f"127.0.0.1:{shm_tcp_server.port}",
+         "--shared-memory", "system", "--output-shared-memory-size", "4096", "-H", "edged-key:perf-shm-key",
+         "--concurrency-range", "1", "--measurement-interval", "1500", "--stability-percentage", "1000",
+         "--max-trials", "3", "-f", str(csv_path)],
+        check=False, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    row = next(csv.DictReader(csv_path.open()))
+    assert float(row["Inferences/Second"]) > 0, row
+    assert int(row["Server Compute Infer"]) > 0, row

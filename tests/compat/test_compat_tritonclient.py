@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 httpclient = pytest.importorskip("tritonclient.http")
+from conftest import REPOSITORY_KEY  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from edged.client import EdgedClient  # noqa: E402
@@ -76,16 +77,17 @@ def test_statistics(triton) -> None:  # type: ignore[no-untyped-def]
 def test_repository_index_load_and_unload_in_explicit_mode(explicit_tcp_server) -> None:  # type: ignore[no-untyped-def]
     triton = httpclient.InferenceServerClient(f"127.0.0.1:{explicit_tcp_server.port}")
     try:
-        index = {m["name"]: m for m in triton.get_model_repository_index()}
+        key = REPOSITORY_KEY  # the repository API is restricted over TCP, as with Triton's --http-restricted-api
+        index = {m["name"]: m for m in triton.get_model_repository_index(headers=key)}
         assert index["tiny_mlp"]["state"] == "READY" and index["digits_onnx"].get("state") != "READY"
-        triton.load_model("digits_onnx")
+        triton.load_model("digits_onnx", headers=key)
         assert triton.is_model_ready("digits_onnx")
         config = triton.get_model_config("tiny_mlp")
-        triton.load_model("tiny_mlp", config=json.dumps({**config, "max_batch_size": 4}))
+        triton.load_model("tiny_mlp", config=json.dumps({**config, "max_batch_size": 4}), headers=key)
         assert triton.get_model_config("tiny_mlp")["max_batch_size"] == 4
-        triton.unload_model("digits_onnx")
+        triton.unload_model("digits_onnx", headers=key)
         assert not triton.is_model_ready("digits_onnx")
         with pytest.raises(InferenceServerException, match="ghost"):
-            triton.load_model("ghost")
+            triton.load_model("ghost", headers=key)
     finally:
         triton.close()

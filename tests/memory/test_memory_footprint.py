@@ -12,7 +12,7 @@ from edged.memory import Footprint, FootprintProbe, measure_footprint
 
 MIB = 1024 * 1024
 
-# The layout of /proc/meminfo with the NvMap fields of L4T kernels (JETSON.md §6); values illustrative.
+# The layout of /proc/meminfo with the NvMap fields of L4T kernels (docs/jetson.md §6); values illustrative.
 JETSON_MEMINFO = """\
 MemTotal:        3964656 kB
 MemFree:          153452 kB

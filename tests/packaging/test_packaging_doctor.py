@@ -1,4 +1,4 @@
-"""`edged doctor` on fixture trees (nv_tegra_release lines from JETSON.md §2, /proc/meminfo from
+"""`edged doctor` on fixture trees (nv_tegra_release lines from docs/jetson.md §2, /proc/meminfo from
 tests/fixtures/sysfs), a real Unix socket server and the real daemon.
 
 The checks run in this process through the doctor's own parser and ``collect`` (a subprocess costs 1.5 s of

@@ -140,3 +140,17 @@ def test_validate_prints_json_and_a_summary_of_kept_fields(tmp_path: Path) -> No
     assert result.returncode == 0, result.stderr
     assert "note: field 'response_cache' is kept" in result.stdout
     assert '"response_cache": {' in result.stdout
+
+
+def test_validate_refuses_a_config_naming_files_outside_the_model_folder(tmp_path: Path) -> None:
+    write_onnx(tmp_path / "relu" / "1" / "model.onnx", "batch")
+    config = tmp_path / "relu" / "config.pbtxt"
+    config.write_text('name: "relu"\noutput { name: "OUTPUT0" data_type: TYPE_FP32 dims: [16] '
+                      'label_filename: "/etc/passwd" }\n')
+    result = run_validate(str(tmp_path / "relu"))
+    assert result.returncode == 1
+    assert "label_filename of output 'OUTPUT0' '/etc/passwd' is an absolute path" in result.stderr
+    config.write_text('name: "relu"\ndefault_model_filename: "../../other.onnx"\n')
+    result = run_validate(str(tmp_path / "relu"))
+    assert result.returncode == 1
+    assert "default_model_filename '../../other.onnx' leads outside the model folder" in result.stderr

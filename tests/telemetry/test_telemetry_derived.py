@@ -89,7 +89,7 @@ def test_service_snapshot_prometheus_and_events_from_sysfs(tmp_path):
     assert 'edged_temperature_celsius{sensor="tj"} 45.968' in text
     assert 'edged_cpu_utilization{core="0"}' in text and 'core="5"' not in text
     assert 'edged_energy_per_inference_millijoules{model="digits"}' in text
-    assert f"edged_memory_used_bytes {2638 * 1024 * 1024:g}" in text
+    assert f"edged_memory_used_bytes {2638 * 1024 * 1024}\n" in text
     kinds = {r[0] for r in sqlite3.connect(tmp_path / "t.db").execute("SELECT kind FROM events")}
     assert kinds == {"model_load", "power_mode"}
 
@@ -116,4 +116,5 @@ def test_summary_payload_deadband_and_byte_budget():
 def test_prometheus_of_an_empty_snapshot_is_still_valid_text():
     text = render_prometheus({"source": "off", "samples": 0})
     assert text.startswith("# HELP edged_telemetry_samples_total")
-    assert text.endswith('edged_telemetry_samples_total{source="off"} 0\n')
+    assert 'edged_telemetry_samples_total{source="off"} 0\n' in text
+    assert text.endswith("edged_telemetry_stale 0\n")

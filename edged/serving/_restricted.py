@@ -1,0 +1,55 @@
+"""Access control on loopback TCP, which carries no peer credentials: Triton's restricted API categories.
+
+Any local user can open a loopback port, so over TCP a request is judged by its route's category
+(`edged.serving._routes.SPECS`) and its headers only:
+
+- a category with a ``[server.tcp_restricted]`` key is served only to requests carrying that header with
+  that value (compared in constant time), as Triton's ``--http-restricted-api`` does;
+- without a key, loading and unloading models (the administrators' calls on the Unix socket) and every
+  shared-memory call are refused (a TCP caller has no identity to check a region's owner against), and so is
+  inference where ``[server.access]`` limits it to listed users; everything else is open, including the
+  repository index that tritonclient reads.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Mapping
+
+from edged.config import check_tcp_restricted, parse_restriction
+from edged.errors import PermissionDenied
+
+
+class TcpRestrictions:
+    def __init__(self, table: Mapping[str, str], infer_open: bool) -> None:
+        check_tcp_restricted(dict(table))  # a ServerConfig built in code has not been through the loader
+        self._keys: dict[str, tuple[bytes, bytes]] = {}
+        for category, text in table.items():
+            name, value = parse_restriction(category, text)
+            self._keys[category] = (name.encode("ascii"), value.encode("ascii"))
+        self.header_names = frozenset(name for name, _ in self._keys.values())
+        self._infer_open = infer_open
+
+    def check(self, category: str, permission: str, headers: Mapping[bytes, bytes], action: str) -> None:
+        """Raise PermissionDenied unless a TCP request of ``category`` with ``headers`` may be served."""
+        key = self._keys.get(category)
+        if key is not None:
+            sent = headers.get(key[0])
+            if sent is not None and hmac.compare_digest(sent, key[1]):
+                return
+            raise PermissionDenied(f"permission denied: the {category} API over loopback TCP requires the "
+                                   f"header {key[0].decode()!r} set in server.tcp_restricted.{category}; it "
+                                   "was missing or did not match")
+        if category == "shared-memory":
+            raise PermissionDenied("permission denied: shared memory over loopback TCP is off, because TCP "
+                                   "carries no peer identity to check a region's owner against; set "
+                                   'server.tcp_restricted.shared-memory = "HEADER=VALUE" and send that header, '
+                                   "or use the Unix socket")
+        if permission == "admin":
+            raise PermissionDenied(f"permission denied: a loopback TCP client may not {action}; set "
+                                   f'server.tcp_restricted.{category} = "HEADER=VALUE" and send that header, '
+                                   "or use the Unix socket")
+        if permission == "infer" and not self._infer_open:
+            raise PermissionDenied(f"permission denied: a loopback TCP client may not {action}: server.access "
+                                   "limits it to listed users and TCP carries no credentials; set "
+                                   f'server.tcp_restricted.{category} = "HEADER=VALUE" and send that header')
