@@ -11,7 +11,10 @@
 # Layout: /opt/edged/releases/<version> is a venv (--system-site-packages, so JetPack's TensorRT is
 # visible); /opt/edged/current and /opt/edged/previous are symlinks switched atomically (rename of a new
 # link over the old one). A release is built in a temporary directory and renamed into place at the end;
-# any failure removes it and leaves the installed release untouched.
+# any failure removes it and leaves the installed release untouched. The venv's paths are written for
+# /opt/edged (never for --root), so an image staged with --root runs at its real path. The units travel with
+# the release (share/edged/systemd): they are installed when the release becomes current, and --rollback
+# reinstalls the previous release's units.
 set -euo pipefail
 umask 022
 
@@ -28,7 +31,7 @@ die() { printf 'install.sh: error: %s\n' "$*" >&2; exit 1; }
 act() {  # run a command that changes the system, or print it under --dry-run
     if [ "$DRY_RUN" = 1 ]; then printf 'install.sh: would run: %s\n' "$*"; else "$@"; fi
 }
-usage() { sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 parse_args() {
     while [ $# -gt 0 ]; do
@@ -119,14 +122,33 @@ switch_link() {  # switch_link NAME TARGET: point $OPT/NAME at TARGET (relative)
 }
 
 relocate() {  # relocate TMP FINAL: rewrite the venv's own paths before it is renamed into place
-    local tmp="$1" final="$2" file
+    # FINAL is the path the release has on the running device (no --root prefix): an image staged with
+    # --root must start at its real path. The rewrite is a literal string replacement (no sed pattern),
+    # so paths holding | & or \ are safe.
+    local tmp="$1" final="$2"
     if [ "$DRY_RUN" = 1 ]; then say "would rewrite the venv's paths from $tmp to $final"; return; fi
-    while IFS= read -r file; do
-        act sed -i "s|$tmp|$final|g" "$file"
-    done < <(find "$tmp/bin" -maxdepth 1 -type f -exec grep -lF "$tmp" {} + ; grep -lF "$tmp" "$tmp/pyvenv.cfg" || true)
-    # Byte code carries source paths for tracebacks: compile it for the final path (the service cannot
-    # write to /opt, so nothing would be cached at run time).
-    act "$tmp/bin/python" -m compileall -q -j 0 -s "$tmp" -p "$final" "$tmp/lib" >/dev/null
+    "$PYTHON" - "$tmp" "$final" <<'PY'
+import os, sys
+tmp, final = sys.argv[1], sys.argv[2]
+old, new = tmp.encode(), final.encode()
+names = [os.path.join(tmp, "pyvenv.cfg")]
+bin_dir = os.path.join(tmp, "bin")
+names += [os.path.join(bin_dir, n) for n in os.listdir(bin_dir)]
+for name in names:
+    if os.path.islink(name) or not os.path.isfile(name):
+        continue  # bin/python links to the system interpreter: nothing of ours inside
+    with open(name, "rb") as f:
+        data = f.read()
+    if old in data:
+        mode = os.stat(name).st_mode
+        with open(name + ".relocate", "wb") as f:
+            f.write(data.replace(old, new))
+        os.chmod(name + ".relocate", mode)
+        os.replace(name + ".relocate", name)
+PY
+    # Byte code carries source paths for tracebacks: compile all of it (-f: pip's own came from ensurepip
+    # with the temporary path) for the final path; the service cannot write to /opt at run time.
+    act "$tmp/bin/python" -m compileall -f -q -j 0 -s "$tmp" -p "$final" "$tmp/lib" >/dev/null
 }
 
 build_release() {  # build_release VERSION EXTRAS
@@ -144,46 +166,68 @@ build_release() {  # build_release VERSION EXTRAS
     say "installing $spec==$version from the wheelhouse (no network)"
     act env PIP_NO_INDEX=1 PIP_CONFIG_FILE=/dev/null "$tmp/bin/python" -m pip install --quiet --no-index \
         --no-cache-dir --no-compile --disable-pip-version-check --find-links "$HERE/wheelhouse" "$spec==$version"
-    relocate "$tmp" "$rel"
-    act mkdir -p "$tmp/share/edged"
+    relocate "$tmp" "${rel#"$ROOT"}"
+    act mkdir -p "$tmp/share/edged" "$tmp/share/doc/edged"
+    # The units travel with the release: activation and --rollback install the ones of the release they
+    # switch to.
     act cp -R "$HERE/systemd" "$HERE/edged.toml" "$HERE/manifest.json" "$HERE/install.sh" "$HERE/uninstall.sh" \
         "$tmp/share/edged/"
+    act cp "$HERE/README.md" "$tmp/share/doc/edged/README.md"
     act touch "$tmp/.edged-release"
     act mv -T "$tmp" "$rel"
     PARTIAL=""
     say "installed edged $version in $rel"
 }
 
+resolved() {  # resolved LINK: the release directory LINK points at, absolute, with --root applied
+    local target
+    target="$(readlink "$1" 2>/dev/null)" || return 0
+    case "$target" in
+        /*) target="$ROOT$target" ;;  # an absolute link names a path on the device, i.e. under --root
+        *) target="$(dirname "$1")/$target" ;;
+    esac
+    realpath -m "$target"
+}
+
+release_of() {  # release_of LINK: "releases/<version>" for the release LINK resolves to, or nothing
+    local target
+    target="$(resolved "$1")"
+    [ -n "$target" ] && [ "$(realpath -m "$(dirname "$target")")" = "$(realpath -m "$OPT/releases")" ] \
+        && printf 'releases/%s\n' "${target##*/}"
+    return 0
+}
+
 activate() {  # activate VERSION: previous <- current, current <- the release
     local new="releases/$1" old
-    old="$(readlink "$OPT/current" 2>/dev/null || true)"
+    old="$(release_of "$OPT/current")"
     if [ "$old" = "$new" ]; then say "edged $1 is already the current release"; return; fi
     if [ -n "$old" ]; then switch_link previous "$old"; say "previous -> $old"; fi
     switch_link current "$new"
     say "current -> $new"
 }
 
-prune() {  # keep only the current and the previous release
+prune() {  # keep only the current and the previous release, compared as resolved paths
     local keep_current keep_previous dir
-    keep_current="$(readlink "$OPT/current" 2>/dev/null || true)"
-    keep_previous="$(readlink "$OPT/previous" 2>/dev/null || true)"
+    keep_current="$(resolved "$OPT/current")"
+    keep_previous="$(resolved "$OPT/previous")"
     for dir in "$OPT"/releases/*; do
         [ -d "$dir" ] || continue
-        case "releases/${dir##*/}" in
+        case "$(realpath -m "$dir")" in
             "$keep_current"|"$keep_previous") ;;
             *) say "removing the old release $dir"; act rm -rf "$dir" ;;
         esac
     done
 }
 
-setup_user_and_dirs() {
+setup_user_and_dirs() {  # setup_user_and_dirs RELEASE_DIR
+    local units="$1/share/edged/systemd"
     if [ -n "$ROOT" ]; then
         act install -d -m 0750 "$ROOT/etc/edged" "$ROOT/var/lib/edged" "$ROOT/var/log/edged"
         return
     fi
     if [ "$USE_SYSTEMD" = yes ]; then
-        act systemd-sysusers /etc/sysusers.d/edged.conf
-        act systemd-tmpfiles --create /etc/tmpfiles.d/edged.conf
+        act systemd-sysusers "$units/sysusers.d/edged.conf"
+        act systemd-tmpfiles --create "$units/tmpfiles.d/edged.conf"
         return
     fi
     getent group edged >/dev/null || act groupadd --system edged
@@ -197,18 +241,25 @@ setup_user_and_dirs() {
     act install -d -m 0750 -o root -g edged /etc/edged
 }
 
-install_units() {
+put() {  # put SOURCE DEST: install a 0644 file by renaming it over DEST, so a unit is never half written
+    act install -D -m 0644 "$1" "$2.new"
+    act mv -T "$2.new" "$2"
+}
+
+install_units() {  # install_units RELEASE_DIR: the units of the release that is (now) current
     [ "$USE_SYSTEMD" = yes ] || [ -n "$ROOT" ] || { say "not installing the systemd units (--no-systemd)"; return; }
-    act install -D -m 0644 "$HERE/systemd/edged.service" "$ROOT/etc/systemd/system/edged.service"
-    act install -D -m 0644 "$HERE/systemd/edged.socket" "$ROOT/etc/systemd/system/edged.socket"
-    act install -D -m 0644 "$HERE/systemd/sysusers.d/edged.conf" "$ROOT/etc/sysusers.d/edged.conf"
-    act install -D -m 0644 "$HERE/systemd/tmpfiles.d/edged.conf" "$ROOT/etc/tmpfiles.d/edged.conf"
-    say "installed the units in $ROOT/etc/systemd/system"
+    local units="$1/share/edged/systemd"
+    [ "$DRY_RUN" = 1 ] || [ -f "$units/edged.service" ] || die "$units holds no edged.service"
+    put "$units/edged.service" "$ROOT/etc/systemd/system/edged.service"
+    put "$units/edged.socket" "$ROOT/etc/systemd/system/edged.socket"
+    put "$units/sysusers.d/edged.conf" "$ROOT/etc/sysusers.d/edged.conf"
+    put "$units/tmpfiles.d/edged.conf" "$ROOT/etc/tmpfiles.d/edged.conf"
+    if [ "$USE_SYSTEMD" = yes ]; then act systemctl daemon-reload; fi
+    say "installed the units of ${1#"$OPT/"} in $ROOT/etc/systemd/system"
 }
 
 enable_units() {
     [ "$USE_SYSTEMD" = yes ] || return 0
-    act systemctl daemon-reload
     act systemctl enable edged.socket edged.service
     act systemctl try-restart edged.service
     say "enabled edged.socket and edged.service (start now: systemctl start edged)"
@@ -227,13 +278,14 @@ install_config() {
 
 rollback() {
     local current previous
-    previous="$(readlink "$OPT/previous" 2>/dev/null || true)"
-    current="$(readlink "$OPT/current" 2>/dev/null || true)"
+    previous="$(release_of "$OPT/previous")"
+    current="$(release_of "$OPT/current")"
     [ -n "$previous" ] || die "no previous release to roll back to in $OPT"
     [ -f "$OPT/$previous/.edged-release" ] || die "the previous release $OPT/$previous is missing or incomplete"
     switch_link current "$previous"
     if [ -n "$current" ]; then switch_link previous "$current"; fi
     say "rolled back: current -> $previous${current:+ (previous -> $current)}"
+    install_units "$OPT/$previous"
     if [ "$USE_SYSTEMD" = yes ]; then act systemctl try-restart edged.service; fi
 }
 
@@ -251,10 +303,10 @@ main() {
     [ "$DRY_RUN" = 1 ] && say "dry run: nothing will be changed"
     trap cleanup EXIT
     build_release "$version" "$extras"
-    install_units
-    setup_user_and_dirs
+    setup_user_and_dirs "$OPT/releases/$version"
     install_config
     activate "$version"
+    install_units "$OPT/releases/$version"
     prune
     enable_units
     say "done: edged $version is installed in $OPT/current${ROOT:+ (under $ROOT)}"

@@ -10,7 +10,9 @@ import argparse
 import dataclasses
 import json
 import os
+import socket
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from edged.cli import _doctor_socket as sockets
 from edged.cli._doctor_checks import Check
 from edged.client import ClientError, EdgedClient
 from edged.config import load_config, resolve_state_dir
+from edged.errors import ConfigError
 
 LABELS = {"ok": "OK", "warn": "WARN", "fail": "FAIL", "info": "INFO"}
 
@@ -33,16 +36,40 @@ def register(subparsers: Any) -> None:
                         help="read the Jetson identification files and /proc (meminfo, pressure) under this root")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--strict", action="store_true", help="exit 1 on warnings too")
+    parser.add_argument("--device-report", nargs="?", const="", metavar="FILE",
+                        help="run the on-device validation (TensorRT vs ONNX Runtime, telemetry, memory, hardware "
+                             "tests) and write FILE (default edged-device-report-HOST.json) and FILE.txt")
+    parser.add_argument("--tests", type=Path, help="with --device-report: the tests/ of an edged source checkout, "
+                                                   "to run its hardware tests")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.device_report is not None:
+        return device_report(args)
     results = collect(args, os.environ)
     if args.json:
         print(json.dumps([dataclasses.asdict(c) for c in results], indent=2))
     else:
         print(render(results))
     return exit_status(results, args.strict)
+
+
+def device_report(args: argparse.Namespace) -> int:
+    """Exit 1 when a step failed; skipped steps (no such hardware here) are not failures."""
+    from edged.cli import _device_report as report
+
+    target = Path(args.device_report or f"edged-device-report-{socket.gethostname()}.json")
+    if target.suffix != ".json":
+        raise ConfigError(f"--device-report: expected a .json file name, found {str(target)!r}")
+    if args.tests is not None and not args.tests.is_dir():
+        raise ConfigError(f"--tests: {args.tests} is not a directory")
+    with tempfile.TemporaryDirectory(prefix="edged-device-report-") as scratch:
+        steps = report.collect(Path(args.root), Path(scratch), args.tests)
+    written, summary = report.write_report(steps, target)
+    print(summary.read_text(), end="")
+    print(f"\nwrote {written} and {summary}: send both back")
+    return 1 if any(step.status == "failed" for step in steps) else 0
 
 
 def exit_status(results: list[Check], strict: bool) -> int:

@@ -47,6 +47,9 @@ def run(args: argparse.Namespace) -> int:
 def describe(doc: Mapping[str, Any]) -> list[str]:
     lines = [_row("daemon", _daemon(doc)),
              _row("server", f"live {_yes(doc.get('live'))}, ready {_yes(doc.get('ready'))}")]
+    loop = doc.get("restart_loop")
+    if isinstance(loop, dict):
+        lines.append(_row("restarts", str(loop.get("message", "restarting in a loop"))))
     lines.extend(_models(doc.get("models", [])))
     lines.append(_row("mqtt", _mqtt(doc.get("mqtt"))))
     lines.append(_row("memory", _memory(doc.get("memory"))))

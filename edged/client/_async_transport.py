@@ -2,8 +2,10 @@
 
 Each request takes an idle connection (or opens one), so concurrent requests from one client run on separate
 connections; a connection goes back to the pool when its response was read whole and the daemon keeps it open.
-The reader handles Content-Length and chunked bodies, which is all the daemon sends, and interim 100 Continue
-answers to the ``Expect: 100-continue`` that large bodies are sent with.
+Responses are parsed by httptools' ``HttpResponseParser`` (llhttp, the parser the daemon's own server uses):
+Content-Length, chunked and read-until-close bodies, keep-alive by version and Connection header, and interim
+100 Continue answers to the ``Expect: 100-continue`` that large bodies are sent with. A response llhttp
+rejects is a ``ProtocolError`` and its connection is closed, never reused.
 
 As in the sync transport, a request is repeated only when it provably never reached the daemon: an idle
 connection the daemon closed is dropped before anything is written to it, and a POST whose connection is lost
@@ -18,6 +20,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import httptools
+
 from edged.client._calls import Call, Reply
 from edged.client._discovery import SocketSearch, find_sockets
 from edged.client._errors import ClientTimeout, ProtocolError
@@ -26,6 +30,7 @@ from edged.client._sync_transport import IDEMPOTENT, stale
 MAX_IDLE = 8
 EXPECT_CONTINUE_BYTES = 1 << 20
 _HEAD_LIMIT = 64 * 1024
+_READ_BYTES = 256 * 1024
 
 
 @dataclass
@@ -138,58 +143,69 @@ def _request_head(call: Call, expect_continue: bool) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
+class _Response:
+    """httptools' callbacks for one response; a second message on the same bytes is noted, not parsed into it."""
+
+    def __init__(self) -> None:
+        self.headers: dict[str, str] = {}
+        self.chunks: list[bytes] = []
+        self.head_done = False
+        self.complete = False
+        self.trailing = False
+        self.keep_alive = False
+        self.parser: httptools.HttpResponseParser | None = None
+        self._messages = 0
+
+    def on_message_begin(self) -> None:
+        self._messages += 1
+        self.trailing = self._messages > 1
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if not self.trailing:
+            self.headers[name.decode("latin-1").lower()] = value.decode("latin-1").strip()
+
+    def on_headers_complete(self) -> None:
+        self.head_done = True
+
+    def on_body(self, body: bytes) -> None:
+        if not self.trailing:
+            self.chunks.append(body)
+
+    def on_message_complete(self) -> None:
+        # llhttp forgets the message's keep-alive once the callback returns: read it here
+        if self.parser is not None and not self.trailing:
+            self.keep_alive = self.parser.should_keep_alive()
+        self.complete = True
+
+
 async def _read_reply(reader: asyncio.StreamReader, call: Call) -> tuple[Reply, bool]:
     """(the reply, whether the connection may be reused)."""
-    try:
-        head = await reader.readuntil(b"\r\n\r\n")
-    except asyncio.LimitOverrunError as e:
-        raise ProtocolError(f"{call.what}: response headers longer than {_HEAD_LIMIT} bytes") from e
-    status, version, headers = _parse_head(head, call)
-    if 100 <= status < 200:
-        return Reply(status, headers, b""), True  # interim: the final answer follows
-    if headers.get("transfer-encoding", "").lower() == "chunked":
-        body = await _read_chunked(reader, call)
-    elif "content-length" in headers:
-        body = await reader.readexactly(_content_length(headers["content-length"], call))
-    else:
-        return Reply(status, headers, await reader.read()), False
-    connection = headers.get("connection", "").lower()
-    keep = connection != "close" and (version == "HTTP/1.1" or connection == "keep-alive")
-    return Reply(status, headers, body), keep
-
-
-def _parse_head(head: bytes, call: Call) -> tuple[int, str, dict[str, str]]:
-    lines = head.decode("latin-1").split("\r\n")
-    parts = lines[0].split(" ", 2)
-    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
-        raise ProtocolError(f"{call.what}: bad HTTP status line {lines[0]!r}")
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        if line:
-            name, sep, value = line.partition(":")
-            if not sep:
-                raise ProtocolError(f"{call.what}: bad HTTP header line {line!r}")
-            headers[name.strip().lower()] = value.strip()
-    return int(parts[1]), parts[0], headers
-
-
-def _content_length(value: str, call: Call) -> int:
-    if not value.isdigit():
-        raise ProtocolError(f"{call.what}: bad Content-Length {value!r}")
-    return int(value)
-
-
-async def _read_chunked(reader: asyncio.StreamReader, call: Call) -> bytes:
-    chunks: list[bytes] = []
-    while True:
-        size_line = (await reader.readuntil(b"\r\n")).split(b";")[0].strip()
+    response = _Response()
+    parser = response.parser = httptools.HttpResponseParser(response)
+    head_bytes = 0
+    while not response.complete:
+        data = await reader.read(_READ_BYTES)
+        if not data:
+            return _at_eof(response, parser, call)
+        if not response.head_done:
+            head_bytes += len(data)
         try:
-            size = int(size_line, 16)
-        except ValueError:
-            raise ProtocolError(f"{call.what}: bad chunk size {size_line!r}") from None
-        if size == 0:
-            while await reader.readuntil(b"\r\n") != b"\r\n":
-                pass  # trailers carry nothing the client uses
-            return b"".join(chunks)
-        chunks.append(await reader.readexactly(size))
-        await reader.readexactly(2)
+            parser.feed_data(data)
+        except httptools.HttpParserError as e:
+            raise ProtocolError(f"{call.what}: malformed HTTP response: {e}") from e
+        if not response.head_done and head_bytes > _HEAD_LIMIT:
+            raise ProtocolError(f"{call.what}: response headers longer than {_HEAD_LIMIT} bytes")
+    reply = Reply(parser.get_status_code(), response.headers, b"".join(response.chunks))
+    # An interim 1xx is followed by the final answer on this connection; bytes after a final answer that was
+    # not asked for mean the stream is out of step: never reuse it.
+    keep = 100 <= reply.status < 200 or (response.keep_alive and not response.trailing)
+    return reply, keep
+
+
+def _at_eof(response: _Response, parser: httptools.HttpResponseParser, call: Call) -> tuple[Reply, bool]:
+    """The daemon closed the connection: a body delimited by the close is whole, anything else is cut off."""
+    framed = "content-length" in response.headers or "chunked" in response.headers.get("transfer-encoding", "")
+    if response.head_done and not framed:
+        return Reply(parser.get_status_code(), response.headers, b"".join(response.chunks)), False
+    # the same error the pool retries on: an idle connection the daemon closed before this request
+    raise asyncio.IncompleteReadError(b"".join(response.chunks), None)

@@ -58,7 +58,9 @@ class ServerConfig:
     max_tensor_elements: int = field(default=64 * 1024 * 1024, metadata={"check": _positive})
     request_timeout_s: float = field(default=30.0, metadata={"check": _positive})
     idle_timeout_s: float = field(default=300.0, metadata={"check": _positive})
-    shutdown_timeout_s: float = field(default=10.0, metadata={"check": _positive})
+    shutdown_timeout_s: float = field(default=10.0, metadata={"check": _positive})  # request drain, each step
+    # The whole stop (HTTP and MQTT drains, model unloads): keep below the unit's TimeoutStopSec (45 s).
+    stop_timeout_s: float = field(default=30.0, metadata={"check": _positive})  # all of the stop, < TimeoutStopSec
     # System shared memory (Triton's extension): how many regions clients may register and how much they map.
     shm_max_regions: int = field(default=64, metadata={"check": _positive})
     shm_max_bytes_mb: int = field(default=1024, metadata={"check": _positive})

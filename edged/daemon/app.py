@@ -22,7 +22,9 @@ from edged import __version__
 from edged.clock import DeviceClock, state_file_in
 from edged.config import EdgedConfig, load_config, resolve_state_dir
 from edged.daemon._health import health_status, render_health, supervised_task
+from edged.daemon._restarts import StartHistory
 from edged.daemon._sdnotify import SystemdNotifier
+from edged.daemon._stop import StopBudget
 from edged.daemon.paths import bundled_models
 from edged.engine import InferenceService
 from edged.engine.memory_governor import MemoryGovernor
@@ -75,6 +77,7 @@ class Daemon:
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._socket_files: list[tuple[Path, int]] = []
+        self.starts: StartHistory | None = None  # opened in run(): it writes to the state directory
 
     # --- run -----------------------------------------------------------------------------------------------
     async def run(self) -> int:
@@ -83,6 +86,7 @@ class Daemon:
             loop.add_signal_handler(sig, self._stop.set)
         loop.add_signal_handler(signal.SIGHUP, lambda: self._spawn(self._reload()))
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._record_start()
         listeners = open_listeners(self.config.server, self.socket_path, self.environ)
         self._socket_files = [(Path(item.address), Path(item.address).stat().st_ino) for item in listeners
                               if item.kind == "uds" and not item.inherited]
@@ -97,12 +101,20 @@ class Daemon:
             self.mqtt.start()
         self._start_background_tasks()
         summary = self.summary_line()
+        if self.starts is not None and self.starts.loop is not None:
+            summary = f"{self.starts.loop.message()}; {summary}"
         print(f"edged: ready: {summary}", flush=True)
         if self.notifier is not None:
             self.notifier.ready(summary)
         await self._stop.wait()
         await self._shutdown()
         return 0
+
+    def _record_start(self) -> None:
+        self.starts = StartHistory(self.state_dir, DeviceClock(state_file_in(self.state_dir)))
+        loop = self.starts.record_start()
+        if loop is not None and self.notifier is not None:
+            self.notifier.status(loop.message())
 
     async def _load_models(self) -> None:
         loop = asyncio.get_running_loop()
@@ -141,22 +153,31 @@ class Daemon:
             log.error("background task failed: %r", task.exception())
 
     async def _shutdown(self) -> None:
-        timeout = self.config.server.shutdown_timeout_s
-        log.info("stopping: finishing requests in flight (up to %.0f s)", timeout)
+        """One budget ([server] stop_timeout_s, below the unit's TimeoutStopSec) for the whole stop: the HTTP
+        drain, the MQTT drain, the telemetry flush and the model unloads share it, so systemd never has to
+        SIGKILL a daemon that is still flushing its outbox."""
+        budget = StopBudget(self.config.server.stop_timeout_s)
+        drain = min(self.config.server.shutdown_timeout_s, budget.left())
+        log.info("stopping within %.0f s: finishing requests in flight (up to %.0f s)", budget.total_s, drain)
         if self.notifier is not None:
             self.notifier.stopping()
         for task in list(self._tasks):
             task.cancel()
-        await self.server.stop(timeout)
+        await self.server.stop(drain)
         self._remove_socket_files()
         loop = asyncio.get_running_loop()
         if self.mqtt is not None:
-            await loop.run_in_executor(None, self.mqtt.stop, timeout)
+            await loop.run_in_executor(None, self.mqtt.stop, budget.share(0.5))
         if self.telemetry is not None:
             await loop.run_in_executor(None, self.telemetry.stop)
-        await loop.run_in_executor(None, self.service.close, timeout)
+        # Requests had their drain above: a version still busy after shutdown_timeout_s more is wedged.
+        unload = min(self.config.server.shutdown_timeout_s, budget.left())
+        abandoned = await loop.run_in_executor(None, self.service.close, unload)
         self.clock.checkpoint()
-        print("edged: stopped", flush=True)
+        if self.starts is not None:
+            self.starts.record_clean_stop()
+        print(f"edged: stopped in {budget.spent():.1f} s"
+              + (f", {len(abandoned)} unload(s) abandoned at the budget" if abandoned else ""), flush=True)
 
     def _remove_socket_files(self) -> None:
         """Unlink the socket files this process bound (closing a server leaves them behind), unless another
@@ -275,6 +296,8 @@ class Daemon:
                        "allocator_library": str(allocator.library or ""), "allocator_settings": allocator.settings},
             "telemetry": self._telemetry_status(),
             "health": health_status(self.health),
+            "restart_loop": (self.starts.loop.as_dict()
+                             if self.starts is not None and self.starts.loop is not None else None),
         }
 
     def _memory_described(self) -> dict[str, Any]:

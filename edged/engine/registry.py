@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -350,18 +351,39 @@ class Registry:
                         record.fingerprint = seen  # retried when the files change again, not on every poll
                 log.error("model %s: reload failed, previous versions keep serving: %s", name, e)
 
-    def close(self, timeout_s: float) -> None:
+    def close(self, timeout_s: float) -> list[str]:
+        """Unload every version in parallel within one deadline, outside the registry lock (see the module
+        docstring). Versions still unloading at the deadline are abandoned (returned and logged): the process is
+        about to exit and the OS frees what they hold."""
+        deadline = time.monotonic() + timeout_s
         with self._lock:
             versions = [v for record in self._records.values() for v in record.all_versions()]
             for version in versions:
                 if version.lifecycle.state is READY:
-                    version.lifecycle.move(ModelState.UNLOADING)
+                    version.lifecycle.move(ModelState.UNLOADING)  # no new requests from here on
             self._records.clear()
-        self._finish(versions, timeout_s)
+        workers = [(version, threading.Thread(target=version.unload, args=(timeout_s,),
+                                              name=f"unload-{version.config.name}-{version.version}", daemon=True))
+                   for version in versions]
+        for _, worker in workers:
+            worker.start()
+        for _, worker in workers:
+            worker.join(max(0.0, deadline - time.monotonic()))
+        abandoned = [f"{v.config.name}/{v.version}" for v, worker in workers if worker.is_alive()]
+        if abandoned:
+            # Closing a backend under a version that still unloads could crash the process mid-stop.
+            log.warning("stop budget of %.1f s spent: abandoning the unload of %s", timeout_s, ", ".join(abandoned))
+            return abandoned
         with self._lock:
+            if self._memory is not None:
+                for version in versions:
+                    self._memory.forget(version)
             for backend in self._backends.values():
                 close = getattr(backend, "close", None)  # optional: backends holding process-wide memory
                 if callable(close):
                     close()
             self._backends.clear()
+            if self._memory is not None:
+                self._memory.release()
+        return []
 

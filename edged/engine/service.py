@@ -62,9 +62,10 @@ class InferenceService:
         """Load (or, with load = "lazy", register) the models the control mode asks for."""
         self._registry.start()
 
-    def close(self, timeout_s: float = 10.0) -> None:
+    def close(self, timeout_s: float = 10.0) -> list[str]:
+        """Unload everything within ``timeout_s``; the versions abandoned at the deadline ("name/version")."""
         self._closed = True
-        self._registry.close(timeout_s)
+        return self._registry.close(timeout_s)
 
     @property
     def live(self) -> bool:

@@ -156,3 +156,42 @@ def test_requests_carry_the_binary_extension_header(tmp_path: Path, peer) -> Non
     request = peer[0].requests[0].lower()
     assert request.startswith(b"post /v2/models/m/infer http/1.1")
     assert b"inference-header-content-length: " in request
+
+
+CHUNKED_WITH_TRAILERS = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: application/json\r\n\r\n"
+                         b"3;note=first\r\n{\"n\r\n0008\r\name\": \"e\r\n5\r\ndged\"\r\n1\r\n}\r\n"
+                         b"0\r\nX-Trailer: ignored\r\n\r\n")
+
+
+def _run_async(path: str, *calls: str) -> list[object]:
+    async def scenario() -> list[object]:
+        results: list[object] = []
+        async with AsyncEdgedClient(path) as client:
+            for call in calls:
+                try:
+                    results.append(await getattr(client, call)())
+                except ProtocolError as e:
+                    results.append(e)
+        return results
+    return asyncio.run(scenario())
+
+
+def test_async_reads_chunks_with_extensions_and_trailers_and_keeps_the_connection(tmp_path: Path,
+                                                                                  peer) -> None:  # type: ignore[no-untyped-def]
+    path = canned(tmp_path, peer, CHUNKED_WITH_TRAILERS, CHUNKED_WITH_TRAILERS)
+    assert _run_async(path, "server_metadata", "server_metadata") == [{"name": "edged"}, {"name": "edged"}]
+    assert len(peer[0].requests) == 2  # both answered on the one kept-alive connection
+
+
+@pytest.mark.parametrize("malformed", [
+    b"HTTX/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}",
+    b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 3\r\n\r\n{}",
+    b"HTTP/1.1 200 OK\r\nbad header line\r\ncontent-length: 2\r\n\r\n{}",
+])
+def test_async_malformed_response_is_a_protocol_error_and_its_connection_is_dropped(
+        tmp_path: Path, peer, malformed: bytes) -> None:  # type: ignore[no-untyped-def]
+    path = canned(tmp_path, peer, malformed, CHUNKED)
+    first, second = _run_async(path, "server_metadata", "server_metadata")
+    assert isinstance(first, ProtocolError) and "malformed HTTP response" in str(first), first
+    assert second == {"name": "edged"}  # answered on a new connection

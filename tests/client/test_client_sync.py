@@ -261,3 +261,19 @@ def test_the_async_client_does_not_send_a_dropped_post_again(tmp_path: Path) -> 
         assert server.posts == 1
     finally:
         server.close()
+
+
+def test_the_async_client_keeps_an_http_1_1_connection_for_the_next_request(tmp_path: Path) -> None:
+    """llhttp forgets a message's keep-alive after it completes: the transport must read it in time."""
+    server = ScriptedServer(str(tmp_path / "keep.sock"), ["answer", "answer"])
+
+    async def scenario() -> int:
+        async with AsyncEdgedClient(server.path, timeout_s=5) as client:
+            assert await client.live()
+            idle = len(client._transport._idle)
+            assert await client.live()  # on the same connection: the scripted server serves one connection
+            return idle
+    try:
+        assert asyncio.run(scenario()) == 1
+    finally:
+        server.close()

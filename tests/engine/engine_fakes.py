@@ -31,6 +31,7 @@ class DoublingInstance:
         self._fail_marker = float(config.parameters.get("fail_on", "nan"))
         self._block = config.parameters.get("block_until_released", "") == "true"
         self._first_row_only = config.parameters.get("first_row_only", "") == "true"  # a model that cannot batch
+        self._close_s = float(config.parameters.get("close_delay_s", "0"))  # a runtime slow to free its engine
 
     def run(self, inputs: Mapping[str, Any], output_names: Sequence[str]) -> dict[str, Any]:
         x = inputs["input"]
@@ -57,7 +58,8 @@ class DoublingInstance:
         return
 
     def close(self) -> None:
-        return
+        if self._close_s:
+            time.sleep(self._close_s)
 
 
 class DoublingBackend:

@@ -13,7 +13,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tarfile
 import threading
 import time
 from collections.abc import Iterator
@@ -23,53 +22,16 @@ import numpy as np
 import pytest
 from modelgen import add_custom_model
 from notify_reader import NotifyReader
+from tarball_harness import files_under, mounted_at_opt, run_installed, sh, unpack
 
 from edged.client import ClientError, EdgedClient
 
-PACKAGING = Path(__file__).resolve().parents[2] / "packaging"
-OFFLINE = {"PIP_NO_INDEX": "1", "PIP_CONFIG_FILE": "/dev/null"}
 # The test backend (engine_fakes.DoublingBackend) that the installed daemon imports through [models] backends.
 FAKES = Path(__file__).resolve().parents[1] / "engine"
 WATCHDOG_USEC = 1_000_000
 PING_INTERVAL_S = WATCHDOG_USEC / 2e6
 
 pytestmark = pytest.mark.slow
-
-
-def build(output: Path, *extra: str) -> Path:
-    result = subprocess.run([sys.executable, str(PACKAGING / "build-tarball"), "--platform", "host",
-                             "--output", str(output), *extra], capture_output=True, text=True, timeout=600,
-                            check=False)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "[7/7] done" in result.stderr  # progress is shown
-    return Path(result.stdout.strip().splitlines()[-1])
-
-
-@pytest.fixture(scope="module")
-def tarballs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    output = tmp_path_factory.mktemp("dist")
-    return build(output), build(output, "--version-suffix", ".post1")
-
-
-def unpack(tarball: Path, where: Path) -> Path:
-    where.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(tarball) as tar:
-        tar.extractall(where, filter="data")
-    (top,) = where.iterdir()
-    return top
-
-
-def sh(script: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, **OFFLINE}
-    result = subprocess.run([str(script), *args], capture_output=True, text=True, env=env, timeout=300,
-                            check=False)
-    if check:
-        assert result.returncode == 0, result.stdout + result.stderr
-    return result
-
-
-def files_under(root: Path) -> set[str]:
-    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() or p.is_symlink()}
 
 
 def test_tarball_holds_the_documented_layout(tarballs: tuple[Path, Path], tmp_path: Path) -> None:
@@ -108,9 +70,6 @@ def test_install_upgrade_rollback_uninstall_without_network(tarballs: tuple[Path
     opt = root / "opt/edged"
     out = sh(first / "install.sh", "--root", str(root)).stdout
     assert "current -> releases/0.1.0" in out
-    edged = opt / "current/bin/edged"
-    assert subprocess.run([str(edged), "--help"], capture_output=True, check=True, timeout=120).returncode == 0
-    assert b"0.1.0" in subprocess.run([str(edged), "--version"], capture_output=True, check=True).stdout
     assert (root / "etc/systemd/system/edged.service").is_file()
     config = root / "etc/edged/edged.toml"
     config.write_text('[logging]\nlevel = "debug"\n')  # the operator's edit
@@ -118,7 +77,10 @@ def test_install_upgrade_rollback_uninstall_without_network(tarballs: tuple[Path
     out = sh(second / "install.sh", "--root", str(root)).stdout
     assert os.readlink(opt / "current") == "releases/0.1.0.post1"
     assert os.readlink(opt / "previous") == "releases/0.1.0"
-    assert b"0.1.0.post1" in subprocess.run([str(edged), "--version"], capture_output=True, check=True).stdout
+    with mounted_at_opt(root) as mounted:
+        edged = mounted / "current/bin/edged"
+        assert b"usage" in run_installed(edged, "--help")
+        assert b"0.1.0.post1" in run_installed(edged, "--version")
     assert config.read_text() == '[logging]\nlevel = "debug"\n'
     assert "kept the existing" in out
     assert not list((opt / "releases").glob(".partial-*"))
@@ -126,7 +88,8 @@ def test_install_upgrade_rollback_uninstall_without_network(tarballs: tuple[Path
     sh(second / "install.sh", "--root", str(root), "--rollback")
     assert os.readlink(opt / "current") == "releases/0.1.0"
     assert os.readlink(opt / "previous") == "releases/0.1.0.post1"
-    version = subprocess.run([str(edged), "--version"], capture_output=True, check=True).stdout
+    with mounted_at_opt(root) as mounted:
+        version = run_installed(mounted / "current/bin/edged", "--version")
     assert version == b"edged 0.1.0\n"
 
     (root / "var/lib/edged/telemetry.db").write_bytes(b"state")
@@ -200,12 +163,12 @@ def notify(tmp_path: Path) -> Iterator[NotifyReader]:
 
 
 def exec_start(root: Path) -> list[str]:
-    """The installed unit's ExecStart, with /opt/edged moved under the test's root."""
+    """The installed unit's ExecStart (run with the staged tree mounted at /opt/edged)."""
     unit = (root / "etc/systemd/system/edged.service").read_text()
     (line,) = (line for line in unit.splitlines() if line.startswith("ExecStart="))
     argv = shlex.split(line.removeprefix("ExecStart="))
     assert argv[0] == "/opt/edged/current/bin/edged", line
-    return [str(root) + argv[0], *argv[1:]]
+    return argv
 
 
 def daemon_config(tmp_path: Path) -> Path:
@@ -242,42 +205,43 @@ def test_installed_daemon_speaks_sd_notify_serves_and_stops_pinging_when_the_eng
     # As systemd starts it: a clean environment, cwd /, WATCHDOG_PID = the pid that runs ExecStart (sh execs).
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONPATH": str(FAKES),
            "NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": str(WATCHDOG_USEC)}
-    log = tmp_path / "edged.log"
-    with log.open("wb") as out:
-        daemon = subprocess.Popen(["/bin/sh", "-c", 'WATCHDOG_PID=$$ exec "$@"', "sh", *command], env=env,
-                                  cwd="/", stdout=out, stderr=subprocess.STDOUT)
-    try:
-        ready = notify.wait_for("READY=1", 60)
-        assert any(f.startswith("STATUS=") for f in ready), ready
-        interpreter = Path(f"/proc/{daemon.pid}/cmdline").read_bytes().split(b"\0")[0].decode()
-        assert interpreter.startswith(str(root / "opt/edged/releases/0.1.0/bin/python")), interpreter
-        with EdgedClient(sock, timeout_s=30) as client:
-            assert client.server_metadata()["version"] == "0.1.0"
-            result = client.infer("doubling", {"input": np.arange(4, dtype=np.float32).reshape(1, 4)})
-            np.testing.assert_array_equal(result.as_numpy("output"), [[0, 2, 4, 6]])
-        first = time.monotonic()
-        for _ in range(3):
-            notify.wait_for("WATCHDOG=1", 2 * PING_INTERVAL_S + 1)
-        assert time.monotonic() - first > 2 * PING_INTERVAL_S * 0.8, "pings far faster than WATCHDOG_USEC/2"
+    with mounted_at_opt(root):  # the staged tree at its real path, as on the device
+        log = tmp_path / "edged.log"
+        with log.open("wb") as out:
+            daemon = subprocess.Popen(["/bin/sh", "-c", 'WATCHDOG_PID=$$ exec "$@"', "sh", *command], env=env,
+                                      cwd="/", stdout=out, stderr=subprocess.STDOUT)
+        try:
+            ready = notify.wait_for("READY=1", 60)
+            assert any(f.startswith("STATUS=") for f in ready), ready
+            interpreter = Path(f"/proc/{daemon.pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+            assert interpreter.startswith("/opt/edged/releases/0.1.0/bin/python"), interpreter
+            with EdgedClient(sock, timeout_s=30) as client:
+                assert client.server_metadata()["version"] == "0.1.0"
+                result = client.infer("doubling", {"input": np.arange(4, dtype=np.float32).reshape(1, 4)})
+                np.testing.assert_array_equal(result.as_numpy("output"), [[0, 2, 4, 6]])
+            first = time.monotonic()
+            for _ in range(3):
+                notify.wait_for("WATCHDOG=1", 2 * PING_INTERVAL_S + 1)
+            assert time.monotonic() - first > 2 * PING_INTERVAL_S * 0.8, "pings far faster than WATCHDOG_USEC/2"
 
-        def submit() -> None:  # the execution never finishes; its fate after the stop does not matter
-            with EdgedClient(sock, timeout_s=20) as hanging, contextlib.suppress(ClientError):
-                hanging.infer("hang", {"input": np.ones((1, 4), np.float32)})
+            def submit() -> None:  # the execution never finishes; its fate after the stop does not matter
+                with EdgedClient(sock, timeout_s=20) as hanging, contextlib.suppress(ClientError):
+                    hanging.infer("hang", {"input": np.ones((1, 4), np.float32)})
 
-        threading.Thread(target=submit, daemon=True).start()
-        submitted = time.monotonic()
-        last_ping = wait_for_silence(notify, submitted, 15)
-        assert last_ping - submitted < 0.5 + 2 * PING_INTERVAL_S + 1, "pings stopped, but far too late"
-        assert daemon.poll() is None, "a hang is not a crash: the process must still be there"
+            threading.Thread(target=submit, daemon=True).start()
+            submitted = time.monotonic()
+            last_ping = wait_for_silence(notify, submitted, 15)
+            assert last_ping - submitted < 0.5 + 2 * PING_INTERVAL_S + 1, "pings stopped, but far too late"
+            assert daemon.poll() is None, "a hang is not a crash: the process must still be there"
 
-        daemon.send_signal(signal.SIGTERM)
-        notify.wait_for("STOPPING=1", 10)
-        assert daemon.wait(20) == 0
-    except BaseException:
-        print(log.read_text(errors="replace"))  # pytest shows it with the failure
-        raise
-    finally:
-        if daemon.poll() is None:
-            daemon.kill()
-            daemon.wait(10)
-    assert "engine wedged: hang/1" in log.read_text(errors="replace")
+            daemon.send_signal(signal.SIGTERM)
+            notify.wait_for("STOPPING=1", 10)
+            assert daemon.wait(20) == 0
+        except BaseException:
+            print(log.read_text(errors="replace"))  # pytest shows it with the failure
+            raise
+        finally:
+            if daemon.poll() is None:
+                daemon.kill()
+                daemon.wait(10)
+        assert "engine wedged: hang/1" in log.read_text(errors="replace")

@@ -76,11 +76,35 @@ def test_every_exposure_the_unit_accepts_is_explained_in_a_comment() -> None:
                    "SupplementaryGroups", "DeviceAllow", "ProtectSystem", "ProtectHome", "PrivateTmp",
                    "NoNewPrivileges", "RestrictAddressFamilies", "SystemCallFilter", "CapabilityBoundingSet",
                    "LockPersonality", "ProtectKernelTunables", "ProtectKernelModules", "ProtectControlGroups",
-                   "RestrictNamespaces", "RestrictRealtime", "StartLimitBurst"):
+                   "RestrictNamespaces", "RestrictRealtime", "StartLimitIntervalSec"):
         assert needed in settings, needed
     assert "MemoryDenyWriteExecute=yes" not in lines  # CUDA's JIT needs W+X mappings
     for unset in ("MemoryDenyWriteExecute", "PrivateDevices", "PrivateUsers", "IPAddressDeny"):
         assert re.search(rf"^#.*{unset}", text, re.MULTILINE), f"no comment explains why {unset} is unset"
+
+
+def _settings(name: str) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for line in (SYSTEMD_DIR / name).read_text().splitlines():
+        if line and not line.startswith(("#", "[")):
+            key, value = line.split("=", 1)
+            found.setdefault(key, []).append(value)
+    return found
+
+
+def test_service_never_gives_up_restarting_and_does_not_thrash() -> None:
+    settings = _settings("edged.service")
+    assert settings["Restart"] == ["always"]
+    assert settings["StartLimitIntervalSec"] == ["0"]  # no start limit: systemd 249 has no RestartSteps=
+    assert "StartLimitBurst" not in settings
+    (restart_sec,) = settings["RestartSec"]
+    assert re.fullmatch(r"\d+s", restart_sec) and int(restart_sec[:-1]) >= 5, restart_sec
+
+
+def test_service_does_not_wait_for_network_online_at_boot() -> None:
+    settings = _settings("edged.service")
+    ordering = " ".join(settings.get("Wants", []) + settings.get("After", []) + settings.get("Requires", []))
+    assert "network-online.target" not in ordering
 
 
 def test_socket_unit_matches_the_documented_path_and_permissions() -> None:
