@@ -34,6 +34,7 @@ _DATATYPE_NAMES: dict[np.dtype[Any], str] = {
     for variant in (dtype, dtype.newbyteorder("<"), dtype.newbyteorder(">"))
 }
 _LITTLE_ENDIAN_ORDERS = frozenset("<|=") if sys.byteorder == "little" else frozenset("<|")
+MAX_RANK = 32  # numpy 1.x's NPY_MAXDIMS: a deeper shape could not be built into an array anyway
 
 
 @dataclass(frozen=True)
@@ -117,13 +118,33 @@ def _int_param(params: Mapping[str, Any], key: str) -> int:
 
 def _shape(entry: Mapping[str, Any], name: str) -> tuple[int, ...]:
     shape = entry.get("shape")
-    if type(shape) is list:
+    if type(shape) is list and len(shape) <= MAX_RANK:
         for dim in shape:  # a plain loop: this runs for every tensor of every request
             if type(dim) is not int or dim < 0:  # exact type: JSON true is a bool, not a dimension
                 break
         else:
             return tuple(shape)
-    raise InvalidInput(f"input {name!r}: \"shape\" must be a list of non-negative integers, found {shape!r}")
+    raise InvalidInput(f"input {name!r}: \"shape\" must be a list of at most {MAX_RANK} non-negative integers, "
+                       f"found {str(shape)[:200]}")
+
+
+def _element_count(name: str, shape: tuple[int, ...], max_elements: int) -> int:
+    """The tensor's element count, refusing shapes whose non-zero dimensions alone pass ``max_elements``.
+
+    A zero dimension makes the count 0, but numpy still refuses shapes whose other dimensions overflow its
+    index type (``[2**32, 2**32, 0]``), so the bound applies to the product of the non-zero dimensions.
+    """
+    extent = 1
+    zero = False
+    for dim in shape:
+        if dim == 0:
+            zero = True
+        else:
+            extent *= dim
+            if extent > max_elements:  # stop early: the product of huge dimensions can be very long
+                raise PayloadTooLarge(f"input {name!r}: shape {str(list(shape))[:200]} has more than the limit "
+                                      f"of {max_elements} elements")
+    return 0 if zero else extent
 
 
 def _decode_input(entry: Any, binary: memoryview, offset: int, max_elements: int) -> tuple[str, Array, int]:
@@ -137,11 +158,7 @@ def _decode_input(entry: Any, binary: memoryview, offset: int, max_elements: int
     dtype = KSERVE_TO_NUMPY.get(datatype)
     if dtype is None:
         dtype = numpy_for(datatype, name)  # raises, naming the tensor and the known datatypes
-    count = 1
-    for dim in shape:
-        count *= dim
-    if count > max_elements:
-        raise PayloadTooLarge(f"input {name!r} has {count} elements, more than the limit of {max_elements}")
+    count = _element_count(name, shape, max_elements)
     params = entry.get("parameters") or {}
     size = params.get("binary_data_size") if isinstance(params, dict) else None
     if size is not None:

@@ -202,7 +202,10 @@ class Connection(asyncio.Protocol):
         self.app.active += 1
         if len(self._slots) > MAX_PIPELINED:
             self._update_reading()
-        self.app.dispatch(self, request, slot)
+        try:
+            self.app.dispatch(self, request, slot)
+        except Exception as e:  # a bug must cost one 500, never the slot: an unfilled slot blocks the connection
+            self.fail(slot, e, request.keep_alive)
 
     def _count_header_bytes(self, count: int) -> None:
         self._header_bytes += count
@@ -233,6 +236,13 @@ class Connection(asyncio.Protocol):
                 return
         if self._reading_paused:
             self._update_reading()
+
+    def fail(self, slot: Slot, error: BaseException, keep_alive: bool) -> None:
+        """Answer ``slot`` with a 500 for an unexpected exception, unless it was already answered."""
+        log.error("internal error while handling a request", exc_info=error)
+        if slot.data is None:
+            body = error_response(500, f"internal server error: {type(error).__name__}")
+            self.respond(slot, render(body, keep_alive), not keep_alive)
 
     def reject(self, status: int, message: str) -> None:
         """Answer a request we will not read to the end, after the responses already owed, then close."""

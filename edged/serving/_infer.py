@@ -126,14 +126,26 @@ class InferPath:
                                                                             call.request.version))
         except EdgedError as e:
             self.finish(call, e)
+        except Exception as e:  # a flush runs outside any request's handler: nothing else would answer
+            call.connection.fail(call.slot, e, call.keep_alive)
 
     def _submit_group(self, model: str, version: str, calls: Sequence[_Call]) -> None:
         """Queue the calls together so that the scheduler can batch them (one group commit)."""
         service = self._service
-        service.submit_many(model, version, [(call.request, call) for call in calls],
-                            service.should_inline(model, version))
+        try:
+            service.submit_many(model, version, [(call.request, call) for call in calls],
+                                service.should_inline(model, version))
+        except Exception as e:
+            for call in calls:
+                call.connection.fail(call.slot, e, call.keep_alive)
 
     def finish(self, call: _Call, result: InferResponse | EdgedError) -> None:
+        try:
+            self._finish(call, result)
+        except Exception as e:  # runs as a loop callback: an escaping error would leave the slot unanswered
+            call.connection.fail(call.slot, e, call.keep_alive)
+
+    def _finish(self, call: _Call, result: InferResponse | EdgedError) -> None:
         keep_alive = call.keep_alive
         if isinstance(result, EdgedError):
             call.connection.respond(call.slot, render(error_for(result), keep_alive), not keep_alive)
