@@ -4,14 +4,23 @@ Invariants: responses leave in request order (pipelining-safe: each request take
 slot is written only once every slot before it has been); a connection that sent something malformed, too
 large or too slow gets one 4xx response and is closed, and nothing it sent afterwards is read; a client that
 does not read its responses stops being read from (pause_reading) instead of growing our buffers.
+
+Closing never resets a client that is owed an answer: a connection closes with a lingering close (our FIN
+first, then what the client still sends is read and dropped until its FIN or ``LINGER_S``), because closing a
+socket with unread bytes sends a reset that can destroy the response the client has not read yet. An idle
+connection with a request already waiting in the kernel's buffer is not closed at all: that request is read
+and answered (with a 503 and ``connection: close`` while the server drains).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
 import socket
+import struct
+import termios
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -27,6 +36,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_PIPELINED = 32  # responses owed on one connection before we stop reading from it
+LINGER_S = 1.0  # how long a closing connection waits for the client's FIN before it is closed anyway
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 # The only request headers anything reads; the others are counted against the size limit and dropped. Most
 # headers are dismissed by their length, without lowercasing them.
@@ -83,6 +93,7 @@ class Connection(asyncio.Protocol):
         self._closing = False
         self._reading_paused = False
         self._writing_paused = False
+        self._linger: asyncio.TimerHandle | None = None
         self._limits = app.limits
         self._max_header_bytes = app.limits.max_header_bytes
         self.granted: set[str] = set()  # permissions access control has granted this peer (they never change)
@@ -108,6 +119,8 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
         self._closing = True
+        if self._linger is not None:
+            self._linger.cancel()
         self.app.connections.discard(self)
 
     def pause_writing(self) -> None:
@@ -194,6 +207,8 @@ class Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self.request_started = 0.0
+        if self._closing:
+            return  # pipelined behind a response that closes the connection: the client must resend it
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         method = self._parser.get_method()
         request = Incoming(method, self._url, self._headers, body, self._parser.should_keep_alive())
@@ -257,9 +272,11 @@ class Connection(asyncio.Protocol):
         self.respond(slot, render(error_response(status, message, close=True), keep_alive=False), close=True)
 
     def close_idle(self) -> None:
-        if self._transport is not None and not self._slots:
-            self._closing = True
-            self._transport.close()
+        """Close a connection that owes nothing, unless a request is already waiting to be read."""
+        if self._transport is None or self._slots or self._linger is not None or self._unread_bytes():
+            return
+        self._closing = True
+        self._close_gracefully()
 
     def close_now(self) -> None:
         self._closing = True
@@ -273,13 +290,39 @@ class Connection(asyncio.Protocol):
     def _close_after_write(self) -> None:
         self._closing = True
         self._slots.clear()
-        if self._transport is not None:
-            self._transport.close()  # flushes what was written, then closes
+        self._close_gracefully()
+
+    def _close_gracefully(self) -> None:
+        """Send our FIN after what was written, drop what the client still sends, close on its FIN or later."""
+        transport = self._transport
+        if transport is None or self._linger is not None:
+            return
+        if not transport.can_write_eof():
+            transport.close()
+            return
+        transport.write_eof()
+        self._linger = self._loop.call_later(LINGER_S, transport.close)
+        if self._reading_paused:
+            self._reading_paused = False
+            transport.resume_reading()
+
+    def _unread_bytes(self) -> int:
+        sock = self._transport.get_extra_info("socket") if self._transport is not None else None
+        if sock is None:
+            return 0
+        try:
+            raw = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+        except OSError:
+            return 0
+        count: int = struct.unpack("i", raw)[0]
+        return count
 
     def _update_reading(self) -> None:
         transport = self._transport
         if transport is None:
             return
+        if self._linger is not None:
+            return  # a closing connection keeps reading, to drop what the client sends instead of resetting it
         should_pause = self._writing_paused or len(self._slots) > MAX_PIPELINED
         if should_pause and not self._reading_paused:
             self._reading_paused = True

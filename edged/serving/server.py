@@ -75,7 +75,9 @@ class HttpServer:
         for server in self._servers:
             server.close()
         deadline = time.monotonic() + timeout_s
-        while app.active and time.monotonic() < deadline:
+        # Until every connection is gone, not only until no request is active: a connection closes with a
+        # lingering close, and one whose next request is already buffered is answered (503) before it closes.
+        while (app.active or app.connections) and time.monotonic() < deadline:
             for connection in list(app.connections):
                 connection.close_idle()
             await asyncio.sleep(0.01)
