@@ -17,6 +17,7 @@ from edged.serving._access import AccessPolicy
 from edged.serving._handlers import Handlers, load_override
 from edged.serving._http import Connection, Incoming, Slot
 from edged.serving._infer import InferPath
+from edged.serving._limits import BodyBudget, ConnectionLimit, model_body_bound
 from edged.serving._response import Response, error_for, error_response, render
 from edged.serving._routes import SPECS, Kind, Route, RouteSpec, match
 
@@ -38,9 +39,14 @@ class _Target(NamedTuple):
 
 class App:
     def __init__(self, service: InferenceService, config: ServerConfig, access: AccessPolicy,
-                 handlers: Handlers) -> None:
+                 handlers: Handlers, connection_limit: ConnectionLimit) -> None:
         self.service = service
         self.limits = config
+        self.connection_limit = connection_limit
+        self.max_connections = connection_limit.effective
+        self.refused_connections = 0  # past max_connections, since start
+        self.refused: dict[Connection, None] = {}  # refused connections not closed yet, oldest first
+        self.body_budget = BodyBudget(config.max_inflight_body_bytes)
         self.access = access
         self.handlers = handlers
         self.connections: set[Connection] = set()
@@ -72,6 +78,26 @@ class App:
                               lambda _: self._route(connection, incoming, slot, route))
             return
         self._route(connection, incoming, slot, route)
+
+    def body_bound(self, url: bytes) -> tuple[str, int] | None:
+        """(model, the largest body its inputs can need) for an infer URL of a loaded model, else None."""
+        target = self._targets.get(url)
+        if target is None:
+            try:
+                route = match(httptools.parse_url(url).path)
+            except (httptools.HttpParserInvalidURLError, InvalidInput):
+                return None  # dispatch answers it
+            if route is None:
+                return None
+            target = _Target(route, SPECS[route.kind], route.kind in _LAZY_KINDS)
+        route = target.route
+        if route.kind is not Kind.INFER or self.service.needs_load(route.model):
+            return None
+        try:
+            bound = model_body_bound(self.service.model_config(route.model, route.version))
+        except EdgedError:
+            return None  # unknown or unready model: dispatch answers it
+        return None if bound is None else (route.model, bound)
 
     def _match(self, connection: Connection, incoming: Incoming, slot: Slot) -> _Target | None:
         """The target of a URL not seen before; None when the request was answered with an error."""

@@ -21,6 +21,7 @@ from edged.serving._access import AccessPolicy
 from edged.serving._app import App
 from edged.serving._handlers import Handlers
 from edged.serving._http import Connection
+from edged.serving._limits import connection_limit
 from edged.serving._openapi import openapi_document
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,8 @@ class HttpServer:
         handlers = Handlers(self._service, self._telemetry, self._status_provider, openapi_document(),
                             self._metrics_provider)
         handlers.status_extra = self._status_extra
-        app = self._app = App(self._service, self._config, self._access, handlers)
+        app = self._app = App(self._service, self._config, self._access, handlers,
+                              connection_limit(self._config))
         for sock in sockets:
             sock.setblocking(False)
             if sock.family == socket.AF_UNIX:
@@ -113,5 +115,15 @@ class HttpServer:
                     connection.close_idle()
 
     def _status_extra(self) -> dict[str, Any]:
+        app = self._app
+        if app is None:
+            return {"listeners": list(self._addresses)}
+        limit = app.connection_limit
         return {"listeners": list(self._addresses), "connections": self.connection_count,
-                "active_requests": self.active_requests}
+                "active_requests": self.active_requests,
+                "limits": {"max_connections": limit.effective, "max_connections_configured": limit.requested,
+                           "nofile": limit.nofile, "fd_reserve": limit.reserve,
+                           "connections_refused": app.refused_connections,
+                           "inflight_body_bytes": app.body_budget.used,
+                           "inflight_body_limit_bytes": app.body_budget.limit,
+                           "bodies_refused": app.body_budget.refused}}

@@ -15,6 +15,7 @@ import numpy as np
 from integration.edged_daemon import start_daemon
 from modelgen import BUNDLED_MODELS
 
+from edged.client import EdgedClient
 from edged.protocol import encode_request
 
 CLIENTS = 6
@@ -122,3 +123,82 @@ def test_sigterm_under_keep_alive_load_answers_or_closes_cleanly(tmp_path: Path)
     assert tally.statuses.get(200, 0) >= CLIENTS * EXCHANGES_BEFORE_SIGTERM, tally.statuses
     assert set(tally.statuses) <= {200, 503}, tally.statuses
     assert tally.resets == [], f"{len(tally.resets)} clients were reset: {tally.resets[:3]}"
+
+
+NOFILE = 320
+FLOOD = 700
+
+
+def _flood(path: str, count: int, deadline: float) -> list[socket.socket]:
+    held: list[socket.socket] = []
+    while len(held) < count:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(path)  # blocking: a full listen backlog makes connect wait, not fail
+        except BlockingIOError:  # a Unix socket's backlog is full: the daemon is accepting, wait for it
+            sock.close()
+            assert time.monotonic() < deadline, f"only {len(held)} connections accepted"
+            time.sleep(0.01)
+            continue
+        held.append(sock)
+    return held
+
+
+def _polite_request(path: str, deadline: float) -> tuple[int, bytes]:
+    """GET /v2/health/live until an answer comes; a connection closed without one is tried again."""
+    while True:
+        assert time.monotonic() < deadline, "no answer before the deadline"
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(20)
+            try:
+                sock.connect(path)
+            except BlockingIOError:  # the listen backlog is full for a moment: a Unix socket says EAGAIN
+                time.sleep(0.05)
+                continue
+            sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+            reader = _Reader(sock)
+            answer = reader.response()
+            if answer is not None:
+                return answer[0], reader.buffer
+        time.sleep(0.05)
+
+
+def _descriptors(pid: int) -> int:
+    return len(list(Path(f"/proc/{pid}/fd").iterdir()))
+
+
+def test_a_connection_flood_gets_503_and_leaves_the_descriptor_reserve(tmp_path: Path) -> None:
+    repo = tmp_path / "models"
+    repo.mkdir()
+    shutil.copytree(BUNDLED_MODELS / "tiny_mlp", repo / "tiny_mlp")
+    workdir = Path(tempfile.mkdtemp(prefix="edged-lim-", dir="/tmp"))
+    config = '[telemetry]\nsource = "off"\n\n[server]\nmax_connections = 5000\nfd_reserve = 64\nlisten_backlog = 32\n'
+    daemon = start_daemon(workdir, config=config, args=["--model-repository", str(repo)],
+                          argv_prefix=["prlimit", f"--nofile={NOFILE}:{NOFILE}", "--"])
+    path = str(daemon.socket_path)
+    held: list[socket.socket] = []
+    try:
+        with EdgedClient(path) as client:
+            limits = client.status()["limits"]
+        assert limits["nofile"] == NOFILE and 0 < limits["max_connections"] < NOFILE - 64
+        peak = 0
+        for _ in range(FLOOD // 100):
+            held += _flood(path, 100, time.monotonic() + DEADLINE_S)
+            peak = max(peak, _descriptors(daemon.pid))
+        status, _ = _polite_request(path, time.monotonic() + DEADLINE_S)
+        peak = max(peak, _descriptors(daemon.pid))
+        assert status == 503
+        assert peak <= NOFILE - 64, f"{peak} descriptors open, the limit leaves {NOFILE - 64}"
+        for sock in held:
+            sock.close()
+        held = []
+        deadline = time.monotonic() + DEADLINE_S
+        while _polite_request(path, deadline)[0] != 200:
+            time.sleep(0.05)
+    finally:
+        for sock in held:
+            sock.close()
+        daemon.stop(10)
+        output = daemon.output()
+        shutil.rmtree(workdir, ignore_errors=True)
+    assert "Too many open files" not in output

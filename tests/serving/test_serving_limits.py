@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import socket
+import time
+from pathlib import Path
 
 import orjson
-from conftest import RunningServer
+from conftest import RunningServer, make_server
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -60,3 +62,99 @@ def test_any_shape_gets_a_clear_answer_and_leaks_no_request(server: RunningServe
     if status != 200:
         assert "input" in doc["error"]
     assert server.server is not None and server.server.active_requests == 0
+
+
+def _open(server: RunningServer) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(10)
+    sock.connect(str(server.socket_path))
+    return sock
+
+
+def _read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"closed before a response: {data!r}"
+        data += chunk
+    head, body = data.split(b"\r\n\r\n", 1)
+    lines = head.decode().split("\r\n")
+    headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+    while len(body) < int(headers["content-length"]):
+        body += sock.recv(65536)
+    return int(lines[0].split(" ", 2)[1]), headers, body
+
+
+def _live(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+    return _read_response(sock)
+
+
+def _wait_for_connections(server: RunningServer, count: int) -> None:
+    deadline = time.monotonic() + 10
+    while server.server is not None and server.server.connection_count != count:
+        assert time.monotonic() < deadline, f"{server.server.connection_count} connections, expected {count}"
+        time.sleep(0.01)
+
+
+def test_past_max_connections_a_client_gets_503_with_retry_after(tmp_path: Path) -> None:
+    server = make_server(tmp_path, max_connections=3)
+    held = [_open(server) for _ in range(3)]
+    try:
+        assert all(_live(sock)[0] == 200 for sock in held)
+        with _open(server) as extra:
+            status, headers, body = _read_response(extra)
+            assert extra.recv(1) == b""  # closed after the answer, not reset
+        assert status == 503 and headers["retry-after"] == "1" and headers["connection"] == "close"
+        assert "server.max_connections" in orjson.loads(body)["error"]
+        held.pop().close()
+        _wait_for_connections(server, 2)
+        with _open(server) as again:
+            assert _live(again)[0] == 200
+            status_doc = orjson.loads(_get(again, "/v2/edged/status"))
+        assert status_doc["limits"]["connections_refused"] == 1 and status_doc["limits"]["max_connections"] == 3
+    finally:
+        for sock in held:
+            sock.close()
+        server.stop()
+
+
+def _get(sock: socket.socket, path: str) -> bytes:
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    status, _, body = _read_response(sock)
+    assert status == 200, body
+    return body
+
+
+def test_a_body_too_large_for_the_model_is_refused_before_it_is_sent(tmp_path: Path) -> None:
+    server = make_server(tmp_path, max_body_bytes=64 << 20)
+    try:
+        with _open(server) as sock:  # 60 MB of JSON declared, not one byte of it sent
+            sock.sendall(f"POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Length: 60000000\r\n\r\n".encode())
+            status, headers, body = _read_response(sock)
+        assert status == 413 and headers["connection"] == "close"
+        assert "tiny_mlp" in orjson.loads(body)["error"]
+        assert server.server is not None and server.server.active_requests == 0
+    finally:
+        server.stop()
+
+
+def test_bodies_past_the_inflight_budget_get_503_until_the_budget_frees(tmp_path: Path) -> None:
+    server = make_server(tmp_path, max_body_bytes=1 << 20, max_inflight_body_bytes=(1 << 20) + (1 << 19))
+    index = b"POST /v2/repository/index HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
+    try:
+        slow = _open(server)
+        slow.sendall(index % (1 << 20) + b" " * 1000)  # a megabyte declared, arriving slowly
+        with _open(server) as second:
+            second.sendall(index % (1 << 20))
+            status, headers, body = _read_response(second)
+        assert status == 503 and headers["retry-after"] == "1"
+        assert "server.max_inflight_body_bytes" in orjson.loads(body)["error"]
+        slow.sendall(b" " * ((1 << 20) - 1002) + b"{}")
+        assert _read_response(slow)[0] == 200
+        slow.close()
+        with _open(server) as third:
+            third.sendall(index % (1 << 20) + b" " * ((1 << 20) - 2) + b"{}")
+            assert _read_response(third)[0] == 200
+    finally:
+        server.stop()
