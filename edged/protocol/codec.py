@@ -19,6 +19,7 @@ import numpy as np
 import orjson
 
 from edged.errors import InvalidInput, PayloadTooLarge
+from edged.protocol._jsondata import SPLIT_MIN_BYTES, CutArrays, Unmatched, as_list, is_float, parse_floats, split_data
 from edged.protocol.datatypes import KSERVE_TO_NUMPY, kserve_datatype, numpy_for
 
 Array = np.ndarray[Any, Any]
@@ -72,7 +73,18 @@ def decode_request(body: bytes, header_length: int | None,
     if header_length is not None and not 0 < header_length <= len(body):
         raise InvalidInput(f"Inference-Header-Content-Length is {header_length} but the body has {len(body)} "
                            "bytes")
-    header_bytes = body if header_length is None else body[:header_length]
+    if header_length is None and len(body) >= SPLIT_MIN_BYTES:
+        split = split_data(body)  # large JSON data arrays straight to numpy, not through Python floats
+        if split is not None:
+            try:
+                return _decode(body, split[0], None, max_elements, CutArrays(split[1]))
+            except Unmatched:
+                pass  # a placeholder the client wrote, or "data" outside an input: parse the whole body
+    return _decode(body, body if header_length is None else body[:header_length], header_length, max_elements)
+
+
+def _decode(body: bytes, header_bytes: bytes, header_length: int | None, max_elements: int,
+            cut: CutArrays | None = None) -> DecodedRequest:
     try:
         doc = orjson.loads(header_bytes)
     except orjson.JSONDecodeError as e:
@@ -86,7 +98,7 @@ def decode_request(body: bytes, header_length: int | None,
     offset = 0
     inputs: dict[str, Array] = {}
     for entry in raw_inputs:
-        name, array, used = _decode_input(entry, binary, offset, max_elements)
+        name, array, used = _decode_input(entry, binary, offset, max_elements, cut)
         if name in inputs:
             raise InvalidInput(f"input {name!r} appears twice in the request")
         inputs[name] = array
@@ -94,6 +106,8 @@ def decode_request(body: bytes, header_length: int | None,
     if offset != len(binary):
         raise InvalidInput(f"binary data is {len(binary)} bytes but the inputs' binary_data_size add up to "
                            f"{offset}")
+    if cut is not None:
+        cut.check_all_claimed()
     outputs, flags = _decode_outputs(doc.get("outputs"))
     params = doc.get("parameters") or {}
     if not isinstance(params, dict):
@@ -147,7 +161,8 @@ def _element_count(name: str, shape: tuple[int, ...], max_elements: int) -> int:
     return 0 if zero else extent
 
 
-def _decode_input(entry: Any, binary: memoryview, offset: int, max_elements: int) -> tuple[str, Array, int]:
+def _decode_input(entry: Any, binary: memoryview, offset: int, max_elements: int,
+                  cut: CutArrays | None = None) -> tuple[str, Array, int]:
     if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
         raise InvalidInput("each input must be an object with a string \"name\"")
     name: str = entry["name"]
@@ -171,7 +186,13 @@ def _decode_input(entry: Any, binary: memoryview, offset: int, max_elements: int
         return name, _from_binary(name, chunk, dtype, shape, count), size
     if "data" not in entry:
         raise InvalidInput(f"input {name!r} has neither \"data\" nor parameters.binary_data_size")
-    return name, _from_json(name, entry["data"], dtype, datatype, shape, count), 0
+    data = entry["data"]
+    text = cut.claim(data) if cut is not None else None
+    if text is not None:
+        if is_float(dtype):
+            return name, parse_floats(name, text, dtype, count).reshape(shape), 0
+        data = as_list(text)
+    return name, _from_json(name, data, dtype, datatype, shape, count), 0
 
 
 def _from_binary(name: str, chunk: memoryview, dtype: np.dtype[Any], shape: tuple[int, ...],

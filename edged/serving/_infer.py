@@ -8,6 +8,10 @@ several connections in the same event-loop iteration meet. The first costs no ex
 is what lets 16 connections share batches. A fast model executes inline on the loop thread and its done
 callback writes the response directly; otherwise the callback comes from a worker thread and hops back with
 ``call_soon_threadsafe``.
+
+A body of ``OFFLOAD_BYTES`` or more is decoded in the executor: its decode parses in pieces (see
+``edged.protocol._jsondata``), so the loop keeps answering other clients meanwhile; its response keeps its
+place in the connection's order like any other.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from edged.engine import InferenceService, InferRequest, InferResponse, Requeste
 from edged.errors import EdgedError
 from edged.protocol import DecodedRequest, decode_request, encode_response
 from edged.serving._http import Connection, Incoming, Slot, header_int
+from edged.serving._limits import OFFLOAD_BYTES
 from edged.serving._response import error_for, render
 
 _JSON_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%s\r\n"
@@ -69,10 +74,33 @@ class InferPath:
     def handle(self, connection: Connection, incoming: Incoming, slot: Slot, model: str, version: str) -> None:
         try:
             header_length = header_int(incoming.headers, b"inference-header-content-length")
+            if len(incoming.body) >= OFFLOAD_BYTES:
+                future = self.loop.run_in_executor(None, decode_request, incoming.body, header_length,
+                                                   self._max_elements)
+                future.add_done_callback(lambda done: self._decoded(connection, incoming, slot, model, version,
+                                                                    done))
+                return
             decoded = decode_request(incoming.body, header_length, self._max_elements)
         except EdgedError as e:
             connection.respond(slot, render(error_for(e), incoming.keep_alive), not incoming.keep_alive)
             return
+        self._queue(connection, incoming, slot, model, version, decoded)
+
+    def _decoded(self, connection: Connection, incoming: Incoming, slot: Slot, model: str, version: str,
+                 done: asyncio.Future[DecodedRequest]) -> None:
+        error = done.exception()
+        if isinstance(error, EdgedError):
+            connection.respond(slot, render(error_for(error), incoming.keep_alive), not incoming.keep_alive)
+        elif error is not None:
+            connection.fail(slot, error, incoming.keep_alive)
+        else:
+            try:
+                self._queue(connection, incoming, slot, model, version, done.result())
+            except Exception as e:  # a loop callback: nothing else would answer the slot
+                connection.fail(slot, e, incoming.keep_alive)
+
+    def _queue(self, connection: Connection, incoming: Incoming, slot: Slot, model: str, version: str,
+               decoded: DecodedRequest) -> None:
         outputs: tuple[RequestedOutput, ...] = ()
         if decoded.outputs:
             outputs = tuple(RequestedOutput(o.name, o.binary_data, o.class_count) for o in decoded.outputs)

@@ -7,10 +7,14 @@ import socket
 import time
 from pathlib import Path
 
+import numpy as np
 import orjson
 from conftest import RunningServer, make_server
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from modelgen import add_model, mlp_reference, mlp_weights
+
+from edged.config import ServerConfig
 
 INFER = "/v2/models/tiny_mlp/infer"
 SHAPES = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -71,8 +75,11 @@ def _open(server: RunningServer) -> socket.socket:
     return sock
 
 
+_PENDING: dict[int, bytes] = {}  # bytes read past a response, by socket: pipelined answers come together
+
+
 def _read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
-    data = b""
+    data = _PENDING.pop(sock.fileno(), b"")
     while b"\r\n\r\n" not in data:
         chunk = sock.recv(65536)
         assert chunk, f"closed before a response: {data!r}"
@@ -80,9 +87,12 @@ def _read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
     head, body = data.split(b"\r\n\r\n", 1)
     lines = head.decode().split("\r\n")
     headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
-    while len(body) < int(headers["content-length"]):
+    length = int(headers["content-length"])
+    while len(body) < length:
         body += sock.recv(65536)
-    return int(lines[0].split(" ", 2)[1]), headers, body
+    if len(body) > length:
+        _PENDING[sock.fileno()] = body[length:]
+    return int(lines[0].split(" ", 2)[1]), headers, body[:length]
 
 
 def _live(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
@@ -156,5 +166,39 @@ def test_bodies_past_the_inflight_budget_get_503_until_the_budget_frees(tmp_path
         with _open(server) as third:
             third.sendall(index % (1 << 20) + b" " * ((1 << 20) - 2) + b"{}")
             assert _read_response(third)[0] == 200
+    finally:
+        server.stop()
+
+
+OPEN_MLP = """name: "open_mlp"
+platform: "onnxruntime_onnx"
+max_batch_size: 0
+input [ { name: "input", data_type: TYPE_FP32, dims: [ -1, 64 ] } ]
+output [ { name: "output", data_type: TYPE_FP32, dims: [ -1, 10 ] } ]
+"""
+
+
+def test_a_large_json_body_is_decoded_off_the_loop_and_answered_in_order(tmp_path: Path) -> None:
+    weights = mlp_weights()
+    add_model(tmp_path / "repo", "open_mlp", OPEN_MLP, {1: weights})
+    server = RunningServer(tmp_path / "repo", ServerConfig(), tmp_path / "edged.sock")
+    rows = 3000  # about 2.4 MB of JSON: past the size decoded in the executor
+    x = np.random.default_rng(1).standard_normal((rows, 64)).astype(np.float32)
+    good = orjson.dumps({"inputs": [{"name": "input", "datatype": "FP32", "shape": [rows, 64],
+                                     "data": x.ravel().tolist()}]})
+    bad = good[:-200] + good[-200:].replace(b",", b" ", 1)  # two numbers without a comma between
+    path = b"/v2/models/open_mlp/infer"
+    request = b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
+    try:
+        with _open(server) as sock:  # pipelined: the large decodes run in the executor, the answers keep order
+            sock.sendall(request % (path, len(good)) + good + request % (path, len(bad)) + bad
+                         + b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+            first, second, third = (_read_response(sock) for _ in range(3))
+        assert first[0] == 200 and second[0] == 400 and third[0] == 200
+        output = orjson.loads(first[2])["outputs"][0]
+        assert output["shape"] == [rows, 10]
+        assert np.allclose(np.asarray(output["data"]).reshape(rows, 10), mlp_reference(weights, x), atol=1e-4)
+        assert "numbers" in orjson.loads(second[2])["error"]
+        assert server.server is not None and server.server.active_requests == 0
     finally:
         server.stop()
