@@ -19,7 +19,7 @@ import numpy as np
 import orjson
 
 from edged.errors import InvalidInput, PayloadTooLarge
-from edged.protocol._jsondata import SPLIT_MIN_BYTES, CutArrays, Unmatched, as_list, is_float, parse_floats, split_data
+from edged.protocol._jsondata import SPLIT_MIN_BYTES, CutArrays, Unmatched, parse_pieces, split_data
 from edged.protocol.datatypes import KSERVE_TO_NUMPY, kserve_datatype, numpy_for
 
 Array = np.ndarray[Any, Any]
@@ -188,10 +188,15 @@ def _decode_input(entry: Any, binary: memoryview, offset: int, max_elements: int
         raise InvalidInput(f"input {name!r} has neither \"data\" nor parameters.binary_data_size")
     data = entry["data"]
     text = cut.claim(data) if cut is not None else None
-    if text is not None:
-        if is_float(dtype):
-            return name, parse_floats(name, text, dtype, count).reshape(shape), 0
-        data = as_list(text)
+    if text is not None and dtype.kind != "O":
+        array = parse_pieces(name, text, dtype, count,
+                             lambda values: _from_json(name, values, dtype, datatype, (len(values),), len(values)))
+        return name, array.reshape(shape), 0
+    if text is not None:  # numbers for a BYTES input: refused below, or not JSON
+        try:
+            data = orjson.loads(b"[" + text.tobytes() + b"]")
+        except orjson.JSONDecodeError as e:
+            raise InvalidInput(f"input {name!r}: \"data\" is not valid JSON: {e}") from None
     return name, _from_json(name, data, dtype, datatype, shape, count), 0
 
 

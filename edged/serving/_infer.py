@@ -9,9 +9,10 @@ is what lets 16 connections share batches. A fast model executes inline on the l
 callback writes the response directly; otherwise the callback comes from a worker thread and hops back with
 ``call_soon_threadsafe``.
 
-A body of ``OFFLOAD_BYTES`` or more is decoded in the executor: its decode parses in pieces (see
+A body of ``OFFLOAD_BYTES`` or more is decoded on one decoding thread: its decode parses in pieces (see
 ``edged.protocol._jsondata``), so the loop keeps answering other clients meanwhile; its response keeps its
-place in the connection's order like any other.
+place in the connection's order like any other. One thread, not a pool: several decoding threads would each
+take the GIL in turn before the loop gets it back, and decode no faster.
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from edged.engine import InferenceService, InferRequest, InferResponse, RequestedOutput
-from edged.errors import EdgedError
+from edged.errors import EdgedError, Unavailable
 from edged.protocol import DecodedRequest, decode_request, encode_response
 from edged.serving._http import Connection, Incoming, Slot, header_int
 from edged.serving._limits import OFFLOAD_BYTES
@@ -70,12 +72,16 @@ class InferPath:
         self._last_sender: Connection | None = None
         self._last_sent = 0.0
         self._gather_until = 0.0
+        self._decoder = ThreadPoolExecutor(1, thread_name_prefix="edged-decode")
+
+    def close(self) -> None:
+        self._decoder.shutdown(wait=False, cancel_futures=True)
 
     def handle(self, connection: Connection, incoming: Incoming, slot: Slot, model: str, version: str) -> None:
         try:
             header_length = header_int(incoming.headers, b"inference-header-content-length")
             if len(incoming.body) >= OFFLOAD_BYTES:
-                future = self.loop.run_in_executor(None, decode_request, incoming.body, header_length,
+                future = self.loop.run_in_executor(self._decoder, decode_request, incoming.body, header_length,
                                                    self._max_elements)
                 future.add_done_callback(lambda done: self._decoded(connection, incoming, slot, model, version,
                                                                     done))
@@ -88,7 +94,7 @@ class InferPath:
 
     def _decoded(self, connection: Connection, incoming: Incoming, slot: Slot, model: str, version: str,
                  done: asyncio.Future[DecodedRequest]) -> None:
-        error = done.exception()
+        error = Unavailable("the server is shutting down") if done.cancelled() else done.exception()
         if isinstance(error, EdgedError):
             connection.respond(slot, render(error_for(error), incoming.keep_alive), not incoming.keep_alive)
         elif error is not None:

@@ -88,6 +88,7 @@ class HttpServer:
                         timeout_s)
         for connection in list(app.connections):
             connection.close_now()
+        app.infer.close()
         if self._sweeper is not None:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):

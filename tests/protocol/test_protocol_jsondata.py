@@ -92,7 +92,7 @@ def test_nested_data_is_still_accepted() -> None:
 def test_decoding_a_large_json_body_allocates_about_the_array_not_a_float_per_element() -> None:
     import tracemalloc
 
-    count = 500_000
+    count = 1_000_000
     body = _text_body(b",".join([b"0.123456"] * count), "FP32", count)
     tracemalloc.start()
     try:
@@ -100,5 +100,6 @@ def test_decoding_a_large_json_body_allocates_about_the_array_not_a_float_per_el
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    # Through Python floats in a list it is 32 bytes an element (8x the FP32 array) on top of the body.
-    assert array.nbytes == 4 * count and peak < 2 * array.nbytes + 2 * 1024 * 1024, peak
+    # Through Python floats in a list it is 32 bytes an element (8x the FP32 array) on top of the body; in
+    # pieces it is the array plus one piece's floats (a constant).
+    assert array.nbytes == 4 * count and peak < 2 * array.nbytes + 4 * 1024 * 1024, peak
