@@ -31,10 +31,10 @@ _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _DATA_VALUE = re.compile(rb"\s*:\s*\[")
 
 
-def split_data(body: bytes) -> tuple[bytes, dict[str, memoryview]] | None:
+def split_data(body: bytes | bytearray) -> tuple[bytes, dict[str, memoryview]] | None:
     """(the body with large flat ``data`` arrays replaced by placeholder strings, the arrays' text by
     placeholder); None when there is nothing to cut out or the body is not well-formed enough to scan."""
-    pieces: list[bytes] = []
+    pieces: list[bytes | bytearray] = []
     arrays: dict[str, memoryview] = {}
     view = memoryview(body)
     pos = done = 0

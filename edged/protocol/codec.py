@@ -67,7 +67,7 @@ class ResponseLike(Protocol):
     parameters: dict[str, Any]
 
 
-def decode_request(body: bytes, header_length: int | None,
+def decode_request(body: bytes | bytearray, header_length: int | None,
                    max_elements: int = 64 * 1024 * 1024) -> DecodedRequest:
     """Parse an infer request body; every problem is an InvalidInput naming the tensor and the field."""
     if header_length is not None and not 0 < header_length <= len(body):
@@ -83,7 +83,7 @@ def decode_request(body: bytes, header_length: int | None,
     return _decode(body, body if header_length is None else body[:header_length], header_length, max_elements)
 
 
-def _decode(body: bytes, header_bytes: bytes, header_length: int | None, max_elements: int,
+def _decode(body: bytes | bytearray, header_bytes: bytes | bytearray, header_length: int | None, max_elements: int,
             cut: CutArrays | None = None) -> DecodedRequest:
     try:
         doc = orjson.loads(header_bytes)

@@ -61,7 +61,7 @@ class Incoming:
 
     __slots__ = ("body", "headers", "keep_alive", "method", "url")
 
-    def __init__(self, method: bytes, url: bytes, headers: dict[bytes, bytes], body: bytes,
+    def __init__(self, method: bytes, url: bytes, headers: dict[bytes, bytes], body: bytes | bytearray,
                  keep_alive: bool) -> None:
         self.method = method
         self.url = url
@@ -92,6 +92,9 @@ class Connection(asyncio.Protocol):
         self._headers: dict[bytes, bytes] = {}
         self._header_bytes = 0
         self._body: list[bytes] = []
+        # A large body declared by Content-Length is copied into one buffer as it arrives: joining its chunks
+        # at the end would copy it all in one go on the loop (170 ms measured for 53 MB).
+        self._buffer: bytearray | None = None
         self._body_bytes = 0
         self._reserved = 0  # budget bytes taken for the request being read
         self._refused = False  # accepted past max_connections, answered 503, lingering until closed
@@ -177,6 +180,7 @@ class Connection(asyncio.Protocol):
         self._headers = {}
         self._header_bytes = 0
         self._body = []
+        self._buffer = None
         self._body_bytes = 0
 
     def on_url(self, url: bytes) -> None:
@@ -216,14 +220,22 @@ class Connection(asyncio.Protocol):
             raise _Reject(413, f"request body is larger than the limit of {self._limits.max_body_bytes} bytes")
         if self._body_bytes > self._reserved:  # a chunked body, or one longer than declared
             self._reserve(self._body_bytes)
-        self._body.append(body)
+        if self._buffer is not None:
+            self._buffer += body  # grows by mremap, not by copying: the pages are touched as they arrive
+        else:
+            self._body.append(body)
 
     def on_message_complete(self) -> None:
         self.request_started = 0.0
         if self._closing:
             self._release_reserved()
             return  # pipelined behind a response that closes the connection: the client must resend it
-        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        body: bytes | bytearray
+        if self._buffer is not None:
+            body = self._buffer
+        else:
+            body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        self._buffer = None
         method = self._parser.get_method()
         request = Incoming(method, self._url, self._headers, body, self._parser.should_keep_alive())
         slot = Slot()
@@ -248,6 +260,9 @@ class Connection(asyncio.Protocol):
             if bound is not None and length > bound[1]:
                 raise _Reject(413, f"request body of {length} bytes is larger than model {bound[0]!r} can take: "
                                    f"its inputs at their largest need at most {bound[1]} bytes")
+            self._reserve(length)
+            self._buffer = bytearray()  # not bytearray(length): zeroing it all would stall the loop
+            return
         self._reserve(length)
 
     def _reserve(self, total: int) -> None:
