@@ -168,7 +168,10 @@ class App:
         def finished(done: asyncio.Future[Any] | Future[Any]) -> None:
             error = done.exception()
             if error is None:
-                then(done.result())
+                try:
+                    then(done.result())
+                except Exception as e:  # a loop callback: an escaping error would leave the slot unanswered
+                    connection.fail(slot, e, incoming.keep_alive)
             elif isinstance(error, EdgedError):
                 self._answer(connection, incoming, slot, error_for(error))
             else:
