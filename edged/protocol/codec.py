@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import struct
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 import orjson
 
-from edged.errors import InvalidInput, PayloadTooLarge
+from edged.errors import InvalidInput
 from edged.protocol._jsondata import SPLIT_MIN_BYTES, CutArrays, Unmatched, parse_pieces, split_data
+from edged.protocol._shapes import element_count, shape_of
 from edged.protocol.datatypes import KSERVE_TO_NUMPY, kserve_datatype, numpy_for
 
 Array = np.ndarray[Any, Any]
@@ -35,7 +36,6 @@ _DATATYPE_NAMES: dict[np.dtype[Any], str] = {
     for variant in (dtype, dtype.newbyteorder("<"), dtype.newbyteorder(">"))
 }
 _LITTLE_ENDIAN_ORDERS = frozenset("<|=") if sys.byteorder == "little" else frozenset("<|")
-MAX_RANK = 32  # numpy 1.x's NPY_MAXDIMS: a deeper shape could not be built into an array anyway
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,10 @@ class DecodedRequest:
     binary_default: bool = False  # request-level parameters.binary_data_output
 
 
+# A model's checks that need only each input's dtype and shape (see decode_request).
+Precheck = Callable[[dict[str, tuple[np.dtype[Any], tuple[int, ...]]]], None]
+
+
 class ResponseLike(Protocol):
     model: str
     version: str
@@ -67,9 +71,13 @@ class ResponseLike(Protocol):
     parameters: dict[str, Any]
 
 
-def decode_request(body: bytes | bytearray, header_length: int | None,
-                   max_elements: int = 64 * 1024 * 1024) -> DecodedRequest:
-    """Parse an infer request body; every problem is an InvalidInput naming the tensor and the field."""
+def decode_request(body: bytes | bytearray, header_length: int | None, max_elements: int = 64 * 1024 * 1024,
+                   precheck: Precheck | None = None) -> DecodedRequest:
+    """Parse an infer request body; every problem is an InvalidInput naming the tensor and the field.
+
+    ``precheck`` gets every input's dtype and shape once the header is parsed and before any data is
+    converted: a model's own checks there refuse a large body that does not fit it before it costs anything.
+    """
     if header_length is not None and not 0 < header_length <= len(body):
         raise InvalidInput(f"Inference-Header-Content-Length is {header_length} but the body has {len(body)} "
                            "bytes")
@@ -77,14 +85,15 @@ def decode_request(body: bytes | bytearray, header_length: int | None,
         split = split_data(body)  # large JSON data arrays straight to numpy, not through Python floats
         if split is not None:
             try:
-                return _decode(body, split[0], None, max_elements, CutArrays(split[1]))
+                return _decode(body, split[0], None, max_elements, precheck, CutArrays(split[1]))
             except Unmatched:
                 pass  # a placeholder the client wrote, or "data" outside an input: parse the whole body
-    return _decode(body, body if header_length is None else body[:header_length], header_length, max_elements)
+    header = body if header_length is None else body[:header_length]
+    return _decode(body, header, header_length, max_elements, precheck)
 
 
 def _decode(body: bytes | bytearray, header_bytes: bytes | bytearray, header_length: int | None, max_elements: int,
-            cut: CutArrays | None = None) -> DecodedRequest:
+            precheck: Precheck | None, cut: CutArrays | None = None) -> DecodedRequest:
     try:
         doc = orjson.loads(header_bytes)
     except orjson.JSONDecodeError as e:
@@ -94,6 +103,8 @@ def _decode(body: bytes | bytearray, header_bytes: bytes | bytearray, header_len
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise InvalidInput("request must have a non-empty \"inputs\" list")
+    if precheck is not None:
+        precheck({meta[0]: (meta[2], meta[3]) for meta in (_tensor_meta(e, max_elements) for e in raw_inputs)})
     binary = memoryview(body)[header_length:] if header_length is not None else memoryview(b"")
     offset = 0
     inputs: dict[str, Array] = {}
@@ -130,50 +141,24 @@ def _int_param(params: Mapping[str, Any], key: str) -> int:
     return value
 
 
-def _shape(entry: Mapping[str, Any], name: str) -> tuple[int, ...]:
-    shape = entry.get("shape")
-    if type(shape) is list and len(shape) <= MAX_RANK:
-        for dim in shape:  # a plain loop: this runs for every tensor of every request
-            if type(dim) is not int or dim < 0:  # exact type: JSON true is a bool, not a dimension
-                break
-        else:
-            return tuple(shape)
-    raise InvalidInput(f"input {name!r}: \"shape\" must be a list of at most {MAX_RANK} non-negative integers, "
-                       f"found {str(shape)[:200]}")
-
-
-def _element_count(name: str, shape: tuple[int, ...], max_elements: int) -> int:
-    """The tensor's element count, refusing shapes whose non-zero dimensions alone pass ``max_elements``.
-
-    A zero dimension makes the count 0, but numpy still refuses shapes whose other dimensions overflow its
-    index type (``[2**32, 2**32, 0]``), so the bound applies to the product of the non-zero dimensions.
-    """
-    extent = 1
-    zero = False
-    for dim in shape:
-        if dim == 0:
-            zero = True
-        else:
-            extent *= dim
-            if extent > max_elements:  # stop early: the product of huge dimensions can be very long
-                raise PayloadTooLarge(f"input {name!r}: shape {str(list(shape))[:200]} has more than the limit "
-                                      f"of {max_elements} elements")
-    return 0 if zero else extent
-
-
-def _decode_input(entry: Any, binary: memoryview, offset: int, max_elements: int,
-                  cut: CutArrays | None = None) -> tuple[str, Array, int]:
+def _tensor_meta(entry: Any, max_elements: int) -> tuple[str, str, np.dtype[Any], tuple[int, ...], int]:
+    """(name, datatype, numpy dtype, shape, element count) of a tensor entry, from its metadata alone."""
     if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
         raise InvalidInput("each input must be an object with a string \"name\"")
     name: str = entry["name"]
-    shape = _shape(entry, name)
+    shape = shape_of(entry, name)
     datatype = entry.get("datatype")
     if not isinstance(datatype, str):
         raise InvalidInput(f"input {name!r}: \"datatype\" must be a string such as \"FP32\"")
     dtype = KSERVE_TO_NUMPY.get(datatype)
     if dtype is None:
         dtype = numpy_for(datatype, name)  # raises, naming the tensor and the known datatypes
-    count = _element_count(name, shape, max_elements)
+    return name, datatype, dtype, shape, element_count(name, shape, max_elements)
+
+
+def _decode_input(entry: Any, binary: memoryview, offset: int, max_elements: int,
+                  cut: CutArrays | None = None) -> tuple[str, Array, int]:
+    name, datatype, dtype, shape, count = _tensor_meta(entry, max_elements)
     params = entry.get("parameters") or {}
     size = params.get("binary_data_size") if isinstance(params, dict) else None
     if size is not None:

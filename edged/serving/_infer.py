@@ -81,8 +81,9 @@ class InferPath:
         try:
             header_length = header_int(incoming.headers, b"inference-header-content-length")
             if len(incoming.body) >= OFFLOAD_BYTES:
+                validator = self._service.version_info(model, version).validator
                 future = self.loop.run_in_executor(self._decoder, decode_request, incoming.body, header_length,
-                                                   self._max_elements)
+                                                   self._max_elements, validator.check_shapes)
                 future.add_done_callback(lambda done: self._decoded(connection, incoming, slot, model, version,
                                                                     done))
                 return

@@ -202,3 +202,22 @@ def test_a_large_json_body_is_decoded_off_the_loop_and_answered_in_order(tmp_pat
         assert server.server is not None and server.server.active_requests == 0
     finally:
         server.stop()
+
+
+def test_a_large_body_that_does_not_fit_the_model_is_refused_before_its_data_is_read(tmp_path: Path) -> None:
+    add_model(tmp_path / "repo", "open_mlp", OPEN_MLP, {1: mlp_weights()})
+    server = RunningServer(tmp_path / "repo", ServerConfig(), tmp_path / "edged.sock")
+    rows = 3000
+    values = b",".join([b"0.123456"] * (rows * 63))
+    # 63 columns where the model takes 64, and data that breaks only at its end: the shape error proves the
+    # model's checks ran on the metadata before the data was parsed.
+    body = (b'{"inputs":[{"name":"input","datatype":"FP32","shape":[%d,63],"data":[%s,oops]}]}'
+            % (rows, values))
+    try:
+        with _open(server) as sock:
+            sock.sendall(b"POST /v2/models/open_mlp/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
+                         % len(body) + body)
+            status, _, reply = _read_response(sock)
+        assert status == 400 and "expected [-1, 64]" in orjson.loads(reply)["error"], reply
+    finally:
+        server.stop()
