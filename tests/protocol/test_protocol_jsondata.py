@@ -103,3 +103,22 @@ def test_decoding_a_large_json_body_allocates_about_the_array_not_a_float_per_el
     # Through Python floats in a list it is 32 bytes an element (8x the FP32 array) on top of the body; in
     # pieces it is the array plus one piece's floats (a constant).
     assert array.nbytes == 4 * count and peak < 2 * array.nbytes + 4 * 1024 * 1024, peak
+
+
+_tricky_text = st.lists(st.sampled_from(['"', "\\", "[", "]", ",", ":", "data", '"data":[' + "1," * 3000 + "2]",
+                                         "a", " ", "\x00", "é", "}", "\x00edged-data:0"]),
+                        max_size=8).map("".join)
+
+
+@settings(max_examples=60, deadline=None)
+@given(strings=st.lists(_tricky_text, min_size=1, max_size=4), request_id=_tricky_text, key=_tricky_text)
+def test_strings_that_look_like_data_arrays_never_confuse_the_split(strings: list[str], request_id: str,
+                                                                    key: str) -> None:
+    values = [0.5] * ELEMENTS
+    body = body_of([{"name": "s", "datatype": "BYTES", "shape": [len(strings)], "data": strings},
+                    {"name": "x", "datatype": "FP32", "shape": [ELEMENTS], "data": values}],
+                   id=request_id, parameters={key: strings})
+    decoded = decode_request(body, None)
+    assert decoded.inputs["s"].tolist() == [text.encode() for text in strings]
+    assert np.array_equal(decoded.inputs["x"], np.full(ELEMENTS, 0.5, np.float32))
+    assert decoded.id == request_id and decoded.parameters == {key: strings}
