@@ -48,6 +48,8 @@ def describe(doc: Mapping[str, Any]) -> list[str]:
     lines = [_row("daemon", _daemon(doc)),
              _row("server", f"live {_yes(doc.get('live'))}, ready {_yes(doc.get('ready'))}")]
     lines.extend(_models(doc.get("models", [])))
+    if isinstance(doc.get("limits"), dict):
+        lines.append(_row("sockets", _sockets(doc)))
     lines.append(_row("mqtt", _mqtt(doc.get("mqtt"))))
     lines.append(_row("memory", _memory(doc.get("memory"))))
     lines.append(_row("telemetry", _telemetry(doc.get("telemetry"))))
@@ -115,3 +117,14 @@ def _telemetry(telemetry: Any) -> str:
         return "-"
     reason = f" ({telemetry['reason']})" if telemetry.get("reason") else ""
     return f"source {telemetry.get('source', '?')}{reason}"
+
+
+def _sockets(doc: Mapping[str, Any]) -> str:
+    limits = doc["limits"]
+    parts = [f"connections {doc.get('connections', '?')} of {limits.get('max_connections', '?')}",
+             f"refused {limits.get('connections_refused', 0)}",
+             f"bodies in flight {_mib(limits.get('inflight_body_bytes', 0))} of "
+             f"{_mib(limits.get('inflight_body_limit_bytes', 0))}"]
+    if limits.get("bodies_refused"):
+        parts.append(f"bodies refused {limits['bodies_refused']}")
+    return ", ".join(parts)

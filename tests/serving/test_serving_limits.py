@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from modelgen import add_model, mlp_reference, mlp_weights
 
+from edged.cli.status import describe
 from edged.config import ServerConfig
 
 INFER = "/v2/models/tiny_mlp/infer"
@@ -75,11 +78,12 @@ def _open(server: RunningServer) -> socket.socket:
     return sock
 
 
-_PENDING: dict[int, bytes] = {}  # bytes read past a response, by socket: pipelined answers come together
+# Bytes read past a response, by socket (not by fd: numbers are reused): pipelined answers come together.
+_PENDING: weakref.WeakKeyDictionary[socket.socket, bytes] = weakref.WeakKeyDictionary()
 
 
 def _read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
-    data = _PENDING.pop(sock.fileno(), b"")
+    data = _PENDING.pop(sock, b"")
     while b"\r\n\r\n" not in data:
         chunk = sock.recv(65536)
         assert chunk, f"closed before a response: {data!r}"
@@ -91,7 +95,7 @@ def _read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
     while len(body) < length:
         body += sock.recv(65536)
     if len(body) > length:
-        _PENDING[sock.fileno()] = body[length:]
+        _PENDING[sock] = body[length:]
     return int(lines[0].split(" ", 2)[1]), headers, body[:length]
 
 
@@ -123,6 +127,7 @@ def test_past_max_connections_a_client_gets_503_with_retry_after(tmp_path: Path)
             assert _live(again)[0] == 200
             status_doc = orjson.loads(_get(again, "/v2/edged/status"))
         assert status_doc["limits"]["connections_refused"] == 1 and status_doc["limits"]["max_connections"] == 3
+        assert any(line.startswith("sockets") and "of 3, refused 1" in line for line in describe(status_doc))
     finally:
         for sock in held:
             sock.close()
@@ -191,9 +196,14 @@ def test_a_large_json_body_is_decoded_off_the_loop_and_answered_in_order(tmp_pat
     request = b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
     try:
         with _open(server) as sock:  # pipelined: the large decodes run in the executor, the answers keep order
-            sock.sendall(request % (path, len(good)) + good + request % (path, len(bad)) + bad
-                         + b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+            # Sent from a thread while this one reads: a client that does not read its responses is not read
+            # from either (back-pressure), and the first answer can come before the last request is sent.
+            sender = threading.Thread(target=sock.sendall, args=(
+                request % (path, len(good)) + good + request % (path, len(bad)) + bad
+                + b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n",))
+            sender.start()
             first, second, third = (_read_response(sock) for _ in range(3))
+            sender.join()
         assert first[0] == 200 and second[0] == 400 and third[0] == 200
         output = orjson.loads(first[2])["outputs"][0]
         assert output["shape"] == [rows, 10]
