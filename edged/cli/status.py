@@ -51,6 +51,8 @@ def describe(doc: Mapping[str, Any]) -> list[str]:
     if isinstance(loop, dict):
         lines.append(_row("restarts", str(loop.get("message", "restarting in a loop"))))
     lines.extend(_models(doc.get("models", [])))
+    if isinstance(doc.get("limits"), dict):
+        lines.append(_row("sockets", _sockets(doc)))
     lines.append(_row("mqtt", _mqtt(doc.get("mqtt"))))
     lines.append(_row("memory", _memory(doc.get("memory"))))
     lines.append(_row("telemetry", _telemetry(doc.get("telemetry"))))
@@ -137,3 +139,14 @@ def _health(health: Any) -> list[str]:
             reason = c.get("reason") or c.get("last_error")
             lines.append(_row("", detail + (f": {reason}" if reason else "")))
     return lines
+
+
+def _sockets(doc: Mapping[str, Any]) -> str:
+    limits = doc["limits"]
+    parts = [f"connections {doc.get('connections', '?')} of {limits.get('max_connections', '?')}",
+             f"refused {limits.get('connections_refused', 0)}",
+             f"bodies in flight {_mib(limits.get('inflight_body_bytes', 0))} of "
+             f"{_mib(limits.get('inflight_body_limit_bytes', 0))}"]
+    if limits.get("bodies_refused"):
+        parts.append(f"bodies refused {limits['bodies_refused']}")
+    return ", ".join(parts)

@@ -54,6 +54,10 @@ class ServerConfig:
     http_allow_non_loopback: bool = False
     listen_backlog: int = field(default=128, metadata={"check": _positive})
     max_body_bytes: int = field(default=64 * 1024 * 1024, metadata={"check": _positive})
+    # Bodies of all requests held at once (read, decoding or running): four maximal bodies on a 4 GB device.
+    max_inflight_body_bytes: int = field(default=256 * 1024 * 1024, metadata={"check": _positive})
+    max_connections: int = field(default=1024, metadata={"check": _positive})
+    fd_reserve: int = field(default=64, metadata={"check": _positive})  # descriptors kept for the daemon's files
     max_header_bytes: int = field(default=16 * 1024, metadata={"check": _positive})
     max_tensor_elements: int = field(default=64 * 1024 * 1024, metadata={"check": _positive})
     request_timeout_s: float = field(default=30.0, metadata={"check": _positive})
@@ -66,3 +70,8 @@ class ServerConfig:
     shm_max_bytes_mb: int = field(default=1024, metadata={"check": _positive})
     access: AccessConfig = AccessConfig()
     tcp_restricted: dict[str, str] = field(default_factory=dict, metadata=_TCP_CHECK)  # category = "HEADER=VALUE"
+
+    def __post_init__(self) -> None:
+        if self.max_inflight_body_bytes < self.max_body_bytes:
+            raise ValueError(f"max_inflight_body_bytes ({self.max_inflight_body_bytes}) must be at least "
+                             f"max_body_bytes ({self.max_body_bytes}), or no request of the largest size fits")

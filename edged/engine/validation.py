@@ -111,7 +111,24 @@ class RequestValidator:
             self._check_outputs(request)
         return (batch_size if batching else 1), prepared, tuple(signature)
 
-    def _check_required(self, inputs: Mapping[str, Array]) -> None:
+    def check_shapes(self, shapes: Mapping[str, tuple[np.dtype[Any], tuple[int, ...]]]) -> None:
+        """The checks that need no data (names, datatypes, batch size, dims, element limit), for a front end
+        to run before it converts a large request's data; `check` still runs on the request itself."""
+        batch_size = 0
+        for name, (dtype, shape) in shapes.items():
+            spec = self._inputs.get(name)
+            if spec is None:
+                raise InvalidInput(f"model {self._model}: unexpected input {name!r} "
+                                   f"(expected inputs: {', '.join(self._inputs)})")
+            placeholder = np.broadcast_to(np.zeros((), dtype), shape)  # the shape without its memory
+            if self._batching:
+                if not shape or not 0 < shape[0] <= self._max_batch or (batch_size and shape[0] != batch_size):
+                    raise self._batch_error(spec, placeholder, batch_size)
+                batch_size = shape[0]
+            self._check_metadata(spec, placeholder)
+        self._check_required(shapes)
+
+    def _check_required(self, inputs: Mapping[str, Any]) -> None:
         for name in self._required:
             if name not in inputs:
                 raise InvalidInput(f"model {self._model}: expected input {name!r} is missing from the request "
@@ -135,6 +152,12 @@ class RequestValidator:
                             f"have {batch_size}; all inputs must share the batch size")
 
     def _check_tensor(self, spec: TensorConfig, array: Array) -> None:
+        self._check_metadata(spec, array)
+        if self._reject_nonfinite and array.dtype.kind == "f" and not np.isfinite(array).all():
+            raise InvalidInput(f"model {self._model}: input {spec.name!r} contains NaN or Inf, which this model "
+                               "does not accept (parameter reject_nonfinite_inputs)")
+
+    def _check_metadata(self, spec: TensorConfig, array: Array) -> None:
         expected_dtype = self._dtypes[spec.name]
         if (expected_dtype is not None and array.dtype != expected_dtype
                 and not (expected_dtype == np.object_ and array.dtype.kind in "OSU")):
@@ -148,9 +171,6 @@ class RequestValidator:
             shown_expected = ([-1] if self._batching else []) + list(spec.dims)
             raise InvalidInput(f"model {self._model}: input {spec.name!r} has shape {list(array.shape)}, "
                                f"expected {shown_expected}")
-        if self._reject_nonfinite and array.dtype.kind == "f" and not np.isfinite(array).all():
-            raise InvalidInput(f"model {self._model}: input {spec.name!r} contains NaN or Inf, which this model "
-                               "does not accept (parameter reject_nonfinite_inputs)")
 
     def _reshape(self, spec: TensorConfig, array: Array) -> Array:
         if spec.reshape is None:

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import struct
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 import orjson
 
-from edged.errors import InvalidInput, PayloadTooLarge
+from edged.errors import InvalidInput
+from edged.protocol._jsondata import SPLIT_MIN_BYTES, CutArrays, Unmatched, parse_pieces, split_data
+from edged.protocol._shapes import element_count, shape_of
 from edged.protocol.datatypes import KSERVE_TO_NUMPY, kserve_datatype, numpy_for
 from edged.protocol.shm_params import ShmReader, ShmReference, shm_reference
 
@@ -59,6 +61,10 @@ class DecodedRequest:
     binary_default: bool = False  # request-level parameters.binary_data_output
 
 
+# A model's checks that need only each input's dtype and shape (see decode_request).
+Precheck = Callable[[dict[str, tuple[np.dtype[Any], tuple[int, ...]]]], None]
+
+
 class ResponseLike(Protocol):
     model: str
     version: str
@@ -67,15 +73,30 @@ class ResponseLike(Protocol):
     parameters: dict[str, Any]
 
 
-def decode_request(body: bytes, header_length: int | None,
-                   max_elements: int = 64 * 1024 * 1024, shm: ShmReader | None = None) -> DecodedRequest:
+def decode_request(body: bytes | bytearray, header_length: int | None, max_elements: int = 64 * 1024 * 1024,
+                   precheck: Precheck | None = None, shm: ShmReader | None = None) -> DecodedRequest:
     """Parse an infer request body; every problem is an InvalidInput naming the tensor and the field.
 
-    ``shm`` resolves inputs that name a shared-memory region; without it such inputs are refused."""
+    ``precheck`` gets every input's dtype and shape once the header is parsed and before any data is
+    converted: a model's own checks there refuse a large body that does not fit it before it costs anything.
+    ``shm`` resolves inputs that name a shared-memory region; without it such inputs are refused.
+    """
     if header_length is not None and not 0 < header_length <= len(body):
         raise InvalidInput(f"Inference-Header-Content-Length is {header_length} but the body has {len(body)} "
                            "bytes")
-    header_bytes = body if header_length is None else body[:header_length]
+    if header_length is None and len(body) >= SPLIT_MIN_BYTES:
+        split = split_data(body)  # large JSON data arrays straight to numpy, not through Python floats
+        if split is not None:
+            try:
+                return _decode(body, split[0], None, max_elements, precheck, CutArrays(split[1]), shm)
+            except Unmatched:
+                pass  # a placeholder the client wrote, or "data" outside an input: parse the whole body
+    header = body if header_length is None else body[:header_length]
+    return _decode(body, header, header_length, max_elements, precheck, shm=shm)
+
+
+def _decode(body: bytes | bytearray, header_bytes: bytes | bytearray, header_length: int | None, max_elements: int,
+            precheck: Precheck | None, cut: CutArrays | None = None, shm: ShmReader | None = None) -> DecodedRequest:
     try:
         doc = orjson.loads(header_bytes)
     except orjson.JSONDecodeError as e:
@@ -85,11 +106,13 @@ def decode_request(body: bytes, header_length: int | None,
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise InvalidInput("request must have a non-empty \"inputs\" list")
+    if precheck is not None:
+        precheck({meta[0]: (meta[2], meta[3]) for meta in (_tensor_meta(e, max_elements) for e in raw_inputs)})
     binary = memoryview(body)[header_length:] if header_length is not None else memoryview(b"")
     offset = 0
     inputs: dict[str, Array] = {}
     for entry in raw_inputs:
-        name, array, used = _decode_input(entry, binary, offset, max_elements, shm)
+        name, array, used = _decode_input(entry, binary, offset, max_elements, cut, shm)
         if name in inputs:
             raise InvalidInput(f"input {name!r} appears twice in the request")
         inputs[name] = array
@@ -97,6 +120,8 @@ def decode_request(body: bytes, header_length: int | None,
     if offset != len(binary):
         raise InvalidInput(f"binary data is {len(binary)} bytes but the inputs' binary_data_size add up to "
                            f"{offset}")
+    if cut is not None:
+        cut.check_all_claimed()
     outputs, flags = _decode_outputs(doc.get("outputs"))
     params = doc.get("parameters") or {}
     if not isinstance(params, dict):
@@ -119,34 +144,24 @@ def _int_param(params: Mapping[str, Any], key: str) -> int:
     return value
 
 
-def _shape(entry: Mapping[str, Any], name: str) -> tuple[int, ...]:
-    shape = entry.get("shape")
-    if type(shape) is list:
-        for dim in shape:  # a plain loop: this runs for every tensor of every request
-            if type(dim) is not int or dim < 0:  # exact type: JSON true is a bool, not a dimension
-                break
-        else:
-            return tuple(shape)
-    raise InvalidInput(f"input {name!r}: \"shape\" must be a list of non-negative integers, found {shape!r}")
-
-
-def _decode_input(entry: Any, binary: memoryview, offset: int, max_elements: int,
-                  shm: ShmReader | None = None) -> tuple[str, Array, int]:
+def _tensor_meta(entry: Any, max_elements: int) -> tuple[str, str, np.dtype[Any], tuple[int, ...], int]:
+    """(name, datatype, numpy dtype, shape, element count) of a tensor entry, from its metadata alone."""
     if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
         raise InvalidInput("each input must be an object with a string \"name\"")
     name: str = entry["name"]
-    shape = _shape(entry, name)
+    shape = shape_of(entry, name)
     datatype = entry.get("datatype")
     if not isinstance(datatype, str):
         raise InvalidInput(f"input {name!r}: \"datatype\" must be a string such as \"FP32\"")
     dtype = KSERVE_TO_NUMPY.get(datatype)
     if dtype is None:
         dtype = numpy_for(datatype, name)  # raises, naming the tensor and the known datatypes
-    count = 1
-    for dim in shape:
-        count *= dim
-    if count > max_elements:
-        raise PayloadTooLarge(f"input {name!r} has {count} elements, more than the limit of {max_elements}")
+    return name, datatype, dtype, shape, element_count(name, shape, max_elements)
+
+
+def _decode_input(entry: Any, binary: memoryview, offset: int, max_elements: int,
+                  cut: CutArrays | None = None, shm: ShmReader | None = None) -> tuple[str, Array, int]:
+    name, datatype, dtype, shape, count = _tensor_meta(entry, max_elements)
     params = entry.get("parameters") or {}
     if not isinstance(params, dict):
         raise InvalidInput(f"input {name!r}: \"parameters\" must be an object")
@@ -164,7 +179,18 @@ def _decode_input(entry: Any, binary: memoryview, offset: int, max_elements: int
         return name, _from_binary(name, chunk, dtype, shape, count), size
     if "data" not in entry:
         raise InvalidInput(f"input {name!r} has neither \"data\" nor parameters.binary_data_size")
-    return name, _from_json(name, entry["data"], dtype, datatype, shape, count), 0
+    data = entry["data"]
+    text = cut.claim(data) if cut is not None else None
+    if text is not None and dtype.kind != "O":
+        array = parse_pieces(name, text, dtype, count,
+                             lambda values: _from_json(name, values, dtype, datatype, (len(values),), len(values)))
+        return name, array.reshape(shape), 0
+    if text is not None:  # numbers for a BYTES input: refused below, or not JSON
+        try:
+            data = orjson.loads(b"[" + text.tobytes() + b"]")
+        except orjson.JSONDecodeError as e:
+            raise InvalidInput(f"input {name!r}: \"data\" is not valid JSON: {e}") from None
+    return name, _from_json(name, data, dtype, datatype, shape, count), 0
 
 
 def _from_shared_memory(name: str, reference: ShmReference, shm: ShmReader | None, dtype: np.dtype[Any],

@@ -17,6 +17,7 @@ from edged.serving._access import AccessPolicy
 from edged.serving._handlers import Handlers, load_override
 from edged.serving._http import WANTED_HEADERS, Connection, Incoming, Slot
 from edged.serving._infer import InferPath
+from edged.serving._limits import BodyBudget, ConnectionLimit, model_body_bound
 from edged.serving._response import Response, error_for, error_response, render
 from edged.serving._routes import SHARED_MEMORY_KINDS, SPECS, Kind, Route, RouteSpec, match
 from edged.serving._shm_routes import handle_shm
@@ -40,9 +41,15 @@ class _Target(NamedTuple):
 
 class App:
     def __init__(self, service: InferenceService, config: ServerConfig, access: AccessPolicy,
-                 handlers: Handlers, shared_memory: SharedMemoryRegistry | None = None) -> None:
+                 handlers: Handlers, connection_limit: ConnectionLimit,
+                 shared_memory: SharedMemoryRegistry | None = None) -> None:
         self.service = service
         self.limits = config
+        self.connection_limit = connection_limit
+        self.max_connections = connection_limit.effective
+        self.refused_connections = 0  # past max_connections, since start
+        self.refused: dict[Connection, None] = {}  # refused connections not closed yet, oldest first
+        self.body_budget = BodyBudget(config.max_inflight_body_bytes)
         self.access = access
         # the headers connections keep: edged's own and those [server.tcp_restricted] names
         self.wanted_headers = WANTED_HEADERS | access.tcp.header_names
@@ -78,6 +85,26 @@ class App:
                               lambda _: self._route(connection, incoming, slot, route))
             return
         self._route(connection, incoming, slot, route)
+
+    def body_bound(self, url: bytes) -> tuple[str, int] | None:
+        """(model, the largest body its inputs can need) for an infer URL of a loaded model, else None."""
+        target = self._targets.get(url)
+        if target is None:
+            try:
+                route = match(httptools.parse_url(url).path)
+            except (httptools.HttpParserInvalidURLError, InvalidInput):
+                return None  # dispatch answers it
+            if route is None:
+                return None
+            target = _Target(route, SPECS[route.kind], route.kind in _LAZY_KINDS)
+        route = target.route
+        if route.kind is not Kind.INFER or self.service.needs_load(route.model):
+            return None
+        try:
+            bound = model_body_bound(self.service.model_config(route.model, route.version))
+        except EdgedError:
+            return None  # unknown or unready model: dispatch answers it
+        return None if bound is None else (route.model, bound)
 
     def _match(self, connection: Connection, incoming: Incoming, slot: Slot) -> _Target | None:
         """The target of a URL not seen before; None when the request was answered with an error."""
@@ -158,7 +185,10 @@ class App:
         def finished(done: asyncio.Future[Any] | Future[Any]) -> None:
             error = done.exception()
             if error is None:
-                then(done.result())
+                try:
+                    then(done.result())
+                except Exception as e:  # a loop callback: an escaping error would leave the slot unanswered
+                    connection.fail(slot, e, incoming.keep_alive)
             elif isinstance(error, EdgedError):
                 self._answer(connection, incoming, slot, error_for(error))
             else:

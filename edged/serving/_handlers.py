@@ -114,7 +114,7 @@ _TABLE: dict[Kind, Callable[[Handlers, Route, Incoming], Response]] = {
 }
 
 
-def load_override(body: bytes, model: str) -> ModelConfig | None:
+def load_override(body: bytes | bytearray, model: str) -> ModelConfig | None:
     """The ``parameters.config`` of a load request (Triton's JSON model config as a string), if any."""
     doc = _json_object(body, f"load request for model {model}")
     params = doc.get("parameters", {})
@@ -140,7 +140,7 @@ def load_override(body: bytes, model: str) -> ModelConfig | None:
     return config
 
 
-def _json_object(body: bytes, what: str) -> Mapping[str, Any]:
+def _json_object(body: bytes | bytearray, what: str) -> Mapping[str, Any]:
     if not body.strip():
         return {}
     try:

@@ -8,6 +8,11 @@ several connections in the same event-loop iteration meet. The first costs no ex
 is what lets 16 connections share batches. A fast model executes inline on the loop thread and its done
 callback writes the response directly; otherwise the callback comes from a worker thread and hops back with
 ``call_soon_threadsafe``.
+
+A body of ``OFFLOAD_BYTES`` or more is decoded on one decoding thread: its decode parses in pieces (see
+``edged.protocol._jsondata``), so the loop keeps answering other clients meanwhile; its response keeps its
+place in the connection's order like any other. One thread, not a pool: several decoding threads would each
+take the GIL in turn before the loop gets it back, and decode no faster.
 """
 
 from __future__ import annotations
@@ -15,16 +20,18 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from edged.engine import InferenceService, InferRequest, InferResponse, RequestedOutput
-from edged.errors import EdgedError, InvalidInput
+from edged.errors import EdgedError, InvalidInput, Unavailable
 from edged.protocol import DecodedRequest, decode_request, encode_response
 from edged.protocol.codec import tensor_bytes
 from edged.protocol.shm_params import ShmReader
 from edged.serving._access import Peer
 from edged.serving._http import Connection, Incoming, Slot, header_int
+from edged.serving._limits import OFFLOAD_BYTES
 from edged.serving._response import error_for, render
 from edged.shm import TCP_CALLER, Caller, SharedMemoryRegistry
 
@@ -75,15 +82,43 @@ class InferPath:
         self._last_sender: Connection | None = None
         self._last_sent = 0.0
         self._gather_until = 0.0
+        self._decoder = ThreadPoolExecutor(1, thread_name_prefix="edged-decode")
+
+    def close(self) -> None:
+        self._decoder.shutdown(wait=False, cancel_futures=True)
 
     def handle(self, connection: Connection, incoming: Incoming, slot: Slot, model: str, version: str) -> None:
         try:
             header_length = header_int(incoming.headers, b"inference-header-content-length")
-            decoded = decode_request(incoming.body, header_length, self._max_elements,
-                                     self._reader(connection.peer))
+            reader = self._reader(connection.peer)
+            if len(incoming.body) >= OFFLOAD_BYTES:
+                validator = self._service.version_info(model, version).validator
+                future = self.loop.run_in_executor(self._decoder, decode_request, incoming.body, header_length,
+                                                   self._max_elements, validator.check_shapes, reader)
+                future.add_done_callback(lambda done: self._decoded(connection, incoming, slot, model, version,
+                                                                    done))
+                return
+            decoded = decode_request(incoming.body, header_length, self._max_elements, shm=reader)
         except EdgedError as e:
             connection.respond(slot, render(error_for(e), incoming.keep_alive), not incoming.keep_alive)
             return
+        self._queue(connection, incoming, slot, model, version, decoded)
+
+    def _decoded(self, connection: Connection, incoming: Incoming, slot: Slot, model: str, version: str,
+                 done: asyncio.Future[DecodedRequest]) -> None:
+        error = Unavailable("the server is shutting down") if done.cancelled() else done.exception()
+        if isinstance(error, EdgedError):
+            connection.respond(slot, render(error_for(error), incoming.keep_alive), not incoming.keep_alive)
+        elif error is not None:
+            connection.fail(slot, error, incoming.keep_alive)
+        else:
+            try:
+                self._queue(connection, incoming, slot, model, version, done.result())
+            except Exception as e:  # a loop callback: nothing else would answer the slot
+                connection.fail(slot, e, incoming.keep_alive)
+
+    def _queue(self, connection: Connection, incoming: Incoming, slot: Slot, model: str, version: str,
+               decoded: DecodedRequest) -> None:
         outputs: tuple[RequestedOutput, ...] = ()
         if decoded.outputs:
             outputs = tuple(RequestedOutput(o.name, o.binary_data, o.class_count) for o in decoded.outputs)
@@ -142,14 +177,26 @@ class InferPath:
                                                                             call.request.version))
         except EdgedError as e:
             self.finish(call, e)
+        except Exception as e:  # a flush runs outside any request's handler: nothing else would answer
+            call.connection.fail(call.slot, e, call.keep_alive)
 
     def _submit_group(self, model: str, version: str, calls: Sequence[_Call]) -> None:
         """Queue the calls together so that the scheduler can batch them (one group commit)."""
         service = self._service
-        service.submit_many(model, version, [(call.request, call) for call in calls],
-                            service.should_inline(model, version))
+        try:
+            service.submit_many(model, version, [(call.request, call) for call in calls],
+                                service.should_inline(model, version))
+        except Exception as e:
+            for call in calls:
+                call.connection.fail(call.slot, e, call.keep_alive)
 
     def finish(self, call: _Call, result: InferResponse | EdgedError) -> None:
+        try:
+            self._finish(call, result)
+        except Exception as e:  # runs as a loop callback: an escaping error would leave the slot unanswered
+            call.connection.fail(call.slot, e, call.keep_alive)
+
+    def _finish(self, call: _Call, result: InferResponse | EdgedError) -> None:
         keep_alive = call.keep_alive
         if isinstance(result, EdgedError):
             call.connection.respond(call.slot, render(error_for(result), keep_alive), not keep_alive)

@@ -23,7 +23,7 @@ _CUDA_REFUSED = ("failed to register CUDA shared memory region: '{}', GPUs not s
                  "on Jetson's integrated GPU; use system shared memory)")
 
 
-def handle_shm(registry: SharedMemoryRegistry, route: Route, body: bytes, peer: Caller) -> Response:
+def handle_shm(registry: SharedMemoryRegistry, route: Route, body: bytes | bytearray, peer: Caller) -> Response:
     kind, name = route.kind, route.model
     if kind is Kind.SHM_STATUS:
         return json_response(registry.status(name, peer))
@@ -46,7 +46,7 @@ def handle_shm(registry: SharedMemoryRegistry, route: Route, body: bytes, peer: 
     return _EMPTY_OK  # CUDA unregister: nothing is ever registered
 
 
-def _register_request(body: bytes) -> tuple[str, int, int]:
+def _register_request(body: bytes | bytearray) -> tuple[str, int, int]:
     try:
         doc: Any = orjson.loads(body or b"{}")
     except orjson.JSONDecodeError as e:

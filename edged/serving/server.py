@@ -22,6 +22,7 @@ from edged.serving._access import AccessPolicy
 from edged.serving._app import App
 from edged.serving._handlers import Handlers
 from edged.serving._http import Connection
+from edged.serving._limits import connection_limit
 from edged.serving._openapi import openapi_document
 from edged.shm import SharedMemoryRegistry, ShmLimits
 
@@ -62,7 +63,8 @@ class HttpServer:
         handlers = Handlers(self._service, self._telemetry, self._status_provider, openapi_document(),
                             self._metrics_provider)
         handlers.status_extra = self._status_extra
-        app = self._app = App(self._service, self._config, self._access, handlers, self.shared_memory)
+        app = self._app = App(self._service, self._config, self._access, handlers,
+                              connection_limit(self._config), self.shared_memory)
         for sock in sockets:
             sock.setblocking(False)
             if sock.family == socket.AF_UNIX:
@@ -83,7 +85,9 @@ class HttpServer:
         for server in self._servers:
             server.close()
         deadline = time.monotonic() + timeout_s
-        while app.active and time.monotonic() < deadline:
+        # Until every connection is gone, not only until no request is active: a connection closes with a
+        # lingering close, and one whose next request is already buffered is answered (503) before it closes.
+        while (app.active or app.connections) and time.monotonic() < deadline:
             for connection in list(app.connections):
                 connection.close_idle()
             await asyncio.sleep(0.01)
@@ -92,6 +96,7 @@ class HttpServer:
                         timeout_s)
         for connection in list(app.connections):
             connection.close_now()
+        app.infer.close()
         if self._sweeper is not None:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -120,6 +125,16 @@ class HttpServer:
                     connection.close_idle()
 
     def _status_extra(self) -> dict[str, Any]:
+        app = self._app
+        if app is None:
+            return {"listeners": list(self._addresses)}
+        limit = app.connection_limit
         return {"listeners": list(self._addresses), "connections": self.connection_count,
                 "active_requests": self.active_requests,
-                "shared_memory": {"regions": len(self.shared_memory), "mapped_bytes": self.shared_memory.mapped_bytes}}
+                "shared_memory": {"regions": len(self.shared_memory), "mapped_bytes": self.shared_memory.mapped_bytes},
+                "limits": {"max_connections": limit.effective, "max_connections_configured": limit.requested,
+                           "nofile": limit.nofile, "fd_reserve": limit.reserve,
+                           "connections_refused": app.refused_connections,
+                           "inflight_body_bytes": app.body_budget.used,
+                           "inflight_body_limit_bytes": app.body_budget.limit,
+                           "bodies_refused": app.body_budget.refused}}

@@ -27,6 +27,9 @@ def test_no_file_means_built_in_defaults(tmp_path: Path) -> None:
     ("[[mqtt.pipelines]]\ninput = \"a\"\n", "mqtt.pipelines[0]"),
     ("[memory]\nbudget_mb = -1\n", "memory.budget_mb: expected a number >= 0"),
     ("server = [\n", "not valid TOML"),
+    ("[server]\nmax_connections = 0\n", "server.max_connections: expected a positive number"),
+    ("[server]\nmax_body_bytes = 2000\nmax_inflight_body_bytes = 1000\n",
+     "max_inflight_body_bytes (1000) must be at least max_body_bytes (2000)"),
 ])
 def test_bad_config_names_the_file_the_key_path_and_the_expected_form(text: str, fragment: str) -> None:
     with pytest.raises(ConfigError) as caught:

@@ -159,3 +159,37 @@ def test_tritonclient_over_loopback_tcp(server: RunningServer) -> None:
             client.get_model_metadata("ghost")
     finally:
         client.close()
+
+
+_X = np.zeros((1, 64), np.float32)
+_BINARY_BODY, _BINARY_HEADER = encode_request({"input": _X})
+# One request per Triton extension that proves its routes exist here (issue #14: system_shared_memory was
+# advertised while /v2/systemsharedmemory answered 404). Extensions without routes of their own probe the route
+# that carries them.
+_EXTENSION_PROBES: dict[str, tuple[str, str, bytes, dict[str, str]]] = {
+    "classification": ("POST", "/v2/models/tiny_mlp/infer",
+                       orjson.dumps({"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 64],
+                                                 "data": [0.0] * 64}],
+                                     "outputs": [{"name": "output", "parameters": {"classification": 2}}]}), {}),
+    "model_repository": ("POST", "/v2/repository/index", b"{}", {}),
+    "model_configuration": ("GET", "/v2/models/tiny_mlp/config", b"", {}),
+    "binary_tensor_data": ("POST", "/v2/models/tiny_mlp/infer", _BINARY_BODY,
+                           {"Inference-Header-Content-Length": str(_BINARY_HEADER)}),
+    "parameters": ("POST", "/v2/models/tiny_mlp/infer",
+                   orjson.dumps({"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 64],
+                                             "data": [0.0] * 64}], "parameters": {"priority": 1}}), {}),
+    "statistics": ("GET", "/v2/models/tiny_mlp/stats", b"", {}),
+    "schedule_policy": ("GET", "/v2/models/tiny_mlp/config", b"", {}),
+    "system_shared_memory": ("GET", "/v2/systemsharedmemory/status", b"", {}),
+    "cuda_shared_memory": ("GET", "/v2/cudasharedmemory/status", b"", {}),
+}
+
+
+def test_every_advertised_extension_has_working_routes(server: RunningServer) -> None:
+    extensions = orjson.loads(server.request("GET", "/v2")[2])["extensions"]
+    unprobed = sorted(set(extensions) - set(_EXTENSION_PROBES))
+    assert not unprobed, f"add a probe for the advertised extensions {unprobed}"
+    for name in extensions:
+        method, path, body, headers = _EXTENSION_PROBES[name]
+        status, _, reply = server.request(method, path, body or None, headers)
+        assert status == 200, (name, status, reply[:200])
