@@ -212,16 +212,7 @@ class Registry:
         model_dir = self._root / record.name
         if not model_dir.is_dir():
             raise ModelNotFound(f"model {record.name} is not in the repository {self._root}")
-        available = list_versions(model_dir)
-        config = override or load_model_config(model_dir)
-        runtime = (config.runtime if config else "") or detect_runtime(model_dir, available) or ""
-        if not runtime:
-            raise ModelLoadError(f"model {record.name}: no config.pbtxt platform/backend and no model file "
-                                 f"edged recognises in {model_dir} (model.onnx, model.plan, model.pt, model.pt2)")
-        backend = self._backends.get(runtime)
-        if backend is None:  # one backend object per runtime: TensorRT's scratch area is shared through it
-            backend = self._backends[runtime] = self._backend_loader(runtime)
-        config = self._complete(record.name, config, runtime, backend, model_dir, available)
+        config, backend, available = self._prepare(record.name, model_dir, override)
         wanted = select_versions(config.version_policy, available)
         if not wanted:
             raise ModelLoadError(f"model {record.name}: no version to serve in {model_dir} (found versions: "
@@ -229,6 +220,35 @@ class Registry:
         check_config_files(config, model_dir, wanted)
         self._swap_in(record, config, backend, model_dir, wanted)
         record.fingerprint = fingerprint(model_dir)
+
+    def _prepare(self, name: str, model_dir: Path,
+                 override: ModelConfig | None) -> tuple[ModelConfig, Backend, list[int]]:
+        available = list_versions(model_dir)
+        config = override or load_model_config(model_dir)
+        runtime = (config.runtime if config else "") or detect_runtime(model_dir, available) or ""
+        if not runtime:
+            raise ModelLoadError(f"model {name}: no config.pbtxt platform/backend and no model file "
+                                 f"edged recognises in {model_dir} (model.onnx, model.plan, model.pt, model.pt2)")
+        backend = self._backends.get(runtime)
+        if backend is None:  # one backend object per runtime: TensorRT's scratch area is shared through it
+            backend = self._backends[runtime] = self._backend_loader(runtime)
+        return self._complete(name, config, runtime, backend, model_dir, available), backend, available
+
+    def load_detached(self, name: str, model_dir: Path, number: int) -> ModelVersion:
+        """Load one version from a folder outside the repository without serving it (OTA staging). Memory
+        admission evicts nothing for it: an update must never make a served model unavailable."""
+        check_model_name(name)
+        with self._lock:
+            config, backend, _ = self._prepare(name, model_dir, None)
+            check_config_files(config, model_dir, [number])
+            version = ModelVersion(config, number, model_dir, self._max_elements)
+            self._load_version(version, backend, evict=False)
+            return version
+
+    def unload_detached(self, version: ModelVersion) -> None:
+        with self._lock:
+            self._unload_version(version, self._unload_timeout_s)
+            self._after_unload()
 
     def _complete(self, name: str, config: ModelConfig | None, runtime: str, backend: Backend, model_dir: Path,
                   available: list[int]) -> ModelConfig:
@@ -278,12 +298,12 @@ class Registry:
         if errors:
             log.warning("model %s: some versions failed to load: %s", record.name, "; ".join(errors))
 
-    def _load_version(self, version: ModelVersion, backend: Backend) -> None:
+    def _load_version(self, version: ModelVersion, backend: Backend, evict: bool = True) -> None:
         memory = self._memory
         if memory is None:
             version.load(backend, self._settings.warmup)
             return
-        memory.before_load(version, self._eviction_candidates, self._evict)
+        memory.before_load(version, self._eviction_candidates if evict else list, self._evict)
         try:
             with memory.measure() as probe:
                 version.load(backend, self._settings.warmup)
