@@ -16,7 +16,7 @@ import signal
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edged import __version__
 from edged.config import EdgedConfig, load_config, resolve_state_dir
@@ -30,6 +30,9 @@ from edged.serving import HttpServer
 from edged.serving.listeners import default_socket_path, open_listeners
 from edged.telemetry import TelemetryService, default_database_path, summary_payload
 
+if TYPE_CHECKING:
+    from edged.ota import OtaAgent
+
 log = logging.getLogger(__name__)
 
 EXTEND_TIMEOUT_EVERY_S = 5.0
@@ -41,7 +44,7 @@ class Daemon:
         self.environ = dict(os.environ if environ is None else environ)
         self.started_at = time.time()
         self.state_dir = resolve_state_dir(config.state_dir, self.environ)
-        self.repository = Path(config.models.repository) if config.models.repository else bundled_models()
+        self.repository = _repository(config, self.state_dir)
         self.socket_path = Path(config.server.socket) if config.server.socket else default_socket_path(self.environ)
         self.notifier = SystemdNotifier.from_environ(self.environ)
         pressure = PressureMonitor.from_config(config.memory, on_change=self._pressure_changed)
@@ -52,6 +55,12 @@ class Daemon:
         if config.telemetry.source != "off":
             database = default_database_path(str(self.state_dir), config.telemetry.database)
             self.telemetry = TelemetryService(config.telemetry, database, activity=self.service)
+        self.ota: OtaAgent | None = None
+        if config.ota.enabled:
+            from edged.ota import OtaAgent  # only when enabled: python-tuf is the optional "ota" extra
+
+            self.repository.mkdir(parents=True, exist_ok=True)
+            self.ota = OtaAgent(config.ota, self.service, self.repository, self.state_dir)
         self.mqtt: Any = None
         if config.mqtt.broker:
             from edged.mqtt import MqttFrontEnd  # only when configured: paho and threads cost memory
@@ -109,6 +118,8 @@ class Daemon:
         if self.config.models.control_mode == "poll":
             self._spawn(self._poll_repository())
         self._spawn(self._watch_pressure())
+        if self.ota is not None:
+            self._spawn(self.ota.run())
         if self.mqtt is not None and self.telemetry is not None and self.config.mqtt.telemetry_interval_s > 0:
             self._spawn(self._publish_telemetry(self.telemetry, self.mqtt))
 
@@ -243,6 +254,7 @@ class Daemon:
             "model_control_mode": self.config.models.control_mode,
             "models": self.service.repository_index(),
             "mqtt": self.mqtt.status() if self.mqtt is not None else {"enabled": False},
+            "ota": self.ota.status() if self.ota is not None else {"enabled": False},
             "memory": {**self.memory.describe(), "allocator": allocator.name,
                        "allocator_library": str(allocator.library or ""), "allocator_settings": allocator.settings},
             "telemetry": ({"source": self.telemetry.choice.name, "reason": self.telemetry.choice.reason}
@@ -253,6 +265,10 @@ class Daemon:
         lines = [self.memory_metrics()]
         if self.mqtt is not None:
             lines.append(self.mqtt.prometheus_lines())
+        if self.ota is not None:
+            from edged.ota import ota_metrics
+
+            lines.append(ota_metrics(self.ota.status()))
         return "".join(lines)
 
     def memory_metrics(self) -> str:
@@ -273,6 +289,13 @@ class Daemon:
         out += ["# HELP edged_allocator_info The malloc implementation in use.\n",
                 "# TYPE edged_allocator_info gauge\n", f'edged_allocator_info{{allocator="{allocator.name}"}} 1\n']
         return "".join(out)
+
+
+def _repository(config: EdgedConfig, state_dir: Path) -> Path:
+    """The served repository; with OTA and none configured, the writable one in the state directory."""
+    if config.models.repository:
+        return Path(config.models.repository)
+    return state_dir / "models" if config.ota.enabled else bundled_models()
 
 
 def run_daemon(config: EdgedConfig) -> int:

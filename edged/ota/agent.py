@@ -23,7 +23,7 @@ from tuf.api._payload import TargetFile
 from edged.clock import Clock, DeviceClock
 from edged.config import OtaConfig
 from edged.engine import InferenceService
-from edged.errors import EdgedError, UpdateRejected
+from edged.errors import ConfigError, EdgedError, UpdateRejected
 from edged.ota._activate import Activator, stage
 from edged.ota._bundle import extract_bundle
 from edged.ota._client import TufClient
@@ -40,7 +40,7 @@ class OtaAgent:
                  clock: Clock | None = None, facts: DeviceFacts | None = None,
                  machine_id: Path = MACHINE_ID) -> None:
         if not config.repository_url:
-            raise UpdateRejected("[ota] enabled needs [ota] repository_url")
+            raise ConfigError("[ota] enabled = true needs [ota] repository_url (the TUF repository's base URL)")
         self.config = config
         self.service = service
         self.repository = repository
