@@ -12,7 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 from edged.config import ModelsConfig, OtaConfig
 from edged.engine import InferenceService
@@ -106,6 +108,27 @@ def model_folder(root: Path, version: int, seed: int, config: str = CONFIG) -> P
     (folder / "config.pbtxt").write_text(config)
     write_mlp_onnx(folder / str(version) / "model.onnx", mlp_weights(seed=seed))
     return folder
+
+
+def write_fragile_onnx(path: Path, seed: int) -> None:
+    """The MLP of ``seed`` behind a Reshape to one row: batch 1 (its test vectors) works, batch 2 fails at run
+    time (the shape is computed from the input, so no shape inference catches it at load)."""
+    w0, b0, w1, b1 = mlp_weights(seed=seed)
+    nodes = [helper.make_node("Shape", ["input"], ["s"]), helper.make_node("Div", ["s", "s"], ["ones"]),
+             helper.make_node("Mul", ["ones", "one_row"], ["target"]),
+             helper.make_node("Reshape", ["input", "target"], ["r"]),
+             helper.make_node("MatMul", ["r", "w0"], ["h0"]), helper.make_node("Add", ["h0", "b0"], ["h1"]),
+             helper.make_node("Relu", ["h1"], ["h2"]), helper.make_node("MatMul", ["h2", "w1"], ["h3"]),
+             helper.make_node("Add", ["h3", "b1"], ["output"])]
+    graph = helper.make_graph(
+        nodes, "fragile", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 64])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", 10])],
+        [numpy_helper.from_array(np.array([1, 64], np.int64), "one_row"), numpy_helper.from_array(w0, "w0"),
+         numpy_helper.from_array(b0, "b0"), numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(b1, "b1")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(path))
 
 
 def vectors_for(seed: int, offset: float = 0.0) -> bytes:
