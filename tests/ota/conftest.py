@@ -102,11 +102,11 @@ def nginx(tmp_path: Path, fleet: FleetRepository) -> Iterator[Nginx]:
     server.stop()
 
 
-def model_folder(root: Path, version: int, seed: int, config: str = CONFIG) -> Path:
+def model_folder(root: Path, version: int, seed: int, config: str = CONFIG, hidden: int = 256) -> Path:
     folder = root / MODEL
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.pbtxt").write_text(config)
-    write_mlp_onnx(folder / str(version) / "model.onnx", mlp_weights(seed=seed))
+    write_mlp_onnx(folder / str(version) / "model.onnx", mlp_weights(seed=seed, hidden=hidden))
     return folder
 
 
@@ -131,23 +131,27 @@ def write_fragile_onnx(path: Path, seed: int) -> None:
     onnx.save(model, str(path))
 
 
-def vectors_for(seed: int, offset: float = 0.0) -> bytes:
+def vectors_for(seed: int, offset: float = 0.0, hidden: int = 256) -> bytes:
     """Test vectors the model made with ``seed`` passes (``offset`` != 0 makes them wrong)."""
     x = np.linspace(-1, 1, 64, dtype=np.float32).reshape(1, 64)
-    y = mlp_reference(mlp_weights(seed=seed), x) + offset
+    y = mlp_reference(mlp_weights(seed=seed, hidden=hidden), x) + offset
     return json.dumps([{"inputs": {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 64],
                                                "data": x.ravel().tolist()}]},
                         "outputs": [{"name": "output", "datatype": "FP32", "shape": [1, 10],
                                      "data": y.ravel().tolist()}], "rtol": 1e-4, "atol": 1e-5}]).encode()
 
 
+def device_paths(tmp: Path) -> tuple[Path, Path]:
+    return tmp / "device" / "models", tmp / "device" / "state"
+
+
 class Device:
     """A device: served repository with version 1, a real engine, an OTA agent pointed at nginx."""
 
-    def __init__(self, tmp: Path, url: str, root_file: Path, **ota: object) -> None:
-        self.repository = tmp / "device" / "models"
-        self.state_dir = tmp / "device" / "state"
-        model_folder(self.repository, 1, seed=1)
+    def __init__(self, tmp: Path, url: str, root_file: Path, seed_repository: bool = True, **ota: object) -> None:
+        self.repository, self.state_dir = device_paths(tmp)
+        if seed_repository:
+            model_folder(self.repository, 1, seed=1)
         (tmp / "machine-id").write_text("0123456789abcdef0123456789abcdef\n")
         settings = {"watch_s": 0.0, "min_requests": 0, **ota}
         self.config = OtaConfig(enabled=True, repository_url=url, root_file=str(root_file), **settings)  # type: ignore[arg-type]
