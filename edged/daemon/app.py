@@ -65,8 +65,12 @@ class Daemon:
         if config.mqtt.broker:
             from edged.mqtt import MqttFrontEnd  # only when configured: paho and threads cost memory
             self.mqtt = MqttFrontEnd(self.service, config.mqtt, self.state_dir, version=__version__)
+        ota = self.ota
+        actions = {"ota/status": ota.status, "ota/history": ota.history, "ota/check": ota.check,
+                   "ota/rollback": ota.rollback} if ota is not None else {}
         self.server = HttpServer(self.service, config.server, telemetry=self.telemetry,
-                                 status_provider=self.status, metrics_provider=self._extra_metrics)
+                                 status_provider=self.status, metrics_provider=self._extra_metrics,
+                                 daemon_actions=actions)
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._socket_files: list[tuple[Path, int]] = []

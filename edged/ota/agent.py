@@ -248,15 +248,16 @@ class OtaAgent:
             "installed": dict(self.store.installed),
         }
 
-    def history(self) -> list[dict[str, Any]]:
-        return list(self.store.history)
+    def history(self) -> dict[str, Any]:
+        return {"history": list(self.store.history), "bad": dict(self.store.bad)}
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.resume)
+        delay = random.uniform(0, self.config.jitter_s)  # the first check soon after start, spread by jitter
         while True:
-            delay = self.config.check_interval_s + random.uniform(0, self.config.jitter_s)
             deadline = loop.time() + delay
+            delay = self.config.check_interval_s + random.uniform(0, self.config.jitter_s)
             while loop.time() < deadline:
                 await asyncio.sleep(min(1.0, max(0.0, deadline - loop.time())))
                 if self._watch is not None:

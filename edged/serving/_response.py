@@ -24,6 +24,7 @@ from edged.errors import (
     SharedMemoryExists,
     SharedMemoryNotFound,
     Unavailable,
+    UpdateRejected,
 )
 
 REASONS: dict[int, bytes] = {
@@ -47,6 +48,7 @@ _STATUS_BY_FAMILY: tuple[tuple[type[EdgedError], int], ...] = (
     (SharedMemoryExists, 409),
     (InvalidInput, 400),
     (ConfigError, 400),
+    (UpdateRejected, 409),
     (QueueFull, 503),
     (ModelNotReady, 503),
     (Unavailable, 503),
