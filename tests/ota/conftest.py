@@ -18,6 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edged.config import ModelsConfig, OtaConfig
 from edged.engine import InferenceService
+from edged.engine.memory_governor import MemoryGovernor
 from edged.ota import OtaAgent
 from edged.ota.fleet import FleetRepository
 from tests.modelgen import mlp_reference, mlp_weights, write_mlp_onnx
@@ -148,14 +149,15 @@ def device_paths(tmp: Path) -> tuple[Path, Path]:
 class Device:
     """A device: served repository with version 1, a real engine, an OTA agent pointed at nginx."""
 
-    def __init__(self, tmp: Path, url: str, root_file: Path, seed_repository: bool = True, **ota: object) -> None:
+    def __init__(self, tmp: Path, url: str, root_file: Path, seed_repository: bool = True, hidden: int = 256,
+                 memory: MemoryGovernor | None = None, **ota: object) -> None:
         self.repository, self.state_dir = device_paths(tmp)
         if seed_repository:
-            model_folder(self.repository, 1, seed=1)
+            model_folder(self.repository, 1, seed=1, hidden=hidden)
         (tmp / "machine-id").write_text("0123456789abcdef0123456789abcdef\n")
         settings = {"watch_s": 0.0, "min_requests": 0, **ota}
         self.config = OtaConfig(enabled=True, repository_url=url, root_file=str(root_file), **settings)  # type: ignore[arg-type]
-        self.service = InferenceService(self.repository, ModelsConfig())
+        self.service = InferenceService(self.repository, ModelsConfig(), memory=memory)
         self.service.start()
         self.agent = self.new_agent()
 

@@ -25,3 +25,30 @@ def test_a_signed_model_update_is_downloaded_tested_and_served(device: Device, f
     assert device.served_version() == "2"
     assert status["device_id_source"] == "machine-id"
     assert sorted(p.name for p in (device.repository / "mlp").iterdir()) == ["1", "2", "config.pbtxt"]
+
+
+def test_an_update_that_cannot_fit_beside_the_served_version_is_refused_and_evicts_nothing(
+        tmp_path: Path, nginx: object, fleet: FleetRepository) -> None:
+    from edged.config import MemoryConfig
+    from edged.engine.memory_governor import MemoryGovernor
+
+    hidden = 8192  # 2.4 MB of weights: the budget below holds one copy, not two
+    memory = MemoryGovernor(MemoryConfig(budget_mb=5.0, policy="evict_lru"), None)
+    device = Device(tmp_path, nginx.url, fleet.metadata_dir / "1.root.json", hidden=hidden,  # type: ignore[attr-defined]
+                    memory=memory)
+    fleet.add_model(model_folder(tmp_path / "src", 2, seed=2, hidden=hidden), 2, vectors_for(2, hidden=hidden))
+    status = device.agent.check()
+    assert status["state"] == "refused", status
+    assert "memory budget" in status["reason"], status["reason"]
+    assert device.served_version() == "1"  # the served version was not evicted to make room
+    device.close()
+
+
+def test_old_versions_beyond_keep_versions_are_removed(device: Device, fleet: FleetRepository,
+                                                       tmp_path: Path) -> None:
+    _add(fleet, tmp_path, version=2, seed=2)
+    device.agent.check()
+    _add(fleet, tmp_path, version=3, seed=3)
+    assert device.agent.check()["state"] == "active"
+    assert device.served_version() == "3"
+    assert sorted(p.name for p in (device.repository / "mlp").iterdir()) == ["2", "3", "config.pbtxt"]
