@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from edged import __version__
 from edged.config import EdgedConfig, load_config, resolve_state_dir
 from edged.daemon._sdnotify import SystemdNotifier
@@ -64,7 +66,12 @@ class Daemon:
         self.mqtt: Any = None
         if config.mqtt.broker:
             from edged.mqtt import MqttFrontEnd  # only when configured: paho and threads cost memory
-            self.mqtt = MqttFrontEnd(self.service, config.mqtt, self.state_dir, version=__version__)
+            commands = {"ota/check": self.ota.nudge} if self.ota is not None else {}
+            self.mqtt = MqttFrontEnd(self.service, config.mqtt, self.state_dir, version=__version__,
+                                     commands=commands)
+            if self.ota is not None:
+                mqtt = self.mqtt
+                self.ota.listeners.append(lambda doc: mqtt.publish_state("ota/status", orjson.dumps(doc)))
         ota = self.ota
         actions = {"ota/status": ota.status, "ota/history": ota.history, "ota/check": ota.check,
                    "ota/rollback": ota.rollback} if ota is not None else {}

@@ -12,6 +12,7 @@ import itertools
 import logging
 import secrets
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +35,12 @@ OUTBOX_FILE = "mqtt-outbox.sqlite3"
 
 
 class MqttFrontEnd:
-    def __init__(self, service: InferenceService, config: MqttConfig, state_dir: Path, *, version: str) -> None:
+    def __init__(self, service: InferenceService, config: MqttConfig, state_dir: Path, *, version: str,
+                 commands: Mapping[str, Callable[[], None]] | None = None) -> None:
         self._service = service
+        # other parts' command topics under the prefix ("ota/check" → a callback that must not block)
+        self._commands = dict(commands or {})
+        self._retained: dict[str, bytes] = {}  # other parts' retained state, republished on every connect
         self._config = config
         self._version = version
         self._settings = connection_settings(config)
@@ -51,6 +56,7 @@ class MqttFrontEnd:
                            for i, p in enumerate(config.pipelines)]
         subscriptions = [(f"{self.prefix}/infer/#", config.qos)]
         subscriptions += [(p.input, p.qos) for p in config.pipelines]
+        subscriptions += [(f"{self.prefix}/{suffix}", 1) for suffix in self._commands]
         will = Outbound(self._status_topic, offline(self.device_id), 1, retain=True, content_type=JSON_TYPE)
         self._connection = Connection(self._settings, self, will, subscriptions)
         self._stopping = False
@@ -112,6 +118,14 @@ class MqttFrontEnd:
         self.send(Outbound(f"{self.prefix}/telemetry", payload, self._config.qos, content_type=JSON_TYPE,
                            message_id=self.new_message_id()))
 
+    def publish_state(self, suffix: str, payload: bytes) -> None:
+        """Retained state of another part (``ota/status``): latest wins, so it bypasses the outbox like the
+        birth message, and is published again after each reconnect."""
+        self._retained[suffix] = payload
+        if self._connection.connected:
+            self._connection.publish(Outbound(f"{self.prefix}/{suffix}", payload, 1, retain=True,
+                                              content_type=JSON_TYPE))
+
     # --- Publisher -----------------------------------------------------------------------------------------
     def send(self, message: Outbound) -> None:
         if message.qos >= 1 and self._config.outbox.enabled:
@@ -137,6 +151,9 @@ class MqttFrontEnd:
         payload = birth(self.device_id, self._version, self._service.model_names(), self._config,
                         self._settings.protocol)
         self._connection.publish(Outbound(self._status_topic, payload, 1, retain=True, content_type=JSON_TYPE))
+        for suffix, state in list(self._retained.items()):
+            self._connection.publish(Outbound(f"{self.prefix}/{suffix}", state, 1, retain=True,
+                                              content_type=JSON_TYPE))
         self._outbox.set_connected(True)
 
     def on_disconnected(self, reason: str) -> None:
@@ -155,6 +172,11 @@ class MqttFrontEnd:
         if message.retain:  # replayed at subscribe time: old state, not a new request
             self._metrics.drop("retained")
             self.ack(message)
+            return
+        command = self._commands.get(message.topic.removeprefix(self.prefix + "/"))
+        if command is not None and message.topic.startswith(self.prefix + "/"):
+            self.ack(message)
+            command()
             return
         try:
             target = parse_infer_topic(self.prefix, message.topic)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -70,8 +71,9 @@ def resume_action(update: TargetUpdate) -> Literal["none", "download", "stage", 
 
 
 class UpdateStore:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, on_save: Callable[[], None] | None = None) -> None:
         self.path = path
+        self.on_save = on_save  # told after every durable change (the agent republishes its status)
         self.current: TargetUpdate | None = None
         self.history: list[dict[str, Any]] = []
         self.bad: dict[str, str] = {}  # sha256 → why
@@ -94,6 +96,8 @@ class UpdateStore:
         doc = {"current": asdict(self.current) if self.current else None, "history": self.history[-HISTORY_LIMIT:],
                "bad": self.bad, "installed": self.installed}
         write_atomic(self.path, json.dumps(doc, indent=1, sort_keys=True).encode())
+        if self.on_save is not None:
+            self.on_save()
 
     def begin(self, update: TargetUpdate) -> None:
         if self.current is not None and not self.current.final:

@@ -15,6 +15,7 @@ import random
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,12 +50,26 @@ class OtaAgent:
         self.facts = facts or DeviceFacts()
         self.clock: Clock = clock or DeviceClock()
         self.client = TufClient(config.repository_url, Path(config.root_file), self.work_dir, config.max_bytes_per_s)
-        self.store = UpdateStore(self.work_dir / "state.json")
+        self.store = UpdateStore(self.work_dir / "state.json", self._changed)
+        self.listeners: list[Callable[[dict[str, Any]], None]] = []  # told each status change (MQTT)
         self.activator = Activator(service, repository, self.work_dir / "backup")
         self.skipped: dict[str, str] = {}
         self.last_check: dict[str, Any] = {}
         self._watch: tuple[float, float | None] | None = None  # (elapsed at switch, baseline p99)
         self._lock = threading.Lock()  # one check or rollback at a time
+        self._nudged = threading.Event()
+
+    def nudge(self) -> None:
+        """Ask for a check soon (the MQTT topic ``ota/check``); never blocks the caller's thread."""
+        self._nudged.set()
+
+    def _changed(self) -> None:
+        doc = self.status()
+        for listener in self.listeners:
+            try:
+                listener(doc)
+            except Exception:  # a broken listener must not stop an update half way
+                log.exception("OTA status listener failed")
 
     # --- start-up ------------------------------------------------------------------------------------------
     def resume(self) -> None:
@@ -67,6 +82,7 @@ class OtaAgent:
                     log.error("OTA model %s did not load after restart: %s", model, e)
         current = self.store.current
         if current is None or current.final:
+            self._changed()  # the retained status starts with what is on disk
             return
         action = resume_action(current)
         log.warning("OTA: update %s was interrupted in state %s: %s", current.target, current.state, action)
@@ -84,11 +100,13 @@ class OtaAgent:
             except UpdateRejected as e:
                 self.last_check = {"at": started, "outcome": "refused", "reason": str(e)}
                 log.error("OTA check refused: %s", e)
+                self._changed()
                 return self.status()
             self.last_check = {"at": started, "outcome": "ok", "reason": ""}
             chosen = self._choose(targets)
             if chosen is not None:
                 self._update(*chosen)
+            self._changed()
             return self.status()
 
     def _choose(self, targets: dict[str, TargetFile]) -> tuple[str, TargetFile] | None:
@@ -258,8 +276,9 @@ class OtaAgent:
         while True:
             deadline = loop.time() + delay
             delay = self.config.check_interval_s + random.uniform(0, self.config.jitter_s)
-            while loop.time() < deadline:
-                await asyncio.sleep(min(1.0, max(0.0, deadline - loop.time())))
+            self._nudged.clear()
+            while loop.time() < deadline and not self._nudged.is_set():
+                await asyncio.sleep(min(0.2, max(0.0, deadline - loop.time())))
                 if self._watch is not None:
                     await loop.run_in_executor(None, self.evaluate_watch)
             await loop.run_in_executor(None, self.check)
