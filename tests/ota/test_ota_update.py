@@ -32,8 +32,10 @@ def test_an_update_that_cannot_fit_beside_the_served_version_is_refused_and_evic
     from edged.config import MemoryConfig
     from edged.engine.memory_governor import MemoryGovernor
 
-    hidden = 8192  # 2.4 MB of weights: the budget below holds one copy, not two
-    memory = MemoryGovernor(MemoryConfig(budget_mb=5.0, policy="evict_lru"), None)
+    # 18 MB of weights: admitted at 1.5 x the file (27 MB) into 35 MB, and charged its measured footprint
+    # (large enough for the RSS delta to stand out of allocator noise), so a second copy cannot fit
+    hidden = 60_000
+    memory = MemoryGovernor(MemoryConfig(budget_mb=35.0, policy="evict_lru"), None)
     device = Device(tmp_path, nginx.url, fleet.metadata_dir / "1.root.json", hidden=hidden,  # type: ignore[attr-defined]
                     memory=memory)
     fleet.add_model(model_folder(tmp_path / "src", 2, seed=2, hidden=hidden), 2, vectors_for(2, hidden=hidden))
