@@ -1,4 +1,5 @@
-"""``edged fleet``: the operator's TUF repository of model bundles (init, add-model, promote, refresh, targets).
+"""``edged fleet``: the operator's TUF repository of model bundles (init, add-model, promote, refresh, targets)
+and the fleet's reported OTA status (status).
 
 Runs on the operator's workstation, never on a device. The repository is static files: serve ``REPO`` (its
 ``metadata/`` and ``targets/``) from any web server, CDN or object store, and keep ``REPO/keys/root-*.pem``
@@ -39,14 +40,20 @@ def register(subparsers: Any) -> None:
     promote.add_argument("--percent", type=int, required=True)
     promote.add_argument("--max-failures", type=int, default=0,
                          help="refuse when more devices than this reported the target refused or rolled back")
+    promote.add_argument("--broker", default=None, metavar="URL",
+                         help="count the failures from the devices' retained OTA status on this broker")
     promote.add_argument("--failures", type=int, default=None,
-                         help="how many devices reported a failure for this target (from their retained OTA "
-                         "status); without it promote refuses unless --force")
+                         help="how many devices reported a failure for this target, when no broker is given; "
+                         "with neither, promote refuses unless --force")
     promote.add_argument("--force", action="store_true", help="promote without a failure count")
     promote.set_defaults(handler=_promote)
     refresh = commands.add_parser("refresh", help="re-sign snapshot and timestamp (run before they expire)")
     refresh.add_argument("repo", type=Path)
     refresh.set_defaults(handler=_refresh)
+    status = commands.add_parser("status", help="every device's retained OTA status from the broker")
+    status.add_argument("--broker", required=True, metavar="URL", help="mqtt://host:port or mqtts://host:port")
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(handler=_status)
     targets = commands.add_parser("targets", help="list the signed targets and their rollout")
     targets.add_argument("repo", type=Path)
     targets.set_defaults(handler=_targets)
@@ -87,6 +94,13 @@ def _add_model(args: argparse.Namespace) -> int:
 
 
 def _promote(args: argparse.Namespace) -> int:
+    if args.broker is not None:
+        from edged.ota.fleet_status import failures, read_fleet
+
+        failed = failures(read_fleet(args.broker), args.target)
+        args.failures = len(failed)
+        if failed:
+            print(f"devices that failed {args.target}: {', '.join(failed)}")
     if args.failures is None and not args.force:
         raise UpdateRejected(f"promote {args.target}: no failure count given; pass --failures N (devices whose "
                              "OTA status is refused or rolled_back for this target) or --force")
@@ -101,6 +115,15 @@ def _promote(args: argparse.Namespace) -> int:
 def _refresh(args: argparse.Namespace) -> int:
     snapshot, timestamp = _repository(args.repo).refresh()
     print(f"signed snapshot version {snapshot} and timestamp version {timestamp}")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from edged.ota.fleet_status import read_fleet, table
+
+    fleet = read_fleet(args.broker)
+    print(json.dumps(fleet, indent=2, sort_keys=True) if args.json else table(fleet) if fleet else
+          "no device has published an OTA status on this broker")
     return 0
 
 
