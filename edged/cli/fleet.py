@@ -54,6 +54,10 @@ def register(subparsers: Any) -> None:
     status.add_argument("--broker", required=True, metavar="URL", help="mqtt://host:port or mqtts://host:port")
     status.add_argument("--json", action="store_true")
     status.set_defaults(handler=_status)
+    rotate = commands.add_parser("rotate-key", help="replace a role's key (needs the offline root keys)")
+    rotate.add_argument("repo", type=Path)
+    rotate.add_argument("role", choices=["root", "targets", "snapshot", "timestamp"])
+    rotate.set_defaults(handler=_rotate)
     targets = commands.add_parser("targets", help="list the signed targets and their rollout")
     targets.add_argument("repo", type=Path)
     targets.set_defaults(handler=_targets)
@@ -115,6 +119,12 @@ def _promote(args: argparse.Namespace) -> int:
 def _refresh(args: argparse.Namespace) -> int:
     snapshot, timestamp = _repository(args.repo).refresh()
     print(f"signed snapshot version {snapshot} and timestamp version {timestamp}")
+    return 0
+
+
+def _rotate(args: argparse.Namespace) -> int:
+    path = _repository(args.repo).rotate_key(args.role)
+    print(f"new {args.role} key: {path}; devices pick up the new root at their next check")
     return 0
 
 

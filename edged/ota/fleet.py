@@ -129,6 +129,41 @@ class FleetRepository:
         """Re-sign snapshot and timestamp (new versions, new expiry): run before the timestamp expires."""
         return self._publish()
 
+    def rotate_key(self, role: str) -> Path:
+        """A new key for ``role``: a new root version lists it instead of the old one, signed by the root keys
+        (for root: by the old and the new, so devices trusting either accept it); then the role is re-signed."""
+        if role not in ROLES:
+            raise UpdateRejected(f"rotate-key: unknown role {role!r} (roles: {', '.join(ROLES)})")
+        root = self._latest(Root, "root")
+        old_signers = [load_signer(p) for p in self._root_key_files()]
+        name = "root-1.pem" if role == "root" else f"{role}.pem"
+        path = self.keys_dir / name
+        retired = path.with_name(f"{path.name}.retired-v{root.signed.version}")
+        path.replace(retired)
+        new = generate_key(path)
+        for keyid in list(root.signed.roles[role].keyids):
+            if role != "root" or keyid == load_signer(retired).public_key.keyid:
+                root.signed.revoke_key(keyid, role)
+        root.signed.add_key(new.public_key, role)
+        root.signed.version += 1
+        root.signed.expires = _expires("root")
+        root.signatures.clear()
+        signers = [*old_signers, new] if role == "root" else old_signers
+        for signer in signers:
+            root.sign(signer, append=True)
+        self._write(root, "root")
+        write_atomic(self.metadata_dir / "root.json", root.to_bytes(JSONSerializer(compact=False)))
+        if role == "targets":
+            self._bump(self._latest(Targets, "targets"), "targets")
+        self._publish()
+        return path
+
+    def _root_key_files(self) -> list[Path]:
+        files = sorted(self.keys_dir.glob("root-*.pem"))
+        if not files:
+            raise UpdateRejected(f"{self.keys_dir}: no root-*.pem: bring the offline root keys back to rotate a key")
+        return files
+
     # --- signing -------------------------------------------------------------------------------------------
     def _publish(self) -> tuple[int, int]:
         targets = self._latest(Targets, "targets")

@@ -141,3 +141,27 @@ def test_hardware_bound_targets_are_incompatible_on_a_device_without_that_hardwa
         device: Device, fleet: FleetRepository, tmp_path: Path, key: str) -> None:
     name = _add(fleet, tmp_path, compat={key: "orin-nano" if key == "module" else "10.3"})
     assert "incompatible" in device.agent.check()["skipped"][name]  # type: ignore[index]
+
+
+def test_after_a_key_rotation_devices_follow_the_new_root_and_refuse_the_old_key(
+        device: Device, fleet: FleetRepository, tmp_path: Path) -> None:
+    assert device.agent.check()["last_check"]["outcome"] == "ok"  # type: ignore[index]
+    retired = fleet.keys_dir / "timestamp.pem"
+    old_key = tmp_path / "old-timestamp.pem"
+    old_key.write_bytes(retired.read_bytes())
+    fleet.rotate_key("timestamp")
+    _add(fleet, tmp_path)
+    assert device.agent.check()["state"] == "active"  # 2.root.json was fetched and trusted on the way
+    assert device.served_version() == "2"
+    _resign_timestamp(fleet, key=old_key)
+    status = device.agent.check()
+    assert status["last_check"]["outcome"] == "refused" and "signature" in status["last_check"]["reason"]  # type: ignore[index]
+
+
+def test_a_rotated_root_key_is_trusted_through_the_old_one(device: Device, fleet: FleetRepository,
+                                                           tmp_path: Path) -> None:
+    assert device.agent.check()["last_check"]["outcome"] == "ok"  # type: ignore[index]
+    fleet.rotate_key("root")
+    fleet.rotate_key("targets")  # signed by the new root key alone: only valid once 2.root.json is trusted
+    _add(fleet, tmp_path)
+    assert device.agent.check()["state"] == "active"
