@@ -112,6 +112,8 @@ class Daemon:
 
     async def _load_models(self) -> None:
         loop = asyncio.get_running_loop()
+        if self.ota is not None:  # an interrupted update's files are undone before any model loads
+            await loop.run_in_executor(None, self.ota.recover_files)
         loading = loop.run_in_executor(None, self.service.start)
         while True:
             done, _ = await asyncio.wait({loading}, timeout=EXTEND_TIMEOUT_EVERY_S)

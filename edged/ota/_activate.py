@@ -127,6 +127,11 @@ class Activator:
 
     def roll_back(self, model: str, version: int) -> None:
         """Back to the previous version and config; the new version leaves the repository."""
+        self.roll_back_files(model, version)
+        self._reload_after_rollback(model)
+
+    def roll_back_files(self, model: str, version: int) -> None:
+        """The on-disk half of a rollback: before the engine starts, so an unconfirmed version never serves."""
         served = self.repository / model
         trash = self.backup_dir / f".{model}.{version}.removed"
         if (served / str(version)).exists():
@@ -135,7 +140,11 @@ class Activator:
         previous = self.backup_dir / model / "config.pbtxt"
         if previous.exists():
             write_atomic(served / "config.pbtxt", previous.read_bytes())
-        if list_versions(served):
+        shutil.rmtree(trash, ignore_errors=True)
+
+    def _reload_after_rollback(self, model: str) -> None:
+        served = self.repository / model
+        if served.is_dir() and list_versions(served):
             self.service.reload_model(model)
         else:  # a model the device did not have before the update: it goes away again
             shutil.rmtree(served, ignore_errors=True)
@@ -144,7 +153,6 @@ class Activator:
                 self.service.remove_model(model)
             except EdgedError as e:
                 log.warning("model %s: unloading after rollback: %s", model, e)
-        shutil.rmtree(trash, ignore_errors=True)
 
     def prune(self, model: str, keep: int) -> list[int]:
         """Delete the oldest versions beyond ``keep``; returns the deleted numbers."""

@@ -72,6 +72,13 @@ class OtaAgent:
                 log.exception("OTA status listener failed")
 
     # --- start-up ------------------------------------------------------------------------------------------
+    def recover_files(self) -> None:
+        """Before the engine starts: an update interrupted after its switch leaves the repository again, so the
+        version that was never confirmed does not serve for a moment at start-up. `resume` records the rest."""
+        current = self.store.current
+        if current is not None and resume_action(current) == "roll_back":
+            self.activator.roll_back_files(current.model, current.version)
+
     def resume(self) -> None:
         """After a restart: bring back OTA-installed models, then finish or undo an interrupted update."""
         for model in sorted(self.store.installed):

@@ -158,8 +158,9 @@ class Device:
         settings = {"watch_s": 0.0, "min_requests": 0, **ota}
         self.config = OtaConfig(enabled=True, repository_url=url, root_file=str(root_file), **settings)  # type: ignore[arg-type]
         self.service = InferenceService(self.repository, ModelsConfig(), memory=memory)
-        self.service.start()
         self.agent = self.new_agent()
+        self.agent.recover_files()  # the daemon's start-up order: before the engine loads anything
+        self.service.start()
 
     def new_agent(self) -> OtaAgent:
         return OtaAgent(self.config, self.service, self.repository, self.state_dir,

@@ -83,6 +83,7 @@ def test_an_update_killed_while_watching_is_rolled_back_at_restart(tmp_path: Pat
     process.send_signal(signal.SIGKILL)
     process.wait()
     device = Device(tmp_path, nginx.url, fleet.metadata_dir / "1.root.json", seed_repository=False)
+    assert device.served_version() == "1"  # the unconfirmed version 2 never served after the restart
     device.agent.resume()
     status = device.agent.status()
     assert status["state"] == "rolled_back"
