@@ -2,8 +2,8 @@
 and the fleet's reported OTA status (status).
 
 Runs on the operator's workstation, never on a device. The repository is static files: serve ``REPO`` (its
-``metadata/`` and ``targets/``) from any web server, CDN or object store, and keep ``REPO/keys/root-*.pem``
-offline once initialised.
+``metadata/`` and ``targets/``) from any web server, CDN or object store; the keys are in ``REPO.keys/``
+beside it, and ``REPO.keys/root-*.pem`` belong offline once initialised.
 """
 
 from __future__ import annotations
@@ -75,6 +75,7 @@ def _init(args: argparse.Namespace) -> int:
     result = FleetRepository.init(args.repo, args.threshold)
     print(f"created {args.repo}/metadata and {args.repo}/targets: serve {args.repo} as static files")
     print(f"trusted root for devices: {result.root_file} (install as /etc/edged/ota/root.json)")
+    print(f"signing keys: {args.repo}.keys/ (beside the repository: never serve it)")
     for key in result.root_keys:
         print(f"root key: {key}: move it OFFLINE now; it is needed only to rotate keys")
     return 0

@@ -1,10 +1,10 @@
 """The operator's side: a TUF repository of model bundles, kept as static files any web server or CDN serves.
 
 Layout: ``REPO/metadata/`` (consistent snapshots: ``N.root.json``, ``N.targets.json``, ``N.snapshot.json``
-and ``timestamp.json``), ``REPO/targets/`` (``models/<model>/<sha256>.<version>.tar``) and ``REPO/keys/``
-(the private keys: root's belongs offline once the repository is initialised). Every metadata change signs a
-new targets (when targets change), snapshot and timestamp, in that order, so a device never sees a timestamp
-naming a snapshot that is not there yet.
+and ``timestamp.json``) and ``REPO/targets/`` (``models/<model>/<sha256>.<version>.tar``), all public; the
+private keys live beside it in ``REPO.keys/`` (never served; root's belongs offline once initialised).
+Every metadata change signs a new targets (when targets change), snapshot and timestamp, in that order, so a
+device never sees a timestamp naming a snapshot that is not there yet.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ class FleetRepository:
         self.path = path
         self.metadata_dir = path / "metadata"
         self.targets_dir = path / "targets"
-        self.keys_dir = path / "keys"
+        # beside the repository, never in it: REPO is served as it is, and its keys must not be
+        self.keys_dir = path.parent / f"{path.name}.keys"
 
     # --- creation ------------------------------------------------------------------------------------------
     @classmethod
@@ -61,6 +62,8 @@ class FleetRepository:
         if repo.metadata_dir.exists():
             raise UpdateRejected(f"{repo.metadata_dir} exists already: this is a repository; refusing to "
                                  "overwrite its keys")
+        if repo.keys_dir.exists():
+            raise UpdateRejected(f"{repo.keys_dir} exists already: refusing to overwrite another repository's keys")
         root_paths = [repo.keys_dir / f"root-{i + 1}.pem" for i in range(threshold)]
         root_signers = [generate_key(p) for p in root_paths]
         signers = {role: generate_key(repo.keys_dir / f"{role}.pem") for role in ROLES[1:]}

@@ -19,7 +19,8 @@ def _edged(*args: str) -> subprocess.CompletedProcess[str]:
 def test_promote_needs_a_failure_count_and_stops_when_failures_exceed_the_limit(tmp_path: Path) -> None:
     repo = str(tmp_path / "fleet")
     assert _edged("fleet", "init", repo, "--threshold", "2").returncode == 0
-    assert (tmp_path / "fleet" / "keys" / "root-2.pem").exists()
+    assert (tmp_path / "fleet.keys" / "root-2.pem").exists()
+    assert not list((tmp_path / "fleet").rglob("*.pem"))  # REPO is served as it is: no key inside it
     source = model_folder(tmp_path / "src", 2, seed=2)
     (source / "2" / "test_vectors.json").write_bytes(vectors_for(2))
     added = _edged("fleet", "add-model", repo, str(source), "--version", "2", "--percent", "10",
