@@ -20,6 +20,7 @@ from typing import Any
 from edged.cli import _doctor_checks as checks
 from edged.cli import _doctor_socket as sockets
 from edged.cli._doctor_checks import Check
+from edged.cli._doctor_ota import check_ota
 from edged.client import ClientError, EdgedClient
 from edged.config import load_config, resolve_state_dir
 from edged.errors import ConfigError
@@ -92,6 +93,7 @@ def collect(args: argparse.Namespace, env: Any) -> list[Check]:
     results.append(checks.check_disk("state", config.state_dir or _default_state_dir(env)))
     results.append(checks.check_disk("models", config.models.repository))
     results.append(checks.check_service())
+    results.extend(check_ota(config.ota))
     return results
 
 

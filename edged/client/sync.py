@@ -115,6 +115,13 @@ class EdgedClient:
         call = calls.get("/v2/edged/status", "daemon status")
         return calls.read_dict(call, self._run(call))
 
+    def ota(self, action: str) -> dict[str, Any]:
+        """``/v2/edged/ota/<action>``: "status" and "history" read; "check" and "rollback" act (admin)."""
+        path = f"/v2/edged/ota/{action}"
+        call = (calls.get(path, f"OTA {action}") if action in ("status", "history")
+                else calls.post_json(path, f"OTA {action}", {}))
+        return calls.read_dict(call, self._run(call))
+
     def telemetry(self) -> dict[str, Any]:
         call = calls.get("/v2/edged/telemetry", "telemetry")
         return calls.read_dict(call, self._run(call))

@@ -16,7 +16,9 @@ import signal
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import orjson
 
 from edged import __version__
 from edged.clock import DeviceClock, state_file_in
@@ -36,6 +38,9 @@ from edged.serving.listeners import default_socket_path, open_listeners
 from edged.supervision import HealthBoard
 from edged.telemetry import TelemetryService, default_database_path, summary_payload
 
+if TYPE_CHECKING:
+    from edged.ota import OtaAgent
+
 log = logging.getLogger(__name__)
 
 EXTEND_TIMEOUT_EVERY_S = 5.0
@@ -48,7 +53,7 @@ class Daemon:
         self.environ = dict(os.environ if environ is None else environ)
         self.started_at = time.time()
         self.state_dir = resolve_state_dir(config.state_dir, self.environ)
-        self.repository = Path(config.models.repository) if config.models.repository else bundled_models()
+        self.repository = _repository(config, self.state_dir)
         self.socket_path = Path(config.server.socket) if config.server.socket else default_socket_path(self.environ)
         self.notifier = SystemdNotifier.from_environ(self.environ)
         pressure = PressureMonitor.from_config(config.memory, on_change=self._pressure_changed)
@@ -67,13 +72,27 @@ class Daemon:
             database = default_database_path(str(self.state_dir), config.telemetry.database)
             self.telemetry = TelemetryService(config.telemetry, database, activity=self.service, health=self.health,
                                               clock=self.clock)
+        self.ota: OtaAgent | None = None
+        if config.ota.enabled:
+            from edged.ota import OtaAgent  # only when enabled: python-tuf is the optional "ota" extra
+
+            self.repository.mkdir(parents=True, exist_ok=True)
+            self.ota = OtaAgent(config.ota, self.service, self.repository, self.state_dir)
         self.mqtt: Any = None
         if config.mqtt.broker:
             from edged.mqtt import MqttFrontEnd  # only when configured: paho and threads cost memory
+            commands = {"ota/check": self.ota.nudge} if self.ota is not None else {}
             self.mqtt = MqttFrontEnd(self.service, config.mqtt, self.state_dir, version=__version__,
-                                     health=self.health, clock=self.clock)
+                                     health=self.health, clock=self.clock, commands=commands)
+            if self.ota is not None:
+                mqtt = self.mqtt
+                self.ota.listeners.append(lambda doc: mqtt.publish_state("ota/status", orjson.dumps(doc)))
+        ota = self.ota
+        actions = {"ota/status": ota.status, "ota/history": ota.history, "ota/check": ota.check,
+                   "ota/rollback": ota.rollback} if ota is not None else {}
         self.server = HttpServer(self.service, config.server, telemetry=self.telemetry,
-                                 status_provider=self.status, metrics_provider=self._extra_metrics)
+                                 status_provider=self.status, metrics_provider=self._extra_metrics,
+                                 daemon_actions=actions)
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._socket_files: list[tuple[Path, int]] = []
@@ -118,6 +137,8 @@ class Daemon:
 
     async def _load_models(self) -> None:
         loop = asyncio.get_running_loop()
+        if self.ota is not None:  # an interrupted update's files are undone before any model loads
+            await loop.run_in_executor(None, self.ota.recover_files)
         loading = loop.run_in_executor(None, self.service.start)
         while True:
             done, _ = await asyncio.wait({loading}, timeout=EXTEND_TIMEOUT_EVERY_S)
@@ -136,6 +157,8 @@ class Daemon:
             self._spawn(supervised_task(self.health.component("repository_poll"), self._poll_repository))
         self._spawn(supervised_task(self.health.component("memory_pressure"), self._watch_pressure))
         self._spawn(supervised_task(self.health.component("clock_checkpoint"), self._checkpoint_clock))
+        if self.ota is not None:
+            self._spawn(supervised_task(self.health.component("ota"), self.ota.run))
         if self.mqtt is not None and self.telemetry is not None and self.config.mqtt.telemetry_interval_s > 0:
             telemetry, mqtt = self.telemetry, self.mqtt
             self._spawn(supervised_task(self.health.component("telemetry_publish"),
@@ -292,6 +315,7 @@ class Daemon:
             "model_control_mode": self.config.models.control_mode,
             "models": self.service.repository_index(),
             "mqtt": self.mqtt.status() if self.mqtt is not None else {"enabled": False},
+            "ota": self.ota.status() if self.ota is not None else {"enabled": False},
             "memory": {**self._memory_described(), "allocator": allocator.name,
                        "allocator_library": str(allocator.library or ""), "allocator_settings": allocator.settings},
             "telemetry": self._telemetry_status(),
@@ -321,6 +345,10 @@ class Daemon:
         lines = [self.memory_metrics(), render_health(self.health)]
         if self.mqtt is not None:
             lines.append(self.mqtt.prometheus_lines())
+        if self.ota is not None:
+            from edged.ota import ota_metrics
+
+            lines.append(ota_metrics(self.ota.status()))
         return "".join(lines)
 
     def memory_metrics(self) -> str:
@@ -347,6 +375,13 @@ class Daemon:
             MetricFamily("edged_allocator_info", "gauge", "The malloc implementation in use.")
             .add(1, {"allocator": allocator.name}),
         ])
+
+
+def _repository(config: EdgedConfig, state_dir: Path) -> Path:
+    """The served repository; with OTA and none configured, the writable one in the state directory."""
+    if config.models.repository:
+        return Path(config.models.repository)
+    return state_dir / "models" if config.ota.enabled else bundled_models()
 
 
 def run_daemon(config: EdgedConfig) -> int:

@@ -98,6 +98,26 @@ class Admission:
             record.drop(number)
             self._unload_now(old)
 
+    def load_detached(self, version: ModelVersion, backend: Backend) -> None:
+        """Load a version that no record serves (OTA staging): admitted only into free memory, evicting nothing."""
+        memory = self._memory
+        if memory is None:
+            version.load(backend, self._settings.warmup)
+            return
+        key = memory.charge_key(version)
+        memory.admit(key, memory.peak_estimate(version_key(version), version.path), version.config.name, list,
+                     self._evict)
+        memory.charged(version, key)
+        try:
+            with memory.measure() as probe:
+                version.load(backend, self._settings.warmup)
+                memory.trim()
+        except BaseException:
+            memory.forget(version)
+            memory.trim()
+            raise
+        memory.after_load(version, probe)
+
     def load_version(self, record: ModelRecord, version: ModelVersion, backend: Backend) -> None:
         memory = self._memory
         if memory is None:

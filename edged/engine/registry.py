@@ -257,6 +257,36 @@ class Registry:
                 version.lifecycle.move(ModelState.UNLOADING)
         self._finish(leaving, self._unload_timeout_s)
 
+    def _prepare(self, name: str, model_dir: Path) -> tuple[ModelConfig, Backend]:
+        """The completed config and the backend of a model folder, outside any record (OTA staging)."""
+        available = list_versions(model_dir)
+        config = load_model_config(model_dir)
+        runtime = (config.runtime if config else "") or detect_runtime(model_dir, available) or ""
+        if not runtime:
+            raise ModelLoadError(f"model {name}: no config.pbtxt platform/backend and no model file "
+                                 f"edged recognises in {model_dir} (model.onnx, model.plan, model.pt, model.pt2)")
+        backend = self._backends.get(runtime)
+        if backend is None:
+            backend = self._backends[runtime] = self._backend_loader(runtime)
+        config = complete_config(name, config, runtime, backend, model_dir, available, self._settings.autocomplete)
+        return config, backend
+
+    def load_detached(self, name: str, model_dir: Path, number: int) -> ModelVersion:
+        """Load one version from a folder outside the repository without serving it (OTA staging). Memory
+        admission evicts nothing for it: an update must never make a served model unavailable."""
+        check_model_name(name)
+        with self._lock:
+            config, backend = self._prepare(name, model_dir)
+            check_config_files(config, model_dir, [number])
+            version = ModelVersion(config, number, model_dir, self._max_elements)
+            self._admission.load_detached(version, backend)
+            return version
+
+    def unload_detached(self, version: ModelVersion) -> None:
+        """A staged version never served a request: nothing to drain, so unloading under the lock waits on none."""
+        with self._lock:
+            self._unload_now(version)
+
     def _swap_in(self, record: ModelRecord, config: ModelConfig, backend: Backend, model_dir: Path,
                  wanted: list[int], changed: set[int] | None) -> None:
         unchanged = {n for n in record.versions if changed is not None and n in wanted and n not in changed}

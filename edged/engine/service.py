@@ -87,6 +87,22 @@ class InferenceService:
         """Rescan the repository (model control mode poll): load new and changed models, unload removed.
         With ``settle`` a change is acted on once two polls in a row saw the same files (a copy finished)."""
         self._registry.poll(settle)
+    def reload_model(self, name: str) -> None:
+        """Load (or reload) a model from the repository in any control mode: new versions are built beside the
+        served ones and swapped in when ready, so requests never see the model missing (OTA activation)."""
+        self._registry.load(name, None, explicit=False)
+
+    def load_detached(self, name: str, model_dir: Path, version: int) -> ModelVersion:
+        """Load a version from ``model_dir`` (outside the repository) without serving it; see Registry."""
+        return self._registry.load_detached(name, model_dir, version)
+
+    def unload_detached(self, version: ModelVersion) -> None:
+        self._registry.unload_detached(version)
+
+    def remove_model(self, name: str) -> None:
+        """Unload a model in any control mode (its folder left the repository: OTA rolled back a new model)."""
+        self._registry.unload(name, explicit=False)
+
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
         return self._registry.index(ready_only)

@@ -5,7 +5,8 @@ Topics (prefix ``edged/{device_id}``): ``{prefix}/status`` (retained birth, will
 ``{prefix}/telemetry``, and the pipelines of ``[[mqtt.pipelines]]``.
 """
 
+from edged.mqtt._settings import parse_broker
 from edged.mqtt.frontend import MqttFrontEnd
 from edged.mqtt.loadgen import PipelineClient, RequestClient
 
-__all__ = ["MqttFrontEnd", "PipelineClient", "RequestClient"]
+__all__ = ["MqttFrontEnd", "PipelineClient", "RequestClient", "parse_broker"]

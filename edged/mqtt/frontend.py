@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +38,14 @@ OUTBOX_FILE = "mqtt-outbox.sqlite3"
 
 class MqttFrontEnd:
     def __init__(self, service: InferenceService, config: MqttConfig, state_dir: Path, *, version: str,
-                 health: HealthBoard | None = None, clock: Clock | None = None) -> None:
+                 health: HealthBoard | None = None, clock: Clock | None = None,
+                 commands: Mapping[str, Callable[[], None]] | None = None) -> None:
         self._service = service
         # The daemon's clock of this state directory: the outbox ages its messages by its elapsed time.
         self.clock: Clock = clock or DeviceClock(state_file_in(state_dir))
+        # other parts' command topics under the prefix ("ota/check" → a callback that must not block)
+        self._commands = dict(commands or {})
+        self._retained: dict[str, bytes] = {}  # other parts' retained state, republished on every connect
         self._config = config
         self._version = version
         self._settings = connection_settings(config)
@@ -57,6 +62,7 @@ class MqttFrontEnd:
                            for i, p in enumerate(config.pipelines)]
         subscriptions = [(f"{self.prefix}/infer/#", config.qos)]
         subscriptions += [(p.input, p.qos) for p in config.pipelines]
+        subscriptions += [(f"{self.prefix}/{suffix}", 1) for suffix in self._commands]
         will = Outbound(self._status_topic, offline(self.device_id), 1, retain=True, content_type=JSON_TYPE)
         self._connection = Connection(self._settings, self, will, subscriptions, self.health)
         self._stopping = False
@@ -121,6 +127,14 @@ class MqttFrontEnd:
         self.send(Outbound(f"{self.prefix}/telemetry", payload, self._config.qos, content_type=JSON_TYPE,
                            message_id=self.new_message_id()), wait_s=0.0)
 
+    def publish_state(self, suffix: str, payload: bytes) -> None:
+        """Retained state of another part (``ota/status``): latest wins, so it bypasses the outbox like the
+        birth message, and is published again after each reconnect."""
+        self._retained[suffix] = payload
+        if self._connection.connected:
+            self._connection.publish(Outbound(f"{self.prefix}/{suffix}", payload, 1, retain=True,
+                                              content_type=JSON_TYPE))
+
     # --- Publisher -----------------------------------------------------------------------------------------
     def send(self, message: Outbound, wait_s: float | None = None) -> None:
         if message.answers is not None:  # remember the input as answered before it is acknowledged
@@ -146,6 +160,9 @@ class MqttFrontEnd:
         log.info("mqtt: connected to %s:%d (session present: %s)", self._settings.host, self._settings.port,
                  session_present)
         self._publish_birth()
+        for suffix, state in list(self._retained.items()):
+            self._connection.publish(Outbound(f"{self.prefix}/{suffix}", state, 1, retain=True,
+                                              content_type=JSON_TYPE))
         self._outbox.set_connected(True)
 
     def _publish_birth(self) -> None:
@@ -175,6 +192,11 @@ class MqttFrontEnd:
         if message.retain:  # replayed at subscribe time: old state, not a new request
             self._metrics.drop("retained")
             self.ack(message)
+            return
+        command = self._commands.get(message.topic.removeprefix(self.prefix + "/"))
+        if command is not None and message.topic.startswith(self.prefix + "/"):
+            self.ack(message)
+            command()
             return
         try:
             target = parse_infer_topic(self.prefix, message.topic)

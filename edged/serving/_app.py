@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import Any, NamedTuple
 
@@ -18,7 +18,7 @@ from edged.serving._handlers import Handlers, load_override
 from edged.serving._http import WANTED_HEADERS, Connection, Incoming, Slot
 from edged.serving._infer import InferPath
 from edged.serving._limits import BodyBudget, ConnectionLimit, model_body_bound
-from edged.serving._response import Response, error_for, error_response, render
+from edged.serving._response import Response, error_for, error_response, json_response, render
 from edged.serving._routes import SHARED_MEMORY_KINDS, SPECS, Kind, Route, RouteSpec, match
 from edged.serving._shm_routes import handle_shm
 from edged.shm import SharedMemoryRegistry
@@ -42,7 +42,8 @@ class _Target(NamedTuple):
 class App:
     def __init__(self, service: InferenceService, config: ServerConfig, access: AccessPolicy,
                  handlers: Handlers, connection_limit: ConnectionLimit,
-                 shared_memory: SharedMemoryRegistry | None = None) -> None:
+                 shared_memory: SharedMemoryRegistry | None = None,
+                 daemon_actions: Mapping[str, Callable[[], Any]] | None = None) -> None:
         self.service = service
         self.limits = config
         self.connection_limit = connection_limit
@@ -63,6 +64,7 @@ class App:
         self.end_of_input = self.infer.end_of_input
         self._loop = asyncio.get_running_loop()
         self._targets: dict[bytes, _Target] = {}
+        self.daemon_actions = dict(daemon_actions or {})  # "ota/check" → blocking callable returning JSON
 
     def dispatch(self, connection: Connection, incoming: Incoming, slot: Slot) -> None:
         target = self._targets.get(incoming.url) or self._match(connection, incoming, slot)
@@ -129,6 +131,8 @@ class App:
             self.infer.handle(connection, incoming, slot, route.model, route.version)
         elif route.kind is Kind.LOAD or route.kind is Kind.UNLOAD:
             self._repository_change(connection, incoming, slot, route)
+        elif route.kind is Kind.DAEMON_READ or route.kind is Kind.DAEMON_ACTION:
+            self._daemon_action(connection, incoming, slot, route)
         elif route.kind in SHARED_MEMORY_KINDS:
             try:
                 response = handle_shm(self.shared_memory, route, incoming.body, self.access.caller(connection.peer))
@@ -176,6 +180,18 @@ class App:
         log.info("%s of model %s requested by %s", route.kind.value, model, self.access.describe(connection.peer))
         self._in_executor(connection, incoming, slot, work,
                           lambda _: self._answer(connection, incoming, slot, Response(200, b"")))
+
+    def _daemon_action(self, connection: Connection, incoming: Incoming, slot: Slot, route: Route) -> None:
+        action = self.daemon_actions.get(route.model)
+        if action is None:
+            part = route.model.split("/", 1)[0]
+            self._answer(connection, incoming, slot, error_response(404, f"{route.model}: [{part}] is not enabled "
+                                                                         "in this daemon's config"))
+            return
+        if route.kind is Kind.DAEMON_ACTION:
+            log.info("%s requested by %s", route.model, self.access.describe(connection.peer))
+        self._in_executor(connection, incoming, slot, action,
+                          lambda doc: self._answer(connection, incoming, slot, json_response(doc)))
 
     def _in_executor(self, connection: Connection, incoming: Incoming, slot: Slot, work: Callable[[], Any],
                      then: Callable[[Any], None]) -> None:

@@ -81,6 +81,11 @@ def openapi_document() -> bytes:
         "/v2/edged/status": _get("daemon status", obj),
         "/v2/edged/telemetry": _get("telemetry snapshot", obj),
         "/v2/edged/openapi.json": _get("this document", obj),
+        # answered only when [ota] enabled (404 otherwise); check and rollback need the admin permission
+        "/v2/edged/ota/status": _get("model update state (OTA)", obj),
+        "/v2/edged/ota/history": _get("finished model updates and targets remembered as bad", obj),
+        "/v2/edged/ota/check": _post("check the update repository now and install what is due", obj, obj),
+        "/v2/edged/ota/rollback": _post("roll back the last model update", obj, obj),
     }
     doc = {
         "openapi": "3.0.3",

@@ -29,6 +29,7 @@ from edged.errors import (
     SharedMemoryExists,
     SharedMemoryNotFound,
     Unavailable,
+    UpdateRejected,
 )
 
 REASONS: dict[int, bytes] = {
@@ -52,6 +53,7 @@ _STATUS_BY_FAMILY: tuple[tuple[type[EdgedError], int], ...] = (
     (SharedMemoryExists, 409),
     (InvalidInput, 400),
     (ConfigError, 400),
+    (UpdateRejected, 409),
     (QueueFull, 503),
     (OutOfMemory, 503),
     # a load the memory budget or the system's memory pressure refuses: retry after unloading something

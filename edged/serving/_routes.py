@@ -39,6 +39,8 @@ class Kind(Enum):
     CUDA_SHM_STATUS = "cuda_shared_memory_status"
     CUDA_SHM_REGISTER = "cuda_shared_memory_register"
     CUDA_SHM_UNREGISTER = "cuda_shared_memory_unregister"
+    DAEMON_READ = "daemon_read"  # /v2/edged/ota/status|history: answered by a callable the daemon provides
+    DAEMON_ACTION = "daemon_action"  # /v2/edged/ota/check|rollback
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,13 @@ SPECS: dict[Kind, RouteSpec] = {
     Kind.CUDA_SHM_STATUS: RouteSpec(b"GET", "infer", "shared-memory"),
     Kind.CUDA_SHM_REGISTER: RouteSpec(b"POST", "infer", "shared-memory"),
     Kind.CUDA_SHM_UNREGISTER: RouteSpec(b"POST", "infer", "shared-memory"),
+    Kind.DAEMON_READ: RouteSpec(b"GET", "open", "statistics"),
+    Kind.DAEMON_ACTION: RouteSpec(b"POST", "admin", "model-repository"),
+}
+# edged's daemon-provided routes: /v2/edged/<part>/<action> → the action's name ("ota/check")
+DAEMON_ROUTES: dict[tuple[str, str], Kind] = {
+    ("ota", "status"): Kind.DAEMON_READ, ("ota", "history"): Kind.DAEMON_READ,
+    ("ota", "check"): Kind.DAEMON_ACTION, ("ota", "rollback"): Kind.DAEMON_ACTION,
 }
 SHARED_MEMORY_KINDS = frozenset({Kind.SHM_STATUS, Kind.SHM_REGISTER, Kind.SHM_UNREGISTER, Kind.CUDA_SHM_STATUS,
                                  Kind.CUDA_SHM_REGISTER, Kind.CUDA_SHM_UNREGISTER})
@@ -95,7 +104,7 @@ _MAX_SEGMENT = 255
 @dataclass(frozen=True)
 class Route:
     kind: Kind
-    model: str = ""  # for shared-memory routes: the region name ("" for all regions)
+    model: str = ""  # for shared-memory routes: the region name ("" for all regions); daemon routes: the action
     version: str = ""
 
 
@@ -114,6 +123,8 @@ def match(path: bytes) -> Route | None:
         return _model_route(parts[2:])
     if len(parts) == 5 and parts[:3] == ("v2", "repository", "models") and parts[4] in ("load", "unload"):
         return Route(Kind.LOAD if parts[4] == "load" else Kind.UNLOAD, _name(parts[3]))
+    if len(parts) == 4 and parts[:2] == ("v2", "edged") and (parts[2], parts[3]) in DAEMON_ROUTES:
+        return Route(DAEMON_ROUTES[parts[2], parts[3]], f"{parts[2]}/{parts[3]}")
     if len(parts) >= 3 and parts[0] == "v2" and parts[1] in _SHM_ACTIONS:
         return _shm_route(_SHM_ACTIONS[parts[1]], parts[2:])
     return None

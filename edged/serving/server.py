@@ -12,7 +12,7 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from edged.config import ServerConfig
@@ -32,8 +32,10 @@ log = logging.getLogger(__name__)
 class HttpServer:
     def __init__(self, service: InferenceService, config: ServerConfig, *, telemetry: Any = None,
                  status_provider: Callable[[], dict[str, Any]] | None = None,
-                 metrics_provider: Callable[[], str] | None = None) -> None:
+                 metrics_provider: Callable[[], str] | None = None,
+                 daemon_actions: Mapping[str, Callable[[], Any]] | None = None) -> None:
         self._service = service
+        self._daemon_actions = daemon_actions
         self._metrics_provider = metrics_provider
         self._config = config
         self._telemetry = telemetry
@@ -64,7 +66,7 @@ class HttpServer:
                             self._metrics_provider)
         handlers.status_extra = self._status_extra
         app = self._app = App(self._service, self._config, self._access, handlers,
-                              connection_limit(self._config), self.shared_memory)
+                              connection_limit(self._config), self.shared_memory, self._daemon_actions)
         for sock in sockets:
             sock.setblocking(False)
             if sock.family == socket.AF_UNIX:

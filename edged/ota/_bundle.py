@@ -1,0 +1,113 @@
+"""Model bundles: a tar of one model version (config.pbtxt, the version folder, optional labels) plus
+``test_vectors.json``.
+
+Building is deterministic (sorted members, zero mtimes, no owners) so the same model gives the same hash.
+Extraction trusts nothing in the archive: only regular files and folders, every path confined below the model
+folder, the size of each member checked against what is left of a byte limit.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from edged.errors import UpdateRejected
+from edged.repository import check_model_name
+
+TEST_VECTORS = "test_vectors.json"
+
+
+@dataclass(frozen=True)
+class TestVector:
+    inputs: dict[str, Any]  # a KServe v2 inference request
+    outputs: list[dict[str, Any]]  # KServe v2 output tensors: name, datatype, shape, data
+    rtol: float
+    atol: float
+
+
+def build_bundle(model_dir: Path, version: int, vectors: bytes, destination: Path) -> None:
+    name = model_dir.name
+    check_model_name(name)
+    version_dir = model_dir / str(version)
+    if not version_dir.is_dir():
+        raise UpdateRejected(f"model {name}: no version folder {version_dir}")
+    if not (model_dir / "config.pbtxt").is_file():
+        raise UpdateRejected(f"model {name}: a bundle needs {model_dir / 'config.pbtxt'}")
+    parse_vectors(vectors)
+    labels = sorted(p for p in model_dir.iterdir() if p.is_file() and p.suffix == ".txt")
+    files = [model_dir / "config.pbtxt", *labels]
+    files += sorted(p for p in version_dir.rglob("*") if p.is_file())
+    with tarfile.open(destination, "w") as tar:
+        for path in files:
+            _add(tar, f"{name}/{path.relative_to(model_dir).as_posix()}", path.read_bytes())
+        _add(tar, TEST_VECTORS, vectors)
+
+
+def _add(tar: tarfile.TarFile, arcname: str, data: bytes) -> None:
+    info = tarfile.TarInfo(arcname)
+    info.size = len(data)
+    info.mode = 0o644
+    tar.addfile(info, io.BytesIO(data))
+
+
+def extract_bundle(bundle: Path, model: str, version: int, destination: Path) -> list[TestVector]:
+    """Unpack into ``destination/<model>/``; returns the test vectors. Anything unexpected is refused."""
+    vectors: bytes | None = None
+    try:
+        with tarfile.open(bundle, "r:") as tar:
+            for member in tar.getmembers():
+                data = _member_bytes(tar, member, model, version)
+                if member.name == TEST_VECTORS:
+                    vectors = data
+                    continue
+                target = destination / member.name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(data)
+    except (tarfile.TarError, OSError) as e:
+        raise UpdateRejected(f"bundle {bundle.name}: cannot unpack: {e}") from e
+    if not (destination / model / str(version)).is_dir():
+        raise UpdateRejected(f"bundle {bundle.name}: no version folder {model}/{version}")
+    if not (destination / model / "config.pbtxt").is_file():
+        raise UpdateRejected(f"bundle {bundle.name}: no {model}/config.pbtxt")
+    if vectors is None:
+        raise UpdateRejected(f"bundle {bundle.name}: no {TEST_VECTORS}")
+    return parse_vectors(vectors)
+
+
+def _member_bytes(tar: tarfile.TarFile, member: tarfile.TarInfo, model: str, version: int) -> bytes:
+    parts = member.name.split("/")
+    if not member.isfile() or ".." in parts or member.name.startswith("/") or "" in parts:
+        raise UpdateRejected(f"bundle member {member.name!r}: only plain files with relative paths are allowed")
+    allowed = member.name == TEST_VECTORS or (parts[0] == model and (
+        len(parts) == 2 or (len(parts) > 2 and parts[1] == str(version))))
+    if not allowed:
+        raise UpdateRejected(f"bundle member {member.name!r}: expected {TEST_VECTORS}, {model}/<file> or "
+                             f"{model}/{version}/...")
+    stream = tar.extractfile(member)
+    if stream is None:
+        raise UpdateRejected(f"bundle member {member.name!r} cannot be read")
+    return stream.read()
+
+
+def parse_vectors(raw: bytes) -> list[TestVector]:
+    try:
+        doc = json.loads(raw)
+    except ValueError as e:
+        raise UpdateRejected(f"{TEST_VECTORS}: not valid JSON: {e}") from e
+    if not isinstance(doc, list) or not doc:
+        raise UpdateRejected(f"{TEST_VECTORS}: expected a non-empty list of test vectors")
+    vectors = []
+    for i, entry in enumerate(doc):
+        if not isinstance(entry, dict) or not isinstance(entry.get("inputs"), dict) \
+                or not isinstance(entry.get("outputs"), list):
+            raise UpdateRejected(f"{TEST_VECTORS}[{i}]: expected {{\"inputs\": <request>, \"outputs\": [...], "
+                                 "\"rtol\": r, \"atol\": a}")
+        rtol, atol = entry.get("rtol", 1e-5), entry.get("atol", 1e-6)
+        if not isinstance(rtol, int | float) or not isinstance(atol, int | float) or rtol < 0 or atol < 0:
+            raise UpdateRejected(f"{TEST_VECTORS}[{i}]: rtol and atol must be numbers >= 0")
+        vectors.append(TestVector(entry["inputs"], entry["outputs"], float(rtol), float(atol)))
+    return vectors

@@ -1,0 +1,102 @@
+"""`TufClient`: python-tuf's ngclient over the resumable fetcher; the only place trust decisions are made.
+
+ngclient decides (signatures, thresholds, versions, expiry, hashes, lengths); this module only translates its
+exceptions at the boundary into `UpdateRejected` with a reason an operator can act on, and lists the verified
+targets (read back from the metadata ngclient persisted only after verifying it).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from tuf.api import exceptions
+from tuf.api._payload import TargetFile, Targets
+from tuf.api.metadata import Metadata
+from tuf.ngclient.updater import Updater
+
+from edged.errors import UpdateRejected
+from edged.ota._fetcher import ResumableFetcher
+
+# A wall clock before this cannot be right (edged did not exist): expiry checks would be meaningless.
+EARLIEST_SANE_WALL = 1_735_689_600.0  # 2025-01-01
+
+
+class TufClient:
+    def __init__(self, repository_url: str, root_file: Path, cache_dir: Path, max_bytes_per_s: int) -> None:
+        base = repository_url.rstrip("/")
+        self.metadata_url = base + "/metadata/"
+        self.targets_url = base + "/targets/"
+        self.root_file = root_file
+        self.metadata_dir = cache_dir / "metadata"
+        self.target_dir = cache_dir / "targets"
+        self.fetcher = ResumableFetcher(cache_dir / "partial", self.targets_url, max_bytes_per_s=max_bytes_per_s)
+        self._updater: Updater | None = None
+
+    def refresh(self) -> dict[str, TargetFile]:
+        self.metadata_dir.mkdir(parents=True, exist_ok=True)
+        self.target_dir.mkdir(parents=True, exist_ok=True)
+        trusted = self.metadata_dir / "root.json"
+        if not trusted.exists():
+            if not self.root_file.is_file():
+                raise UpdateRejected(f"no trusted root: {self.root_file} does not exist ([ota] root_file)")
+            shutil.copyfile(self.root_file, trusted)
+        updater = Updater(str(self.metadata_dir), self.metadata_url, str(self.target_dir), self.targets_url,
+                          fetcher=self.fetcher, bootstrap=None)
+        with translated("refreshing metadata"):
+            updater.refresh()
+        self._updater = updater
+        targets = Metadata.from_file(str(self.metadata_dir / "targets.json")).signed
+        if not isinstance(targets, Targets):
+            raise UpdateRejected("targets.json: not a targets role")
+        return dict(targets.targets)
+
+    def download(self, name: str) -> tuple[Path, TargetFile]:
+        if self._updater is None:
+            raise RuntimeError("refresh() first")
+        with translated(f"target {name}"):
+            info = self._updater.get_targetinfo(name)
+            if info is None:
+                raise UpdateRejected(f"target {name} is no longer in the repository")
+            path = self.target_dir / f"{info.hashes['sha256']}.tar"
+            cached = self._updater.find_cached_target(info, str(path))
+            downloaded = cached or self._updater.download_target(info, str(path))
+        return Path(downloaded), info
+
+
+class translated:
+    """Turns ngclient's exceptions into `UpdateRejected` naming the attack or fault they stand for."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: Any) -> None:
+        if error is None or isinstance(error, UpdateRejected) or not isinstance(error, Exception):
+            return
+        raise UpdateRejected(f"{self.what}: {reason_for(error)}") from error
+
+
+def reason_for(error: Exception) -> str:
+    if isinstance(error, exceptions.ExpiredMetadataError):
+        if time.time() < EARLIEST_SANE_WALL:
+            return f"clock: the device clock reads {time.strftime('%Y-%m-%d', time.gmtime())}, metadata " \
+                   f"looks expired ({error}); set the clock (NTP) and check again"
+        return f"expired metadata (freeze attack or a repository not refreshed): {error}"
+    if isinstance(error, exceptions.BadVersionNumberError):
+        return f"rollback: metadata older than the trusted copy: {error}"
+    if isinstance(error, exceptions.UnsignedMetadataError):
+        return f"signature: metadata not signed by the trusted keys: {error}"
+    if isinstance(error, exceptions.DownloadLengthMismatchError):
+        return f"endless data: more bytes than the metadata allows: {error}"
+    if isinstance(error, exceptions.LengthOrHashMismatchError):
+        return f"hash: content does not match its metadata (tampered or mix-and-match): {error}"
+    if isinstance(error, exceptions.RepositoryError):
+        return f"repository: {type(error).__name__}: {error}"
+    if isinstance(error, exceptions.DownloadError):
+        return f"network: {error}"
+    return f"{type(error).__name__}: {error}"

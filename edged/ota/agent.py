@@ -1,0 +1,291 @@
+"""`OtaAgent`: the device's update loop for models — check, download, stage, switch, watch, confirm or roll back.
+
+One update at a time, each a persisted state machine (`_state`). Blocking work (network, loads, test vectors)
+runs in a worker thread; `run` schedules checks every ``check_interval_s`` plus a random jitter so a fleet does
+not hit its repository in one second. Metadata refused by TUF (wrong key, rollback, freeze, mix-and-match) is
+reported in ``last_check`` and changes nothing; a target refused or rolled back is reported in ``update``, and
+its hash is remembered as bad. The served versions are never touched before a new one passed its vectors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tuf.api._payload import TargetFile
+
+from edged.clock import Clock, DeviceClock
+from edged.config import OtaConfig
+from edged.engine import InferenceService
+from edged.errors import ConfigError, EdgedError, UpdateRejected
+from edged.ota._activate import Activator, stage
+from edged.ota._bundle import extract_bundle
+from edged.ota._client import TufClient
+from edged.ota._policy import MACHINE_ID, DeviceFacts, device_identity, skip_reason
+from edged.ota._state import TargetUpdate, UpdateStore, resume_action
+from edged.ota._watch import health, verdict
+from edged.repository import list_versions
+
+log = logging.getLogger(__name__)
+
+
+class OtaAgent:
+    def __init__(self, config: OtaConfig, service: InferenceService, repository: Path, state_dir: Path, *,
+                 clock: Clock | None = None, facts: DeviceFacts | None = None,
+                 machine_id: Path = MACHINE_ID) -> None:
+        if not config.repository_url:
+            raise ConfigError("[ota] enabled = true needs [ota] repository_url (the TUF repository's base URL)")
+        self.config = config
+        self.service = service
+        self.repository = repository
+        self.work_dir = state_dir / "ota"
+        self.identity = device_identity(config.device_id, machine_id)
+        self.facts = facts or DeviceFacts()
+        self.clock: Clock = clock or DeviceClock()
+        self.client = TufClient(config.repository_url, Path(config.root_file), self.work_dir, config.max_bytes_per_s)
+        self.store = UpdateStore(self.work_dir / "state.json", self._changed)
+        self.listeners: list[Callable[[dict[str, Any]], None]] = []  # told each status change (MQTT)
+        self.activator = Activator(service, repository, self.work_dir / "backup")
+        self.skipped: dict[str, str] = {}
+        self.last_check: dict[str, Any] = {}
+        self._watch: tuple[float, float | None] | None = None  # (elapsed at switch, baseline p99)
+        self._lock = threading.Lock()  # one check or rollback at a time
+        self._nudged = threading.Event()
+
+    def nudge(self) -> None:
+        """Ask for a check soon (the MQTT topic ``ota/check``); never blocks the caller's thread."""
+        self._nudged.set()
+
+    def _changed(self) -> None:
+        doc = self.status()
+        for listener in self.listeners:
+            try:
+                listener(doc)
+            except Exception:  # a broken listener must not stop an update half way
+                log.exception("OTA status listener failed")
+
+    # --- start-up ------------------------------------------------------------------------------------------
+    def recover_files(self) -> None:
+        """Before the engine starts: an update interrupted after its switch leaves the repository again, so the
+        version that was never confirmed does not serve for a moment at start-up. `resume` records the rest."""
+        current = self.store.current
+        if current is not None and resume_action(current) == "roll_back":
+            self.activator.roll_back_files(current.model, current.version)
+
+    def resume(self) -> None:
+        """After a restart: bring back OTA-installed models, then finish or undo an interrupted update."""
+        for model in sorted(self.store.installed):
+            if (self.repository / model).is_dir() and model not in self.service.model_names():
+                try:
+                    self.service.reload_model(model)
+                except EdgedError as e:
+                    log.error("OTA model %s did not load after restart: %s", model, e)
+        current = self.store.current
+        if current is None or current.final:
+            self._changed()  # the retained status starts with what is on disk
+            return
+        action = resume_action(current)
+        log.warning("OTA: update %s was interrupted in state %s: %s", current.target, current.state, action)
+        if action == "roll_back":
+            self._roll_back(f"interrupted while {current.state}: rolled back at restart")
+        else:
+            self.check()
+
+    # --- checks --------------------------------------------------------------------------------------------
+    def check(self) -> dict[str, Any]:
+        with self._lock:
+            started = time.time()
+            try:
+                targets = self.client.refresh()
+            except UpdateRejected as e:
+                self.last_check = {"at": started, "outcome": "refused", "reason": str(e)}
+                log.error("OTA check refused: %s", e)
+                self._changed()
+                return self.status()
+            self.last_check = {"at": started, "outcome": "ok", "reason": ""}
+            chosen = self._choose(targets)
+            if chosen is not None:
+                self._update(*chosen)
+            self._changed()
+            return self.status()
+
+    def _choose(self, targets: dict[str, TargetFile]) -> tuple[str, TargetFile] | None:
+        current = self.store.current
+        if current is not None and not current.final and current.target in targets:
+            return current.target, targets[current.target]  # an interrupted update continues
+        self.skipped = {}
+        for name, info in sorted(targets.items()):
+            custom = dict(info.unrecognized_fields.get("custom", {}))
+            if custom.get("kind") != "model":
+                self.skipped[name] = f"kind {custom.get('kind')!r} is not handled by this edged (models only)"
+                continue
+            digest = info.hashes.get("sha256", "")
+            if digest in self.store.bad:
+                self.skipped[name] = f"known bad: {self.store.bad[digest]}"
+                continue
+            model, version = str(custom.get("model", "")), int(custom.get("version", 0))
+            served = self._versions(model)
+            if served and version <= max(served):
+                continue  # installed already, or older than what is served
+            reason = skip_reason(custom, self.identity.device_id, self.facts)
+            if reason:
+                self.skipped[name] = reason
+                continue
+            return name, info
+        return None
+
+    def _versions(self, model: str) -> list[int]:
+        folder = self.repository / model
+        return list_versions(folder) if folder.is_dir() else []
+
+    # --- one update ----------------------------------------------------------------------------------------
+    def _update(self, name: str, info: TargetFile) -> None:
+        custom = dict(info.unrecognized_fields.get("custom", {}))
+        model, version = str(custom["model"]), int(custom["version"])
+        current = self.store.current
+        if current is None or current.final or current.target != name:
+            served = self._versions(model)
+            self.store.begin(TargetUpdate(name, info.hashes.get("sha256", ""), model, version,
+                                          max(served) if served else None))
+        try:
+            self._download_and_stage(name, model, version)
+        except UpdateRejected as e:
+            self._refuse(str(e))
+            return
+        self._switch(model, version)
+
+    def _download_and_stage(self, name: str, model: str, version: int) -> None:
+        update = self.store.current
+        if update is None:
+            raise RuntimeError("no update")
+        if update.state in ("idle", "downloading"):
+            self.store.move("downloading")
+            bundle, _ = self.client.download(name)
+            self.store.move("verified")
+        else:
+            bundle, _ = self.client.download(name)  # cached: verified against its hash again
+        staging = self.work_dir / "staging"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        vectors = extract_bundle(bundle, model, version, staging)
+        if update.state == "verified":
+            self.store.move("staged")
+        stage(self.service, staging / model, model, version, vectors)
+
+    def _switch(self, model: str, version: int) -> None:
+        previous = self.store.current.previous_version if self.store.current else None
+        baseline = None
+        if previous is not None:
+            try:
+                baseline = health(self.service.version_info(model, str(previous))).p99_s
+            except EdgedError:
+                baseline = None
+        self.activator.prepare(model)
+        self.store.move("activating")
+        try:
+            self.activator.switch(self.work_dir / "staging" / model, model, version)
+        except (EdgedError, OSError) as e:
+            self._roll_back(f"the switch failed: {e}")
+            return
+        self.store.move("watching", f"watching for {self.config.watch_s:g} s")
+        self._watch = (self.clock.elapsed(), baseline)
+        self.evaluate_watch()
+
+    def evaluate_watch(self) -> str:
+        """Judge the watch window now: "wait", "pass" (now active) or "fail" (now rolled back)."""
+        update = self.store.current
+        if update is None or update.state != "watching" or self._watch is None:
+            return "none"
+        began, baseline = self._watch
+        try:
+            new = health(self.service.version_info(update.model, str(update.version)))
+        except EdgedError as e:
+            self._roll_back(f"the new version is not served: {e}")
+            return "fail"
+        over = self.clock.elapsed() - began >= self.config.watch_s
+        outcome, reason = verdict(new, baseline, max_error_rate=self.config.max_error_rate,
+                                  max_p99_ratio=self.config.max_p99_ratio, min_requests=self.config.min_requests,
+                                  window_over=over)
+        if outcome == "fail":
+            self._roll_back(reason)
+        elif outcome == "pass":
+            self._confirm(update, reason)
+        return outcome
+
+    def _confirm(self, update: TargetUpdate, reason: str) -> None:
+        self.store.installed[update.model] = update.version
+        self.store.move("active", reason)
+        self._watch = None
+        removed = self.activator.prune(update.model, self.config.keep_versions)
+        if removed:
+            log.info("OTA: model %s: removed old versions %s (keep_versions %d)", update.model, removed,
+                     self.config.keep_versions)
+        shutil.rmtree(self.work_dir / "staging", ignore_errors=True)
+
+    def _refuse(self, reason: str) -> None:
+        update = self.store.current
+        if update is None:
+            return
+        log.error("OTA: target %s refused: %s", update.target, reason)
+        self.store.bad[update.sha256] = reason
+        self.store.move("refused", reason)
+        shutil.rmtree(self.work_dir / "staging", ignore_errors=True)
+
+    def _roll_back(self, reason: str) -> None:
+        update = self.store.current
+        if update is None:
+            return
+        log.error("OTA: rolling back %s version %d: %s", update.model, update.version, reason)
+        self.activator.roll_back(update.model, update.version)
+        self.store.bad[update.sha256] = reason
+        self.store.move("rolled_back", reason)
+        self._watch = None
+
+    def rollback(self) -> dict[str, Any]:
+        """The operator's rollback of the update watching or active now."""
+        with self._lock:
+            update = self.store.current
+            if update is None or update.state not in ("watching", "active"):
+                state = update.state if update else "none"
+                raise UpdateRejected(f"nothing to roll back: the last update is {state}")
+            self._roll_back("rolled back by the operator")
+            return self.status()
+
+    # --- reporting and scheduling --------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        update = self.store.current
+        return {
+            "enabled": True, "device_id": self.identity.device_id, "device_id_source": self.identity.source,
+            "repository_url": self.config.repository_url,
+            "state": update.state if update else "idle", "target": update.target if update else "",
+            "model": update.model if update else "", "version": update.version if update else None,
+            "previous_version": update.previous_version if update else None,
+            "reason": update.reason if update else "", "changed_at": update.changed_at if update else None,
+            "download": self.client.fetcher.progress.as_json(), "skipped": dict(self.skipped),
+            "last_check": dict(self.last_check), "bad_targets": len(self.store.bad),
+            "installed": dict(self.store.installed),
+        }
+
+    def history(self) -> dict[str, Any]:
+        return {"history": list(self.store.history), "bad": dict(self.store.bad)}
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.resume)
+        delay = random.uniform(0, self.config.jitter_s)  # the first check soon after start, spread by jitter
+        while True:
+            deadline = loop.time() + delay
+            delay = self.config.check_interval_s + random.uniform(0, self.config.jitter_s)
+            self._nudged.clear()
+            while loop.time() < deadline and not self._nudged.is_set():
+                await asyncio.sleep(min(0.2, max(0.0, deadline - loop.time())))
+                if self._watch is not None:
+                    await loop.run_in_executor(None, self.evaluate_watch)
+            await loop.run_in_executor(None, self.check)

@@ -1,0 +1,167 @@
+"""Attacks on the update path, each against nginx serving a real TUF repository: refused with its reason in
+the status, the target's hash remembered as bad where a target was at fault, and version 1 serving throughout."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from tuf.api._payload import Timestamp
+from tuf.api.metadata import Metadata
+from tuf.api.serialization.json import JSONSerializer
+
+from edged.ota._keys import generate_key, load_signer
+from edged.ota.fleet import FleetRepository
+from tests.ota.conftest import Device, model_folder, vectors_for
+
+
+def _add(fleet: FleetRepository, tmp: Path, **kwargs: object) -> str:
+    folder = model_folder(tmp / "src", 2, seed=2)
+    vectors = kwargs.pop("vectors", None) or vectors_for(2)
+    return fleet.add_model(folder, 2, vectors, **kwargs)  # type: ignore[arg-type]
+
+
+def _stored_target(fleet: FleetRepository) -> Path:
+    (path,) = (fleet.targets_dir / "models" / "mlp").glob("*.2.tar")
+    return path
+
+
+def _resign_timestamp(fleet: FleetRepository, *, key: Path | None = None, expires: datetime | None = None) -> None:
+    path = fleet.metadata_dir / "timestamp.json"
+    md = Metadata.from_file(str(path))
+    assert isinstance(md.signed, Timestamp)
+    md.signed.version += 1
+    md.signed.expires = expires or datetime.now(timezone.utc) + timedelta(days=1)
+    md.sign(load_signer(key or fleet.keys_dir / "timestamp.pem"))
+    path.write_bytes(md.to_bytes(JSONSerializer()))
+
+
+def _refused_update(device: Device, words: str) -> dict[str, object]:
+    status = device.agent.check()
+    assert status["state"] == "refused", status
+    assert words in str(status["reason"]), status["reason"]
+    assert device.served_version() == "1"
+    return status
+
+
+def _refused_metadata(device: Device, words: str) -> None:
+    status = device.agent.check()
+    assert status["last_check"]["outcome"] == "refused", status  # type: ignore[index]
+    assert words in status["last_check"]["reason"], status["last_check"]  # type: ignore[index]
+    assert status["state"] == "idle"
+    assert device.served_version() == "1"
+
+
+def test_tampered_target_bytes_are_refused_and_never_retried(device: Device, fleet: FleetRepository,
+                                                             tmp_path: Path) -> None:
+    name = _add(fleet, tmp_path)
+    stored = _stored_target(fleet)
+    data = bytearray(stored.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    stored.write_bytes(bytes(data))
+    _refused_update(device, "hash")
+    again = device.agent.check()
+    assert again["skipped"][name].startswith("known bad"), again  # type: ignore[index]
+
+
+def test_endless_data_longer_than_the_metadata_says_is_refused(device: Device, fleet: FleetRepository,
+                                                              tmp_path: Path) -> None:
+    _add(fleet, tmp_path)
+    with _stored_target(fleet).open("ab") as f:
+        f.write(b"\0" * 1_000_000)
+    _refused_update(device, "endless data")
+
+
+def test_metadata_signed_with_a_wrong_key_is_refused(device: Device, fleet: FleetRepository,
+                                                     tmp_path: Path) -> None:
+    _add(fleet, tmp_path)
+    _resign_timestamp(fleet, key=_foreign_key(tmp_path))
+    _refused_metadata(device, "signature")
+
+
+def _foreign_key(tmp_path: Path) -> Path:
+    path = tmp_path / "attacker.pem"
+    generate_key(path)
+    return path
+
+
+def test_rollback_to_older_metadata_is_refused(device: Device, fleet: FleetRepository, tmp_path: Path) -> None:
+    older = (fleet.metadata_dir / "timestamp.json").read_bytes()
+    fleet.refresh()
+    assert device.agent.check()["last_check"]["outcome"] == "ok"
+    (fleet.metadata_dir / "timestamp.json").write_bytes(older)
+    _refused_metadata(device, "rollback")
+
+
+def test_an_expired_timestamp_freeze_is_refused(device: Device, fleet: FleetRepository, tmp_path: Path) -> None:
+    _add(fleet, tmp_path)
+    _resign_timestamp(fleet, expires=datetime.now(timezone.utc) - timedelta(hours=1))
+    _refused_metadata(device, "expired")
+
+
+def test_a_mix_and_match_snapshot_is_refused(device: Device, fleet: FleetRepository, tmp_path: Path) -> None:
+    _add(fleet, tmp_path)  # snapshot 2 names the targets with the new model
+    newest = max(int(p.name.split(".")[0]) for p in fleet.metadata_dir.glob("*.snapshot.json"))
+    # the attacker serves the older signed snapshot under the name the timestamp points to
+    (fleet.metadata_dir / f"{newest}.snapshot.json").write_bytes(
+        (fleet.metadata_dir / f"{newest - 1}.snapshot.json").read_bytes())
+    _refused_metadata(device, "mix-and-match")
+
+
+def test_an_incompatible_target_is_skipped_with_the_reason(device: Device, fleet: FleetRepository,
+                                                           tmp_path: Path) -> None:
+    name = _add(fleet, tmp_path, compat={"min_edged_version": "99.0"})
+    status = device.agent.check()
+    assert status["state"] == "idle"
+    assert "incompatible: needs edged >= 99.0" in status["skipped"][name]  # type: ignore[index]
+    assert device.served_version() == "1"
+
+
+def test_a_device_outside_the_wave_skips_the_target_until_promoted(device: Device, fleet: FleetRepository,
+                                                                   tmp_path: Path) -> None:
+    name = _add(fleet, tmp_path, percent=0)
+    status = device.agent.check()
+    assert "not in this wave" in status["skipped"][name], status  # type: ignore[index]
+    assert device.served_version() == "1"
+    fleet.promote(name, 100)
+    assert device.agent.check()["state"] == "active"
+    assert device.served_version() == "2"
+
+
+def test_a_model_whose_test_vectors_fail_is_refused(device: Device, fleet: FleetRepository,
+                                                    tmp_path: Path) -> None:
+    _add(fleet, tmp_path, vectors=vectors_for(2, offset=1.0))
+    _refused_update(device, "differs from the expected values")
+    assert not (device.repository / "mlp" / "2").exists()  # never entered the served repository
+
+
+@pytest.mark.parametrize("key", ["module", "tensorrt"])
+def test_hardware_bound_targets_are_incompatible_on_a_device_without_that_hardware(
+        device: Device, fleet: FleetRepository, tmp_path: Path, key: str) -> None:
+    name = _add(fleet, tmp_path, compat={key: "orin-nano" if key == "module" else "10.3"})
+    assert "incompatible" in device.agent.check()["skipped"][name]  # type: ignore[index]
+
+
+def test_after_a_key_rotation_devices_follow_the_new_root_and_refuse_the_old_key(
+        device: Device, fleet: FleetRepository, tmp_path: Path) -> None:
+    assert device.agent.check()["last_check"]["outcome"] == "ok"  # type: ignore[index]
+    retired = fleet.keys_dir / "timestamp.pem"
+    old_key = tmp_path / "old-timestamp.pem"
+    old_key.write_bytes(retired.read_bytes())
+    fleet.rotate_key("timestamp")
+    _add(fleet, tmp_path)
+    assert device.agent.check()["state"] == "active"  # 2.root.json was fetched and trusted on the way
+    assert device.served_version() == "2"
+    _resign_timestamp(fleet, key=old_key)
+    status = device.agent.check()
+    assert status["last_check"]["outcome"] == "refused" and "signature" in status["last_check"]["reason"]  # type: ignore[index]
+
+
+def test_a_rotated_root_key_is_trusted_through_the_old_one(device: Device, fleet: FleetRepository,
+                                                           tmp_path: Path) -> None:
+    assert device.agent.check()["last_check"]["outcome"] == "ok"  # type: ignore[index]
+    fleet.rotate_key("root")
+    fleet.rotate_key("targets")  # signed by the new root key alone: only valid once 2.root.json is trusted
+    _add(fleet, tmp_path)
+    assert device.agent.check()["state"] == "active"
