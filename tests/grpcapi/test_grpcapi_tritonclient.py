@@ -8,6 +8,9 @@ import base64
 import os
 import queue
 import stat
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -16,6 +19,7 @@ import tritonclient.grpc as triton_grpc
 import tritonclient.grpc.aio as triton_aio
 import tritonclient.utils.shared_memory as triton_shm
 from conftest import SHM_KEY, GrpcDaemon
+from integration.edged_daemon import config_with_fakes, start_daemon
 from tritonclient.utils import InferenceServerException
 
 KEY = {SHM_KEY[0]: SHM_KEY[1]}
@@ -147,3 +151,23 @@ def test_cuda_shared_memory_answers_as_a_gpu_less_triton(url: str) -> None:
 def test_the_grpc_socket_gets_the_configured_mode(grpc_daemon: GrpcDaemon) -> None:
     info = grpc_daemon.socket_path.lstat()
     assert stat.S_ISSOCK(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o600
+
+
+def test_edged_status_shows_the_grpc_listeners(grpc_daemon: GrpcDaemon) -> None:
+    shown = subprocess.run([sys.executable, "-m", "edged", "status", "--socket", str(grpc_daemon.daemon.socket_path)],
+                           capture_output=True, text=True, timeout=60, check=False)
+    assert shown.returncode == 0, shown.stderr
+    assert f"grpc {grpc_daemon.tcp}" in shown.stdout and f"grpc unix:{grpc_daemon.socket_path}" in shown.stdout
+
+
+def test_serve_flags_open_the_grpc_listeners(tmp_path: Path) -> None:
+    socket_path = tmp_path / "flag-grpc.sock"
+    daemon = start_daemon(tmp_path / "d", config=config_with_fakes(),
+                          args=["--grpc-socket", str(socket_path), "--grpc-port", "0"])
+    try:
+        listeners = daemon.client().status()["grpc_listeners"]
+        assert f"unix:{socket_path}" in listeners and len(listeners) == 2
+        assert triton_grpc.InferenceServerClient(f"unix://{socket_path}").is_server_live()
+    finally:
+        daemon.stop()
+    assert not socket_path.exists()  # removed at shutdown: absent while the daemon is down
