@@ -8,22 +8,10 @@ keys, which the tests send as gRPC metadata.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
-from integration.edged_daemon import DaemonProcess, config_with_fakes, start_daemon
-
-SHM_KEY = ("edged-key", "grpc-test-key")
-MAX_MESSAGE_MB = 8
-
-
-@dataclass
-class GrpcDaemon:
-    daemon: DaemonProcess
-    tcp: str  # host:port for tritonclient.grpc
-    unix: str  # unix:///path
-    socket_path: Path
+from grpcapi_daemon import MAX_MESSAGE_MB, SHM_KEY, GrpcDaemon
+from integration.edged_daemon import config_with_fakes, start_daemon
 
 
 @pytest.fixture(scope="module")

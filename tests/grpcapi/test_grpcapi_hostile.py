@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import grpc
 import numpy as np
 import pytest
-from conftest import MAX_MESSAGE_MB, GrpcDaemon
+from grpcapi_daemon import MAX_MESSAGE_MB, GrpcDaemon
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import SHM_KEY, GrpcDaemon
+from grpcapi_daemon import SHM_KEY, GrpcDaemon
 
 ROOT = Path(__file__).resolve().parents[2]
 PERF_ANALYZER = Path(os.environ.get("EDGED_PERF_ANALYZER", ROOT / ".cache" / "perf_analyzer" / "perf_analyzer"))

@@ -18,7 +18,7 @@ import pytest
 import tritonclient.grpc as triton_grpc
 import tritonclient.grpc.aio as triton_aio
 import tritonclient.utils.shared_memory as triton_shm
-from conftest import SHM_KEY, GrpcDaemon
+from grpcapi_daemon import SHM_KEY, GrpcDaemon
 from integration.edged_daemon import config_with_fakes, start_daemon
 from tritonclient.utils import InferenceServerException
 
