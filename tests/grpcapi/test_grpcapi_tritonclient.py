@@ -171,3 +171,19 @@ def test_serve_flags_open_the_grpc_listeners(tmp_path: Path) -> None:
     finally:
         daemon.stop()
     assert not socket_path.exists()  # removed at shutdown: absent while the daemon is down
+
+
+def test_http_and_grpc_share_one_shared_memory_registry(grpc_daemon: GrpcDaemon) -> None:
+    key = f"/edged-grpc-shared-{os.getpid()}"
+    handle = triton_shm.create_shared_memory_region("shared_both", key, 256)
+    http = grpc_daemon.daemon.client()
+    client = triton_grpc.InferenceServerClient(grpc_daemon.unix)
+    try:
+        http.register_system_shared_memory("from_http", key, 256)  # over the Unix socket, by peer credentials
+        status = client.get_system_shared_memory_status("from_http", headers=KEY)
+        assert (status.regions["from_http"].key, status.regions["from_http"].byte_size) == (key, 256)
+        client.unregister_system_shared_memory("from_http", headers=KEY)
+        assert http.system_shared_memory_status() == []
+    finally:
+        http.unregister_system_shared_memory()
+        triton_shm.destroy_shared_memory_region(handle)
