@@ -78,6 +78,8 @@ RPCS: dict[str, Rpc] = {
     "ModelStreamInfer": Rpc(pb.ModelInferRequest, "inference", "infer"),
 }
 _BLOCKING = frozenset({"RepositoryModelLoad", "RepositoryModelUnload"})
+# RPCs that load a lazily loaded model ([models] load = "lazy") on first use, as the HTTP routes do
+_LAZY = frozenset({"ModelMetadata", "ModelConfig"})
 
 
 class GrpcServer:
@@ -187,8 +189,11 @@ class GrpcServer:
     def _unary(self, name: str, call: Callable[[Any], Any]) -> Callable[[Any, grpc.aio.ServicerContext[Any, Any]],
                                                                          Awaitable[Any]]:
         loop = asyncio.get_running_loop()
+        service = self._service
 
         async def run(request: Any) -> Any:
+            if name in _LAZY and service.needs_load(request.name):
+                await loop.run_in_executor(None, service.ensure_loaded, request.name)
             if name in _BLOCKING:
                 return await loop.run_in_executor(None, call, request)
             return call(request)

@@ -187,3 +187,22 @@ def test_http_and_grpc_share_one_shared_memory_registry(grpc_daemon: GrpcDaemon)
     finally:
         http.unregister_system_shared_memory()
         triton_shm.destroy_shared_memory_region(handle)
+
+
+def test_lazily_loaded_models_load_on_their_first_metadata_or_infer_call(tmp_path: Path) -> None:
+    socket_path = tmp_path / "lazy-grpc.sock"
+    daemon = start_daemon(tmp_path / "d", config=config_with_fakes('load = "lazy"\n'),
+                          args=["--grpc-socket", str(socket_path)])
+    try:
+        client = triton_grpc.InferenceServerClient(f"unix://{socket_path}")
+        assert client.get_model_metadata("tiny_mlp").inputs[0].name == "input"
+        assert client.get_model_config("digits_onnx").config.name == "digits_onnx"
+        assert client.infer("camera_frame", [_frame()]).as_numpy("features").shape[-1] == 8
+    finally:
+        daemon.stop()
+
+
+def _frame() -> triton_grpc.InferInput:
+    tensor = triton_grpc.InferInput("frame", [1, 1080, 1920, 3], "UINT8")
+    tensor.set_data_from_numpy(np.zeros((1, 1080, 1920, 3), np.uint8))
+    return tensor
