@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import os
 import queue
 import stat
@@ -206,3 +207,24 @@ def _frame() -> triton_grpc.InferInput:
     tensor = triton_grpc.InferInput("frame", [1, 1080, 1920, 3], "UINT8")
     tensor.set_data_from_numpy(np.zeros((1, 1080, 1920, 3), np.uint8))
     return tensor
+
+
+def test_inference_limited_to_listed_users_is_refused_over_grpc_unary_and_stream(tmp_path: Path) -> None:
+    socket_path = tmp_path / "limited-grpc.sock"
+    config = config_with_fakes() + '\n[server.access]\ninfer_users = ["root"]\n'
+    daemon = start_daemon(tmp_path / "d", config=config, args=["--grpc-socket", str(socket_path)])
+    try:
+        client = triton_grpc.InferenceServerClient(f"unix://{socket_path}")
+        assert client.is_server_ready()  # health stays open
+        with pytest.raises(InferenceServerException, match=r"server\.access limits it to listed users") as refused:
+            client.infer("tiny_mlp", [_tiny_input()])
+        assert refused.value.status() == "StatusCode.PERMISSION_DENIED"
+        answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        with contextlib.suppress(InferenceServerException):  # the stream may already be closed by the refusal
+            client.async_stream_infer("tiny_mlp", [_tiny_input()])
+        result, error = answers.get(timeout=30)
+        client.stop_stream()
+        assert result is None and "PERMISSION_DENIED" in str(error.status())
+    finally:
+        daemon.stop()
