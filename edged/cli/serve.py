@@ -21,6 +21,10 @@ def register(subparsers: Any) -> None:
                         "$XDG_RUNTIME_DIR/edged/edged.sock or /tmp/edged-$UID/edged.sock)")
     parser.add_argument("--http-port", type=int, metavar="N",
                         help="also listen on loopback TCP port N (for tritonclient, perf_analyzer)")
+    parser.add_argument("--grpc-port", type=int, metavar="N",
+                        help="also serve KServe v2 gRPC (Triton's GRPCInferenceService) on loopback TCP port N")
+    parser.add_argument("--grpc-socket", metavar="PATH",
+                        help="also serve KServe v2 gRPC on this Unix socket (unix://PATH for tritonclient)")
     parser.add_argument("--mqtt-broker", metavar="URL", help="MQTT broker, mqtt://host:port or mqtts://host:port")
     parser.add_argument("--device-id", metavar="ID", help="device id in MQTT topics (default: the host name)")
     parser.add_argument("--state-dir", metavar="DIR", help="where SQLite databases and the outbox live")
@@ -35,6 +39,8 @@ FLAG_KEYS: dict[str, str] = {
     "model_repository": "models.repository",
     "socket": "server.socket",
     "http_port": "server.http_port",
+    "grpc_port": "server.grpc_port",
+    "grpc_socket": "server.grpc_socket",
     "mqtt_broker": "mqtt.broker",
     "device_id": "mqtt.device_id",
     "state_dir": "state_dir",

@@ -77,6 +77,8 @@ def _daemon(doc: Mapping[str, Any]) -> str:
     parts.append(f"socket {doc.get('socket') or '?'}")
     if doc.get("http_port"):
         parts.append(f"http 127.0.0.1:{doc['http_port']}")
+    for address in doc.get("grpc_listeners") or ():
+        parts.append(f"grpc {address}")
     return ", ".join(parts)
 
 

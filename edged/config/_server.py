@@ -23,6 +23,11 @@ def _port(value: int | None) -> str | None:
     return None if value is None or 0 <= value <= 65535 else "expected a TCP port between 0 and 65535"
 
 
+def _grpc_message_mb(value: int) -> str | None:
+    # grpcio takes a signed 32-bit byte count
+    return None if 0 < value <= 2047 else "expected a size in MB between 1 and 2047"
+
+
 def _tcp_restricted(value: dict[str, str]) -> str | None:
     check_tcp_restricted(value)  # raises itself: the loader's own message would quote the secret values
     return None
@@ -52,6 +57,13 @@ class ServerConfig:
     http_host: str = "127.0.0.1"
     # A non-loopback http_host exposes inference with no access control to the network: refused unless set.
     http_allow_non_loopback: bool = False
+    # KServe v2 gRPC (Triton's GRPCInferenceService, edged.grpcapi): loopback TCP on grpc_host:grpc_port
+    # (non-loopback only with http_allow_non_loopback) and/or a Unix socket edged creates itself, with
+    # socket_mode and socket_group. Both off when None. Messages up to grpc_max_message_mb each way.
+    grpc_port: int | None = field(default=None, metadata={"check": _port})
+    grpc_host: str = "127.0.0.1"
+    grpc_socket: str | None = None
+    grpc_max_message_mb: int = field(default=64, metadata={"check": _grpc_message_mb})
     listen_backlog: int = field(default=128, metadata={"check": _positive})
     max_body_bytes: int = field(default=64 * 1024 * 1024, metadata={"check": _positive})
     # Bodies of all requests held at once (read, decoding or running): four maximal bodies on a 4 GB device.

@@ -35,6 +35,7 @@ from edged.exposition import MetricFamily, render
 from edged.memory import PressureMonitor, active_allocator
 from edged.serving import HttpServer
 from edged.serving.listeners import default_socket_path, open_listeners
+from edged.shm import SharedMemoryRegistry, ShmLimits
 from edged.supervision import HealthBoard
 from edged.telemetry import TelemetryService, default_database_path, summary_payload
 
@@ -90,9 +91,15 @@ class Daemon:
         ota = self.ota
         actions = {"ota/status": ota.status, "ota/history": ota.history, "ota/check": ota.check,
                    "ota/rollback": ota.rollback} if ota is not None else {}
+        # one registry for both front ends: a region registered over HTTP is usable over gRPC and vice versa
+        self.shared_memory = SharedMemoryRegistry(ShmLimits(config.server.shm_max_regions,
+                                                            config.server.shm_max_bytes_mb * 1024 * 1024))
         self.server = HttpServer(self.service, config.server, telemetry=self.telemetry,
                                  status_provider=self.status, metrics_provider=self._extra_metrics,
-                                 daemon_actions=actions)
+                                 daemon_actions=actions, shared_memory=self.shared_memory)
+        self.grpc: Any = None
+        if config.server.grpc_port is not None or config.server.grpc_socket is not None:
+            self.grpc = _grpc_server(self.service, config, self.shared_memory)
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._socket_files: list[tuple[Path, int]] = []
@@ -113,6 +120,10 @@ class Daemon:
         for listener in listeners:
             how = "inherited from systemd" if listener.inherited else "opened"
             print(f"edged {__version__}: listening on {listener.kind}:{listener.address} ({how})", flush=True)
+        if self.grpc is not None:
+            await self.grpc.start()
+            for address in self.grpc.addresses:
+                print(f"edged {__version__}: listening on grpc:{address} (opened)", flush=True)
         await self._load_models()
         if self.telemetry is not None:
             self.telemetry.start()
@@ -186,7 +197,11 @@ class Daemon:
             self.notifier.stopping()
         for task in list(self._tasks):
             task.cancel()
-        await self.server.stop(drain)
+        if self.grpc is not None:  # both front ends drain at once, within the same share of the budget
+            await asyncio.gather(self.grpc.stop(drain), self.server.stop(drain))
+        else:
+            await self.server.stop(drain)
+        self.shared_memory.close()  # after both front ends: no request can still be reading a region
         self._remove_socket_files()
         loop = asyncio.get_running_loop()
         if self.mqtt is not None:
@@ -311,6 +326,7 @@ class Daemon:
             "ready": self.service.ready,
             "socket": str(self.socket_path),
             "http_port": self.config.server.http_port,
+            "grpc_listeners": list(self.grpc.addresses) if self.grpc is not None else [],
             "model_repository": str(self.repository),
             "model_control_mode": self.config.models.control_mode,
             "models": self.service.repository_index(),
@@ -382,6 +398,16 @@ def _repository(config: EdgedConfig, state_dir: Path) -> Path:
     if config.models.repository:
         return Path(config.models.repository)
     return state_dir / "models" if config.ota.enabled else bundled_models()
+
+
+def _grpc_server(service: InferenceService, config: EdgedConfig, shared_memory: SharedMemoryRegistry) -> Any:
+    """The gRPC front end, imported only when configured: grpcio is the optional ``grpc`` extra."""
+    try:
+        from edged.grpcapi import GrpcServer
+    except ImportError as e:
+        raise ConfigError(f"server.grpc_port / server.grpc_socket are set but the gRPC front end cannot be "
+                          f"imported ({e}); install edged's grpc extra (grpcio, protobuf)") from e
+    return GrpcServer(service, config.server, shared_memory)
 
 
 def run_daemon(config: EdgedConfig) -> int:

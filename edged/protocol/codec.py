@@ -206,6 +206,15 @@ def _from_shared_memory(name: str, reference: ShmReference, shm: ShmReader | Non
     return _from_binary(name, shm(reference), dtype, shape, count)
 
 
+def tensor_from_bytes(name: str, chunk: memoryview, dtype: np.dtype[Any], shape: tuple[int, ...]) -> Array:
+    """A tensor from its binary-data bytes (a view where it can be), for front ends that carry raw tensors
+    outside this codec's bodies (gRPC's raw_input_contents, a shared-memory region)."""
+    count = 1
+    for dim in shape:
+        count *= dim
+    return _from_binary(name, chunk, dtype, shape, count)
+
+
 def _from_binary(name: str, chunk: memoryview, dtype: np.dtype[Any], shape: tuple[int, ...],
                  count: int) -> Array:
     if dtype.kind == "O":

@@ -24,10 +24,10 @@ import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from edged.access import TcpRestrictions
 from edged.clock import Clock, DeviceClock
 from edged.config import AccessConfig
 from edged.errors import ConfigError, PermissionDenied
-from edged.serving._restricted import TcpRestrictions
 from edged.shm import TCP_CALLER, Caller
 
 log = logging.getLogger(__name__)

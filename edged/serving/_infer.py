@@ -22,18 +22,15 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
-
 from edged.engine import InferenceService, InferRequest, InferResponse, RequestedOutput
-from edged.errors import EdgedError, InvalidInput, Unavailable
+from edged.errors import EdgedError, Unavailable
 from edged.protocol import DecodedRequest, decode_request, encode_response
-from edged.protocol.codec import tensor_bytes
 from edged.protocol.shm_params import ShmReader
 from edged.serving._access import Peer
 from edged.serving._http import Connection, Incoming, Slot, header_int
 from edged.serving._limits import OFFLOAD_BYTES
 from edged.serving._response import error_for, render
-from edged.shm import TCP_CALLER, Caller, SharedMemoryRegistry
+from edged.shm import TCP_CALLER, Caller, SharedMemoryRegistry, write_output
 
 _JSON_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%s\r\n"
 _BINARY_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\ncontent-length: %d\r\n"
@@ -224,20 +221,6 @@ class InferPath:
             array = result.outputs.get(output.name)
             if reference is None or array is None:
                 continue
-            target = self._shm.writable(reference, self._caller_of(call.connection.peer))
-            if array.dtype.kind in "OSU":
-                raw = tensor_bytes(array)
-                size = len(raw)
-            else:
-                raw = None
-                size = array.nbytes
-            if size > len(target):
-                raise InvalidInput(f"shared memory size specified with the request for output '{output.name}' "
-                                   f"({len(target)} bytes) should be at least {size} bytes to hold the results")
-            if raw is not None:
-                target[:size] = raw
-            else:
-                np.copyto(np.frombuffer(target, dtype=array.dtype.newbyteorder("<"), count=array.size)
-                          .reshape(array.shape), array, casting="unsafe")
+            write_output(output.name, array, self._shm.writable(reference, self._caller_of(call.connection.peer)))
             placed.append(output.name)
         return frozenset(placed)

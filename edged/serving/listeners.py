@@ -8,9 +8,6 @@ are used only when LISTEN_PID names this process, as sd_listen_fds(3) requires.
 
 from __future__ import annotations
 
-import errno
-import grp
-import ipaddress
 import logging
 import os
 import socket
@@ -20,13 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from edged.access import BIND_UMASK as _BIND_UMASK
+from edged.access import is_loopback as _is_loopback
+from edged.access import remove_stale as _remove_stale
+from edged.access import set_mode_and_group
 from edged.config import ServerConfig
 from edged.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 SD_LISTEN_FDS_START = 3
-_BIND_UMASK = 0o177
 
 
 @dataclass(frozen=True)
@@ -117,9 +117,7 @@ def unix_listener(config: ServerConfig, path: Path) -> Listener:
             sock.bind(str(path))
         finally:
             os.umask(previous)
-        os.chmod(path, int(config.socket_mode, 8))
-        if config.socket_group:
-            os.chown(path, -1, _gid(config.socket_group))
+        set_mode_and_group(path, config.socket_mode, config.socket_group)
         sock.listen(config.listen_backlog)
     except OSError as e:
         sock.close()
@@ -128,37 +126,6 @@ def unix_listener(config: ServerConfig, path: Path) -> Listener:
         sock.close()
         raise
     return Listener(sock, "uds", str(path))
-
-
-def _remove_stale(path: Path) -> None:
-    try:
-        info = path.lstat()
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(info.st_mode):
-        raise ConfigError(f"socket path {path} exists and is not a socket; remove it or choose another path")
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    probe.settimeout(1.0)
-    try:
-        probe.connect(str(path))
-    except ConnectionRefusedError:
-        log.info("removing stale socket %s (nothing is listening on it)", path)
-        path.unlink(missing_ok=True)
-        return
-    except OSError as e:
-        if e.errno in (errno.ENOENT,):
-            return
-        raise ConfigError(f"cannot check existing socket {path}: {e.strerror}") from e
-    finally:
-        probe.close()
-    raise ConfigError(f"another edged is listening on {path}; stop it or choose another socket path")
-
-
-def _gid(name: str) -> int:
-    try:
-        return grp.getgrnam(name).gr_gid
-    except KeyError:
-        raise ConfigError(f"server.socket_group: unknown group {name!r}") from None
 
 
 def tcp_listener(config: ServerConfig) -> Listener:
@@ -174,12 +141,3 @@ def tcp_listener(config: ServerConfig) -> Listener:
         raise ConfigError(f"cannot listen on {host}:{config.http_port}: {e.strerror or e}") from e
     bound_host, port = sock.getsockname()[:2]
     return Listener(sock, "tcp", f"{bound_host}:{port}")
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

@@ -29,11 +29,17 @@ from edged.shm import SharedMemoryRegistry, ShmLimits
 log = logging.getLogger(__name__)
 
 
+def registry_for(config: ServerConfig) -> SharedMemoryRegistry:
+    """The shared-memory registry with the limits of ``[server]``."""
+    return SharedMemoryRegistry(ShmLimits(config.shm_max_regions, config.shm_max_bytes_mb * 1024 * 1024))
+
+
 class HttpServer:
     def __init__(self, service: InferenceService, config: ServerConfig, *, telemetry: Any = None,
                  status_provider: Callable[[], dict[str, Any]] | None = None,
                  metrics_provider: Callable[[], str] | None = None,
-                 daemon_actions: Mapping[str, Callable[[], Any]] | None = None) -> None:
+                 daemon_actions: Mapping[str, Callable[[], Any]] | None = None,
+                 shared_memory: SharedMemoryRegistry | None = None) -> None:
         self._service = service
         self._daemon_actions = daemon_actions
         self._metrics_provider = metrics_provider
@@ -42,8 +48,9 @@ class HttpServer:
         self._status_provider = status_provider
         # unknown user or group names, malformed tcp_restricted entries fail here, at build time
         self._access = AccessPolicy(config.access, config.tcp_restricted)
-        self.shared_memory = SharedMemoryRegistry(ShmLimits(config.shm_max_regions,
-                                                            config.shm_max_bytes_mb * 1024 * 1024))
+        # the daemon passes the registry it shares with the gRPC front end, and closes it itself
+        self._owns_shared_memory = shared_memory is None
+        self.shared_memory = shared_memory if shared_memory is not None else registry_for(config)
         self._app: App | None = None
         self._servers: list[asyncio.AbstractServer] = []
         self._sweeper: asyncio.Task[None] | None = None
@@ -58,9 +65,12 @@ class HttpServer:
         return len(self._app.connections) if self._app is not None else 0
 
     async def start(self, sockets: list[socket.socket]) -> None:
-        if self._config.tcp_restricted and all(sock.family == socket.AF_UNIX for sock in sockets):
-            raise ConfigError("server.tcp_restricted is set but edged has no TCP listener (server.http_port or "
-                              "an activated TCP socket): it would restrict nothing; remove it or add one")
+        config = self._config
+        grpc = config.grpc_port is not None or config.grpc_socket is not None  # judged by it too
+        if config.tcp_restricted and not grpc and all(sock.family == socket.AF_UNIX for sock in sockets):
+            raise ConfigError("server.tcp_restricted is set but edged has no TCP listener (server.http_port, "
+                              "an activated TCP socket) and no gRPC listener: it would restrict nothing; remove "
+                              "it or add one")
         loop = asyncio.get_running_loop()
         handlers = Handlers(self._service, self._telemetry, self._status_provider, openapi_document(),
                             self._metrics_provider)
@@ -107,7 +117,8 @@ class HttpServer:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(server.wait_closed(), max(0.1, deadline - time.monotonic()))
         self._servers = []
-        self.shared_memory.close()  # after the connections: no request can still be reading a region
+        if self._owns_shared_memory:
+            self.shared_memory.close()  # after the connections: no request can still be reading a region
 
     async def _sweep(self) -> None:
         config = self._config

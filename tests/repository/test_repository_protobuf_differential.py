@@ -1,5 +1,6 @@
 """Differential test: edged's schema-less ``config.pbtxt`` parser against protobuf's own ``text_format`` with
-Triton's ``model_config.proto`` schema (the generated ``model_config_pb2`` that tritonclient ships).
+Triton's ``model_config.proto`` schema (the generated ``model_config_pb2`` that edged.grpcapi ships), at the
+level of the parsed tree (test_repository_pbtxt_differential.py compares the built, normalised config).
 
 For every real fixture and for configs generated from the schema itself, both parsers must see the same fields
 with the same values: every field protobuf holds is in edged's tree with an equal value (enums by name, floats
@@ -16,7 +17,6 @@ Where edged deliberately differs (documented here and in the repository module d
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 from types import ModuleType
@@ -38,23 +38,7 @@ FIXTURES = Path(__file__).parent.parent / "fixtures" / "model_configs"
 FD = pb_descriptor.FieldDescriptor
 
 
-def _model_config_pb2() -> ModuleType:
-    """tritonclient ships Triton's generated model_config_pb2 inside its gRPC package, whose __init__ needs
-    grpcio; the generated module itself needs only protobuf, so load it from its file."""
-    spec = importlib.util.find_spec("tritonclient")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("tritonclient is not installed (dev extra)")
-    path = Path(next(iter(spec.submodule_search_locations))) / "grpc" / "model_config_pb2.py"
-    if not path.is_file():
-        pytest.skip(f"tritonclient has no {path.name}")
-    module_spec = importlib.util.spec_from_file_location("_triton_model_config_pb2", path)
-    assert module_spec is not None and module_spec.loader is not None
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    return module
-
-
-PB2 = _model_config_pb2()
+PB2: ModuleType = pytest.importorskip("edged.grpcapi.proto.model_config_pb2")  # Triton's model_config.proto
 
 
 def protobuf_parse(text: str) -> PbMessage:

@@ -1,7 +1,8 @@
-"""Access control on loopback TCP, which carries no peer credentials: Triton's restricted API categories.
+"""Access control where there are no peer credentials (loopback TCP for HTTP and gRPC, and the gRPC Unix
+socket): Triton's restricted API categories.
 
 Any local user can open a loopback port, so over TCP a request is judged by its route's category
-(`edged.serving._routes.SPECS`) and its headers only:
+(`edged.serving._routes.SPECS`, `edged.grpcapi._rpcs.RPCS`) and its headers (gRPC: metadata keys) only:
 
 - a category with a ``[server.tcp_restricted]`` key is served only to requests carrying that header with
   that value (compared in constant time), as Triton's ``--http-restricted-api`` does;
@@ -21,7 +22,8 @@ from edged.errors import PermissionDenied
 
 
 class TcpRestrictions:
-    def __init__(self, table: Mapping[str, str], infer_open: bool) -> None:
+    def __init__(self, table: Mapping[str, str], infer_open: bool, listener: str = "loopback TCP",
+                 elsewhere: str = "or use the Unix socket") -> None:
         check_tcp_restricted(dict(table))  # a ServerConfig built in code has not been through the loader
         self._keys: dict[str, tuple[bytes, bytes]] = {}
         for category, text in table.items():
@@ -29,6 +31,12 @@ class TcpRestrictions:
             self._keys[category] = (name.encode("ascii"), value.encode("ascii"))
         self.header_names = frozenset(name for name, _ in self._keys.values())
         self._infer_open = infer_open
+        self._listener = listener  # how messages name where the request came (e.g. "gRPC")
+        self._elsewhere = elsewhere  # where a caller can go instead, or "" when nowhere
+
+    @property
+    def _also(self) -> str:
+        return f", {self._elsewhere}" if self._elsewhere else ""
 
     def check(self, category: str, permission: str, headers: Mapping[bytes, bytes], action: str) -> None:
         """Raise PermissionDenied unless a TCP request of ``category`` with ``headers`` may be served."""
@@ -37,19 +45,19 @@ class TcpRestrictions:
             sent = headers.get(key[0])
             if sent is not None and hmac.compare_digest(sent, key[1]):
                 return
-            raise PermissionDenied(f"permission denied: the {category} API over loopback TCP requires the "
+            raise PermissionDenied(f"permission denied: the {category} API over {self._listener} requires the "
                                    f"header {key[0].decode()!r} set in server.tcp_restricted.{category}; it "
                                    "was missing or did not match")
         if category == "shared-memory":
-            raise PermissionDenied("permission denied: shared memory over loopback TCP is off, because TCP "
+            raise PermissionDenied(f"permission denied: shared memory over {self._listener} is off, because it "
                                    "carries no peer identity to check a region's owner against; set "
-                                   'server.tcp_restricted.shared-memory = "HEADER=VALUE" and send that header, '
-                                   "or use the Unix socket")
+                                   'server.tcp_restricted.shared-memory = "HEADER=VALUE" and send that header'
+                                   f"{self._also}")
         if permission == "admin":
-            raise PermissionDenied(f"permission denied: a loopback TCP client may not {action}; set "
-                                   f'server.tcp_restricted.{category} = "HEADER=VALUE" and send that header, '
-                                   "or use the Unix socket")
+            raise PermissionDenied(f"permission denied: a {self._listener} client may not {action}; set "
+                                   f'server.tcp_restricted.{category} = "HEADER=VALUE" and send that header'
+                                   f"{self._also}")
         if permission == "infer" and not self._infer_open:
-            raise PermissionDenied(f"permission denied: a loopback TCP client may not {action}: server.access "
-                                   "limits it to listed users and TCP carries no credentials; set "
+            raise PermissionDenied(f"permission denied: a {self._listener} client may not {action}: server.access "
+                                   "limits it to listed users and it carries no credentials; set "
                                    f'server.tcp_restricted.{category} = "HEADER=VALUE" and send that header')

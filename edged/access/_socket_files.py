@@ -1,0 +1,70 @@
+"""Socket files and listen addresses, shared by the front ends that create their own sockets (HTTP, gRPC).
+
+A Unix socket is bound under ``BIND_UMASK`` (0o177), so it is never reachable by others between bind and
+chmod; only then is it given its mode and group. An existing socket file is replaced only when nothing
+answers on it: a live daemon would otherwise lose its socket.
+"""
+
+from __future__ import annotations
+
+import errno
+import grp
+import ipaddress
+import logging
+import os
+import socket
+import stat
+from pathlib import Path
+
+from edged.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+BIND_UMASK = 0o177
+
+
+def remove_stale(path: Path) -> None:
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(info.st_mode):
+        raise ConfigError(f"socket path {path} exists and is not a socket; remove it or choose another path")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(str(path))
+    except ConnectionRefusedError:
+        log.info("removing stale socket %s (nothing is listening on it)", path)
+        path.unlink(missing_ok=True)
+        return
+    except OSError as e:
+        if e.errno in (errno.ENOENT,):
+            return
+        raise ConfigError(f"cannot check existing socket {path}: {e.strerror}") from e
+    finally:
+        probe.close()
+    raise ConfigError(f"another edged is listening on {path}; stop it or choose another socket path")
+
+
+def group_id(name: str) -> int:
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        raise ConfigError(f"server.socket_group: unknown group {name!r}") from None
+
+
+def set_mode_and_group(path: Path, mode: str, group: str | None) -> None:
+    """Give a socket file bound under BIND_UMASK its configured octal ``mode`` and ``group``."""
+    os.chmod(path, int(mode, 8))
+    if group:
+        os.chown(path, -1, group_id(group))
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

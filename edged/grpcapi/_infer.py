@@ -1,0 +1,107 @@
+"""ModelInfer and ModelStreamInfer on the shared engine, as the HTTP infer path calls it.
+
+A request is decoded on the loop, submitted with ``InferenceService.submit`` (inline when the engine says the
+model is fast enough) and its done callback resolves an asyncio future, hopping back to the loop with
+``call_soon_threadsafe`` when it runs on a worker thread. A lazily loaded model is loaded in the executor
+first. On a stream every request is served concurrently and its response (or its ``error_message``) is sent
+when it completes, so one bad request in the middle of a stream costs that request only; the stream ends when
+the client half-closes and every response has been sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator
+
+from edged.engine import InferenceService, InferResponse
+from edged.errors import EdgedError
+from edged.grpcapi._tensors import decode_infer, encode_infer
+from edged.grpcapi.proto import grpc_service_pb2 as pb
+from edged.protocol.shm_params import ShmReference
+from edged.shm import TCP_CALLER, SharedMemoryRegistry
+
+log = logging.getLogger(__name__)
+_Result = InferResponse | EdgedError
+
+
+class GrpcInfer:
+    def __init__(self, service: InferenceService, shared_memory: SharedMemoryRegistry, max_elements: int) -> None:
+        self._service = service
+        self._shm = shared_memory
+        self._max_elements = max_elements
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+
+    async def infer(self, message: pb.ModelInferRequest) -> pb.ModelInferResponse:
+        """The response, or an EdgedError raised for the caller to turn into a status."""
+        decoded = decode_infer(message, self._max_elements, self._read)
+        request = decoded.request
+        service = self._service
+        if service.needs_load(request.model):
+            await self._loop.run_in_executor(None, service.ensure_loaded, request.model)
+        future: asyncio.Future[_Result] = self._loop.create_future()
+
+        def done(result: _Result) -> None:
+            if threading.get_ident() == self._loop_thread:
+                _resolve(future, result)
+            else:
+                self._loop.call_soon_threadsafe(_resolve, future, result)
+
+        service.submit(request, done, inline=service.should_inline(request.model, request.version))
+        result = await future
+        if isinstance(result, EdgedError):
+            raise result
+        return encode_infer(result, decoded.outputs, self._write)
+
+    async def stream(self, requests: AsyncIterator[pb.ModelInferRequest],
+                     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        answers: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        pending: set[asyncio.Task[None]] = set()
+
+        async def serve(message: pb.ModelInferRequest) -> None:
+            await answers.put(await self._stream_answer(message))
+
+        async def read() -> None:
+            try:
+                async for message in requests:
+                    task = self._loop.create_task(serve(message))
+                    pending.add(task)
+                    task.add_done_callback(pending.discard)
+                while pending:
+                    await asyncio.wait(set(pending))
+            finally:
+                await answers.put(None)
+
+        reader = self._loop.create_task(read())
+        try:
+            while (answer := await answers.get()) is not None:
+                yield answer
+            await reader  # re-raise what ended the reading, if anything did
+        finally:
+            reader.cancel()
+            for task in list(pending):
+                task.cancel()
+
+    async def _stream_answer(self, message: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
+        try:
+            return pb.ModelStreamInferResponse(infer_response=await self.infer(message))
+        except EdgedError as e:
+            return pb.ModelStreamInferResponse(
+                error_message=str(e), infer_response=pb.ModelInferResponse(
+                    model_name=message.model_name, model_version=message.model_version, id=message.id))
+        except Exception as e:  # a bug must not end the stream for the requests after it
+            log.exception("unexpected error in a gRPC stream request (model %s)", message.model_name)
+            return pb.ModelStreamInferResponse(error_message=f"internal error: {e}")
+
+    def _read(self, reference: ShmReference) -> memoryview:
+        return self._shm.readable(reference, TCP_CALLER)
+
+    def _write(self, reference: ShmReference) -> memoryview:
+        return self._shm.writable(reference, TCP_CALLER)
+
+
+def _resolve(future: asyncio.Future[_Result], result: _Result) -> None:
+    if not future.done():  # the call was cancelled (client went away) while the engine worked
+        future.set_result(result)

@@ -1,0 +1,76 @@
+"""The gRPC listeners and their config: loopback only unless opted in, a live socket is never taken over, a
+stale one is replaced, bad sizes are refused, and [server.tcp_restricted] counts as used when only gRPC
+listens beside the HTTP Unix socket."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from pathlib import Path
+
+import pytest
+
+from edged.config import ModelsConfig, ServerConfig, parse_config
+from edged.engine import InferenceService
+from edged.errors import ConfigError
+from edged.grpcapi import GrpcServer
+from edged.serving import HttpServer
+from edged.shm import SharedMemoryRegistry
+
+
+def _start(config: ServerConfig, repository: Path) -> None:
+    async def run() -> None:
+        server = GrpcServer(InferenceService(repository, ModelsConfig()), config, SharedMemoryRegistry())
+        try:
+            await server.start()
+        finally:
+            await server.stop(0)
+
+    asyncio.run(run())
+
+
+def test_a_non_loopback_grpc_host_is_refused_without_the_opt_in(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"server\.grpc_host '0\.0\.0\.0' is not a loopback address"):
+        _start(ServerConfig(grpc_port=0, grpc_host="0.0.0.0"), tmp_path)
+
+
+def test_a_live_socket_is_not_taken_over_and_a_stale_one_is_replaced(tmp_path: Path) -> None:
+    path = tmp_path / "grpc.sock"
+    live = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    live.bind(str(path))
+    live.listen()
+    try:
+        with pytest.raises(ConfigError, match="another edged is listening"):
+            _start(ServerConfig(grpc_socket=str(path)), tmp_path)
+    finally:
+        live.close()
+    _start(ServerConfig(grpc_socket=str(path)), tmp_path)  # nothing answers now: replaced, then removed
+    assert not path.exists()
+
+
+def test_a_path_that_is_not_a_socket_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "grpc.sock").write_text("mine")
+    with pytest.raises(ConfigError, match="exists and is not a socket"):
+        _start(ServerConfig(grpc_socket=str(tmp_path / "grpc.sock")), tmp_path)
+
+
+@pytest.mark.parametrize("text", ["grpc_max_message_mb = 0", "grpc_max_message_mb = 4096", "grpc_port = 70000"])
+def test_bad_grpc_settings_are_config_errors(text: str) -> None:
+    with pytest.raises(ConfigError, match=text.split(" = ", maxsplit=1)[0]):
+        parse_config(f"[server]\n{text}\n")
+
+
+def test_tcp_restricted_with_only_a_grpc_listener_is_accepted_by_the_http_server(tmp_path: Path) -> None:
+    config = ServerConfig(grpc_socket=str(tmp_path / "grpc.sock"), tcp_restricted={"shared-memory": "edged-key=v"})
+    server = HttpServer(InferenceService(tmp_path, ModelsConfig()), config)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(tmp_path / "edged.sock"))
+
+    async def run() -> None:
+        await server.start([sock])
+        await server.stop(0)
+
+    try:
+        asyncio.run(run())
+    finally:
+        sock.close()
