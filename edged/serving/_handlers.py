@@ -43,6 +43,7 @@ class Handlers:
         self.denied: dict[str, int] = {}
         self.draining = False
         self.status_extra: Callable[[], dict[str, Any]] = dict
+        self.metrics_extra: Callable[[], str] = str  # the server's own gauges (connections, bodies, regions)
 
     def handle(self, route: Route, incoming: Incoming) -> Response:
         handler = _TABLE[route.kind]
@@ -80,6 +81,7 @@ class Handlers:
         extra = self._telemetry.render_prometheus() if self._telemetry is not None else ""
         if self._metrics_provider is not None:  # the daemon's own parts: memory, MQTT
             extra += self._metrics_provider()
+        extra += self.metrics_extra()
         return Response(200, render_metrics(self._service, self.denied, extra).encode(), PROMETHEUS)
 
     def _status(self, route: Route, incoming: Incoming) -> Response:

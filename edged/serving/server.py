@@ -18,6 +18,7 @@ from typing import Any
 from edged.config import ServerConfig
 from edged.engine import InferenceService
 from edged.errors import ConfigError
+from edged.exposition import MetricFamily, render
 from edged.serving._access import AccessPolicy
 from edged.serving._app import App
 from edged.serving._handlers import Handlers
@@ -75,6 +76,7 @@ class HttpServer:
         handlers = Handlers(self._service, self._telemetry, self._status_provider, openapi_document(),
                             self._metrics_provider)
         handlers.status_extra = self._status_extra
+        handlers.metrics_extra = self._metrics_extra
         app = self._app = App(self._service, self._config, self._access, handlers,
                               connection_limit(self._config), self.shared_memory, self._daemon_actions)
         for sock in sockets:
@@ -136,6 +138,28 @@ class HttpServer:
                                            f"{config.request_timeout_s} s")
                 elif connection.idle and now - connection.last_activity > config.idle_timeout_s:
                     connection.close_idle()
+
+    def _metrics_extra(self) -> str:
+        app = self._app
+        if app is None:
+            return ""
+        return render([
+            MetricFamily("edged_http_connections", "gauge", "Open connections of the socket API.")
+            .add(self.connection_count),
+            MetricFamily("edged_http_max_connections", "gauge",
+                         "Connections served at most ([server] max_connections, clamped to the descriptors left)")
+            .add(app.connection_limit.effective),
+            MetricFamily("edged_http_connections_refused_total", "counter",
+                         "Connections answered 503 past max_connections.").add(app.refused_connections),
+            MetricFamily("edged_http_inflight_body_bytes", "gauge", "Request bodies held at once.")
+            .add(app.body_budget.used),
+            MetricFamily("edged_http_bodies_refused_total", "counter",
+                         "Requests refused because the in-flight body budget was spent.").add(app.body_budget.refused),
+            MetricFamily("edged_shm_regions", "gauge", "Registered system shared-memory regions.")
+            .add(len(self.shared_memory)),
+            MetricFamily("edged_shm_mapped_bytes", "gauge", "Bytes of system shared memory mapped.")
+            .add(self.shared_memory.mapped_bytes),
+        ])
 
     def _status_extra(self) -> dict[str, Any]:
         app = self._app

@@ -98,6 +98,10 @@ def test_all_of_metrics_parses_with_awkward_labels_and_reports_thread_health(run
     assert value(families, "nv_inference_count", model="tiny_mlp", version="1") == 0
     assert value(families, "nv_inference_count", model=AWKWARD_MODEL, version="1") == 0
     assert value(families, "edged_model_memory_bytes", model=AWKWARD_MODEL, version="1") > 0
+    assert value(families, "edged_http_connections") >= 1  # this scrape's own connection
+    assert value(families, "edged_http_max_connections") > 0
+    assert value(families, "edged_http_connections_refused") == 0  # the parser strips a counter's _total
+    assert value(families, "edged_shm_regions") == 0
     status = client.status()
     assert status["health"]["state"] == "ok" and status["telemetry"]["stale"] is False
 
