@@ -276,6 +276,20 @@ install_config() {
     say "wrote the default configuration $config"
 }
 
+install_ota_root() {
+    # The fleet's trusted root (build-tarball --ota-root): the first trust anchor of [ota]; an existing one is
+    # kept, because python-tuf rotates the trusted root through the repository's own metadata afterwards.
+    [ -f "$HERE/ota-root.json" ] || return 0
+    local root="$ROOT/etc/edged/ota/root.json"
+    if [ -e "$root" ]; then
+        say "kept the existing trusted OTA root $root"
+        return
+    fi
+    act install -d -m 0755 "$ROOT/etc/edged/ota"
+    act install -m 0644 "$HERE/ota-root.json" "$root"
+    say "installed the fleet's trusted OTA root $root"
+}
+
 rollback() {
     local current previous
     previous="$(release_of "$OPT/previous")"
@@ -305,6 +319,7 @@ main() {
     build_release "$version" "$extras"
     setup_user_and_dirs "$OPT/releases/$version"
     install_config
+    install_ota_root
     activate "$version"
     install_units "$OPT/releases/$version"
     prune

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tarball_harness as harness
 from modelgen import add_custom_model
 from notify_reader import NotifyReader
 from tarball_harness import files_under, mounted_at_opt, run_installed, sh, unpack
@@ -245,3 +246,30 @@ def test_installed_daemon_speaks_sd_notify_serves_and_stops_pinging_when_the_eng
                 daemon.kill()
                 daemon.wait(10)
         assert "engine wedged: hang/1" in log.read_text(errors="replace")
+
+
+def test_default_extras_and_the_fleet_root_travel_in_the_package(tmp_path: Path) -> None:
+    """ota and grpc are bundled by default; --ota-root puts the fleet's root where install.sh installs it."""
+    from edged.ota.fleet import FleetRepository
+
+    FleetRepository.init(tmp_path / "repo")
+    root = tmp_path / "repo" / "metadata" / "1.root.json"
+    tarball = harness.build(tmp_path / "dist", "--ota-root", str(root))
+    top = harness.unpack(tarball, tmp_path / "unpacked")
+    manifest = json.loads((top / "manifest.json").read_text())
+    assert {"ota", "grpc"} <= set(manifest["extras"])
+    wheels = " ".join(manifest["wheels"]).lower()
+    assert "tuf-" in wheels and "grpcio-" in wheels
+    assert (top / "ota-root.json").read_bytes() == root.read_bytes()
+    staged = tmp_path / "staged"
+    harness.sh(top / "install.sh", "--root", str(staged))
+    assert (staged / "etc" / "edged" / "ota" / "root.json").read_bytes() == root.read_bytes()
+
+
+def test_a_file_that_is_not_root_metadata_is_refused_as_the_fleet_root(tmp_path: Path) -> None:
+    bogus = tmp_path / "root.json"
+    bogus.write_text('{"signed": {"_type": "targets"}, "signatures": []}')
+    result = subprocess.run([sys.executable, str(harness.PACKAGING / "build-tarball"), "--platform", "host",
+                             "--output", str(tmp_path / "dist"), "--ota-root", str(bogus)],
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode != 0 and "not TUF root metadata" in result.stderr
