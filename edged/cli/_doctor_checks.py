@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from edged.cli._doctor_platform import l4t_release, module_model
 from edged.config import MemoryConfig
 from edged.memory import PressureMonitor, active_allocator, budget_bytes, find_library, read_meminfo
+from edged.platform import l4t_release, module_model
 
 Status = Literal["ok", "warn", "fail", "info"]
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from edged import __version__
+from edged.platform import l4t_release, module_model, tensorrt_version
 
 MACHINE_ID = Path("/etc/machine-id")
 
@@ -42,13 +43,21 @@ def bucket(cohort_salt: str, device_id: str) -> int:
 
 @dataclass(frozen=True)
 class DeviceFacts:
-    """What compatibility is judged against; on a Jetson from the telemetry platform probe, here from config."""
+    """What compatibility is judged against: the module, its L4T release and JetPack label, the TensorRT version
+    (`device_facts` reads them on the device); empty where the machine is not a Jetson."""
 
     module: str = ""
     jetpack: str = ""
     l4t: str = ""
     tensorrt: str = ""
     edged_version: str = __version__
+
+
+def device_facts(root: Path = Path("/")) -> DeviceFacts:
+    """This device's facts, from the files ``edged doctor`` reads (under ``root``, for tests and images)."""
+    _, release = l4t_release(root)
+    return DeviceFacts(module=module_model(root) or "", jetpack=(release.jetpack or "") if release else "",
+                       l4t=release.version if release else "", tensorrt=tensorrt_version())
 
 
 def _version_tuple(text: str) -> tuple[int, ...]:

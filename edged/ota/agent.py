@@ -28,7 +28,7 @@ from edged.errors import ConfigError, EdgedError, UpdateRejected
 from edged.ota._activate import Activator, stage
 from edged.ota._bundle import extract_bundle
 from edged.ota._client import TufClient
-from edged.ota._policy import MACHINE_ID, DeviceFacts, device_identity, skip_reason
+from edged.ota._policy import MACHINE_ID, DeviceFacts, device_facts, device_identity, skip_reason
 from edged.ota._state import TargetUpdate, UpdateStore, resume_action
 from edged.ota._watch import health, verdict
 from edged.repository import list_versions
@@ -47,7 +47,7 @@ class OtaAgent:
         self.repository = repository
         self.work_dir = state_dir / "ota"
         self.identity = device_identity(config.device_id, machine_id)
-        self.facts = facts or DeviceFacts()
+        self.facts = facts or device_facts()
         self.clock: Clock = clock or DeviceClock()
         self.client = TufClient(config.repository_url, Path(config.root_file), self.work_dir, config.max_bytes_per_s)
         self.store = UpdateStore(self.work_dir / "state.json", self._changed)
@@ -263,6 +263,8 @@ class OtaAgent:
         update = self.store.current
         return {
             "enabled": True, "device_id": self.identity.device_id, "device_id_source": self.identity.source,
+            "device": {"module": self.facts.module, "jetpack": self.facts.jetpack, "l4t": self.facts.l4t,
+                       "tensorrt": self.facts.tensorrt, "edged": self.facts.edged_version},
             "repository_url": self.config.repository_url,
             "state": update.state if update else "idle", "target": update.target if update else "",
             "model": update.model if update else "", "version": update.version if update else None,

@@ -26,9 +26,9 @@ from integration.edged_daemon import DaemonProcess, config_with_fakes, start_dae
 from modelgen import add_custom_model
 
 from edged.cli._doctor_checks import check_daemon_memory
-from edged.cli._doctor_platform import parse_nv_tegra_release
 from edged.cli.doctor import collect, exit_status
 from edged.cli.main import build_parser
+from edged.platform import parse_nv_tegra_release
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sysfs"
 

@@ -1,4 +1,5 @@
-"""Jetson identification for ``edged doctor``: the module name and the L4T release, from files a tree holds.
+"""Jetson identification (module, L4T release, JetPack label, TensorRT version) from files a tree holds: used by
+``edged doctor`` and by OTA's compatibility checks.
 
 Keyed on the L4T triple from /etc/nv_tegra_release; JetPack is only a label looked up from it (tools disagree
 at the patch level, see docs/jetson.md §1-2). Every file is optional: a machine without them is not a Jetson.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 _RELEASE = re.compile(r"^#\s*R(\d+)\s*\(release\),\s*REVISION:\s*(\d+)\.(\d+)")
@@ -69,3 +71,13 @@ def l4t_release(root: Path) -> tuple[bool, L4TRelease | None]:
     """(file present, parsed release)."""
     text = read_text(root, "/etc/nv_tegra_release")
     return (text is not None, parse_nv_tegra_release(text) if text is not None else None)
+
+
+def tensorrt_version() -> str:
+    """The installed TensorRT Python bindings' version (JetPack's python3-libnvinfer), without importing them."""
+    for distribution in ("tensorrt", "tensorrt-cu12", "tensorrt_libs"):
+        try:
+            return metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            continue
+    return ""
