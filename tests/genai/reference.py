@@ -35,4 +35,5 @@ def og_greedy(model_dir: Path, prompt: str, max_new_tokens: int) -> tuple[list[i
     eos = set(tokenizer.eos_token_ids) if hasattr(tokenizer, "eos_token_ids") else set()
     if out and out[-1] in eos:
         out = out[:-1]
-    return ids, out, tokenizer.decode(out)
+    stream = tokenizer.create_stream()  # whole-sequence decode gives "" when the bytes are not valid UTF-8
+    return ids, out, "".join(stream.decode(t) for t in out)
