@@ -20,6 +20,7 @@ import orjson
 from edged.backends import GenerativeInstance, Sampling
 from edged.engine import InferenceService
 from edged.errors import EdgedError, ModelNotFound, QueueFull
+from edged.exposition import MetricFamily
 from edged.serving._http import Connection, Incoming, Slot
 from edged.serving._openai import (
     ChatRequest,
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 
 GENAI_RUNTIME = "onnxruntime_genai"
 MAX_WAITING = 8  # requests per model queued behind the one generating
+OUTCOMES = ("completed", "cancelled", "refused", "failed")
 _SSE_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
              b"transfer-encoding: chunked\r\n")
 _DONE = b"data: [DONE]\n\n"
@@ -49,6 +51,16 @@ class _Gate:
         self.running = threading.Lock()
         self._count = threading.Lock()
         self.admitted = 0  # generating plus waiting
+        # since start, for /metrics: requests by outcome, and tokens read and generated
+        self.outcomes = dict.fromkeys(OUTCOMES, 0)
+        self.prompt_tokens = 0
+        self.output_tokens = 0
+
+    def record(self, outcome: str, prompt_tokens: int = 0, output_tokens: int = 0) -> None:
+        with self._count:
+            self.outcomes[outcome] += 1
+            self.prompt_tokens += prompt_tokens
+            self.output_tokens += output_tokens
 
     def admit(self, model: str) -> None:
         with self._count:
@@ -105,7 +117,7 @@ class ChatPath:
     def handle(self, connection: Connection, incoming: Incoming, slot: Slot) -> None:
         try:
             request = parse_chat(incoming.body)
-            gate = self._gates.setdefault(request.model, _Gate())
+            gate = self._gate(request.model)
             gate.admit(request.model)
         except EdgedError as e:
             connection.respond(slot, render(openai_error(e), incoming.keep_alive), not incoming.keep_alive)
@@ -114,6 +126,30 @@ class ChatPath:
         slot.cancel = cancelled.set
         worker = _Generation(self, connection, incoming, slot, request, cancelled)
         threading.Thread(target=worker.run, args=(gate,), name=f"generate-{request.model}", daemon=True).start()
+
+    def _gate(self, model: str) -> _Gate:
+        gate = self._gates.get(model)
+        if gate is None:
+            # only models of the repository get a gate: a client cycling through names cannot grow the table
+            if model not in self._service.model_names():
+                raise ModelNotFound(f"model {model!r} is not in the repository (see GET /v1/models)")
+            gate = self._gates[model] = _Gate()
+        return gate
+
+    def metric_families(self) -> list[MetricFamily]:
+        requests = MetricFamily("edged_generation_requests_total", "counter",
+                                "Chat completion requests per generative model, by outcome.")
+        waiting = MetricFamily("edged_generation_requests_admitted", "gauge",
+                               "Chat completion requests generating or waiting, per model.")
+        prompt = MetricFamily("edged_generation_prompt_tokens_total", "counter", "Prompt tokens read, per model.")
+        output = MetricFamily("edged_generation_output_tokens_total", "counter", "Tokens generated, per model.")
+        for model, gate in sorted(self._gates.items()):
+            for outcome, count in gate.outcomes.items():
+                requests.add(count, {"model": model, "outcome": outcome})
+            waiting.add(gate.admitted, {"model": model})
+            prompt.add(gate.prompt_tokens, {"model": model})
+            output.add(gate.output_tokens, {"model": model})
+        return [requests, waiting, prompt, output]
 
     def instance(self, model: str) -> GenerativeInstance:
         """The ready generative instance of ``model``, loading a lazily loaded model first (blocking)."""
@@ -150,11 +186,14 @@ class _Generation:
             instance = self._path.instance(self._request.model)
             prompt, sampling = self._prepare(instance)
             with gate.running:
-                self._generate(instance, prompt, sampling)
+                count = self._generate(instance, prompt, sampling)
+                gate.record("cancelled" if self._cancelled.is_set() else "completed", len(prompt), count)
         except EdgedError as e:
+            gate.record("refused")
             self._fail(e)
         except Exception as e:  # a worker thread: an escaping error would leave the request unanswered
             log.error("generation failed for model %s", self._request.model, exc_info=e)
+            gate.record("failed")
             self._fail(e)
         finally:
             gate.leave()
@@ -173,7 +212,8 @@ class _Generation:
                             request.seed)
         return prompt, sampling
 
-    def _generate(self, instance: GenerativeInstance, prompt: list[int], sampling: Sampling) -> None:
+    def _generate(self, instance: GenerativeInstance, prompt: list[int], sampling: Sampling) -> int:
+        """Generate and answer; the number of tokens generated."""
         request = self._request
         if request.stream:
             self._streaming = True
@@ -192,11 +232,12 @@ class _Generation:
                 break
         if self._cancelled.is_set():
             self._path.call(self._connection.respond, self._slot, b"", True)
-            return
+            return count
         if not stopped:
             self._emit(stop.flush(), parts)
         finish = "stop" if stopped or count < sampling.max_new_tokens else "length"
         self._finish("".join(parts), finish, len(prompt), count)
+        return count
 
     def _emit(self, text: str, parts: list[str]) -> None:
         if not text:

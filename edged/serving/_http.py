@@ -177,6 +177,12 @@ class Connection(asyncio.Protocol):
         self.app.end_of_input(self)
 
     def eof_received(self) -> bool | None:
+        # A client that hangs up while its answer is being generated is gone: HTTP clients do not half-close
+        # while they wait (uvicorn reads EOF as a disconnect too), so its generation stops now, not at the
+        # first write that fails.
+        for slot in self._slots:
+            if slot.cancel is not None and slot.data is None:
+                slot.cancel()
         if self._slots:
             return True  # half-closed: keep the write side open for the responses still owed
         return None

@@ -33,6 +33,14 @@ def test_models_lists_only_generative_models(genai_server: harness.ThreadedServe
     assert ids == ["tiny_llama"]
 
 
+def test_generative_model_is_listed_unbatched_in_status(genai_server: harness.ThreadedServer) -> None:
+    with httpx.Client(base_url=f"http://127.0.0.1:{genai_server.port}") as http:
+        config = http.get("/v2/models/tiny_llama/config").json()
+        index = http.post("/v2/repository/index").json()
+    assert config["backend"] == "onnxruntime_genai" and config["max_batch_size"] == 0
+    assert {"name": "tiny_llama", "version": "1", "state": "READY", "reason": ""} in index
+
+
 @pytest.mark.parametrize("client_for", [tcp_client, uds_client], ids=["tcp", "uds"])
 def test_greedy_chat_equals_in_process_generator(genai_server: harness.ThreadedServer, model_dir: Path,
                                                  client_for: object) -> None:

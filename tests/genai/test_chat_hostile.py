@@ -3,13 +3,16 @@ server goes on serving."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
+import time
 from typing import Any
 
 import httpx
 import orjson
 import pytest
 import server_harness as harness
+from prometheus_client.parser import text_string_to_metric_families
 
 GOOD = {"model": "tiny_llama", "messages": [{"role": "user", "content": "Open the gate"}], "max_tokens": 4}
 
@@ -76,12 +79,49 @@ def test_infer_on_a_generative_model_points_to_chat_completions(genai_server: ha
     assert "/v1/chat/completions" in response.json()["error"]
 
 
-def test_disconnect_mid_stream_leaves_the_server_serving(genai_server: harness.ThreadedServer) -> None:
-    body = orjson.dumps({**GOOD, "max_tokens": 200, "stream": True})
-    for _ in range(3):
-        with socket.create_connection(("127.0.0.1", genai_server.port)) as sock:
-            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                         b"content-length: %d\r\n\r\n%s" % (len(body), body))
-            assert sock.recv(65536).startswith(b"HTTP/1.1 200 OK")  # the stream has begun: then hang up
+def generation_counts(server: harness.ThreadedServer) -> dict[str, float]:
+    with httpx.Client(base_url=f"http://127.0.0.1:{server.port}") as http:
+        families = text_string_to_metric_families(http.get("/metrics").text)
+        return {s.labels["outcome"]: s.value for f in families if f.name == "edged_generation_requests"
+                for s in f.samples if s.name.endswith("_total") and s.labels["model"] == "tiny_llama"}
+
+
+def hang_up(server: harness.ThreadedServer, body: bytes, read_head: bool) -> bytes:
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                     b"content-length: %d\r\n\r\n%s" % (len(body), body))
+        head = sock.recv(65536) if read_head else b""
+        with contextlib.suppress(OSError):  # the server may have closed first
+            sock.shutdown(socket.SHUT_WR)
+        return head
+
+
+def wait_for_cancelled(server: harness.ThreadedServer, count: float) -> dict[str, float]:
+    deadline = time.monotonic() + 30  # a bound on waiting for the counters, not a timed assertion
+    while generation_counts(server).get("cancelled", 0) < count and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return generation_counts(server)
+
+
+def test_hang_up_cancels_the_generation(genai_server: harness.ThreadedServer) -> None:
+    before = generation_counts(genai_server).get("cancelled", 0)
+    # the longest answer the context allows: far more tokens than are generated before the hang-up is read
+    for stream in (True, False, True):
+        hang_up(genai_server, orjson.dumps({**GOOD, "max_tokens": 230, "stream": stream}), read_head=False)
+    counts = wait_for_cancelled(genai_server, before + 3)
+    assert counts["cancelled"] == before + 3, counts
     reply = post(genai_server, GOOD)
     assert reply.status_code == 200 and reply.json()["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_disconnect_mid_stream_leaves_the_server_serving(genai_server: harness.ThreadedServer) -> None:
+    before = generation_counts(genai_server)
+    body = orjson.dumps({**GOOD, "max_tokens": 230, "stream": True})
+    for _ in range(3):
+        assert hang_up(genai_server, body, read_head=True).startswith(b"HTTP/1.1 200 OK")
+    reply = post(genai_server, GOOD)
+    assert reply.status_code == 200 and reply.json()["choices"][0]["finish_reason"] in ("stop", "length")
+    after = generation_counts(genai_server)
+    # each stream ended cancelled or (if it outran the hang-up) completed: none failed
+    assert after["failed"] == before["failed"]
+    assert sum(after.values()) - sum(before.values()) == 4
