@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from typing import Any
 
 import orjson
@@ -277,6 +278,9 @@ class _Generation:
 
     def _send(self, data: bytes) -> None:
         self._path.call(self._write, data)
+        # Hand the GIL to the event loop now: otherwise the loop, woken to write this chunk, waits for the
+        # interpreter's switch interval (5 ms) while this thread generates on, and tokens leave in bursts.
+        time.sleep(0)
 
     def _write(self, data: bytes) -> None:
         if not self._connection.stream(self._slot, data):
