@@ -131,8 +131,8 @@ class App:
     def _route(self, connection: Connection, incoming: Incoming, slot: Slot, route: Route) -> None:
         if route.kind is Kind.INFER:
             self.infer.handle(connection, incoming, slot, route.model, route.version)
-        elif route.kind is Kind.CHAT_COMPLETIONS:
-            self.chat.handle(connection, incoming, slot)
+        elif route.kind is Kind.CHAT_COMPLETIONS or route.kind is Kind.COMPLETIONS:
+            self.chat.handle(connection, incoming, slot, chat=route.kind is Kind.CHAT_COMPLETIONS)
         elif route.kind is Kind.OPENAI_MODELS:
             self._answer(connection, incoming, slot, self.chat.models())
         elif route.kind is Kind.LOAD or route.kind is Kind.UNLOAD:

@@ -1,4 +1,5 @@
-"""``GET /v1/models`` and ``POST /v1/chat/completions``: generation in worker threads, answered on the loop.
+"""``GET /v1/models``, ``POST /v1/chat/completions`` and ``POST /v1/completions``: generation in worker
+threads, answered on the loop.
 
 Invariants: nothing blocking runs on the event loop (loading, templating, tokenizing and generating happen in a
 worker thread per request, which hands results to the loop with ``call_soon_threadsafe``); a model generates
@@ -31,6 +32,8 @@ from edged.serving._openai import (
     completion_id,
     openai_error,
     parse_chat,
+    parse_completion,
+    text_completion,
     usage,
 )
 from edged.serving._response import Response, json_response, render
@@ -115,9 +118,10 @@ class ChatPath:
                 if self._service.model_config(entry["name"]).runtime == GENAI_RUNTIME]
         return json_response({"object": "list", "data": data})
 
-    def handle(self, connection: Connection, incoming: Incoming, slot: Slot) -> None:
+    def handle(self, connection: Connection, incoming: Incoming, slot: Slot, chat: bool = True) -> None:
+        """``chat``: /v1/chat/completions, else /v1/completions (a prompt string, no chat template)."""
         try:
-            request = parse_chat(incoming.body)
+            request = parse_chat(incoming.body) if chat else parse_completion(incoming.body)
             gate = self._gate(request.model)
             gate.admit(request.model)
         except EdgedError as e:
@@ -179,7 +183,8 @@ class _Generation:
         self._slot = slot
         self._request = request
         self._cancelled = cancelled
-        self._id = completion_id()
+        self._chat = request.prompt is None
+        self._id = completion_id(self._chat)
         self._streaming = False
 
     def run(self, gate: _Gate) -> None:
@@ -201,7 +206,10 @@ class _Generation:
 
     def _prepare(self, instance: GenerativeInstance) -> tuple[list[int], Sampling]:
         request = self._request
-        prompt = instance.encode(instance.render_chat(request.messages, None, add_generation_prompt=True))
+        text = request.prompt
+        if text is None:
+            text = instance.render_chat(request.messages, None, add_generation_prompt=True)
+        prompt = instance.encode(text)
         room = instance.context_length - len(prompt)
         if room <= 0:
             raise ParamError(f"the prompt is {len(prompt)} tokens; model {request.model!r} takes at most "
@@ -219,8 +227,9 @@ class _Generation:
         if request.stream:
             self._streaming = True
             head = _SSE_HEAD + (b"\r\n" if self._keep_alive else b"connection: close\r\n\r\n")
-            self._send(head + _chunk_bytes(chunk(self._id, request.model, {"role": "assistant", "content": ""},
-                                                 None)))
+            if self._chat:
+                head += _chunk_bytes(chunk(self._id, request.model, {"role": "assistant", "content": ""}, None))
+            self._send(head)
         stop = _StopText(request.stop)
         parts: list[str] = []
         count = 0
@@ -244,21 +253,29 @@ class _Generation:
         if not text:
             return
         if self._streaming:
-            self._send(_chunk_bytes(chunk(self._id, self._request.model, {"content": text}, None)))
+            self._send(_chunk_bytes(self._chunk(text, None)))
         else:
             parts.append(text)
 
     def _finish(self, text: str, finish: str, prompt_tokens: int, count: int) -> None:
         request = self._request
         if not self._streaming:
-            doc = chat_completion(self._id, request.model, text, finish, prompt_tokens, count)
+            if self._chat:
+                doc = chat_completion(self._id, request.model, text, finish, prompt_tokens, count)
+            else:
+                doc = {**text_completion(self._id, request.model, text, finish),
+                       "usage": usage(prompt_tokens, count)}
             self._answer(json_response(doc))
             return
-        tail = _chunk_bytes(chunk(self._id, request.model, {}, finish))
+        tail = _chunk_bytes(self._chunk("", finish))
         if request.include_usage:
-            last = {**chunk(self._id, request.model, {}, None), "choices": [], "usage": usage(prompt_tokens, count)}
-            tail += _chunk_bytes(last)
+            tail += _chunk_bytes({**self._chunk("", None), "choices": [], "usage": usage(prompt_tokens, count)})
         self._end(tail)
+
+    def _chunk(self, text: str, finish: str | None) -> dict[str, Any]:
+        if self._chat:
+            return chunk(self._id, self._request.model, {"content": text} if text else {}, finish)
+        return text_completion(self._id, self._request.model, text, finish)
 
     def _fail(self, error: BaseException) -> None:
         if not self._streaming:

@@ -1,4 +1,4 @@
-"""OpenAI's chat-completions request and response shapes, parsed and built without any runtime.
+"""OpenAI's chat-completions and completions request and response shapes, parsed and built without any runtime.
 
 A request is checked whole before any work: an unknown or unsupported parameter is refused with a 400 that
 names it (OpenAI's clients send only what the caller sets, so nothing legitimate is lost); only the parameters
@@ -18,8 +18,11 @@ from edged.errors import EdgedError, InvalidInput, ModelNotFound, QueueFull
 from edged.serving._response import Response, status_for
 
 ROLES = frozenset({"system", "user", "assistant", "tool"})
-SUPPORTED = frozenset({"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
-                       "seed", "stop", "n", "stream", "stream_options"})
+_COMMON = frozenset({"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "stream",
+                     "stream_options"})
+CHAT_PARAMS = _COMMON | {"messages", "max_completion_tokens"}
+COMPLETION_PARAMS = _COMMON | {"prompt"}
+COMPLETION_DEFAULT_TOKENS = 16
 IGNORED = frozenset({"user"})  # an end-user id for abuse monitoring: nothing to do on a device
 _MESSAGE_KEYS = frozenset({"role", "content", "name", "tool_call_id"})
 _MAX_STOP = 4
@@ -45,19 +48,42 @@ class ChatRequest:
     stop: tuple[str, ...]
     stream: bool
     include_usage: bool
+    prompt: str | None = None  # /v1/completions: the prompt as given, no chat template
 
 
 def parse_chat(body: bytes | bytearray) -> ChatRequest:
+    doc = _document(body, CHAT_PARAMS)
+    return _request(doc, _messages(doc.get("messages")), None, _max_tokens(doc, None))
+
+
+def parse_completion(body: bytes | bytearray) -> ChatRequest:
+    """A legacy ``/v1/completions`` request: a prompt string instead of messages, no chat template, and
+    ``max_tokens`` 16 unless given, as OpenAI defines it."""
+    doc = _document(body, COMPLETION_PARAMS)
+    prompt = doc.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if not isinstance(prompt, str) or not prompt:
+        raise ParamError("'prompt' must be a non-empty string (or a list of exactly one)", "prompt")
+    return _request(doc, (), prompt, _max_tokens(doc, COMPLETION_DEFAULT_TOKENS))
+
+
+def _document(body: bytes | bytearray, supported: frozenset[str]) -> dict[str, Any]:
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError as e:
         raise ParamError(f"the request body is not valid JSON: {e}", None) from e
     if not isinstance(doc, dict):
         raise ParamError(f"the request body must be a JSON object, found {type(doc).__name__}", None)
-    unknown = sorted(set(doc) - SUPPORTED - IGNORED)
+    unknown = sorted(set(doc) - supported - IGNORED)
     if unknown:
         raise ParamError(f"unsupported parameter(s) {', '.join(unknown)}: edged supports "
-                         f"{', '.join(sorted(SUPPORTED))} (and ignores {', '.join(sorted(IGNORED))})", unknown[0])
+                         f"{', '.join(sorted(supported))} (and ignores {', '.join(sorted(IGNORED))})", unknown[0])
+    return doc
+
+
+def _request(doc: dict[str, Any], messages: tuple[dict[str, str], ...], prompt: str | None,
+             max_tokens: int | None) -> ChatRequest:
     model = doc.get("model")
     if not isinstance(model, str) or not model:
         raise ParamError("'model' must be the name of a generative model (see GET /v1/models)", "model")
@@ -71,9 +97,9 @@ def parse_chat(body: bytes | bytearray) -> ChatRequest:
             raise ParamError("'stream_options' takes only {\"include_usage\": bool}, and only with stream=true",
                              "stream_options")
         include_usage = _bool(options, "include_usage")
-    return ChatRequest(model, _messages(doc.get("messages")), _max_tokens(doc),
-                       _number(doc, "temperature", 1.0, 0.0, 2.0), _number(doc, "top_p", 1.0, 0.0, 1.0),
-                       _int(doc, "top_k", 0, 0), _seed(doc), _stop(doc.get("stop")), stream, include_usage)
+    return ChatRequest(model, messages, max_tokens, _number(doc, "temperature", 1.0, 0.0, 2.0),
+                       _number(doc, "top_p", 1.0, 0.0, 1.0), _int(doc, "top_k", 0, 0), _seed(doc),
+                       _stop(doc.get("stop")), stream, include_usage, prompt)
 
 
 def _messages(raw: Any) -> tuple[dict[str, str], ...]:
@@ -106,11 +132,11 @@ def _content(content: Any, where: str) -> str:
                      f"{where}.content")
 
 
-def _max_tokens(doc: dict[str, Any]) -> int | None:
+def _max_tokens(doc: dict[str, Any], default: int | None) -> int | None:
     for name in ("max_completion_tokens", "max_tokens"):
         if doc.get(name) is not None:
             return _int(doc, name, 0, 1)
-    return None
+    return default
 
 
 def _stop(raw: Any) -> tuple[str, ...]:
@@ -152,8 +178,8 @@ def _seed(doc: dict[str, Any]) -> int | None:
     return _int(doc, "seed", 0, 0) if doc.get("seed") is not None else None
 
 
-def completion_id() -> str:
-    return f"chatcmpl-{uuid.uuid4().hex}"
+def completion_id(chat: bool) -> str:
+    return f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
 
 
 def chat_completion(ident: str, model: str, text: str, finish: str, prompt_tokens: int,
@@ -167,6 +193,12 @@ def chat_completion(ident: str, model: str, text: str, finish: str, prompt_token
 def chunk(ident: str, model: str, delta: dict[str, str], finish: str | None) -> dict[str, Any]:
     return {"id": ident, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
             "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+
+
+def text_completion(ident: str, model: str, text: str, finish: str | None) -> dict[str, Any]:
+    """A /v1/completions answer, or one streamed chunk of it (same object, as OpenAI sends it)."""
+    return {"id": ident, "object": "text_completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
