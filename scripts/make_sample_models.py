@@ -8,8 +8,11 @@
 - ``camera_frame``: a camera-sized input for the shared-memory benchmarks: a 1080p RGB UINT8 frame
   [-1, 1080, 1920, 3] → float, NCHW, resized to 224×224 (linear), scaled by 1/255 → a 3×3 convolution with 8
   fixed random filters, stride 2 → ReLU → mean over the image: FP32 [-1, 8].
+- ``tiny_llama``: a generative test model for ONNX Runtime GenAI (see ``make_genai_model.py``).
 
-Needs the dev extra (scikit-learn, onnx, torch). Usage: ``python scripts/make_sample_models.py [--out models]``.
+Needs the dev extra (scikit-learn, onnx, torch, transformers, tokenizers, onnx-ir,
+onnxruntime-genai).
+Usage: ``python scripts/make_sample_models.py [--out models]``.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import argparse
 import warnings
 from pathlib import Path
 
+import make_genai_model  # the script beside this one (run as a script, its folder is on sys.path)
 import numpy as np
 
 DIGITS_CONFIG = """name: "{name}"
@@ -200,6 +204,7 @@ def main() -> None:
     (out / "tiny_mlp" / "config.pbtxt").write_text(TINY_CONFIG)
     mlp_onnx(tiny_w, tiny_b, False, out / "tiny_mlp" / "1" / "model.onnx")
     write_camera_model(out)
+    make_genai_model.build(out)
     (out / "ACCURACY.txt").write_text(
         f"digits classifier (scikit-learn MLPClassifier 64-32-10, random_state=0), held-out accuracy on 25% of "
         f"scikit-learn's digits data set (450 images): {accuracy:.4f}\n")

@@ -10,14 +10,17 @@ import importlib
 from collections.abc import Mapping
 
 from edged.backends.base import Backend, InstanceInfo, ModelInstance
+from edged.backends.generative import GenerativeInstance, Sampling, Token
 from edged.errors import BackendUnavailable
 
-__all__ = ["BACKENDS", "Backend", "InstanceInfo", "ModelInstance", "load_backend"]
+__all__ = ["BACKENDS", "Backend", "GenerativeInstance", "InstanceInfo", "ModelInstance", "Sampling", "Token",
+           "load_backend"]
 
 BACKENDS: dict[str, str] = {
     "onnxruntime": "edged.backends.onnxruntime:OnnxRuntimeBackend",
     "pytorch": "edged.backends.pytorch:PyTorchBackend",
     "tensorrt": "edged.backends.tensorrt:TensorRTBackend",
+    "onnxruntime_genai": "edged.backends.genai:GenAIBackend",
 }
 
 

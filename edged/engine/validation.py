@@ -36,6 +36,7 @@ class RequestValidator:
         # The shape a request may have, per input, when the config has no variable dimension: one tuple
         # comparison then replaces the element-wise match.
         self._exact_dims = {t.name: t.dims for t in config.input if -1 not in t.dims}
+        self._generative = config.runtime == "onnxruntime_genai"
         self._reject_nonfinite = config.parameters.get("reject_nonfinite_inputs", "").lower() == "true"
         self._no_reshape = all(t.reshape is None for t in config.input)
         # Per input, what the quick check compares: (spec, numpy dtype, exact dims or None when a dimension is
@@ -67,6 +68,9 @@ class RequestValidator:
         return self._check(request)
 
     def _check(self, request: InferRequest) -> InputPlan:
+        if self._generative:
+            raise InvalidInput(f"model {self._model!r} is generative (backend onnxruntime_genai) and takes no "
+                               "tensors: use POST /v1/chat/completions")
         # Requests the single-input check did not take: the common case (known inputs of the configured dtype and
         # fixed shape) costs one pass of cheap comparisons; anything unusual takes the full check, which names
         # the problem.

@@ -70,7 +70,8 @@ def _runtime_fields(config: ModelConfig, name: str, runtime: str) -> ModelConfig
 
 
 def _can_batch(signature: ModelSignature) -> bool:
-    return all(t.shape and t.shape[0] == -1 for t in (*signature.inputs, *signature.outputs))
+    tensors = (*signature.inputs, *signature.outputs)
+    return bool(tensors) and all(t.shape and t.shape[0] == -1 for t in tensors)  # a generative model has none
 
 
 def _max_batch(config: ModelConfig, signature: ModelSignature, default: int) -> ModelConfig:

@@ -32,6 +32,8 @@ BACKEND_DEFAULT_FILENAME: dict[str, str] = {
     "onnxruntime": "model.onnx",
     "tensorrt": "model.plan",
     "pytorch": "model.pt",
+    # a generative model is its version folder; this file names the folder as ORT GenAI's entry point
+    "onnxruntime_genai": "genai_config.json",
 }
 
 

@@ -14,6 +14,7 @@ from edged.config import ServerConfig
 from edged.engine import InferenceService
 from edged.errors import EdgedError, InvalidInput
 from edged.serving._access import AccessPolicy
+from edged.serving._chat import ChatPath
 from edged.serving._handlers import Handlers, load_override
 from edged.serving._http import WANTED_HEADERS, Connection, Incoming, Slot
 from edged.serving._infer import InferPath
@@ -62,6 +63,7 @@ class App:
         self.shared_memory = SharedMemoryRegistry() if shared_memory is None else shared_memory
         self.infer = InferPath(service, config.max_tensor_elements, self.shared_memory, access.caller)
         self.end_of_input = self.infer.end_of_input
+        self.chat = ChatPath(service)
         self._loop = asyncio.get_running_loop()
         self._targets: dict[bytes, _Target] = {}
         self.daemon_actions = dict(daemon_actions or {})  # "ota/check" → blocking callable returning JSON
@@ -129,6 +131,10 @@ class App:
     def _route(self, connection: Connection, incoming: Incoming, slot: Slot, route: Route) -> None:
         if route.kind is Kind.INFER:
             self.infer.handle(connection, incoming, slot, route.model, route.version)
+        elif route.kind is Kind.CHAT_COMPLETIONS or route.kind is Kind.COMPLETIONS:
+            self.chat.handle(connection, incoming, slot, chat=route.kind is Kind.CHAT_COMPLETIONS)
+        elif route.kind is Kind.OPENAI_MODELS:
+            self._answer(connection, incoming, slot, self.chat.models())
         elif route.kind is Kind.LOAD or route.kind is Kind.UNLOAD:
             self._repository_change(connection, incoming, slot, route)
         elif route.kind is Kind.DAEMON_READ or route.kind is Kind.DAEMON_ACTION:

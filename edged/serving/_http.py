@@ -19,6 +19,7 @@ import contextlib
 import logging
 import socket
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import httptools
@@ -47,12 +48,16 @@ _BOUND_CHECK_BYTES = 1024 * 1024
 class Slot:
     """A place in a connection's response order."""
 
-    __slots__ = ("close", "data", "reserved")
+    __slots__ = ("cancel", "close", "data", "pending", "reserved")
 
     def __init__(self) -> None:
         self.data: bytes | None = None
         self.close = False
         self.reserved = 0  # bytes of the in-flight body budget this request holds until it is answered
+        # A streamed response (SSE): parts written before the slot reached the head of the line, and what to
+        # call when the client goes away before the last part (it cancels the generation behind the stream).
+        self.pending: list[bytes] = []
+        self.cancel: Callable[[], None] | None = None
 
 
 class Incoming:
@@ -133,6 +138,9 @@ class Connection(asyncio.Protocol):
         if self._linger is not None:
             self._linger.cancel()
         self._release_reserved()
+        for slot in self._slots:
+            if slot.cancel is not None and slot.data is None:
+                slot.cancel()
         if self._refused:
             self.app.refused.pop(self, None)
             return
@@ -169,6 +177,12 @@ class Connection(asyncio.Protocol):
         self.app.end_of_input(self)
 
     def eof_received(self) -> bool | None:
+        # A client that hangs up while its answer is being generated is gone: HTTP clients do not half-close
+        # while they wait (uvicorn reads EOF as a disconnect too), so its generation stops now, not at the
+        # first write that fails.
+        for slot in self._slots:
+            if slot.cancel is not None and slot.data is None:
+                slot.cancel()
         if self._slots:
             return True  # half-closed: keep the write side open for the responses still owed
         return None
@@ -322,12 +336,30 @@ class Connection(asyncio.Protocol):
             done = slots.popleft()
             if transport is None:
                 continue
+            if done.pending:
+                transport.write(b"".join(done.pending))
+                done.pending.clear()
             transport.write(done.data)  # type: ignore[arg-type]
             if done.close:
                 self._close_after_write()
                 return
+        if slots and slots[0].pending and transport is not None:
+            transport.write(b"".join(slots[0].pending))  # a stream that is now first in line
+            slots[0].pending.clear()
         if self._reading_paused:
             self._update_reading()
+
+    def stream(self, slot: Slot, data: bytes) -> bool:
+        """Write a part of ``slot``'s response now if it is first in line, else keep it for then; ``respond``
+        writes the last part. False once the connection is gone (the caller stops producing)."""
+        transport = self._transport
+        if transport is None or self._closing:
+            return False
+        if self._slots and self._slots[0] is slot and not slot.pending:
+            transport.write(data)
+        else:
+            slot.pending.append(data)
+        return True
 
     def fail(self, slot: Slot, error: BaseException, keep_alive: bool) -> None:
         """Answer ``slot`` with a 500 for an unexpected exception, unless it was already answered."""

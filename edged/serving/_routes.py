@@ -41,6 +41,9 @@ class Kind(Enum):
     CUDA_SHM_UNREGISTER = "cuda_shared_memory_unregister"
     DAEMON_READ = "daemon_read"  # /v2/edged/ota/status|history: answered by a callable the daemon provides
     DAEMON_ACTION = "daemon_action"  # /v2/edged/ota/check|rollback
+    OPENAI_MODELS = "openai_models"  # GET /v1/models: the generative models, in OpenAI's list shape
+    CHAT_COMPLETIONS = "chat_completions"
+    COMPLETIONS = "completions"
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,9 @@ SPECS: dict[Kind, RouteSpec] = {
     Kind.CUDA_SHM_UNREGISTER: RouteSpec(b"POST", "infer", "shared-memory"),
     Kind.DAEMON_READ: RouteSpec(b"GET", "open", "statistics"),
     Kind.DAEMON_ACTION: RouteSpec(b"POST", "admin", "model-repository"),
+    Kind.OPENAI_MODELS: RouteSpec(b"GET", "infer", "inference"),
+    Kind.CHAT_COMPLETIONS: RouteSpec(b"POST", "infer", "inference"),
+    Kind.COMPLETIONS: RouteSpec(b"POST", "infer", "inference"),
 }
 # edged's daemon-provided routes: /v2/edged/<part>/<action> → the action's name ("ota/check")
 DAEMON_ROUTES: dict[tuple[str, str], Kind] = {
@@ -94,6 +100,8 @@ _FIXED: dict[tuple[str, ...], Kind] = {
     ("v2", "models", "stats"): Kind.ALL_STATS, ("v2", "repository", "index"): Kind.REPOSITORY_INDEX,
     ("metrics",): Kind.METRICS, ("v2", "edged", "status"): Kind.STATUS,
     ("v2", "edged", "telemetry"): Kind.TELEMETRY, ("v2", "edged", "openapi.json"): Kind.OPENAPI,
+    ("v1", "models"): Kind.OPENAI_MODELS, ("v1", "chat", "completions"): Kind.CHAT_COMPLETIONS,
+    ("v1", "completions"): Kind.COMPLETIONS,
 }
 _MODEL_SUFFIX: dict[str, Kind] = {
     "ready": Kind.MODEL_READY, "config": Kind.MODEL_CONFIG, "stats": Kind.MODEL_STATS, "infer": Kind.INFER,

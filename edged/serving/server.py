@@ -159,6 +159,7 @@ class HttpServer:
             .add(len(self.shared_memory)),
             MetricFamily("edged_shm_mapped_bytes", "gauge", "Bytes of system shared memory mapped.")
             .add(self.shared_memory.mapped_bytes),
+            *app.chat.metric_families(),
         ])
 
     def _status_extra(self) -> dict[str, Any]:

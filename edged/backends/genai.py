@@ -1,0 +1,125 @@
+"""ONNX Runtime GenAI: generative models (a folder with genai_config.json, the ONNX model, tokenizer files and
+a chat template), as `GenerativeInstance` s.
+
+The chat template comes with the model, so it is untrusted: it is rendered in Jinja2's
+ImmutableSandboxedEnvironment, as Hugging Face does, and cannot reach the daemon's objects. ORT GenAI's own
+``apply_chat_template`` is not used because it does not take tool definitions as data the template can read.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from edged.backends.base import Array, InstanceInfo
+from edged.backends.generative import Sampling, Token
+from edged.errors import BackendUnavailable, InvalidInput, ModelLoadError
+from edged.repository.model_config import ModelConfig, ModelSignature
+
+try:
+    import jinja2
+    import jinja2.sandbox
+    import onnxruntime_genai as og
+except ImportError as e:  # pragma: no cover - exercised only where the genai extra is missing
+    raise BackendUnavailable(f"the onnxruntime_genai backend needs the genai extra: {e}") from e
+
+_TEMPLATE_FILES = ("chat_template.jinja",)
+_WARMUP_TOKENS = 2
+
+
+class GenAIInstance:
+    def __init__(self, folder: Path, config: ModelConfig) -> None:
+        self.name = config.name
+        try:
+            self._model = og.Model(str(folder))
+            self._tokenizer = og.Tokenizer(self._model)
+            genai_config = json.loads((folder / "genai_config.json").read_text())
+        except (RuntimeError, OSError, ValueError) as e:
+            raise ModelLoadError(f"model {config.name}: ONNX Runtime GenAI cannot load {folder}: {e}") from e
+        self.context_length = int(genai_config.get("model", {}).get("context_length")
+                                  or genai_config.get("search", {}).get("max_length", 0))
+        eos = genai_config.get("model", {}).get("eos_token_id", [])
+        self._eos = frozenset(eos if isinstance(eos, list) else [eos])
+        self._template = _load_template(folder, config.name)
+        self.info = InstanceInfo(device="cpu", providers=("onnxruntime_genai",),
+                                 details={"context_length": self.context_length})
+        self._warm_up()
+
+    def run(self, inputs: Mapping[str, Array], output_names: Sequence[str]) -> dict[str, Array]:
+        raise InvalidInput(f"model {self.name!r} is generative (backend onnxruntime_genai): it takes no tensors; "
+                           "use POST /v1/chat/completions")
+
+    def release_memory(self) -> None:
+        return None
+
+    def close(self) -> None:
+        del self._tokenizer, self._model
+
+    def render_chat(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None,
+                    add_generation_prompt: bool) -> str:
+        try:
+            return self._template.render(messages=list(messages), tools=tools,
+                                         add_generation_prompt=add_generation_prompt)
+        except jinja2.TemplateError as e:
+            raise InvalidInput(f"model {self.name!r}: its chat template refused the messages: {e}") from e
+
+    def encode(self, text: str) -> list[int]:
+        return [int(t) for t in self._tokenizer.encode(text)]
+
+    def generate(self, prompt: Sequence[int], sampling: Sampling, cancelled: threading.Event) -> Iterator[Token]:
+        params = og.GeneratorParams(self._model)
+        options: dict[str, Any] = {"max_length": len(prompt) + sampling.max_new_tokens}
+        if sampling.temperature == 0:
+            options["do_sample"] = False
+        else:
+            options.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
+                           top_k=sampling.top_k or self.context_length)
+            if sampling.seed is not None:
+                options["random_seed"] = sampling.seed
+        params.set_search_options(**options)
+        generator = og.Generator(self._model, params)
+        stream = self._tokenizer.create_stream()
+        generator.append_tokens(list(prompt))
+        while not generator.is_done() and not cancelled.is_set():
+            generator.generate_next_token()
+            token = int(generator.get_next_tokens()[0])
+            if token in self._eos:
+                return  # the end of the answer, not a part of it
+            yield Token(token, stream.decode(token))
+
+    def _warm_up(self) -> None:
+        prompt = self.encode("warm up")
+        for _ in self.generate(prompt, Sampling(_WARMUP_TOKENS, temperature=0), threading.Event()):
+            pass
+
+
+def _load_template(folder: Path, model: str) -> jinja2.Template:
+    environment = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    environment.filters["tojson"] = lambda value: json.dumps(value, ensure_ascii=False)
+    for name in _TEMPLATE_FILES:
+        path = folder / name
+        if path.is_file():
+            try:
+                return environment.from_string(path.read_text())
+            except jinja2.TemplateError as e:
+                raise ModelLoadError(f"model {model}: chat template {path} does not parse: {e}") from e
+    raise ModelLoadError(f"model {model}: no chat template in {folder} (expected {', '.join(_TEMPLATE_FILES)})")
+
+
+class GenAIBackend:
+    name = "onnxruntime_genai"
+
+    def describe(self, model_path: Path) -> ModelSignature:
+        return ModelSignature(inputs=(), outputs=(), notes=("generative model: served under /v1",))
+
+    def load(self, model_path: Path, config: ModelConfig, instance_index: int) -> GenAIInstance:
+        return GenAIInstance(model_path.parent, config)
+
+    def runtime_info(self) -> dict[str, Any]:
+        return {"onnxruntime_genai": og.__version__}
+
+    def available_gpus(self) -> tuple[int, ...]:
+        return ()

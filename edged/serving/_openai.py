@@ -1,0 +1,220 @@
+"""OpenAI's chat-completions and completions request and response shapes, parsed and built without any runtime.
+
+A request is checked whole before any work: an unknown or unsupported parameter is refused with a 400 that
+names it (OpenAI's clients send only what the caller sets, so nothing legitimate is lost); only the parameters
+in ``IGNORED`` are accepted and ignored, because they change nothing about the answer.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from edged.errors import EdgedError, InvalidInput, ModelNotFound, QueueFull
+from edged.serving._response import Response, status_for
+
+ROLES = frozenset({"system", "user", "assistant", "tool"})
+_COMMON = frozenset({"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "stream",
+                     "stream_options"})
+CHAT_PARAMS = _COMMON | {"messages", "max_completion_tokens"}
+COMPLETION_PARAMS = _COMMON | {"prompt"}
+COMPLETION_DEFAULT_TOKENS = 16
+IGNORED = frozenset({"user"})  # an end-user id for abuse monitoring: nothing to do on a device
+_MESSAGE_KEYS = frozenset({"role", "content", "name", "tool_call_id"})
+_MAX_STOP = 4
+
+
+class ParamError(InvalidInput):
+    """A bad request parameter; ``param`` is its name, as OpenAI's error JSON reports it."""
+
+    def __init__(self, message: str, param: str | None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    model: str
+    messages: tuple[dict[str, str], ...]
+    max_tokens: int | None
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int | None
+    stop: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+    prompt: str | None = None  # /v1/completions: the prompt as given, no chat template
+
+
+def parse_chat(body: bytes | bytearray) -> ChatRequest:
+    doc = _document(body, CHAT_PARAMS)
+    return _request(doc, _messages(doc.get("messages")), None, _max_tokens(doc, None))
+
+
+def parse_completion(body: bytes | bytearray) -> ChatRequest:
+    """A legacy ``/v1/completions`` request: a prompt string instead of messages, no chat template, and
+    ``max_tokens`` 16 unless given, as OpenAI defines it."""
+    doc = _document(body, COMPLETION_PARAMS)
+    prompt = doc.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if not isinstance(prompt, str) or not prompt:
+        raise ParamError("'prompt' must be a non-empty string (or a list of exactly one)", "prompt")
+    return _request(doc, (), prompt, _max_tokens(doc, COMPLETION_DEFAULT_TOKENS))
+
+
+def _document(body: bytes | bytearray, supported: frozenset[str]) -> dict[str, Any]:
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise ParamError(f"the request body is not valid JSON: {e}", None) from e
+    if not isinstance(doc, dict):
+        raise ParamError(f"the request body must be a JSON object, found {type(doc).__name__}", None)
+    unknown = sorted(set(doc) - supported - IGNORED)
+    if unknown:
+        raise ParamError(f"unsupported parameter(s) {', '.join(unknown)}: edged supports "
+                         f"{', '.join(sorted(supported))} (and ignores {', '.join(sorted(IGNORED))})", unknown[0])
+    return doc
+
+
+def _request(doc: dict[str, Any], messages: tuple[dict[str, str], ...], prompt: str | None,
+             max_tokens: int | None) -> ChatRequest:
+    model = doc.get("model")
+    if not isinstance(model, str) or not model:
+        raise ParamError("'model' must be the name of a generative model (see GET /v1/models)", "model")
+    if doc.get("n", 1) != 1:
+        raise ParamError(f"'n' must be 1: edged generates one choice per request, found {doc['n']!r}", "n")
+    stream = _bool(doc, "stream")
+    options = doc.get("stream_options")
+    include_usage = False
+    if options is not None:
+        if not stream or not isinstance(options, dict) or set(options) - {"include_usage"}:
+            raise ParamError("'stream_options' takes only {\"include_usage\": bool}, and only with stream=true",
+                             "stream_options")
+        include_usage = _bool(options, "include_usage")
+    return ChatRequest(model, messages, max_tokens, _number(doc, "temperature", 1.0, 0.0, 2.0),
+                       _number(doc, "top_p", 1.0, 0.0, 1.0), _int(doc, "top_k", 0, 0), _seed(doc),
+                       _stop(doc.get("stop")), stream, include_usage, prompt)
+
+
+def _messages(raw: Any) -> tuple[dict[str, str], ...]:
+    if not isinstance(raw, list) or not raw:
+        raise ParamError("'messages' must be a non-empty list of {role, content} objects", "messages")
+    out = []
+    for index, message in enumerate(raw):
+        where = f"messages[{index}]"
+        if not isinstance(message, dict):
+            raise ParamError(f"{where} must be an object, found {type(message).__name__}", where)
+        role = message.get("role")
+        if role not in ROLES:
+            raise ParamError(f"{where}.role must be one of {', '.join(sorted(ROLES))}, found {role!r}",
+                             f"{where}.role")
+        extra = sorted(set(message) - _MESSAGE_KEYS)
+        if extra:
+            raise ParamError(f"{where}: unsupported field(s) {', '.join(extra)}", f"{where}.{extra[0]}")
+        out.append({**{k: v for k, v in message.items() if isinstance(v, str)},
+                    "content": _content(message.get("content"), where)})
+    return tuple(out)
+
+
+def _content(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        return "".join(p["text"] for p in content)
+    raise ParamError(f"{where}.content must be a string or a list of text parts (edged's models take text only)",
+                     f"{where}.content")
+
+
+def _max_tokens(doc: dict[str, Any], default: int | None) -> int | None:
+    for name in ("max_completion_tokens", "max_tokens"):
+        if doc.get(name) is not None:
+            return _int(doc, name, 0, 1)
+    return default
+
+
+def _stop(raw: Any) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    stops = [raw] if isinstance(raw, str) else raw
+    if (not isinstance(stops, list) or len(stops) > _MAX_STOP
+            or not all(isinstance(s, str) and s for s in stops)):
+        raise ParamError(f"'stop' must be a non-empty string or a list of up to {_MAX_STOP} of them", "stop")
+    return tuple(stops)
+
+
+def _bool(doc: dict[str, Any], name: str) -> bool:
+    value = doc.get(name, False)
+    if not isinstance(value, bool):
+        raise ParamError(f"'{name}' must be true or false, found {value!r}", name)
+    return value
+
+
+def _number(doc: dict[str, Any], name: str, default: float, low: float, high: float) -> float:
+    value = doc.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise ParamError(f"'{name}' must be a number from {low} to {high}, found {value!r}", name)
+    return float(value)
+
+
+def _int(doc: dict[str, Any], name: str, default: int, low: int) -> int:
+    value = doc.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ParamError(f"'{name}' must be an integer of at least {low}, found {value!r}", name)
+    return value
+
+
+def _seed(doc: dict[str, Any]) -> int | None:
+    return _int(doc, "seed", 0, 0) if doc.get("seed") is not None else None
+
+
+def completion_id(chat: bool) -> str:
+    return f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+
+
+def chat_completion(ident: str, model: str, text: str, finish: str, prompt_tokens: int,
+                    completion_tokens: int) -> dict[str, Any]:
+    return {"id": ident, "object": "chat.completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                         "finish_reason": finish}],
+            "usage": usage(prompt_tokens, completion_tokens)}
+
+
+def chunk(ident: str, model: str, delta: dict[str, str], finish: str | None) -> dict[str, Any]:
+    return {"id": ident, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+
+
+def text_completion(ident: str, model: str, text: str, finish: str | None) -> dict[str, Any]:
+    """A /v1/completions answer, or one streamed chunk of it (same object, as OpenAI sends it)."""
+    return {"id": ident, "object": "text_completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+_TYPES = {400: "invalid_request_error", 403: "permission_error", 404: "not_found_error", 413: "invalid_request_error",
+          429: "rate_limit_error", 503: "server_error"}
+
+
+def openai_error(error: BaseException) -> Response:
+    """OpenAI's error JSON, with the status of edged's error table; a full queue is 429 as OpenAI answers."""
+    status = 429 if isinstance(error, QueueFull) else status_for(error)
+    code = "model_not_found" if isinstance(error, ModelNotFound) else None
+    param = error.param if isinstance(error, ParamError) else None
+    message = str(error) if isinstance(error, EdgedError) else f"internal error: {type(error).__name__}"
+    body = {"error": {"message": message, "type": _TYPES.get(status, "server_error"), "param": param, "code": code}}
+    return Response(status, orjson.dumps(body))

@@ -1,0 +1,149 @@
+"""Time to first token and cost per output token: streaming chat completions over edged's Unix socket against
+ONNX Runtime GenAI's generator loop in process, on the bundled tiny Llama, side by side in one run.
+
+The server runs in its own process (as the daemon does); the client sends one streaming request at a time on a
+raw Unix socket and timestamps the first content event and the final ``[DONE]``. Greedy decoding, the same
+prompt and token count for both; runs alternate between the two and the medians are printed.
+
+    .venv/bin/python scripts/bench_genai.py [--runs 30] [--tokens 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = ROOT / "models" / "tiny_llama"
+MESSAGES = [{"role": "user", "content": "Tokens arrive one at a time. What does the first token cost?"}]
+
+
+def serve_edged(path: str) -> None:
+    import uvloop
+
+    from edged.config import ModelsConfig, ServerConfig
+    from edged.engine import InferenceService
+    from edged.serving import HttpServer, open_listeners
+
+    repo = Path(tempfile.mkdtemp())
+    (repo / "tiny_llama").symlink_to(MODEL)
+    service = InferenceService(repo, ModelsConfig())
+    service.start()
+    config = ServerConfig()
+
+    async def main() -> None:
+        listeners = open_listeners(config, Path(path), environ={})
+        server = HttpServer(service, config)
+        await server.start([item.socket for item in listeners])
+        print("ready", flush=True)
+        await asyncio.Event().wait()
+    uvloop.run(main())
+
+
+def over_socket(path: str, tokens: int) -> tuple[float, float, int]:
+    """(seconds to the first content event, seconds per later token, tokens generated)."""
+    body = json.dumps({"model": "tiny_llama", "messages": MESSAGES, "max_tokens": tokens, "temperature": 0,
+                       "stream": True, "stream_options": {"include_usage": True}}).encode()
+    request = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+               b"content-length: %d\r\n\r\n%s" % (len(body), body))
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(path)
+        began = time.perf_counter()
+        sock.sendall(request)
+        first = 0.0
+        seen = b""
+        while b"data: [DONE]" not in seen:
+            data = sock.recv(65536)
+            if not data:
+                raise SystemExit("the server closed the stream")
+            seen += data
+            if not first and seen.count(b'"content":') >= 2:  # the role event carries an empty content
+                first = time.perf_counter()
+        done = time.perf_counter()
+    usage = json.loads(seen[seen.rindex(b'"usage":') + 8:].split(b"}", 1)[0] + b"}")
+    count = usage["completion_tokens"] + 1  # the end-of-sequence token is generated too, and not counted
+    return first - began, (done - first) / max(1, count - 1), count
+
+
+def in_process(tokens: int) -> tuple[float, float, int]:
+    import onnxruntime_genai as og
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    model, tokenizer = _og_model()
+    template = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(
+        (MODEL / "1" / "chat_template.jinja").read_text())
+    began = time.perf_counter()
+    ids = tokenizer.encode(template.render(messages=MESSAGES, tools=None, add_generation_prompt=True))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(ids) + tokens, do_sample=False)
+    generator = og.Generator(model, params)
+    stream = tokenizer.create_stream()
+    generator.append_tokens(ids)
+    first = 0.0
+    count = 0
+    while not generator.is_done():
+        generator.generate_next_token()
+        stream.decode(int(generator.get_next_tokens()[0]))
+        count += 1
+        if count == 1:
+            first = time.perf_counter()
+    done = time.perf_counter()
+    return first - began, (done - first) / max(1, count - 1), count
+
+
+_CACHE: dict[str, object] = {}
+
+
+def _og_model() -> tuple[object, object]:
+    import onnxruntime_genai as og
+
+    if "model" not in _CACHE:
+        _CACHE["model"] = og.Model(str(MODEL / "1"))
+        _CACHE["tokenizer"] = og.Tokenizer(_CACHE["model"])
+    return _CACHE["model"], _CACHE["tokenizer"]  # type: ignore[return-value]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--serve-edged", metavar="PATH")
+    args = parser.parse_args()
+    if args.serve_edged:
+        serve_edged(args.serve_edged)
+        return
+    path = str(Path(tempfile.mkdtemp(dir="/tmp")) / "edged.sock")
+    proc = subprocess.Popen([sys.executable, __file__, "--serve-edged", path], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    if proc.stdout.readline().strip() != "ready":
+        raise SystemExit("edged did not start")
+    try:
+        for _ in range(3):  # warm both paths
+            over_socket(path, args.tokens)
+            in_process(args.tokens)
+        edged, local = [], []
+        for _ in range(args.runs):
+            edged.append(over_socket(path, args.tokens))
+            local.append(in_process(args.tokens))
+    finally:
+        proc.terminate()
+        proc.wait()
+    for name, runs in (("in-process og.Generator", local), ("edged, SSE over the Unix socket", edged)):
+        ttft = statistics.median(r[0] for r in runs) * 1e3
+        per_token = statistics.median(r[1] for r in runs) * 1e6
+        print(f"{name:34s} TTFT p50 {ttft:7.3f} ms   per token p50 {per_token:7.1f} µs   tokens {runs[0][2]}")
+    pairs = list(zip(edged, local, strict=True))
+    ttft_added = statistics.median(e[0] - o[0] for e, o in pairs) * 1e3
+    token_added = statistics.median(e[1] - o[1] for e, o in pairs) * 1e6
+    print(f"added by edged: TTFT {ttft_added:.3f} ms, per token {token_added:.1f} µs (medians of paired runs)")
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""Hostile and unsupported requests to /v1/chat/completions get OpenAI's error JSON naming the problem, and the
+server goes on serving."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+import server_harness as harness
+from prometheus_client.parser import text_string_to_metric_families
+
+GOOD = {"model": "tiny_llama", "messages": [{"role": "user", "content": "Open the gate"}], "max_tokens": 4}
+
+
+def post(server: harness.ThreadedServer, body: Any) -> httpx.Response:
+    content = body if isinstance(body, bytes) else orjson.dumps(body)
+    with httpx.Client(base_url=f"http://127.0.0.1:{server.port}") as http:
+        return http.post("/v1/chat/completions", content=content)
+
+
+def error_of(response: httpx.Response, status: int) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    error: dict[str, Any] = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    return error
+
+
+@pytest.mark.parametrize(("body", "param", "words"), [
+    (b"{not json", None, "not valid JSON"),
+    (b"[1, 2]", None, "JSON object"),
+    ({**GOOD, "messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role", "wizard"),
+    ({**GOOD, "n": 2}, "n", "'n' must be 1"),
+    ({**GOOD, "tools": [{"type": "function"}]}, "tools", "unsupported parameter(s) tools"),
+    ({**GOOD, "logprobs": True}, "logprobs", "logprobs"),
+    ({**GOOD, "temperature": 5}, "temperature", "from 0.0 to 2.0"),
+    ({**GOOD, "max_tokens": 0}, "max_tokens", "at least 1"),
+    ({**GOOD, "stop": ["a", "b", "c", "d", "e"]}, "stop", "up to 4"),
+    ({**GOOD, "messages": []}, "messages", "non-empty"),
+    ({**GOOD, "stream_options": {"include_usage": True}}, "stream_options", "only with stream=true"),
+])
+def test_bad_requests_are_refused_with_the_parameter_named(genai_server: harness.ThreadedServer, body: Any,
+                                                           param: str | None, words: str) -> None:
+    error = error_of(post(genai_server, body), 400)
+    assert error["param"] == param
+    assert words in error["message"]
+    assert error["type"] == "invalid_request_error"
+
+
+def test_harmless_user_field_is_accepted(genai_server: harness.ThreadedServer) -> None:
+    assert post(genai_server, {**GOOD, "user": "someone"}).status_code == 200
+
+
+def test_prompt_past_the_context_is_refused(genai_server: harness.ThreadedServer) -> None:
+    huge = {**GOOD, "messages": [{"role": "user", "content": "the gate " * 2000}]}
+    error = error_of(post(genai_server, huge), 400)
+    assert error["param"] == "messages" and "at most 256 tokens" in error["message"]
+    too_long = {**GOOD, "max_tokens": 1000}
+    error = error_of(post(genai_server, too_long), 400)
+    assert error["param"] == "max_tokens"
+
+
+def test_unknown_and_non_generative_models(genai_server: harness.ThreadedServer) -> None:
+    error = error_of(post(genai_server, {**GOOD, "model": "nope"}), 404)
+    assert error["code"] == "model_not_found"
+    error = error_of(post(genai_server, {**GOOD, "model": "tiny_mlp"}), 400)
+    assert "not a generative model" in error["message"]
+
+
+def test_infer_on_a_generative_model_points_to_chat_completions(genai_server: harness.ThreadedServer) -> None:
+    body = {"inputs": [{"name": "input", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}]}
+    with httpx.Client(base_url=f"http://127.0.0.1:{genai_server.port}") as http:
+        response = http.post("/v2/models/tiny_llama/infer", json=body)
+    assert response.status_code == 400
+    assert "/v1/chat/completions" in response.json()["error"]
+
+
+def generation_counts(server: harness.ThreadedServer) -> dict[str, float]:
+    with httpx.Client(base_url=f"http://127.0.0.1:{server.port}") as http:
+        families = text_string_to_metric_families(http.get("/metrics").text)
+        return {s.labels["outcome"]: s.value for f in families if f.name == "edged_generation_requests"
+                for s in f.samples if s.name.endswith("_total") and s.labels["model"] == "tiny_llama"}
+
+
+def hang_up(server: harness.ThreadedServer, body: bytes, read_head: bool) -> bytes:
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                     b"content-length: %d\r\n\r\n%s" % (len(body), body))
+        head = sock.recv(65536) if read_head else b""
+        with contextlib.suppress(OSError):  # the server may have closed first
+            sock.shutdown(socket.SHUT_WR)
+        return head
+
+
+def wait_for_cancelled(server: harness.ThreadedServer, count: float) -> dict[str, float]:
+    deadline = time.monotonic() + 30  # a bound on waiting for the counters, not a timed assertion
+    while generation_counts(server).get("cancelled", 0) < count and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return generation_counts(server)
+
+
+def test_hang_up_cancels_the_generation(genai_server: harness.ThreadedServer) -> None:
+    before = generation_counts(genai_server).get("cancelled", 0)
+    # the longest answer the context allows: far more tokens than are generated before the hang-up is read
+    for stream in (True, False, True):
+        hang_up(genai_server, orjson.dumps({**GOOD, "max_tokens": 230, "stream": stream}), read_head=False)
+    counts = wait_for_cancelled(genai_server, before + 3)
+    assert counts["cancelled"] == before + 3, counts
+    reply = post(genai_server, GOOD)
+    assert reply.status_code == 200 and reply.json()["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_disconnect_mid_stream_leaves_the_server_serving(genai_server: harness.ThreadedServer) -> None:
+    before = generation_counts(genai_server)
+    body = orjson.dumps({**GOOD, "max_tokens": 230, "stream": True})
+    for _ in range(3):
+        assert hang_up(genai_server, body, read_head=True).startswith(b"HTTP/1.1 200 OK")
+    reply = post(genai_server, GOOD)
+    assert reply.status_code == 200 and reply.json()["choices"][0]["finish_reason"] in ("stop", "length")
+    after = generation_counts(genai_server)
+    # each stream ended cancelled or (if it outran the hang-up) completed: none failed
+    assert after["failed"] == before["failed"]
+    assert sum(after.values()) - sum(before.values()) == 4
