@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from edged import __version__
+from edged.clock import DeviceClock, state_file_in
 from edged.config import EdgedConfig, load_config, resolve_state_dir
 from edged.daemon._sdnotify import SystemdNotifier
 from edged.daemon.paths import bundled_models
@@ -41,6 +42,7 @@ class Daemon:
         self.environ = dict(os.environ if environ is None else environ)
         self.started_at = time.time()
         self.state_dir = resolve_state_dir(config.state_dir, self.environ)
+        self.clock = DeviceClock(state_file_in(self.state_dir))  # one per state dir: every store ages by it
         self.repository = Path(config.models.repository) if config.models.repository else bundled_models()
         self.socket_path = Path(config.server.socket) if config.server.socket else default_socket_path(self.environ)
         self.notifier = SystemdNotifier.from_environ(self.environ)
@@ -55,7 +57,8 @@ class Daemon:
         self.mqtt: Any = None
         if config.mqtt.broker:
             from edged.mqtt import MqttFrontEnd  # only when configured: paho and threads cost memory
-            self.mqtt = MqttFrontEnd(self.service, config.mqtt, self.state_dir, version=__version__)
+            self.mqtt = MqttFrontEnd(self.service, config.mqtt, self.state_dir, version=__version__,
+                                     clock=self.clock)
         self.server = HttpServer(self.service, config.server, telemetry=self.telemetry,
                                  status_provider=self.status, metrics_provider=self._extra_metrics)
         self._stop = asyncio.Event()

@@ -37,7 +37,8 @@ class Metrics:
 
 
 def render_prometheus(snapshot: dict[str, dict[str, int]], connected: bool, outbox_depth: int,
-                      outbox_bytes: int, in_flight: int) -> str:
+                      outbox_bytes: int, in_flight: int, disk: tuple[bool, int] = (False, -1)) -> str:
+    """``disk``: (whether outbox writes fail, free bytes in the state directory or -1 when unknown)."""
     counts, drops, errors = snapshot["counts"], snapshot["drops"], snapshot["errors"]
     lines = [
         "# HELP edged_mqtt_connected Whether the MQTT connection to the broker is up.",
@@ -58,6 +59,12 @@ def render_prometheus(snapshot: dict[str, dict[str, int]], connected: bool, outb
         "# HELP edged_mqtt_outbox_in_flight Outbox messages sent and awaiting PUBACK.",
         "# TYPE edged_mqtt_outbox_in_flight gauge",
         f"edged_mqtt_outbox_in_flight {in_flight}",
+        "# HELP edged_mqtt_outbox_write_failing 1 while outbox writes fail (a full disk): messages wait in memory.",
+        "# TYPE edged_mqtt_outbox_write_failing gauge",
+        f"edged_mqtt_outbox_write_failing {int(disk[0])}",
+        "# HELP edged_mqtt_state_dir_free_bytes Free bytes on the file system of the state directory.",
+        "# TYPE edged_mqtt_state_dir_free_bytes gauge",
+        f"edged_mqtt_state_dir_free_bytes {disk[1]}",
         "# HELP edged_mqtt_connects_total Successful connections to the broker, the first one included.",
         "# TYPE edged_mqtt_connects_total counter",
         f"edged_mqtt_connects_total {counts.get('connects', 0)}",

@@ -11,10 +11,12 @@ from __future__ import annotations
 import itertools
 import logging
 import secrets
+import shutil
 import time
 from pathlib import Path
 from typing import Any
 
+from edged.clock import Clock, DeviceClock, state_file_in
 from edged.config import MqttConfig
 from edged.engine import InferenceService
 from edged.errors import PayloadError
@@ -31,10 +33,13 @@ from edged.mqtt._topics import parse_infer_topic
 
 log = logging.getLogger(__name__)
 OUTBOX_FILE = "mqtt-outbox.sqlite3"
+DISK_LOW_BYTES = 1 << 20
 
 
 class MqttFrontEnd:
-    def __init__(self, service: InferenceService, config: MqttConfig, state_dir: Path, *, version: str) -> None:
+    def __init__(self, service: InferenceService, config: MqttConfig, state_dir: Path, *, version: str,
+                 clock: Clock | None = None) -> None:
+        """``clock``: the daemon's one DeviceClock for the state directory (default: a new one on it)."""
         self._service = service
         self._config = config
         self._version = version
@@ -44,7 +49,9 @@ class MqttFrontEnd:
         self._metrics = Metrics()
         self._run_id = secrets.token_hex(6)
         self._counter = itertools.count(1)
-        self._outbox = Outbox(state_dir / OUTBOX_FILE, config.outbox, self._metrics)
+        self._state_dir = state_dir
+        clock = clock if clock is not None else DeviceClock(state_file_in(state_dir))
+        self._outbox = Outbox(state_dir / OUTBOX_FILE, config.outbox, self._metrics, clock)
         v5 = config.protocol == "5"
         self._requests = RequestHandler(service, config, v5, self, self._metrics, self.new_message_id)
         self._pipelines = [Pipeline(i, service, p, config, v5, self, self._metrics, self.new_message_id)
@@ -98,15 +105,30 @@ class MqttFrontEnd:
             "messages_in": snapshot["counts"].get("received", 0),
             "messages_out": snapshot["counts"].get("published", 0),
             "outbox": {"depth": self._outbox.depth, "bytes": self._outbox.stored_bytes,
-                       "in_flight": self._outbox.in_flight, "fsync": self._config.outbox.fsync},
+                       "in_flight": self._outbox.in_flight, "fsync": self._config.outbox.fsync,
+                       **self._disk()},
             "pipelines": [{"input": p.config.input, "model": p.config.model, "output": p.config.output,
                            "queued": p.queued} for p in self._pipelines],
             "drops": snapshot["drops"], "errors": snapshot["errors"],
         }
 
+    def _disk(self) -> dict[str, Any]:
+        """The outbox's disk: "full" (or "error") while writes fail, with why; free bytes of the state dir."""
+        error = self._outbox.write_error
+        try:
+            free = shutil.disk_usage(self._state_dir).free
+        except OSError:
+            free = -1
+        # SQLite says "database or disk is full", but a full disk can also surface as a "disk I/O error".
+        full = "full" in error.lower() or 0 <= free < DISK_LOW_BYTES
+        state = "ok" if not error else "full" if full else "error"
+        return {"disk": state, "disk_error": error, "disk_free_bytes": free}
+
     def prometheus_lines(self) -> str:
+        disk = self._disk()
         return render_prometheus(self._metrics.snapshot(), self._connection.connected, self._outbox.depth,
-                                 self._outbox.stored_bytes, self._outbox.in_flight)
+                                 self._outbox.stored_bytes, self._outbox.in_flight,
+                                 (disk["disk"] != "ok", disk["disk_free_bytes"]))
 
     def publish_telemetry(self, payload: bytes) -> None:
         self.send(Outbound(f"{self.prefix}/telemetry", payload, self._config.qos, content_type=JSON_TYPE,
