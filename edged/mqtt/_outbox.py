@@ -66,6 +66,8 @@ class Outbox:
         self._connected = False
         self._stopping = False
         self._woken = False  # a notify is on its way to the thread: producers need not send another
+        self._passes = 0  # passes of the thread completed: what flush() waits for
+        self._flush_wanted = False
         self.wakeups = 0  # notifies sent to the thread: hand-offs, counted per message by the tests
         self._publish: Callable[[Outbound], int | None] | None = None
         self._thread: threading.Thread | None = None
@@ -156,6 +158,21 @@ class Outbox:
                 self._cond.wait(min(left, 0.05))
             return True
 
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until the thread has written (or failed to write) what was put and acknowledged before the call,
+        deletions due or not, and sent what it then could; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            target = self._passes + 1
+            self._flush_wanted = True
+            self._wake()
+            while self._passes < target:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._thread is None or not self._thread.is_alive():
+                    return False
+                self._cond.wait(left)
+            return True
+
     def stop(self, timeout_s: float) -> None:
         with self._cond:
             self._stopping = True
@@ -170,9 +187,9 @@ class Outbox:
             with self._cond:
                 while not self._has_work():
                     self._cond.wait(self._wait_s())
-                    if time.monotonic() >= self._next_age_check:
+                    if self._clock.elapsed() >= self._next_age_check:
                         break
-                self._woken = False
+                self._woken = self._flush_wanted = False
                 pending, self._pending = self._pending, []
                 acked, self._acked = self._acked, []
                 stopping = self._stopping
@@ -180,16 +197,24 @@ class Outbox:
                 if stopping:
                     self._metrics.drop("shutdown", len(pending))
                     return
+                self._guarded(self._send)  # what is stored still goes out while the disk is full
+                self._pass_done()
                 continue
             if stopping:
                 return
             self._guarded(self._enforce_bounds)
             self._guarded(self._expire)
             self._guarded(self._send)
+            self._pass_done()
+
+    def _pass_done(self) -> None:
+        with self._cond:
+            self._passes += 1
+            self._cond.notify_all()
 
     def _has_work(self) -> bool:
         """With the lock held."""
-        if self._stopping:
+        if self._stopping or self._flush_wanted:
             return True
         writable = time.monotonic() >= self._retry_at
         return (writable and (bool(self._pending) or self._acks_due())) or self._can_send()
@@ -286,11 +311,11 @@ class Outbox:
         self._forget_through(last, rows, freed, "outbox_full")
 
     def _expire(self) -> None:
-        now = time.monotonic()
+        now = self._clock.elapsed()
         if now < self._next_age_check:
             return
         self._next_age_check = now + self._age_check_s
-        rows, freed, last = self._store.drop_older_than(self._clock.elapsed() - self._config.max_age_s)
+        rows, freed, last = self._store.drop_older_than(now - self._config.max_age_s)
         self._forget_through(last, rows, freed, "outbox_expired")
 
     def _forget_through(self, last: int, rows: int, freed: int, reason: str) -> None:
