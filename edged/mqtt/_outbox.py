@@ -38,6 +38,7 @@ _PAGE = 1024
 _AGE_CHECK_S = 5.0
 _EARLY_ACKS_MAX = 1024
 _EARLY_ACK_S = 2.0  # paho reuses a mid only after 65,535 others
+_GROUP_MAX = 512  # messages per transaction
 _ACK_GROUP = 64  # PUBACKs that make their deletion due at once
 _ACK_DELAY_S = 0.05  # the longest a PUBACK waits for its deletion to ride along with a group
 _RETRY_MIN_S, _RETRY_MAX_S = 0.1, 2.0  # after a failed write (a full disk)
@@ -267,23 +268,27 @@ class Outbox:
         if not self._write_error:
             log.error("mqtt outbox: %s; keeping messages and deletions in memory, retrying", error)
         self._metrics.error("outbox_write")
+        self._store.reclaim()
         with self._cond:
             self._write_error = str(error)
             self._retry_s = min(_RETRY_MAX_S, max(_RETRY_MIN_S, self._retry_s * 2))
             self._retry_at = time.monotonic() + self._retry_s
 
     def _commit(self, pending: list[Timed], acked: list[int]) -> None:
-        if not self._store.per_message or len(pending) <= 1:
-            self._commit_group(pending, acked)
-            return
-        for index in range(len(pending)):
-            try:
-                self._commit_group(pending[index:index + 1], acked if index == 0 else [])
-            except OutboxError:
-                del pending[:index]  # what is stored stays stored; only the rest is retried
-                if index:
-                    acked.clear()
-                raise
+        """Write in groups of at most ``_GROUP_MAX`` (one with fsync "always"), so that a backlog held in memory
+        while the disk was full goes back a group at a time as space returns. On failure ``pending`` and
+        ``acked`` keep only what was not written."""
+        size = 1 if self._store.per_message else _GROUP_MAX
+        done = 0
+        try:
+            while True:
+                self._commit_group(pending[done:done + size], acked)
+                acked.clear()
+                done += size
+                if done >= len(pending):
+                    return
+        finally:
+            del pending[:done]
 
     def _commit_group(self, pending: list[Timed], acked: list[int]) -> None:
         if not pending and not acked:

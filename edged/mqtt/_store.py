@@ -43,6 +43,7 @@ _COLUMNS = "message_id, topic, payload, qos, retain, correlation, content_type, 
 _INSERT = f"INSERT INTO outbox ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 # One statement whatever the number of seqs (a JSON array); RETURNING gives what was really there.
 _DELETE = "DELETE FROM outbox WHERE seq IN (SELECT value FROM json_each(?)) RETURNING LENGTH(payload)"
+_WAL_PAGES = 128
 _ROW = tuple[str, str, bytes, int, int, bytes | None, str | None, bytes | None, float, float]
 
 Stored = tuple[int, Outbound, float]  # (seq, message, elapsed)
@@ -60,6 +61,10 @@ class OutboxStore:
             self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute(f"PRAGMA synchronous={'NORMAL' if fsync == 'off' else 'FULL'}")
+            # A WAL grows until a checkpoint succeeds; SQLite's 1,000 pages (4 MB) could take all of a small state
+            # partition, after which nothing (not even deletions) can be written. Keep it small and reused.
+            self._db.execute(f"PRAGMA wal_autocheckpoint={_WAL_PAGES}")
+            self._db.execute(f"PRAGMA journal_size_limit={_WAL_PAGES * 4096}")
             self._db.execute(_SCHEMA)
             self._migrate(elapsed_now)
         except sqlite3.Error as e:
@@ -106,6 +111,12 @@ class OutboxStore:
         if self._db.in_transaction:
             with contextlib.suppress(sqlite3.Error):
                 self._db.execute("ROLLBACK")
+
+    def reclaim(self) -> None:
+        """After a failed write: copy the WAL into the database and truncate it. A WAL grows until a checkpoint
+        (every 1,000 pages), so on a small full disk it may hold all the space, and only this frees it."""
+        with contextlib.suppress(sqlite3.Error):
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
 
     def _insert(self, timed: Timed) -> int:
         cursor = self._db.execute(_INSERT, _to_row(*timed))
