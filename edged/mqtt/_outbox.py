@@ -75,6 +75,7 @@ class Outbox:
         self._next_age_check = 0.0
         self._age_check_s = min(_AGE_CHECK_S, config.max_age_s / 2)
         self._write_error = ""
+        self._group_size = _GROUP_MAX
         self._retry_s = 0.0
         self._retry_at = 0.0
 
@@ -275,10 +276,14 @@ class Outbox:
             self._retry_at = time.monotonic() + self._retry_s
 
     def _commit(self, pending: list[Timed], acked: list[int]) -> None:
-        """Write in groups of at most ``_GROUP_MAX`` (one with fsync "always"), so that a backlog held in memory
-        while the disk was full goes back a group at a time as space returns. On failure ``pending`` and
+        """Write in groups of at most ``_GROUP_MAX`` (one with fsync "always"). After a failed write the
+        deletions go first on their own (they free space and need none) and groups shrink by half per failure:
+        a backlog held in memory while the disk was full goes back as space returns. On failure ``pending`` and
         ``acked`` keep only what was not written."""
-        size = 1 if self._store.per_message else _GROUP_MAX
+        if self._write_error and acked and pending:
+            self._commit_group([], acked)
+            acked.clear()
+        size = 1 if self._store.per_message else self._group_size
         done = 0
         try:
             while True:
@@ -286,9 +291,13 @@ class Outbox:
                 acked.clear()
                 done += size
                 if done >= len(pending):
-                    return
+                    break
+        except OutboxError:
+            self._group_size = max(1, size // 2)
+            raise
         finally:
             del pending[:done]
+        self._group_size = min(_GROUP_MAX, self._group_size * 2)
 
     def _commit_group(self, pending: list[Timed], acked: list[int]) -> None:
         if not pending and not acked:

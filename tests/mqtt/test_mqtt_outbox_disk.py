@@ -19,6 +19,7 @@ from conftest import Broker, Subscriber, wait_until
 from paho.mqtt.enums import CallbackAPIVersion
 from test_mqtt_outbox import frame, ids_of
 
+from edged.cli._doctor_checks import check_outbox_disk
 from edged.config import MqttConfig, PipelineConfig
 from edged.engine import InferenceService
 from edged.mqtt import MqttFrontEnd
@@ -80,6 +81,8 @@ def test_a_full_disk_pauses_the_pipeline_reports_it_and_resumes_by_itself(
         assert "full" in outbox["disk_error"] and outbox["disk_free_bytes"] < 1 << 20
         assert "edged_mqtt_outbox_write_failing 1" in front.prometheus_lines()
         assert front.status()["errors"].get("outbox_write", 0) >= 1
+        doctor = check_outbox_disk(front.status()["outbox"])  # what `edged doctor` reads from the daemon
+        assert doctor.status == "fail" and "full" in doctor.detail and doctor.fix is not None
         filler.unlink()  # space returns: nothing else is done to the daemon
         wait_until(lambda: len(ids_of(list(sub.messages))[0]) >= MESSAGES, 60, f"all {MESSAGES} results")
         ids, duplicates, _ = ids_of(list(sub.messages))
@@ -87,6 +90,7 @@ def test_a_full_disk_pauses_the_pipeline_reports_it_and_resumes_by_itself(
         assert duplicates == 0  # no reconnect, no restart: nothing acknowledged was sent twice
         wait_until(lambda: front.status()["outbox"]["depth"] == 0, 30, "the outbox to empty")
         assert front.status()["outbox"]["disk"] == "ok"
+        assert check_outbox_disk(front.status()["outbox"]).status == "ok"
         assert "edged_mqtt_outbox_write_failing 0" in front.prometheus_lines()
     finally:
         pub.loop_stop()
