@@ -256,7 +256,7 @@ class Outbox:
                 self._pending[:0] = pending
                 if acked:
                     self._acked[:0] = acked
-                    self._acked_since = min(self._acked_since, time.monotonic()) if self._acked else time.monotonic()
+                    self._acked_since = 0.0  # due as soon as writes are retried
             self._write_failed(e)
             return False
         if self._write_error:
@@ -346,17 +346,35 @@ class Outbox:
             self._cond.notify_all()  # wait_drained may be done now
 
     def _send(self) -> None:
+        """Publish what the window allows, a batch per lock round trip; stops at a message paho does not take."""
+        if self._publish is None:
+            raise OutboxError("outbox used before start()")
         while True:
             with self._cond:
-                if not self._can_send():
-                    return
-                if not self._ready:
-                    self._refill()
-                    if not self._ready:
-                        return
-                seq, message, _ = self._ready.popleft()
-            if not self._send_one(seq, message):
+                batch = self._sendable()
+            if not batch:
                 return
+            mids: list[int] = []
+            for _, message, _ in batch:
+                mid = self._publish(message)
+                if mid is None:
+                    break
+                mids.append(mid)
+            with self._cond:
+                for (seq, _, _), mid in zip(batch, mids, strict=False):  # mids stop at a refusal
+                    self._track(seq, mid)
+                if len(mids) < len(batch):
+                    self._ready.extendleft(reversed(batch[len(mids):]))
+                    return
+
+    def _sendable(self) -> list[Stored]:
+        """With the lock held: the next stored messages that fit in the window."""
+        if not self._can_send():
+            return []
+        if not self._ready:
+            self._refill()
+        count = min(self._config.max_in_flight - len(self._inflight), len(self._ready))
+        return [self._ready.popleft() for _ in range(count)]
 
     def _refill(self) -> None:
         rows = self._store.load(self._last_loaded, _PAGE)
@@ -365,18 +383,11 @@ class Outbox:
             self._last_loaded = rows[-1][0]
         self._backlog = len(rows) == _PAGE
 
-    def _send_one(self, seq: int, message: Outbound) -> bool:
-        if self._publish is None:
-            raise OutboxError("outbox used before start()")
-        mid = self._publish(message)
-        with self._cond:
-            if mid is None:
-                self._ready.appendleft((seq, message, 0.0))
-                return False
-            early = self._early.pop(mid, None)
-            if early is not None and time.monotonic() - early < _EARLY_ACK_S:
-                self._ack(seq)
-                self._metrics.add("published")
-            else:
-                self._inflight[mid] = seq
-        return True
+    def _track(self, seq: int, mid: int) -> None:
+        """With the lock held: a sent message awaits its PUBACK, unless that came before its mid was known."""
+        early = self._early.pop(mid, None)
+        if early is not None and time.monotonic() - early < _EARLY_ACK_S:
+            self._ack(seq)
+            self._metrics.add("published")
+        else:
+            self._inflight[mid] = seq
