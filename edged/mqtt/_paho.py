@@ -266,6 +266,8 @@ class PublishProperties(Properties):
 
     def pack(self) -> bytes:
         fields = self.__dict__
+        if not fields.keys() <= _PACKED_HERE:  # another property was set (a client's ResponseTopic): paho packs it
+            return bytes(super().pack())  # type: ignore[no-untyped-call]
         parts = []  # in paho's order: by property identifier
         if "ContentType" in fields:
             parts.append(b"\x03" + _string(fields["ContentType"]))
@@ -274,6 +276,10 @@ class PublishProperties(Properties):
         parts += [b"\x26" + _string(key) + _string(value) for key, value in fields.get("UserProperty", ())]
         body = b"".join(parts)
         return _variable_int(len(body)) + body
+
+
+_PACKED_HERE = frozenset({"packetType", "types", "names", "properties", "ContentType", "CorrelationData",
+                          "UserProperty"})
 
 
 def _string(value: str | bytes) -> bytes:

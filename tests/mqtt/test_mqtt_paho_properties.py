@@ -35,3 +35,14 @@ def test_publish_properties_pack_as_paho_does_and_decode_back(
     assert getattr(decoded, "ContentType", None) == content_type
     assert getattr(decoded, "CorrelationData", None) == correlation
     assert getattr(decoded, "UserProperty", []) == user
+
+
+def test_a_property_set_later_is_packed_too() -> None:
+    """The load generator adds a ResponseTopic to edged's properties; it must reach the wire."""
+    props = PublishProperties(Properties(PacketTypes.PUBLISH), "application/json", b"c",  # type: ignore[no-untyped-call]
+                              [("edged-message-id", "m-1")])
+    props.ResponseTopic = "replies/1"
+    decoded = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+    decoded.unpack(props.pack())  # type: ignore[no-untyped-call]
+    assert decoded.ResponseTopic == "replies/1"
+    assert (decoded.ContentType, decoded.CorrelationData) == ("application/json", b"c")
