@@ -223,11 +223,12 @@ class Outbox:
 
     def _wait_s(self) -> float:
         """With the lock held: until the next age check, deletion due or write retry."""
+        now = time.monotonic()
         wait = self._age_check_s
+        if self._retry_at > now and (self._pending or self._acked):
+            return min(wait, self._retry_at - now)
         if self._acked:
-            wait = min(wait, max(0.001, self._acked_since + _ACK_DELAY_S - time.monotonic()))
-        if self._pending or self._acked:
-            wait = min(wait, max(0.001, self._retry_at - time.monotonic()))
+            wait = min(wait, max(0.001, self._acked_since + _ACK_DELAY_S - now))
         return wait
 
     def _acks_due(self) -> bool:
