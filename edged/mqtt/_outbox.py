@@ -188,6 +188,7 @@ class Outbox:
         while True:
             with self._cond:
                 while not self._has_work():
+                    self._woken = False  # a notify that found nothing to do must not silence the next ones
                     self._cond.wait(self._wait_s())
                     if self._clock.elapsed() >= self._next_age_check:
                         break
