@@ -308,18 +308,20 @@ class Outbox:
 
     def _commit(self, pending: list[Timed], acked: list[int], stored: list[Outbound]) -> None:
         """Write in groups (of one with fsync "always"). After a failed write the deletions go first on their own
-        (they free space and need none), and groups shrink (``WriteRetry``). On failure ``pending`` and ``acked``
-        keep only what was not written."""
+        (they free space and need none); groups halve per failure and double per group written (``WriteRetry``),
+        so a backlog held while the disk was full is not written one message per fsync. On failure ``pending``
+        and ``acked`` keep only what was not written."""
         if self._retry.error and acked and pending:
             self._commit_group([], acked, stored)
             acked.clear()
-        size = 1 if self._store.per_message else self._retry.group_size
-        done = 0
+        done, size = 0, 1
         try:
             while True:
+                size = 1 if self._store.per_message else self._retry.group_size
                 self._commit_group(pending[done:done + size], acked, stored)
                 acked.clear()
                 done += size
+                self._retry.grow()
                 if done >= len(pending):
                     break
         except OutboxError:
@@ -327,7 +329,6 @@ class Outbox:
             raise
         finally:
             del pending[:done]
-        self._retry.grow()
 
     def _commit_group(self, pending: list[Timed], acked: list[int], stored: list[Outbound]) -> None:
         if not pending and not acked:

@@ -3,7 +3,7 @@
 A failed write loses nothing: its messages and deletions stay queued in memory. They are retried with
 backoff (0.1 s doubling up to 2 s) so that a full disk is not hammered, and the group written per transaction
 halves with each failure (from at most 512 messages) so that a backlog held in memory goes back in pieces that
-fit the space as it returns; each fully written backlog doubles the group again. A small state machine with no
+fit the space as it returns; each group written doubles the next one again. A small state machine with no
 I/O and no lock: the outbox thread changes it under the outbox's lock, which is also where it is read.
 """
 
@@ -41,5 +41,5 @@ class WriteRetry:
         self.group_size = max(1, size // 2)
 
     def grow(self) -> None:
-        """Everything queued was written."""
+        """A group was written."""
         self.group_size = min(GROUP_MAX, self.group_size * 2)
