@@ -138,10 +138,16 @@ class OutboxStore:
         return len(sizes), sum(int(s[0]) for s in sizes)
 
     def load(self, after_seq: int, limit: int) -> list[Stored]:
-        # A failing read is not a full disk (nothing to wait for): it propagates, and the supervised outbox
-        # thread restarts, counted and shown, with the page still to load.
-        rows = self._db.execute(f"SELECT seq, {_COLUMNS} FROM outbox WHERE seq > ? ORDER BY seq LIMIT ?",
-                                (after_seq, limit)).fetchall()
+        try:
+            rows = self._db.execute(f"SELECT seq, {_COLUMNS} FROM outbox WHERE seq > ? ORDER BY seq LIMIT ?",
+                                    (after_seq, limit)).fetchall()
+        except sqlite3.OperationalError as e:
+            # A read can fail for want of space (the -shm file, a checkpoint): that is the full disk, handled
+            # and retried with the writes. Any other read error propagates, and the supervised thread restarts
+            # (counted, shown) with the page still to load; under a full disk its growing backoff would stall.
+            if "full" not in str(e):
+                raise
+            raise OutboxError(f"outbox {self.path}: cannot read messages: {e}") from e
         return [(int(r[0]), _from_row(r[1:]), float(r[10])) for r in rows]
 
     def drop_oldest(self, count: int, size: int) -> tuple[int, int, int]:

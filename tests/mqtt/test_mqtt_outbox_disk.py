@@ -84,7 +84,11 @@ def test_a_full_disk_pauses_the_pipeline_reports_it_and_resumes_by_itself(
         doctor = check_outbox_disk(front.status()["outbox"])  # what `edged doctor` reads from the daemon
         assert doctor.status == "fail" and "full" in doctor.detail and doctor.fix is not None
         filler.unlink()  # space returns: nothing else is done to the daemon
-        wait_until(lambda: len(ids_of(list(sub.messages))[0]) >= MESSAGES, 60, f"all {MESSAGES} results")
+        try:
+            wait_until(lambda: len(ids_of(list(sub.messages))[0]) >= MESSAGES, 60, f"all {MESSAGES} results")
+        except AssertionError as e:  # say where they stopped: the outbox, the pipeline or the broker
+            got = len(ids_of(list(sub.messages))[0])
+            raise AssertionError(f"{e}: {got} arrived; mqtt status {front.status()}") from e
         ids, duplicates, _ = ids_of(list(sub.messages))
         assert ids == {f"m-{i}" for i in range(MESSAGES)}
         assert duplicates == 0  # no reconnect, no restart: nothing acknowledged was sent twice
