@@ -250,6 +250,20 @@ def check_disk(name: str, path: str | None) -> Check:
     return Check(f"disk ({name})", "ok", detail)
 
 
+def check_outbox_disk(outbox: Mapping[str, Any]) -> Check:
+    """The ``outbox`` block of the daemon's mqtt status: whether results can be stored, and the space left."""
+    free = outbox.get("disk_free_bytes", -1)
+    free_text = f"{free / MIB:,.1f} MiB free in the state directory" if isinstance(free, int) and free >= 0 \
+        else "free space unknown"
+    state = outbox.get("disk", "ok")
+    if state == "ok":
+        return Check("mqtt outbox disk", "ok", f"writes succeed; {free_text}")
+    detail = (f"outbox writes fail ({outbox.get('disk_error', '')}); {outbox.get('depth', '?')} results wait, "
+              f"the newest in memory only; {free_text}")
+    return Check("mqtt outbox disk", "fail", detail,
+                 "free space in the state directory (e.g. /var/lib/edged): the outbox resumes by itself")
+
+
 def check_service() -> Check:
     systemctl = shutil.which("systemctl")
     if systemctl is None or not Path("/run/systemd/system").is_dir():

@@ -89,6 +89,8 @@ def collect(args: argparse.Namespace, env: Any) -> list[Check]:
     results.extend(found)
     if path is not None and found[-1].name == "daemon" and found[-1].status != "fail":  # something answers
         results.append(daemon_memory(path, config.memory.allocator))
+        if config.mqtt.broker:
+            results.append(daemon_outbox(path))
     results.append(sockets.check_broker(config.mqtt.broker))
     results.append(checks.check_disk("state", config.state_dir or _default_state_dir(env)))
     results.append(checks.check_disk("models", config.models.repository))
@@ -119,6 +121,19 @@ def daemon_memory(path: str, allocator: str) -> Check:
     if not isinstance(block, dict):
         return Check("memory (daemon)", "info", "the daemon's /v2/edged/status has no memory block")
     return checks.check_daemon_memory(block, allocator)
+
+
+def daemon_outbox(path: str) -> Check:
+    """The MQTT outbox's disk as the daemon reports it: a full state directory stops results being stored."""
+    try:
+        with EdgedClient(path, timeout_s=sockets.PROBE_TIMEOUT_S) as client:
+            block = client.status().get("mqtt")
+    except ClientError as e:
+        return Check("mqtt outbox disk", "info", f"the daemon did not report its MQTT outbox: {e}")
+    outbox = block.get("outbox") if isinstance(block, dict) else None
+    if not isinstance(outbox, dict):
+        return Check("mqtt outbox disk", "info", "the daemon's /v2/edged/status has no mqtt outbox block")
+    return checks.check_outbox_disk(outbox)
 
 
 def _default_state_dir(env: Any) -> str:

@@ -141,7 +141,7 @@ class Daemon:
         return 0
 
     def _record_start(self) -> None:
-        self.starts = StartHistory(self.state_dir, DeviceClock(state_file_in(self.state_dir)))
+        self.starts = StartHistory(self.state_dir, self.clock)  # the one clock of this state directory
         loop = self.starts.record_start()
         if loop is not None and self.notifier is not None:
             self.notifier.status(loop.message())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 UserProperties = tuple[tuple[str, str], ...]
@@ -53,3 +53,17 @@ class Outbound:
     # called once the message is durable (outbox) or handed to paho (QoS 0): the input it answers may then
     # be acknowledged to the broker
     on_stored: Callable[[], None] | None = field(default=None, compare=False, repr=False)
+
+
+def run_on_stored(messages: Iterable[Outbound]) -> None:
+    """Every message's ``on_stored`` runs (each acknowledges an input) even if one raises; the first exception is
+    raised afterwards, for the supervisor of the calling thread to count."""
+    failure: Exception | None = None
+    for message in messages:
+        try:
+            if message.on_stored is not None:
+                message.on_stored()
+        except Exception as e:
+            failure = failure or e
+    if failure is not None:
+        raise failure

@@ -39,7 +39,8 @@ class Metrics:
 
 
 def render_prometheus(snapshot: dict[str, dict[str, int]], connected: bool, outbox_depth: int,
-                      outbox_bytes: int, in_flight: int) -> str:
+                      outbox_bytes: int, in_flight: int, disk: tuple[bool, int] = (False, -1)) -> str:
+    """``disk``: (whether outbox writes fail, free bytes in the state directory or -1 when unknown)."""
     counts, drops, errors = snapshot["counts"], snapshot["drops"], snapshot["errors"]
     dropped = MetricFamily("edged_mqtt_dropped_total", "counter", "Messages dropped, by reason.")
     for reason in sorted(set(DROP_REASONS) | set(drops)):
@@ -59,6 +60,10 @@ def render_prometheus(snapshot: dict[str, dict[str, int]], connected: bool, outb
         MetricFamily("edged_mqtt_outbox_bytes", "gauge", "Payload bytes in the durable outbox.").add(outbox_bytes),
         MetricFamily("edged_mqtt_outbox_in_flight", "gauge", "Outbox messages sent and awaiting PUBACK.")
         .add(in_flight),
+        MetricFamily("edged_mqtt_outbox_write_failing", "gauge",
+                     "1 while outbox writes fail (a full disk): messages wait in memory.").add(int(disk[0])),
+        MetricFamily("edged_mqtt_state_dir_free_bytes", "gauge",
+                     "Free bytes on the file system of the state directory.").add(disk[1]),
         MetricFamily("edged_mqtt_connects_total", "counter",
                      "Successful connections to the broker, the first one included.").add(counts.get("connects", 0)),
         dropped, failed,

@@ -39,7 +39,7 @@ import itertools
 import secrets
 import sqlite3
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from edged.mqtt._message import Answer, Inbound
@@ -64,10 +64,14 @@ def load_answered(db: sqlite3.Connection, client: str) -> dict[int, tuple[int, b
     return {int(mid): (int(ordinal), bytes(digest)) for mid, ordinal, digest in rows}
 
 
-def record_answered(db: sqlite3.Connection, answers: Iterable[Answer]) -> None:
-    """Inside the caller's transaction: the inputs these results answer."""
-    db.executemany("INSERT OR REPLACE INTO inbound_answered (client, mid, ordinal, digest) VALUES (?, ?, ?, ?)",
-                   [(a.client, a.mid, a.ordinal, a.digest) for a in answers])
+def record_answered(db: sqlite3.Connection, answers: Sequence[Answer]) -> None:
+    """Inside the caller's transaction: the inputs these results answer. One statement for the whole group (the
+    outbox counts statements per message); rows apply in order, so a mid answered twice keeps its later answer."""
+    if not answers:
+        return
+    values = ", ".join(["(?, ?, ?, ?)"] * len(answers))
+    db.execute(f"INSERT OR REPLACE INTO inbound_answered (client, mid, ordinal, digest) VALUES {values}",
+               [field for a in answers for field in (a.client, a.mid, a.ordinal, a.digest)])
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,22 @@
 """The durable outbox: every QoS>=1 message edged publishes is stored before it is sent and leaves only on PUBACK.
 
 One thread owns the SQLite file. Producers append to an in-memory list; the thread writes everything that
-accumulated since its last pass in one transaction (group commit), together with the deletions of messages
-acknowledged meanwhile, then sends stored messages in order while fewer than ``max_in_flight`` await a PUBACK.
-While the broker is unreachable messages accumulate on disk, bounded by count, bytes and age; each message
-dropped to keep a bound is counted. After a restart everything still stored is sent again, in order, with its
-original message id: delivery is at least once and duplicates are recognisable.
+accumulated since its last pass (group commit, at most 512 messages per transaction), together with the
+deletions of messages acknowledged meanwhile, then sends stored messages in order while fewer than
+``max_in_flight`` await a PUBACK. While the broker is unreachable messages accumulate on disk, bounded by
+count, bytes and age (device elapsed time from ``edged.clock``: a wall clock step neither expires nor keeps
+the backlog); each message dropped to keep a bound is counted. After a restart everything still stored is sent
+again, in order, with its original message id: delivery is at least once and duplicates are recognisable.
+
+Invariants: ``depth`` and ``stored_bytes`` follow what the file holds (every deletion reports what it removed),
+and ``depth`` counts a group being written. A failed write (a full disk) loses nothing: its messages and
+deletions stay queued, retried with backoff (``_retry``), stored messages keep being sent, ``write_error`` says
+why and ``mqtt_outbox`` is degraded until a write succeeds. Past ``PENDING_MAX`` waiting messages ``put``
+waits, then refuses (counted ``outbox_busy``; the input stays unacknowledged). The thread is supervised: after
+an unexpected exception (a raw SQLite error, a publish or stored callback that raises) the work it had taken
+is put back in front, so nothing is lost or reordered, and the loop restarts with backoff. Hand-offs are few:
+a producer wakes the thread only when it is not already woken, a PUBACK only when its deletion is due (a group
+of them, an empty window, or a window half free with a backlog); other deletions ride along with the next group.
 """
 
 from __future__ import annotations
@@ -13,23 +24,24 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
+from edged.clock import Clock, DeviceClock
 from edged.config import OutboxConfig
 from edged.errors import OutboxError
-from edged.mqtt._message import Outbound
+from edged.mqtt._message import Outbound, run_on_stored
 from edged.mqtt._metrics import Metrics
-from edged.mqtt._store import OutboxStore, Stored
+from edged.mqtt._retry import WriteRetry
+from edged.mqtt._store import OutboxStore, Stored, Timed
+from edged.mqtt._window import SendWindow
 from edged.supervision import HealthBoard, SupervisedThread
 
 log = logging.getLogger(__name__)
 
-_PAGE = 1024
 _AGE_CHECK_S = 5.0
-_EARLY_ACKS_MAX = 1024
-_EARLY_ACK_S = 2.0  # paho reuses a mid only after 65,535 others
+_ACK_GROUP = 64  # PUBACKs that make their deletion due at once
+_ACK_DELAY_S = 0.05  # the longest a PUBACK waits for its deletion to ride along with a group
 # Messages waiting for the outbox thread's next group commit. Past this a producer waits (up to
 # PENDING_WAIT_S): a pipeline then stops taking and acknowledging inputs, which is the backpressure.
 PENDING_MAX = 4096
@@ -37,32 +49,36 @@ PENDING_WAIT_S = 5.0
 
 
 class Outbox:
-    def __init__(self, path: Path, config: OutboxConfig, metrics: Metrics, *, health: HealthBoard | None = None,
-                 pending_max: int = PENDING_MAX, pending_wait_s: float = PENDING_WAIT_S) -> None:
+    def __init__(self, path: Path, config: OutboxConfig, metrics: Metrics, clock: Clock | None = None, *,
+                 health: HealthBoard | None = None, pending_max: int = PENDING_MAX,
+                 pending_wait_s: float = PENDING_WAIT_S) -> None:
+        """``clock``: the state directory's one DeviceClock (the daemon's, through the front end)."""
         self._config = config
         self._metrics = metrics
-        self._store = OutboxStore(path, config.fsync)
-        self._cond = threading.Condition()
-        self._pending: list[tuple[Outbound, float]] = []
+        self._clock: Clock = clock if clock is not None else DeviceClock()
+        self._store = OutboxStore(path, config.fsync, self._clock.elapsed())
+        if isinstance(self._clock, DeviceClock):
+            self._clock.advance_past(self._store.max_elapsed())  # rows newer than the clock's last checkpoint
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)  # producers, flush() and wait_drained() wait on this one
+        self._work = threading.Condition(lock)  # only the thread waits here: a wake-up always reaches it
+        self._pending: list[Timed] = []
         self._acked: list[int] = []
-        self._inflight: dict[int, int] = {}  # mid -> seq
-        # PUBACKs that arrived before publish() returned their mid (mid -> when); paho calls on_publish with its
-        # own lock held, so publish() cannot be wrapped in ours without a lock-order inversion.
-        self._early: dict[int, float] = {}
-        self._sent_sizes: dict[int, int] = {}
-        self._ready: deque[Stored] = deque()
-        self._backlog = True  # rows on disk not yet loaded into _ready
-        self._last_loaded = 0
+        self._acked_since = 0.0  # monotonic time of the oldest PUBACK not yet deleted
+        self._window = SendWindow(config.max_in_flight)
         self._count, self._bytes = self._store.totals()
-        self._connected = False
-        self._stopping = False
+        self._committing = 0  # messages taken for the current group commit and not yet counted as stored
+        self._connected = self._stopping = False
+        self._woken = False  # a notify is on its way to the thread: producers need not send another
+        self._passes = 0  # passes of the thread completed: what flush() waits for
+        self._flush_wanted = False
+        self.wakeups = 0  # notifies sent to the thread: hand-offs, counted per message by the tests
         self._publish: Callable[[Outbound], int | None] | None = None
         self._thread: SupervisedThread | None = None
         self._health = (health or HealthBoard()).component("mqtt_outbox")
         self._pending_max, self._pending_wait_s = pending_max, pending_wait_s
-        self._committing = 0
-        self._next_age_check = 0.0
-        self._age_check_s = min(_AGE_CHECK_S, config.max_age_s / 2)
+        self._next_age_check, self._age_check_s = 0.0, min(_AGE_CHECK_S, config.max_age_s / 2)
+        self._retry = WriteRetry()
 
     def id_state(self, client: str) -> tuple[str, dict[int, tuple[int, bytes]]]:
         """(salt, mid -> last answered) for `MessageIds`; read before start(), while no thread owns the file."""
@@ -70,9 +86,8 @@ class Outbox:
 
     # --- producers and the connection (any thread) ---------------------------------------------------------
     def put(self, message: Outbound, wait_s: float | None = None) -> bool:
-        """Queue a message for the next group commit; False (counted, ``on_stored`` never called, so its input
-        stays unacknowledged and the broker redelivers it) when the outbox thread did not make room within
-        ``wait_s`` (default: the outbox's pending wait)."""
+        """Queue a message for the next group commit; False (counted, ``on_stored`` never called: the broker
+        redelivers its input) when the thread made no room within ``wait_s`` (default: the pending wait)."""
         deadline = time.monotonic() + (self._pending_wait_s if wait_s is None else wait_s)
         with self._cond:
             while len(self._pending) >= self._pending_max and not self._stopping:
@@ -81,31 +96,45 @@ class Outbox:
                     self._metrics.drop("outbox_busy")
                     return False
                 self._cond.wait(left)
-            self._pending.append((message, time.time()))
-            self._cond.notify_all()
+            self._pending.append((message, self._clock.wall(), self._clock.elapsed()))
+            self._wake()
             return True
 
     def set_connected(self, connected: bool) -> None:
         with self._cond:
             self._connected = connected
-            self._cond.notify()
+            self._wake()
 
     def on_acked(self, mid: int, ok: bool) -> bool:
         """Record a PUBACK; False when the mid is not one of ours (yet)."""
         with self._cond:
-            seq = self._inflight.pop(mid, None)
+            seq = self._window.acked(mid)
             if seq is None:
-                now = time.monotonic()
-                if len(self._early) > _EARLY_ACKS_MAX:
-                    self._early = {m: t for m, t in self._early.items() if now - t < _EARLY_ACK_S}
-                self._early[mid] = now
                 return False
-            self._acked.append(seq)
-            self._cond.notify()
+            self._ack(seq)
         self._metrics.add("published")
         if not ok:
             self._metrics.error("broker_rejected")
         return True
+
+    def _ack(self, seq: int) -> None:
+        """With the lock held."""
+        if not self._acked:
+            self._acked_since = time.monotonic()
+        self._acked.append(seq)
+        if self._acks_due():
+            self._wake()
+
+    def _wake(self) -> None:
+        """With the lock held."""
+        if not self._woken:
+            self._woken = True
+            self.wakeups += 1
+            self._work.notify()
+
+    def trace(self, callback: Callable[[str], None] | None) -> None:
+        """Call ``callback`` with every SQL statement the outbox runs (None: stop)."""
+        self._store.trace(callback)
 
     @property
     def depth(self) -> int:
@@ -118,7 +147,12 @@ class Outbox:
 
     @property
     def in_flight(self) -> int:
-        return len(self._inflight)
+        return len(self._window.inflight)
+
+    @property
+    def write_error(self) -> str:
+        """Why the last write failed ("" while writes succeed): a full disk, a read-only file system."""
+        return self._retry.error
 
     # --- lifecycle -----------------------------------------------------------------------------------------
     def start(self, publish: Callable[[Outbound], int | None]) -> None:
@@ -130,17 +164,33 @@ class Outbox:
         """Wait until nothing is pending, stored or in flight (only possible while connected)."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
-            while self._pending or self._acked or self._committing or self._count or self._inflight:
+            while self._pending or self._acked or self._committing or self._count or self._window.inflight:
                 left = deadline - time.monotonic()
                 if left <= 0 or not self._connected:
                     return False
                 self._cond.wait(min(left, 0.05))
             return True
 
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until the thread has written (or failed to write) what was put and acknowledged before the call,
+        deletions due or not, and sent what it then could; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            target = self._passes + 1
+            self._flush_wanted = True
+            self._wake()
+            while self._passes < target:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._thread is None or not self._thread.is_alive():
+                    return False
+                self._cond.wait(left)
+            return True
+
     def stop(self, timeout_s: float) -> None:
         with self._cond:
             self._stopping = True
-            self._cond.notify_all()
+            self._work.notify()
+            self._cond.notify_all()  # producers blocked in put()
         if self._thread is not None:
             self._thread.stop()
             self._thread.join(timeout_s)
@@ -148,100 +198,163 @@ class Outbox:
 
     # --- the outbox thread ---------------------------------------------------------------------------------
     def _run(self) -> None:
-        write_failed = False
         while True:
             with self._cond:
-                while not (self._stopping or self._pending or self._acked or self._can_send()):
-                    self._cond.wait(self._age_check_s)
-                    if time.monotonic() >= self._next_age_check:
+                while not self._has_work():
+                    self._woken = False  # a notify that found nothing to do must not silence the next ones
+                    self._work.wait(self._wait_s())
+                    if self._clock.elapsed() >= self._next_age_check:
                         break
+                self._woken = self._flush_wanted = False
                 pending, self._pending = self._pending, []
                 acked, self._acked = self._acked, []
-                self._committing = len(pending)  # taken but not yet counted as stored
+                self._committing = len(pending)
                 stopping = self._stopping
                 self._cond.notify_all()  # producers blocked in put()
             try:
-                self._commit(pending, acked)
-                write_failed = write_failed and not (pending or acked)  # healthy again once a write succeeds
-                if stopping:
-                    return
-                self._expire()
-                self._send()
-            except OutboxError as e:
-                log.exception("mqtt outbox: a write failed; %d messages not stored", len(pending))
-                self._metrics.error("outbox_write", max(1, len(pending)))
-                self._health.degraded(str(e))
-                write_failed = True
-                time.sleep(0.1)
+                go_on = self._pass(pending, acked, stopping)
             finally:
-                with self._cond:
-                    self._committing = 0
-            if not write_failed:
+                self._pass_done()
+            if not go_on:
+                return
+            if not self._retry.error:  # healthy again, also after a restart by the supervisor
                 self._health.ok()
 
-    def _can_send(self) -> bool:
-        return self._connected and (bool(self._ready) or self._backlog) and \
-            len(self._inflight) < self._config.max_in_flight
+    def _pass(self, pending: list[Timed], acked: list[int], stopping: bool) -> bool:
+        """One pass: write, keep the bounds, acknowledge the inputs, expire, send; False when the thread ends."""
+        stored: list[Outbound] = []
+        written = self._store_group(pending, acked, stored)
+        if written and not stopping:
+            self._guarded(self._enforce_bounds)  # before the callbacks, so depth is right once inputs are acked
+        run_on_stored(stored)
+        if stopping:
+            if not written:
+                self._metrics.drop("shutdown", len(pending))
+            return False
+        if written:
+            self._guarded(self._expire)
+        self._guarded(self._send)  # what is stored still goes out while the disk is full
+        return True
 
-    def _commit(self, pending: list[tuple[Outbound, float]], acked: list[int]) -> None:
-        if not pending and not acked:
-            return
-        try:
-            seqs = self._store.write(pending, acked)
-        except OutboxError:
-            raise
-        except Exception:  # not stored: the restarted thread writes the batch again, in order
-            with self._cond:
-                self._pending[:0] = pending
-                self._acked[:0] = acked
-                self._committing = 0
-            raise
-        added = sum(len(m.payload) for m, _ in pending)
+    def _pass_done(self) -> None:
         with self._cond:
             self._committing = 0
-            self._count += len(pending) - len(acked)
-            self._bytes += added - self._acked_bytes(acked)
-            for seq, (message, created) in zip(seqs, pending, strict=True):
-                if self._backlog or len(self._ready) >= _PAGE:
-                    self._backlog = True
-                else:
-                    self._ready.append((seq, message, created))
-                    self._last_loaded = seq
-        self._enforce_bounds()
-        self._stored(pending)
+            self._passes += 1
+            self._cond.notify_all()
 
-    @staticmethod
-    def _stored(pending: list[tuple[Outbound, float]]) -> None:
-        """Every stored message's callback runs (each acknowledges an input) even if one raises; the first
-        exception is raised afterwards, for the supervisor to count."""
-        failure: Exception | None = None
-        for message, _ in pending:
-            try:
-                if message.on_stored is not None:
-                    message.on_stored()
-            except Exception as e:
-                failure = failure or e
-        if failure is not None:
-            raise failure
+    def _has_work(self) -> bool:
+        """With the lock held."""
+        if self._stopping or self._flush_wanted:
+            return True
+        writable = self._retry.writable(time.monotonic())
+        return (writable and (bool(self._pending) or self._acks_due())) or self._can_send()
 
-    def _acked_bytes(self, acked: list[int]) -> int:
-        sizes = self._sent_sizes
-        return sum(sizes.pop(seq, 0) for seq in acked)
+    def _wait_s(self) -> float:
+        """With the lock held: until the next age check, deletion due or write retry."""
+        now = time.monotonic()
+        wait = self._age_check_s
+        if not self._retry.writable(now) and (self._pending or self._acked):
+            return min(wait, self._retry.at - now)
+        if self._acked:
+            wait = min(wait, max(0.001, self._acked_since + _ACK_DELAY_S - now))
+        return wait
+
+    def _acks_due(self) -> bool:
+        if not self._acked:
+            return False
+        window = self._window
+        return (len(self._acked) >= _ACK_GROUP or not window.inflight
+                or time.monotonic() - self._acked_since >= _ACK_DELAY_S
+                or (window.more and len(window.inflight) <= window.max_in_flight // 2))
+
+    def _can_send(self) -> bool:
+        return self._connected and self._window.more and self._window.room() > 0
+
+    def _guarded(self, step: Callable[[], None]) -> None:
+        try:
+            step()
+        except OutboxError as e:  # a deletion to keep a bound failed: as a failed write
+            self._write_failed(e)
+
+    def _store_group(self, pending: list[Timed], acked: list[int], stored: list[Outbound]) -> bool:
+        """Write a group, adding what was written to ``stored``. On failure what was not written goes back in
+        front of what arrived meanwhile: retried later (a handled OutboxError) or by the restarted thread."""
+        try:
+            self._commit(pending, acked, stored)
+        except Exception as e:
+            with self._cond:
+                self._pending[:0] = pending
+                self._committing = 0
+                if acked:
+                    self._acked[:0] = acked
+                    self._acked_since = 0.0  # due as soon as writes are retried
+            if not isinstance(e, OutboxError):
+                raise
+            self._write_failed(e)
+            return False
+        if self._retry.error:
+            with self._cond:
+                log.warning("mqtt outbox: writes succeed again after %r", self._retry.succeeded())
+        return True
+
+    def _write_failed(self, error: OutboxError) -> None:
+        self._metrics.error("outbox_write")
+        self._store.reclaim()
+        with self._cond:
+            first = self._retry.failed(str(error), time.monotonic())
+        if first:
+            log.error("mqtt outbox: %s; keeping messages and deletions in memory, retrying", error)
+        self._health.degraded(str(error))
+
+    def _commit(self, pending: list[Timed], acked: list[int], stored: list[Outbound]) -> None:
+        """Write in groups (of one with fsync "always"). After a failed write the deletions go first on their own
+        (they free space and need none); groups halve per failure and double per group written (``WriteRetry``),
+        so a backlog held while the disk was full is not written one message per fsync. On failure ``pending``
+        and ``acked`` keep only what was not written."""
+        if self._retry.error and acked and pending:
+            self._commit_group([], acked, stored)
+            acked.clear()
+        done, size = 0, 1
+        try:
+            while True:
+                size = 1 if self._store.per_message else self._retry.group_size
+                self._commit_group(pending[done:done + size], acked, stored)
+                acked.clear()
+                done += size
+                self._retry.grow()
+                if done >= len(pending):
+                    break
+        except OutboxError:
+            self._retry.shrink(size)
+            raise
+        finally:
+            del pending[:done]
+
+    def _commit_group(self, pending: list[Timed], acked: list[int], stored: list[Outbound]) -> None:
+        if not pending and not acked:
+            return
+        seqs, rows, freed = self._store.write(pending, acked)
+        with self._cond:
+            self._committing -= len(pending)
+            self._count += len(pending) - rows
+            self._bytes += sum(len(m.payload) for m, _, _ in pending) - freed
+            for seq, (message, _, elapsed) in zip(seqs, pending, strict=True):
+                self._window.stored(seq, message, elapsed)
+        stored.extend(message for message, _, _ in pending)
 
     def _enforce_bounds(self) -> None:
         over_count = self._count - self._config.max_messages
         over_bytes = self._bytes - self._config.max_bytes
-        if over_count <= 0 and over_bytes <= 0:
-            return
-        rows, freed, last = self._store.drop_oldest(max(0, over_count), max(0, over_bytes))
-        self._forget_through(last, rows, freed, "outbox_full")
+        if over_count > 0 or over_bytes > 0:
+            rows, freed, last = self._store.drop_oldest(max(0, over_count), max(0, over_bytes))
+            self._forget_through(last, rows, freed, "outbox_full")
 
     def _expire(self) -> None:
-        now = time.monotonic()
+        now = self._clock.elapsed()
         if now < self._next_age_check:
             return
         self._next_age_check = now + self._age_check_s
-        rows, freed, last = self._store.drop_older_than(time.time() - self._config.max_age_s)
+        rows, freed, last = self._store.drop_older_than(now - self._config.max_age_s)
         self._forget_through(last, rows, freed, "outbox_expired")
 
     def _forget_through(self, last: int, rows: int, freed: int, reason: str) -> None:
@@ -250,52 +363,39 @@ class Outbox:
         log.warning("mqtt outbox: dropped %d messages (%d bytes), reason %s", rows, freed, reason)
         self._metrics.drop(reason, rows)
         with self._cond:
-            self._count -= rows
-            self._bytes -= freed
-            while self._ready and self._ready[0][0] <= last:
-                self._ready.popleft()
-            self._last_loaded = max(self._last_loaded, last)
-            for seq in [s for s in self._sent_sizes if s <= last]:
-                del self._sent_sizes[seq]
+            self._count, self._bytes = self._count - rows, self._bytes - freed
+            self._window.forget_through(last)
+            self._cond.notify_all()  # wait_drained may be done now
 
     def _send(self) -> None:
-        while True:
-            with self._cond:
-                if not self._can_send():
-                    return
-                if not self._ready:
-                    self._refill()
-                    if not self._ready:
-                        return
-                seq, message, _ = self._ready.popleft()
-            if not self._send_one(seq, message):
-                return
-
-    def _refill(self) -> None:
-        rows = self._store.load(self._last_loaded, _PAGE)
-        self._ready.extend(rows)
-        if rows:
-            self._last_loaded = rows[-1][0]
-        self._backlog = len(rows) == _PAGE
-
-    def _send_one(self, seq: int, message: Outbound) -> bool:
+        """Publish what the window allows, a batch per lock round trip; stops at a message paho does not take."""
         if self._publish is None:
             raise OutboxError("outbox used before start()")
-        try:
-            mid = self._publish(message)
-        except Exception:  # the restarted thread sends it again, first
+        while True:
             with self._cond:
-                self._ready.appendleft((seq, message, 0.0))
-            raise
+                batch = self._window.take(self._store) if self._can_send() else []
+            if not batch:
+                return
+            mids: list[int] = []
+            try:
+                for _, message, _ in batch:
+                    mid = self._publish(message)
+                    if mid is None:
+                        break
+                    mids.append(mid)
+            finally:  # also when publish raised: the restarted thread sends the rest first, in order
+                refused = self._settle(batch, mids)
+            if refused:
+                return
+
+    def _settle(self, batch: list[Stored], mids: list[int]) -> bool:
+        """Track what was sent, put the rest of the batch back in front; True when some was not sent."""
         with self._cond:
-            if mid is None:
-                self._ready.appendleft((seq, message, 0.0))
-                return False
-            self._sent_sizes[seq] = len(message.payload)
-            early = self._early.pop(mid, None)
-            if early is not None and time.monotonic() - early < _EARLY_ACK_S:
-                self._acked.append(seq)
-                self._metrics.add("published")
-            else:
-                self._inflight[mid] = seq
-        return True
+            for (seq, _, _), mid in zip(batch, mids, strict=False):  # mids stop at a refusal
+                if self._window.track(seq, mid):  # its PUBACK came before its mid was known
+                    self._ack(seq)
+                    self._metrics.add("published")
+            if len(mids) < len(batch):
+                self._window.put_back(batch[len(mids):])
+                return True
+            return False

@@ -63,6 +63,7 @@ class Connection:
         self._session_present: bool | None = None  # set by on_connect, announced after the CONNACK
         self._refusal = ""
         self._generation = 0
+        self._prototype = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
         self._client = self._make_client(will)
 
     @property
@@ -253,17 +254,60 @@ class Connection:
     def _properties(self, message: Outbound) -> Properties | None:
         if not self._v5:
             return None
-        props = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
-        if message.correlation_data is not None:
-            props.CorrelationData = message.correlation_data
-        if message.content_type:
-            props.ContentType = message.content_type
         user = list(message.user_properties)
         if message.message_id:
             user.append(("edged-message-id", message.message_id))
+        return PublishProperties(self._prototype, message.content_type or None, message.correlation_data, user)
+
+
+class PublishProperties(Properties):
+    """The PUBLISH properties edged sets (content type, correlation data, user properties), packed byte for byte
+    as paho packs them. paho's own class builds three tables per instance and scans all 42 property names for
+    every attribute set and again in ``pack()``: a quarter of the daemon's CPU per QoS 1 message (py-spy). This
+    one shares the tables of one prototype, so paho's other methods still work on it."""
+
+    def __init__(self, prototype: Properties, content_type: str | None, correlation: bytes | None,
+                 user: list[tuple[str, str]]) -> None:  # no super().__init__(): that is the cost avoided
+        fields = self.__dict__
+        fields.update(packetType=PacketTypes.PUBLISH, types=prototype.types, names=prototype.names,
+                      properties=prototype.properties)
+        if content_type is not None:
+            fields["ContentType"] = content_type
+        if correlation is not None:
+            fields["CorrelationData"] = correlation
         if user:
-            props.UserProperty = user
-        return props
+            fields["UserProperty"] = user
+
+    def pack(self) -> bytes:
+        fields = self.__dict__
+        if not fields.keys() <= _PACKED_HERE:  # another property was set (a client's ResponseTopic): paho packs it
+            return bytes(super().pack())  # type: ignore[no-untyped-call]
+        parts = []  # in paho's order: by property identifier
+        if "ContentType" in fields:
+            parts.append(b"\x03" + _string(fields["ContentType"]))
+        if "CorrelationData" in fields:
+            parts.append(b"\x09" + _string(fields["CorrelationData"]))
+        parts += [b"\x26" + _string(key) + _string(value) for key, value in fields.get("UserProperty", ())]
+        body = b"".join(parts)
+        return _variable_int(len(body)) + body
+
+
+_PACKED_HERE = frozenset({"packetType", "types", "names", "properties", "ContentType", "CorrelationData",
+                          "UserProperty"})
+
+
+def _string(value: str | bytes) -> bytes:
+    data = value.encode("utf-8") if isinstance(value, str) else value
+    return len(data).to_bytes(2, "big") + data
+
+
+def _variable_int(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        value, byte = divmod(value, 128)
+        out.append(byte | 0x80 if value else byte)
+        if not value:
+            return bytes(out)
 
 
 def _nodelay(sock: Any) -> None:

@@ -4,12 +4,20 @@ WAL journal. ``fsync`` policy: "always" commits (and fsyncs) every message on it
 commits each group of messages in one transaction with synchronous=FULL, so one fsync covers the group and a
 message is on disk before it is first sent; "off" uses synchronous=NORMAL, which survives a crash or kill -9
 of the process but may lose the last commits on power loss.
+
+Each row records ``elapsed``, the device elapsed time (``edged.clock``) when it was produced: ages are measured
+by it and never by ``created``, the wall time kept for display. Every method that deletes rows returns what it
+actually deleted (rows and payload bytes), so the outbox's counters follow the file, never its own guesses.
+Rows are deleted either by seq (acknowledged) or as a prefix in seq order (bounds, age): the outbox is FIFO.
+Statements per group: one INSERT per message, one DELETE for all acknowledged seqs, one INSERT for the inputs
+the group's results answer (the message id state of ``_msgid``, in the same transaction), BEGIN and COMMIT.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import orjson
@@ -29,31 +37,56 @@ CREATE TABLE IF NOT EXISTS outbox (
     correlation BLOB,
     content_type TEXT,
     user_props BLOB,
-    created REAL NOT NULL
+    created REAL NOT NULL,
+    elapsed REAL NOT NULL
 )
 """
-_COLUMNS = "message_id, topic, payload, qos, retain, correlation, content_type, user_props, created"
-_ROW = tuple[str, str, bytes, int, int, bytes | None, str | None, bytes | None, float]
+_COLUMNS = "message_id, topic, payload, qos, retain, correlation, content_type, user_props, created, elapsed"
+_INSERT = f"INSERT INTO outbox ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+# One statement whatever the number of seqs (a JSON array); RETURNING gives what was really there.
+_DELETE = "DELETE FROM outbox WHERE seq IN (SELECT value FROM json_each(?)) RETURNING LENGTH(payload)"
+_WAL_PAGES = 128
+_ROW = tuple[str, str, bytes, int, int, bytes | None, str | None, bytes | None, float, float]
 
-Stored = tuple[int, Outbound, float]  # (seq, message, created)
+Stored = tuple[int, Outbound, float]  # (seq, message, elapsed)
+Timed = tuple[Outbound, float, float]  # (message, wall time, elapsed) as put() recorded them
 
 
 class OutboxStore:
-    def __init__(self, path: Path, fsync: str) -> None:
+    def __init__(self, path: Path, fsync: str, elapsed_now: float) -> None:
+        """``elapsed_now``: the clock's elapsed time, given to rows of a file written before ``elapsed`` existed
+        (their age then counts from this upgrade, since their wall times may come from a wrong clock)."""
         self.path = path
-        self._per_message = fsync == "always"
+        self.per_message = fsync == "always"  # the outbox then writes groups of one
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute(f"PRAGMA synchronous={'NORMAL' if fsync == 'off' else 'FULL'}")
+            # A WAL grows until a checkpoint succeeds; SQLite's 1,000 pages (4 MB) could take all of a small state
+            # partition, after which nothing (not even deletions) can be written. Keep it small and reused.
+            self._db.execute(f"PRAGMA wal_autocheckpoint={_WAL_PAGES}")
+            self._db.execute(f"PRAGMA journal_size_limit={_WAL_PAGES * 4096}")
             self._db.execute(_SCHEMA)
+            self._migrate(elapsed_now)
             self.id_salt = create_tables(self._db)
         except sqlite3.Error as e:
             raise OutboxError(f"outbox {path}: cannot open: {e}") from e
 
+    def _migrate(self, elapsed_now: float) -> None:
+        columns = {str(row[1]) for row in self._db.execute("PRAGMA table_info(outbox)")}
+        if "elapsed" not in columns:
+            self._db.execute("BEGIN")
+            self._db.execute("ALTER TABLE outbox ADD COLUMN elapsed REAL NOT NULL DEFAULT 0")
+            self._db.execute("UPDATE outbox SET elapsed = ?", (elapsed_now,))
+            self._db.execute("COMMIT")
+
     def close(self) -> None:
         self._db.close()
+
+    def trace(self, callback: Callable[[str], None] | None) -> None:
+        """Call ``callback`` with each SQL statement run (None: stop); for counting statements per message."""
+        self._db.set_trace_callback(callback)
 
     def answered(self, client: str) -> dict[int, tuple[int, bytes]]:
         """mid -> (ordinal, digest) of the last input answered under it (see _msgid)."""
@@ -64,68 +97,93 @@ class OutboxStore:
         count, size = self._db.execute("SELECT COUNT(*), COALESCE(SUM(LENGTH(payload)), 0) FROM outbox").fetchone()
         return int(count), int(size)
 
-    def write(self, messages: Sequence[tuple[Outbound, float]], deletes: Sequence[int]) -> list[int]:
-        """Insert ``messages`` and delete acknowledged seqs in one transaction (or one per message)."""
+    def max_elapsed(self) -> float:
+        return float(self._db.execute("SELECT COALESCE(MAX(elapsed), 0) FROM outbox").fetchone()[0])
+
+    def write(self, messages: Sequence[Timed], deletes: Sequence[int]) -> tuple[list[int], int, int]:
+        """Insert ``messages`` and delete acknowledged seqs in one transaction: (the new seqs, rows deleted,
+        bytes deleted). On failure none of it happened."""
         try:
-            if self._per_message:
-                return self._write_each(messages, deletes)
             self._db.execute("BEGIN")
-            seqs = [self._insert(m, created) for m, created in messages]
-            record_answered(self._db, [m.answers for m, _ in messages if m.answers is not None])
-            self._delete(deletes)
+            seqs = [self._insert(m) for m in messages]
+            # with the results: whenever a result is on disk, so is the state its message id was derived from
+            record_answered(self._db, [m.answers for m, _, _ in messages if m.answers is not None])
+            rows, freed = self._delete(deletes)
             self._db.execute("COMMIT")
-            return seqs
+            return seqs, rows, freed
         except sqlite3.Error as e:
-            if self._db.in_transaction:
-                self._db.execute("ROLLBACK")
+            self._rollback()
             raise OutboxError(f"outbox {self.path}: write failed: {e}") from e
 
-    def _write_each(self, messages: Sequence[tuple[Outbound, float]], deletes: Sequence[int]) -> list[int]:
-        seqs = [self._insert(m, created) for m, created in messages]  # autocommit: one fsync each
-        # after its result: a crash in between leaves the state as the result's first delivery saw it
-        record_answered(self._db, [m.answers for m, _ in messages if m.answers is not None])
-        self._delete(deletes)
-        return seqs
+    def _rollback(self) -> None:
+        # SQLite may already have rolled back by itself (SQLITE_FULL); a failing ROLLBACK changes nothing more.
+        if self._db.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                self._db.execute("ROLLBACK")
 
-    def _insert(self, message: Outbound, created: float) -> int:
-        cursor = self._db.execute(f"INSERT INTO outbox ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                                  _to_row(message, created))
+    def reclaim(self) -> None:
+        """After a failed write: copy the WAL into the database and truncate it. A WAL grows until a checkpoint
+        (every 1,000 pages), so on a small full disk it may hold all the space, and only this frees it."""
+        with contextlib.suppress(sqlite3.Error):
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+
+    def _insert(self, timed: Timed) -> int:
+        cursor = self._db.execute(_INSERT, _to_row(*timed))
         return int(cursor.lastrowid or 0)
 
-    def _delete(self, seqs: Sequence[int]) -> None:
-        if seqs:
-            self._db.executemany("DELETE FROM outbox WHERE seq = ?", [(s,) for s in seqs])
+    def _delete(self, seqs: Sequence[int]) -> tuple[int, int]:
+        if not seqs:
+            return 0, 0
+        sizes = self._db.execute(_DELETE, (orjson.dumps(list(seqs)),)).fetchall()
+        return len(sizes), sum(int(s[0]) for s in sizes)
 
     def load(self, after_seq: int, limit: int) -> list[Stored]:
-        rows = self._db.execute(f"SELECT seq, {_COLUMNS} FROM outbox WHERE seq > ? ORDER BY seq LIMIT ?",
-                                (after_seq, limit)).fetchall()
-        return [(int(r[0]), _from_row(r[1:]), float(r[9])) for r in rows]
+        try:
+            rows = self._db.execute(f"SELECT seq, {_COLUMNS} FROM outbox WHERE seq > ? ORDER BY seq LIMIT ?",
+                                    (after_seq, limit)).fetchall()
+        except sqlite3.OperationalError as e:
+            # A read can fail for want of space (the -shm file, a checkpoint): that is the full disk, handled
+            # and retried with the writes. Any other read error propagates, and the supervised thread restarts
+            # (counted, shown) with the page still to load; under a full disk its growing backoff would stall.
+            if "full" not in str(e):
+                raise
+            raise OutboxError(f"outbox {self.path}: cannot read messages: {e}") from e
+        return [(int(r[0]), _from_row(r[1:]), float(r[10])) for r in rows]
 
     def drop_oldest(self, count: int, size: int) -> tuple[int, int, int]:
         """Delete the oldest rows until ``count`` messages and ``size`` bytes are gone: (rows, bytes, max seq)."""
         rows, freed, last = 0, 0, 0
-        for seq, length in self._db.execute("SELECT seq, LENGTH(payload) FROM outbox ORDER BY seq"):
-            if rows >= count and freed >= size:
-                break
-            rows, freed, last = rows + 1, freed + int(length), int(seq)
-        if rows:
-            self._db.execute("DELETE FROM outbox WHERE seq <= ?", (last,))
-        return rows, freed, last
+        try:
+            for seq, length in self._db.execute("SELECT seq, LENGTH(payload) FROM outbox ORDER BY seq"):
+                if rows >= count and freed >= size:
+                    break
+                rows, freed, last = rows + 1, freed + int(length), int(seq)
+        except sqlite3.Error as e:
+            raise OutboxError(f"outbox {self.path}: cannot read messages: {e}") from e
+        return self._delete_through(last) if rows else (0, 0, 0)
 
-    def drop_older_than(self, created: float) -> tuple[int, int, int]:
-        """Delete rows created before ``created``: (rows, bytes, max seq)."""
-        rows, freed, last = self._db.execute(
-            "SELECT COUNT(*), COALESCE(SUM(LENGTH(payload)), 0), COALESCE(MAX(seq), 0) FROM outbox "
-            "WHERE created < ?", (created,)).fetchone()
-        if rows:
-            self._db.execute("DELETE FROM outbox WHERE created < ?", (created,))
-        return int(rows), int(freed), int(last)
+    def drop_older_than(self, elapsed: float) -> tuple[int, int, int]:
+        """Delete the rows up to the newest one produced before device elapsed time ``elapsed``."""
+        try:
+            last = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM outbox WHERE elapsed < ?",
+                                    (elapsed,)).fetchone()
+        except sqlite3.Error as e:
+            raise OutboxError(f"outbox {self.path}: cannot read messages: {e}") from e
+        return self._delete_through(int(last[0])) if last[0] else (0, 0, 0)
+
+    def _delete_through(self, last: int) -> tuple[int, int, int]:
+        try:
+            sizes = self._db.execute("DELETE FROM outbox WHERE seq <= ? RETURNING LENGTH(payload)",
+                                     (last,)).fetchall()
+        except sqlite3.Error as e:
+            raise OutboxError(f"outbox {self.path}: cannot drop messages: {e}") from e
+        return len(sizes), sum(int(s[0]) for s in sizes), last
 
 
-def _to_row(message: Outbound, created: float) -> _ROW:
+def _to_row(message: Outbound, created: float, elapsed: float) -> _ROW:
     props = orjson.dumps(message.user_properties) if message.user_properties else None
     return (message.message_id, message.topic, message.payload, message.qos, int(message.retain),
-            message.correlation_data, message.content_type, props, created)
+            message.correlation_data, message.content_type, props, created, elapsed)
 
 
 def _from_row(row: Sequence[object]) -> Outbound:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import shutil
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -34,12 +35,14 @@ from edged.supervision import HealthBoard
 
 log = logging.getLogger(__name__)
 OUTBOX_FILE = "mqtt-outbox.sqlite3"
+DISK_LOW_BYTES = 1 << 20
 
 
 class MqttFrontEnd:
     def __init__(self, service: InferenceService, config: MqttConfig, state_dir: Path, *, version: str,
                  health: HealthBoard | None = None, clock: Clock | None = None,
                  commands: Mapping[str, Callable[[], None]] | None = None) -> None:
+        """``clock``: the daemon's one DeviceClock for the state directory (default: a new one on it)."""
         self._service = service
         # The daemon's clock of this state directory: the outbox ages its messages by its elapsed time.
         self.clock: Clock = clock or DeviceClock(state_file_in(state_dir))
@@ -53,7 +56,9 @@ class MqttFrontEnd:
         self.prefix = f"edged/{self.device_id}"
         self._metrics = Metrics()
         self.health = health or HealthBoard()
-        self._outbox = Outbox(state_dir / OUTBOX_FILE, config.outbox, self._metrics, health=self.health)
+        self._state_dir = state_dir
+        self._outbox = Outbox(state_dir / OUTBOX_FILE, config.outbox, self._metrics, clock=self.clock,
+                              health=self.health)
         self._ids = MessageIds(self._settings.client_id, *self._outbox.id_state(self._settings.client_id))
         v5 = config.protocol == "5"
         identify = self._ids.identify
@@ -112,15 +117,30 @@ class MqttFrontEnd:
             "messages_in": snapshot["counts"].get("received", 0),
             "messages_out": snapshot["counts"].get("published", 0),
             "outbox": {"depth": self._outbox.depth, "bytes": self._outbox.stored_bytes,
-                       "in_flight": self._outbox.in_flight, "fsync": self._config.outbox.fsync},
+                       "in_flight": self._outbox.in_flight, "fsync": self._config.outbox.fsync,
+                       **self._disk()},
             "pipelines": [{"input": p.config.input, "model": p.config.model, "output": p.config.output,
                            "queued": p.queued} for p in self._pipelines],
             "drops": snapshot["drops"], "errors": snapshot["errors"],
         }
 
+    def _disk(self) -> dict[str, Any]:
+        """The outbox's disk: "full" (or "error") while writes fail, with why; free bytes of the state dir."""
+        error = self._outbox.write_error
+        try:
+            free = shutil.disk_usage(self._state_dir).free
+        except OSError:
+            free = -1
+        # SQLite says "database or disk is full", but a full disk can also surface as a "disk I/O error".
+        full = "full" in error.lower() or 0 <= free < DISK_LOW_BYTES
+        state = "ok" if not error else "full" if full else "error"
+        return {"disk": state, "disk_error": error, "disk_free_bytes": free}
+
     def prometheus_lines(self) -> str:
+        disk = self._disk()
         return render_prometheus(self._metrics.snapshot(), self._connection.connected, self._outbox.depth,
-                                 self._outbox.stored_bytes, self._outbox.in_flight)
+                                 self._outbox.stored_bytes, self._outbox.in_flight,
+                                 (disk["disk"] != "ok", disk["disk_free_bytes"]))
 
     def publish_telemetry(self, payload: bytes) -> None:
         """Called on the daemon's event loop: never waits for room in the outbox (a full one drops, counted)."""

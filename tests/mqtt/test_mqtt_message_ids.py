@@ -11,7 +11,7 @@ from edged.mqtt._store import OutboxStore
 
 
 def ids_from(path: Path, client: str = "edged-dev") -> MessageIds:
-    store = OutboxStore(path, "batch")
+    store = OutboxStore(path, "batch", 0.0)
     try:
         return MessageIds(client, store.id_salt, store.answered(client))
     finally:
@@ -21,9 +21,9 @@ def ids_from(path: Path, client: str = "edged-dev") -> MessageIds:
 def store_result(path: Path, ids: MessageIds, message: Inbound) -> str:
     """Identify an input and store its result with the answer, as the front end does before the PUBACK."""
     ident = ids.identify(message)
-    store = OutboxStore(path, "batch")
+    store = OutboxStore(path, "batch", 0.0)
     try:
-        store.write([(Outbound("out", b"result", 1, message_id=ident.message_id, answers=ident.answers), 0.0)],
+        store.write([(Outbound("out", b"result", 1, message_id=ident.message_id, answers=ident.answers), 0.0, 0.0)],
                     [])
     finally:
         store.close()

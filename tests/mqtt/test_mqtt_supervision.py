@@ -130,8 +130,8 @@ def test_a_stored_callback_that_raises_still_lets_every_other_input_be_acknowled
     try:
         with outbox._cond:  # one group commit for all five, so the failure is inside a batch
             for i in range(5):
-                outbox._pending.append((Outbound("t/x", b"p", 1, on_stored=lambda i=i: on_stored(i)), 0.0))
-            outbox._cond.notify_all()
+                outbox._pending.append((Outbound("t/x", b"p", 1, on_stored=lambda i=i: on_stored(i)), 0.0, 0.0))
+            outbox._wake()  # the thread waits on its own condition
         assert done.wait(WAIT_S)
         wait_until(lambda: board.component("mqtt_outbox").health.errors == 1, WAIT_S, "the error counted")
         assert sorted(acked) == [1, 2, 3, 4] and outbox.depth == 5  # all five stored once, none twice
@@ -141,7 +141,7 @@ def test_a_stored_callback_that_raises_still_lets_every_other_input_be_acknowled
 
 def test_pending_bound_holds_under_a_flood_with_the_broker_down_and_the_disk_stalled(tmp_path: Path) -> None:
     metrics = Metrics()
-    with flaky_sqlite(stall_on="INSERT") as made:
+    with flaky_sqlite(stall_on="INSERT INTO outbox (") as made:  # not the id salt's insert at open
         outbox = Outbox(tmp_path / "o.sqlite3", OutboxConfig(), metrics, pending_max=8, pending_wait_s=0.05)
     outbox.start(lambda message: None)  # never connected: the broker is down
     stored: list[int] = []
@@ -215,20 +215,27 @@ def test_the_network_thread_restarts_after_an_exception_and_reconnects(broker: B
         connection.stop(5)
 
 
-def test_a_handled_write_failure_shows_degraded_until_a_write_succeeds(tmp_path: Path) -> None:
+def test_a_handled_write_failure_shows_degraded_until_a_write_succeeds_and_keeps_the_message(
+        tmp_path: Path) -> None:
     board, metrics = HealthBoard(), Metrics()
-    with flaky_sqlite(fail_on="INSERT") as made:
+    # a result's insert, not the id salt's (INSERT OR IGNORE INTO outbox_meta), which runs when the file opens
+    with flaky_sqlite(fail_on="INSERT INTO outbox (") as made:
         outbox = Outbox(tmp_path / "o.sqlite3", OutboxConfig(), metrics, health=board)
     component = board.component("mqtt_outbox")
+    seen: list[tuple[str, str]] = []  # every change, so the short degraded spell of one retry cannot be missed
+    board.add_listener(lambda: seen.append((component.health.state, component.health.reason)))
     outbox.start(lambda message: None)
     try:
-        outbox.put(Outbound("t/x", b"lost", 1))
+        outbox.put(Outbound("t/x", b"retried", 1))
         assert made[0].failed.wait(WAIT_S)
-        wait_until(lambda: component.health.state == "degraded", WAIT_S, "degraded")
-        assert "write failed" in component.health.reason and component.health.restarts == 0
+        wait_until(lambda: any(state == "degraded" for state, _ in seen), WAIT_S, "degraded")
+        assert "write failed" in next(reason for state, reason in seen if state == "degraded")
+        assert component.health.restarts == 0
         assert metrics.snapshot()["errors"]["outbox_write"] == 1
         outbox.put(Outbound("t/x", b"kept", 1))
         wait_until(lambda: component.health.state == "ok", WAIT_S, "healthy after a good write")
-        assert outbox.depth == 1
+        # the failed write's message was kept in memory and retried (the outbox branch): both are stored
+        wait_until(lambda: outbox.depth == 2 and outbox.flush(WAIT_S), WAIT_S, "both stored")
+        assert [state for state, _ in seen] == ["degraded", "ok"]
     finally:
         outbox.stop(5)
