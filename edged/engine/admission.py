@@ -100,31 +100,22 @@ class Admission:
 
     def load_detached(self, version: ModelVersion, backend: Backend) -> None:
         """Load a version that no record serves (OTA staging): admitted only into free memory, evicting nothing."""
-        memory = self._memory
-        if memory is None:
-            version.load(backend, self._settings.warmup)
-            return
-        key = memory.charge_key(version)
-        memory.admit(key, memory.peak_estimate(version_key(version), version.path), version.config.name, list,
-                     self._evict)
-        memory.charged(version, key)
-        try:
-            with memory.measure() as probe:
-                version.load(backend, self._settings.warmup)
-                memory.trim()
-        except BaseException:
-            memory.forget(version)
-            memory.trim()
-            raise
-        memory.after_load(version, probe)
+        self._load(version, backend, lambda memory, key, needed: memory.admit(key, needed, version.config.name,
+                                                                              list, self._evict))
 
     def load_version(self, record: ModelRecord, version: ModelVersion, backend: Backend) -> None:
+        self._load(version, backend, lambda memory, key, needed: self.reserve(record, key, needed,
+                                                                              [version.version]))
+
+    def _load(self, version: ModelVersion, backend: Backend,
+              admit: Callable[[MemoryGovernor, str, int], None]) -> None:
+        """Reserve the load's expected peak (``admit`` decides how), load while measuring, charge the result."""
         memory = self._memory
         if memory is None:
             version.load(backend, self._settings.warmup)
             return
         key = memory.charge_key(version)
-        self.reserve(record, key, memory.peak_estimate(version_key(version), version.path), [version.version])
+        admit(memory, key, memory.peak_estimate(version_key(version), version.path))
         memory.charged(version, key)
         try:
             with memory.measure() as probe:
