@@ -6,7 +6,7 @@ N threads, each with one request outstanding, one row per concurrency level. A Q
 messages in flight, latency per message, and every message that never came back counted as an error.
 
 The broker gets an unbounded per-client queue and TCP_NODELAY: mosquitto's default queue silently drops QoS 1
-messages to a slow subscriber, and Nagle's algorithm alone adds ~40 ms per reply (docs/FIELD-NOTES.md).
+messages to a slow subscriber, and Nagle's algorithm alone adds ~40 ms per reply (docs/field-notes.md).
 """
 
 from __future__ import annotations

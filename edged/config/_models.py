@@ -18,7 +18,7 @@ class ModelsConfig:
     startup_models: tuple[str, ...] = ()  # with control_mode "explicit": models to load at start ("*" = all)
     poll_interval_s: float = field(default=5.0, metadata={"check": _positive})
     # A model whose measured execution time is below this runs on the event loop when idle, saving the
-    # thread hop (about 70 µs on these machines, see FIELD-NOTES.md); slower ones run on worker threads.
+    # thread hop (about 70 µs on these machines, see docs/field-notes.md); slower ones run on worker threads.
     inline_execution_max_us: int = 1000
     warmup: bool = True
     # How a reload of a loaded version meets the memory budget. "side_by_side": the new copy loads beside the

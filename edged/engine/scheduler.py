@@ -3,7 +3,7 @@
 A submitter that finds an idle model instance executes the queued requests itself ("inline"), batching every
 compatible request that queued up meanwhile; a submitter that finds all instances busy only enqueues, and the
 busy executor picks its request up when its current batch ends. So an idle model pays no thread hop (about
-70 µs on these machines, FIELD-NOTES.md), and under load requests batch themselves. Submitters that must not
+70 µs on these machines, docs/field-notes.md), and under load requests batch themselves. Submitters that must not
 block (an event loop with a slow model) or models with a queue delay use worker threads instead, one per
 instance, started on first need. A request that fails inside a batch is retried alone, so it fails alone.
 
