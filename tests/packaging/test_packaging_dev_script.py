@@ -50,6 +50,8 @@ def test_dev_serve_installs_every_extra_the_readme_commands_need() -> None:
     readme = (ROOT / "README.md").read_text()
     # the command table's optional imports: edged top needs rich, edged telemetry plot needs matplotlib
     for command, requirement in (("edged top", "rich"), ("telemetry parse\\|summary\\|query\\|export\\|plot",
-                                                           "matplotlib"), ("edged infer", "pillow")):
+                                                           "matplotlib"), ("edged infer", "pillow"),
+                                 ("edged fleet init", "tuf"), ("edged ota check", "tuf"),
+                                 ("POST /v1/chat/completions", "onnxruntime-genai"), ("--grpc-port", "grpcio")):
         assert command in readme, command
         assert requirement in installed, f"{command} needs {requirement}, which ./dev serve does not install"
