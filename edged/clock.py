@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
+
+from edged.durable import write_atomic
 
 BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
 STATE_FILE_NAME = "clock.json"
@@ -81,18 +82,9 @@ class DeviceClock:
             return
         with self._lock:
             document = {"boot_id": self._boot_id, "offset": self._offset, "last_elapsed": self.elapsed()}
-            tmp = self._state_file.with_name(f".{self._state_file.name}.tmp")
-            try:
-                self._state_file.parent.mkdir(parents=True, exist_ok=True)
-                with open(tmp, "w", encoding="utf-8") as handle:
-                    json.dump(document, handle)
-                    handle.flush()
-                    os.fsync(handle.fileno())
-                os.replace(tmp, self._state_file)
-            except OSError:
-                # A full or read-only disk must not stop the clock; the next checkpoint tries again.
-                with contextlib.suppress(OSError):
-                    tmp.unlink()
+            # A full or read-only disk must not stop the clock; the next checkpoint tries again.
+            with contextlib.suppress(OSError):
+                write_atomic(self._state_file, json.dumps(document).encode())
 
     def _offset_from(self, state_file: Path) -> float:
         try:

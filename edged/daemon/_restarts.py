@@ -14,15 +14,14 @@ unwritable file counts as no history and never stops the daemon from starting.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from edged.clock import Clock
+from edged.durable import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -95,16 +94,8 @@ class StartHistory:
             return {"starts": [], "clean_stop": True}
 
     def _write(self, document: dict[str, Any]) -> None:
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "w", encoding="utf-8") as handle:
-                json.dump(document, handle)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, self.path)
+            write_atomic(self.path, json.dumps(document).encode())
         except OSError as e:
             # A full disk must not keep the daemon from starting; the loop check is lost for this start only.
             log.warning("could not record the start history in %s: %s", self.path, e)
-            with contextlib.suppress(OSError):
-                tmp.unlink()

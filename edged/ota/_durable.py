@@ -9,24 +9,9 @@ import contextlib
 import os
 from pathlib import Path
 
+from edged.durable import fsync_dir, write_atomic
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f".{path.name}.tmp")
-    with open(temp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temp, path)
-    fsync_dir(path.parent)
+__all__ = ["fsync_dir", "replace_dir", "write_atomic"]
 
 
 def replace_dir(source: Path, destination: Path) -> None:

@@ -4,6 +4,7 @@ The typed config values live in `edged.repository.model_config`; this package tu
 them into Triton's JSON form. It imports no runtime: signatures come from the backends.
 """
 
+from edged.durable import write_atomic as write_file_atomic
 from edged.repository._autocomplete import DEFAULT_MAX_BATCH_SIZE, autocomplete
 from edged.repository._build import build_model_config, parse_model_config, unknown_fields
 from edged.repository._from_json import model_config_from_json
@@ -25,7 +26,6 @@ from edged.repository.layout import (
     load_model_config,
     missing_versions,
     select_versions,
-    write_file_atomic,
 )
 
 __all__ = [

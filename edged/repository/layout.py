@@ -20,6 +20,7 @@ import shutil
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from edged.durable import fsync_dir
 from edged.errors import ModelConfigError, ModelError
 from edged.repository._build import parse_model_config
 from edged.repository.model_config import ModelConfig, VersionPolicy
@@ -218,30 +219,6 @@ def _tree_entries(folder: Path) -> tuple[tuple[str, int, int], ...]:
 
 
 # --- atomic installation ------------------------------------------------------------------------------------
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_file_atomic(path: Path | str, data: bytes) -> None:
-    """Write a file so that a reader sees the old or the new content, never a part: temp, fsync, rename."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    try:
-        with open(tmp, "xb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
-
-
 def install_version(model_dir: Path | str, version: int, populate: Callable[[Path], None]) -> Path:
     """Create ``<model_dir>/<version>`` atomically: ``populate`` fills a hidden temporary folder, every file
     and folder in it is fsynced, then it is renamed into place and the model folder is fsynced."""
