@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -15,13 +14,13 @@ pytestmark = pytest.mark.skipif(shutil.which("mosquitto") is None and not Path("
                                 reason="needs the mosquitto broker")
 
 
-@pytest.mark.timeout(60)
+# A bench that ignores --duration hangs here and pytest-timeout ends it: no wall-clock assertion, which would
+# fail on a loaded 2-core machine for reasons unrelated to the bench.
+@pytest.mark.timeout(120)
 def test_bench_mqtt_measures_request_response_and_a_lossless_qos1_pipeline(
         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    started = time.monotonic()
     code = main(["bench", "--transport", "mqtt", "--duration", "1", "--concurrency", "1",
                  "--json", str(tmp_path / "results.json")])
-    elapsed = time.monotonic() - started
 
     assert code == 0
     table = capsys.readouterr().out
@@ -32,4 +31,3 @@ def test_bench_mqtt_measures_request_response_and_a_lossless_qos1_pipeline(
     assert 0 < request["p50_us"] < 1_000_000
     assert pipeline["requests"] > 0 and pipeline["throughput"] > 0
     assert pipeline["errors"] == 0, f"{pipeline['errors']} pipeline messages lost or failed"
-    assert elapsed < 20, f"the bench took {elapsed:.1f} s"
