@@ -22,13 +22,13 @@ from typing import Any
 from tuf.api._payload import TargetFile
 
 from edged.clock import Clock, DeviceClock
-from edged.config import OtaConfig
+from edged.config import MACHINE_ID, DeviceIdentity, OtaConfig, resolve_device_identity
 from edged.engine import InferenceService
 from edged.errors import ConfigError, EdgedError, UpdateRejected
 from edged.ota._activate import Activator, stage
 from edged.ota._bundle import extract_bundle
 from edged.ota._client import TufClient
-from edged.ota._policy import MACHINE_ID, DeviceFacts, device_facts, device_identity, skip_reason
+from edged.ota._policy import DeviceFacts, device_facts, skip_reason
 from edged.ota._state import TargetUpdate, UpdateStore, resume_action
 from edged.ota._watch import health, verdict
 from edged.repository import list_versions
@@ -39,14 +39,15 @@ log = logging.getLogger(__name__)
 class OtaAgent:
     def __init__(self, config: OtaConfig, service: InferenceService, repository: Path, state_dir: Path, *,
                  clock: Clock | None = None, facts: DeviceFacts | None = None,
-                 machine_id: Path = MACHINE_ID) -> None:
+                 identity: DeviceIdentity | None = None, machine_id: Path = MACHINE_ID) -> None:
+        """``identity``: the daemon's one device id (shared with MQTT); alone, resolved from ``[ota]``."""
         if not config.repository_url:
             raise ConfigError("[ota] enabled = true needs [ota] repository_url (the TUF repository's base URL)")
         self.config = config
         self.service = service
         self.repository = repository
         self.work_dir = state_dir / "ota"
-        self.identity = device_identity(config.device_id, machine_id)
+        self.identity = identity or resolve_device_identity(None, config.device_id, machine_id)
         self.facts = facts or device_facts()
         self.clock: Clock = clock or DeviceClock()
         self.client = TufClient(config.repository_url, Path(config.root_file), self.work_dir, config.max_bytes_per_s)
