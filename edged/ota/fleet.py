@@ -86,8 +86,12 @@ class FleetRepository:
 
     # --- targets -------------------------------------------------------------------------------------------
     def add_model(self, model_dir: Path, version: int, vectors: bytes, percent: int = 100,
-                  compat: dict[str, str] | None = None) -> str:
+                  compat: dict[str, str] | None = None, cohort_salt: str | None = None) -> str:
+        """``cohort_salt``: targets sharing one reach the same devices first (a stable canary group); None: a
+        random salt, so each target's first wave is a different share of the fleet."""
         _check_percent(percent)
+        if cohort_salt is not None and not cohort_salt.strip():
+            raise UpdateRejected("--cohort-salt: expected a non-empty string")
         unknown = sorted(set(compat or {}) - set(COMPAT_KEYS))
         if unknown:
             raise UpdateRejected(f"--compat {unknown[0]}: unknown key (known: {', '.join(COMPAT_KEYS)})")
@@ -96,7 +100,8 @@ class FleetRepository:
             bundle = Path(scratch) / "bundle.tar"
             build_bundle(model_dir, version, vectors, bundle)
             custom = {"kind": "model", "model": model_dir.name, "version": version, "compat": dict(compat or {}),
-                      "percent": percent, "cohort_salt": secrets.token_hex(8)}
+                      "percent": percent,
+                      "cohort_salt": secrets.token_hex(8) if cohort_salt is None else cohort_salt}
             target = TargetFile.from_file(name, str(bundle), ["sha256"])
             target.unrecognized_fields["custom"] = custom
             digest = target.hashes["sha256"]
