@@ -19,7 +19,7 @@ import numpy as np
 import orjson
 
 from edged.engine import InferenceService, InferRequest, InferResponse, ModelVersion
-from edged.errors import EdgedError, UpdateRejected
+from edged.errors import DiskFull, EdgedError, UpdateRejected
 from edged.ota._bundle import TestVector
 from edged.ota._durable import fsync_dir, replace_dir, write_atomic
 from edged.protocol.codec import decode_request
@@ -28,6 +28,7 @@ from edged.repository import list_versions
 
 log = logging.getLogger(__name__)
 VECTOR_TIMEOUT_S = 60.0
+DISK_MARGIN = 1 << 20  # what the state directory keeps free beside an update (state files, SQLite journals)
 MANIFEST = ".files.json"  # in a model's backup: the per-model files served before the switch
 
 
@@ -86,6 +87,19 @@ def _compare(index: int, expected: dict[str, object], response: InferResponse, v
         worst = float(np.max(np.abs(actual.astype(np.float64) - want.astype(np.float64))))
         raise UpdateRejected(f"test vector {index}: output {name!r} differs from the expected values by up to "
                              f"{worst:g} (rtol {vector.rtol:g}, atol {vector.atol:g})")
+
+
+def check_disk(work_dir: Path, bundle_bytes: int, stored: int = 0) -> None:
+    """Refuses before anything is written when the state directory cannot hold the bundle and its unpacked copy
+    (the served repository, telemetry and the MQTT outbox share that filesystem: a full one hurts them all).
+    ``stored``: what an interrupted attempt already wrote of the bundle."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(work_dir).free
+    needed = max(0, 2 * bundle_bytes - stored) + DISK_MARGIN
+    if free < needed:
+        raise DiskFull(f"disk: the update needs {needed / 2**20:.1f} MiB free in {work_dir} (the bundle, "
+                             f"its unpacked copy and {DISK_MARGIN // 2**20} MiB to spare), "
+                             f"{free / 2**20:.1f} MiB are free")
 
 
 def stage(service: InferenceService, staged_model: Path, model: str, version: int,

@@ -8,6 +8,7 @@ folder, the size of each member checked against what is left of a byte limit.
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import tarfile
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edged.errors import UpdateRejected
+from edged.errors import DiskFull, UpdateRejected
 from edged.repository import check_model_name
 
 TEST_VECTORS = "test_vectors.json"
@@ -67,7 +68,11 @@ def extract_bundle(bundle: Path, model: str, version: int, destination: Path) ->
                 target = destination / member.name
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(data)
-    except (tarfile.TarError, OSError) as e:
+    except OSError as e:
+        if e.errno == errno.ENOSPC:
+            raise DiskFull(f"disk: no space left unpacking {bundle.name} into {destination}: {e}") from e
+        raise UpdateRejected(f"bundle {bundle.name}: cannot unpack: {e}") from e
+    except tarfile.TarError as e:
         raise UpdateRejected(f"bundle {bundle.name}: cannot unpack: {e}") from e
     if not (destination / model / str(version)).is_dir():
         raise UpdateRejected(f"bundle {bundle.name}: no version folder {model}/{version}")
