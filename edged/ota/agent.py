@@ -28,6 +28,7 @@ from edged.errors import ConfigError, DiskFull, DownloadFailed, EdgedError, Upda
 from edged.ota._activate import Activator, check_disk, stage
 from edged.ota._bundle import extract_bundle
 from edged.ota._client import TufClient
+from edged.ota._engine import build_staged_engine
 from edged.ota._policy import DeviceFacts, device_facts, skip_reason
 from edged.ota._state import TargetUpdate, UpdateStore, resume_action
 from edged.ota._watch import health, verdict
@@ -196,6 +197,7 @@ class OtaAgent:
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
         vectors = extract_bundle(bundle, model, version, staging)
+        build_staged_engine(staging / model, model, version)  # a TensorRT engine is built here, before the vectors
         if update.state == "verified":
             self.store.move("staged")
         stage(self.service, staging / model, model, version, vectors)
