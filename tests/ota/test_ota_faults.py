@@ -68,3 +68,19 @@ def test_an_update_that_does_not_fit_the_state_directory_is_refused_for_disk_and
         assert status["bad_targets"] == 0
     finally:
         device.close()
+
+
+def test_rate_settings_are_checked_and_a_minimum_above_the_cap_is_refused(tmp_path: Path) -> None:
+    from edged.config import ModelsConfig, OtaConfig, parse_config
+    from edged.engine import InferenceService
+    from edged.errors import ConfigError
+    from edged.ota import OtaAgent
+
+    with pytest.raises(ConfigError, match=r"ota\.rate_window_s: expected a positive number"):
+        parse_config("[ota]\nrate_window_s = 0\n")
+    with pytest.raises(ConfigError, match=r"ota\.min_bytes_per_s: expected zero or a positive number"):
+        parse_config("[ota]\nmin_bytes_per_s = -5\n")
+    config = OtaConfig(enabled=True, repository_url="http://127.0.0.1:1", max_bytes_per_s=500, min_bytes_per_s=1000)
+    service = InferenceService(tmp_path / "models", ModelsConfig())
+    with pytest.raises(ConfigError, match="min_bytes_per_s 1000 is above max_bytes_per_s 500"):
+        OtaAgent(config, service, tmp_path / "models", tmp_path / "state")
