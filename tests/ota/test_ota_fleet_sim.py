@@ -11,6 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from edged.ota.fleet import FleetRepository
 from tests.ota.conftest import vectors_for
 from tests.ota.fleet_sim import WAVES, Fleet, in_wave
@@ -58,6 +60,7 @@ def _since(docs: dict[str, dict[str, Any]], since: float) -> float:
     return max(doc.get("changed_at") or since for doc in docs.values()) - since
 
 
+@pytest.mark.slow
 def test_a_fleet_rolls_out_in_waves_halts_a_bad_model_in_the_first_and_no_inference_fails(tmp_path: Path) -> None:
     fleet = Fleet(tmp_path, FLEET_SIZE)
     try:
