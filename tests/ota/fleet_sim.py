@@ -120,7 +120,12 @@ class Fleet:
         self.nudger.connect("127.0.0.1", self.broker.port)
         self.nudger.loop_start()
         self.watch_s = watch_s
-        self.started_s = self._start_all()
+        self.hammer = Hammer({})
+        try:
+            self.started_s = self._start_all()
+        except BaseException:
+            self.close()  # a daemon that did not start must not leave the others, nginx and mosquitto running
+            raise
         self.hammer = Hammer({d: self.daemons[d].client(timeout_s=60) for d in self.ids})
 
     def _config(self, device: str, models: Path) -> str:
