@@ -146,6 +146,15 @@ class UpdateRejected(EdgedError):
     """An update bundle was refused (signature, hash, version, or health check)."""
 
 
+class DownloadFailed(UpdateRejected):
+    """An update could not be fetched or stored (network, slow retrieval, disk full): not the target's fault,
+    so it is not remembered as bad and the next check tries again."""
+
+
+class DiskFull(DownloadFailed):
+    """The state directory has no room for an update; what it had written of it is removed."""
+
+
 class ClientError(EdgedError):
     """The client could not reach the daemon or got an error back."""
 

@@ -33,6 +33,12 @@ def register(subparsers: Any) -> None:
     add.add_argument("--percent", type=int, default=100, help="the first wave's share of the fleet (default 100)")
     add.add_argument("--compat", action="append", default=[], metavar="KEY=VALUE",
                      help="module, jetpack, l4t, tensorrt (X, >=X or X-Y) or min_edged_version; repeatable")
+    add.add_argument("--cohort-salt", default=None, metavar="SALT",
+                     help="targets with the same salt reach the same devices first (a stable canary group); "
+                     "default: a random salt per target")
+    add.add_argument("--build-spec", type=Path, default=None, metavar="FILE",
+                     help="build_spec.json for a TensorRT model shipped as ONNX: each device builds its engine "
+                     "while staging (keys: onnx, precision, shapes, workspace_mb, calibration_cache)")
     add.set_defaults(handler=_add_model)
     promote = commands.add_parser("promote", help="widen a target's rollout to PERCENT of the fleet")
     promote.add_argument("repo", type=Path)
@@ -93,7 +99,14 @@ def _add_model(args: argparse.Namespace) -> int:
         if not sep or not key or not value:
             raise ConfigError(f"--compat {item!r}: expected KEY=VALUE")
         compat[key] = value
-    name = _repository(args.repo).add_model(args.model_dir, args.version, vectors, args.percent, compat)
+    build_spec = None
+    if args.build_spec is not None:
+        try:
+            build_spec = args.build_spec.read_bytes()
+        except OSError as e:
+            raise ConfigError(f"--build-spec: cannot read {args.build_spec}: {e}") from e
+    name = _repository(args.repo).add_model(args.model_dir, args.version, vectors, args.percent, compat,
+                                            args.cohort_salt, build_spec)
     print(f"added {name} ({args.percent}% of the fleet)")
     return 0
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edged.config._identity import MACHINE_ID, DeviceIdentity, resolve_device_identity
 from edged.config._loader import build
 from edged.config._memory import MemoryConfig
 from edged.config._misc import LoggingConfig, OtaConfig
@@ -26,10 +27,10 @@ else:  # pragma: no cover - JetPack 6 ships Python 3.10
     import tomli as tomllib
 
 __all__ = [
-    "DEFAULT_CONFIG_PATH", "TCP_CATEGORIES", "AccessConfig", "EdgedConfig", "LoggingConfig", "MemoryConfig",
-    "ModelsConfig", "MqttConfig", "OtaConfig", "OutboxConfig", "PipelineConfig", "ServerConfig", "TelemetryConfig",
-    "check_tcp_restricted", "load_config", "parse_config", "parse_restriction", "resolve_state_dir",
-    "with_overrides",
+    "DEFAULT_CONFIG_PATH", "MACHINE_ID", "TCP_CATEGORIES", "AccessConfig", "DeviceIdentity", "EdgedConfig",
+    "LoggingConfig", "MemoryConfig", "ModelsConfig", "MqttConfig", "OtaConfig", "OutboxConfig", "PipelineConfig",
+    "ServerConfig", "TelemetryConfig", "check_tcp_restricted", "load_config", "parse_config", "parse_restriction",
+    "resolve_device_identity", "resolve_state_dir", "with_overrides",
 ]
 
 DEFAULT_CONFIG_PATH = Path("/etc/edged/edged.toml")

@@ -37,6 +37,9 @@ class OtaConfig:
     check_interval_s: float = field(default=3600.0, metadata={"check": _positive})
     jitter_s: float = field(default=300.0, metadata={"check": _not_negative})
     max_bytes_per_s: int = field(default=0, metadata={"check": _not_negative})  # 0: no cap
+    # slow retrieval: a download averaging less than min_bytes_per_s over a rate_window_s is given up (0: never)
+    min_bytes_per_s: int = field(default=1024, metadata={"check": _not_negative})
+    rate_window_s: float = field(default=60.0, metadata={"check": _positive})
     watch_s: float = field(default=300.0, metadata={"check": _not_negative})
     max_error_rate: float = field(default=0.01, metadata={"check": _fraction})
     max_p99_ratio: float = field(default=2.0, metadata={"check": _ratio})

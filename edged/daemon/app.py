@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -22,7 +23,7 @@ import orjson
 
 from edged import __version__
 from edged.clock import DeviceClock, state_file_in
-from edged.config import EdgedConfig, load_config, resolve_state_dir
+from edged.config import EdgedConfig, load_config, resolve_device_identity, resolve_state_dir
 from edged.daemon._health import health_status, render_health, supervised_task
 from edged.daemon._restarts import StartHistory
 from edged.daemon._sdnotify import SystemdNotifier
@@ -73,17 +74,21 @@ class Daemon:
             database = default_database_path(str(self.state_dir), config.telemetry.database)
             self.telemetry = TelemetryService(config.telemetry, database, activity=self.service, health=self.health,
                                               clock=self.clock)
+        # one id for the MQTT topics, the OTA status topic and the rollout bucket (a ConfigError when the two
+        # sections name different ones)
+        self.identity = resolve_device_identity(config.mqtt.device_id, config.ota.device_id)
         self.ota: OtaAgent | None = None
         if config.ota.enabled:
             from edged.ota import OtaAgent  # only when enabled: python-tuf is the optional "ota" extra
 
             self.repository.mkdir(parents=True, exist_ok=True)
-            self.ota = OtaAgent(config.ota, self.service, self.repository, self.state_dir)
+            self.ota = OtaAgent(config.ota, self.service, self.repository, self.state_dir, identity=self.identity)
         self.mqtt: Any = None
         if config.mqtt.broker:
             from edged.mqtt import MqttFrontEnd  # only when configured: paho and threads cost memory
             commands = {"ota/check": self.ota.nudge} if self.ota is not None else {}
-            self.mqtt = MqttFrontEnd(self.service, config.mqtt, self.state_dir, version=__version__,
+            mqtt_config = dataclasses.replace(config.mqtt, device_id=self.identity.device_id)
+            self.mqtt = MqttFrontEnd(self.service, mqtt_config, self.state_dir, version=__version__,
                                      health=self.health, clock=self.clock, commands=commands)
             if self.ota is not None:
                 mqtt = self.mqtt
@@ -325,6 +330,7 @@ class Daemon:
             "live": self.service.live,
             "ready": self.service.ready,
             "socket": str(self.socket_path),
+            "device_id": self.identity.device_id, "device_id_source": self.identity.source,
             "http_port": self.config.server.http_port,
             "grpc_listeners": list(self.grpc.addresses) if self.grpc is not None else [],
             "model_repository": str(self.repository),

@@ -9,6 +9,7 @@ old version and none sees the model missing.
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import threading
@@ -18,7 +19,7 @@ import numpy as np
 import orjson
 
 from edged.engine import InferenceService, InferRequest, InferResponse, ModelVersion
-from edged.errors import EdgedError, UpdateRejected
+from edged.errors import DiskFull, EdgedError, UpdateRejected
 from edged.ota._bundle import TestVector
 from edged.ota._durable import fsync_dir, replace_dir, write_atomic
 from edged.protocol.codec import decode_request
@@ -27,6 +28,13 @@ from edged.repository import list_versions
 
 log = logging.getLogger(__name__)
 VECTOR_TIMEOUT_S = 60.0
+DISK_MARGIN = 1 << 20  # what the state directory keeps free beside an update (state files, SQLite journals)
+MANIFEST = ".files.json"  # in a model's backup: the per-model files served before the switch
+
+
+def _model_files(folder: Path) -> list[Path]:
+    """The per-model files of a model folder (config.pbtxt, labels): everything but the version folders."""
+    return sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
 
 
 def run_vectors(version: ModelVersion, vectors: list[TestVector]) -> None:
@@ -81,6 +89,19 @@ def _compare(index: int, expected: dict[str, object], response: InferResponse, v
                              f"{worst:g} (rtol {vector.rtol:g}, atol {vector.atol:g})")
 
 
+def check_disk(work_dir: Path, bundle_bytes: int, stored: int = 0) -> None:
+    """Refuses before anything is written when the state directory cannot hold the bundle and its unpacked copy
+    (the served repository, telemetry and the MQTT outbox share that filesystem: a full one hurts them all).
+    ``stored``: what an interrupted attempt already wrote of the bundle."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(work_dir).free
+    needed = max(0, 2 * bundle_bytes - stored) + DISK_MARGIN
+    if free < needed:
+        raise DiskFull(f"disk: the update needs {needed / 2**20:.1f} MiB free in {work_dir} (the bundle, "
+                             f"its unpacked copy and {DISK_MARGIN // 2**20} MiB to spare), "
+                             f"{free / 2**20:.1f} MiB are free")
+
+
 def stage(service: InferenceService, staged_model: Path, model: str, version: int,
           vectors: list[TestVector]) -> None:
     """Load the staged version privately beside the served one, warm it up, run its vectors, unload it."""
@@ -103,27 +124,33 @@ class Activator:
         self.backup_dir = backup_dir
 
     def prepare(self, model: str) -> None:
-        """Forget the config an earlier update saved: a rollback must restore the one served just before this."""
-        (self.backup_dir / model / "config.pbtxt").unlink(missing_ok=True)
+        """Forget the files an earlier update saved: a rollback must restore the ones served just before this."""
+        shutil.rmtree(self.backup_dir / model, ignore_errors=True)
 
     def switch(self, staged_model: Path, model: str, version: int) -> None:
         served = self.repository / model
         served.mkdir(parents=True, exist_ok=True)
-        backup = self.backup_dir / model
-        backup.mkdir(parents=True, exist_ok=True)
-        old_config = served / "config.pbtxt"
-        if old_config.exists():
-            write_atomic(backup / "config.pbtxt", old_config.read_bytes())
-        else:
-            (backup / "config.pbtxt").unlink(missing_ok=True)
-        for extra in staged_model.iterdir():  # labels and other per-model files come with the config
-            if extra.is_file() and extra.name != "config.pbtxt":
+        self._back_up(served, self.backup_dir / model)
+        for extra in _model_files(staged_model):  # labels and other per-model files come with the config
+            if extra.name != "config.pbtxt":
                 write_atomic(served / extra.name, extra.read_bytes())
         if (served / str(version)).exists():
             shutil.rmtree(served / str(version))  # an earlier failed attempt: never served (reload below)
         replace_dir(staged_model / str(version), served / str(version))
-        write_atomic(old_config, (staged_model / "config.pbtxt").read_bytes())
+        write_atomic(served / "config.pbtxt", (staged_model / "config.pbtxt").read_bytes())
         self.service.reload_model(model)
+
+    @staticmethod
+    def _back_up(served: Path, backup: Path) -> None:
+        """Copy every per-model file (config.pbtxt, labels) before the first is overwritten. The manifest is
+        written last: only a complete backup is ever restored, and an incomplete one means nothing was touched."""
+        shutil.rmtree(backup, ignore_errors=True)
+        backup.mkdir(parents=True)
+        names = []
+        for item in _model_files(served):
+            write_atomic(backup / item.name, item.read_bytes())
+            names.append(item.name)
+        write_atomic(backup / MANIFEST, json.dumps(sorted(names)).encode())
 
     def roll_back(self, model: str, version: int) -> None:
         """Back to the previous version and config; the new version leaves the repository."""
@@ -137,10 +164,22 @@ class Activator:
         if (served / str(version)).exists():
             shutil.rmtree(trash, ignore_errors=True)
             replace_dir(served / str(version), trash)
-        previous = self.backup_dir / model / "config.pbtxt"
-        if previous.exists():
-            write_atomic(served / "config.pbtxt", previous.read_bytes())
+        self._restore(served, self.backup_dir / model)
         shutil.rmtree(trash, ignore_errors=True)
+
+    @staticmethod
+    def _restore(served: Path, backup: Path) -> None:
+        """Per-model files as they were before the switch: changed ones restored, ones the update added removed."""
+        manifest = backup / MANIFEST
+        if not manifest.exists() or not served.is_dir():
+            return
+        kept = set(json.loads(manifest.read_text(encoding="utf-8")))
+        for item in _model_files(served):
+            if item.name not in kept:
+                item.unlink()
+        for name in sorted(kept):
+            write_atomic(served / name, (backup / name).read_bytes())
+        fsync_dir(served)
 
     def _reload_after_rollback(self, model: str) -> None:
         served = self.repository / model

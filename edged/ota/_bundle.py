@@ -8,6 +8,7 @@ folder, the size of each member checked against what is left of a byte limit.
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import tarfile
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edged.errors import UpdateRejected
+from edged.errors import DiskFull, UpdateRejected
 from edged.repository import check_model_name
 
 TEST_VECTORS = "test_vectors.json"
@@ -29,7 +30,9 @@ class TestVector:
     atol: float
 
 
-def build_bundle(model_dir: Path, version: int, vectors: bytes, destination: Path) -> None:
+def build_bundle(model_dir: Path, version: int, vectors: bytes, destination: Path,
+                 build_spec: bytes | None = None) -> None:
+    """``build_spec``: stored as ``<model>/<version>/build_spec.json``: the device builds its engine from it."""
     name = model_dir.name
     check_model_name(name)
     version_dir = model_dir / str(version)
@@ -38,12 +41,17 @@ def build_bundle(model_dir: Path, version: int, vectors: bytes, destination: Pat
     if not (model_dir / "config.pbtxt").is_file():
         raise UpdateRejected(f"model {name}: a bundle needs {model_dir / 'config.pbtxt'}")
     parse_vectors(vectors)
+    if build_spec is not None and (version_dir / "build_spec.json").exists():
+        raise UpdateRejected(f"model {name}: {version_dir / 'build_spec.json'} exists and --build-spec was given: "
+                             "keep one")
     labels = sorted(p for p in model_dir.iterdir() if p.is_file() and p.suffix == ".txt")
     files = [model_dir / "config.pbtxt", *labels]
     files += sorted(p for p in version_dir.rglob("*") if p.is_file())
     with tarfile.open(destination, "w") as tar:
         for path in files:
             _add(tar, f"{name}/{path.relative_to(model_dir).as_posix()}", path.read_bytes())
+        if build_spec is not None:
+            _add(tar, f"{name}/{version}/build_spec.json", build_spec)
         _add(tar, TEST_VECTORS, vectors)
 
 
@@ -67,7 +75,11 @@ def extract_bundle(bundle: Path, model: str, version: int, destination: Path) ->
                 target = destination / member.name
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(data)
-    except (tarfile.TarError, OSError) as e:
+    except OSError as e:
+        if e.errno == errno.ENOSPC:
+            raise DiskFull(f"disk: no space left unpacking {bundle.name} into {destination}: {e}") from e
+        raise UpdateRejected(f"bundle {bundle.name}: cannot unpack: {e}") from e
+    except tarfile.TarError as e:
         raise UpdateRejected(f"bundle {bundle.name}: cannot unpack: {e}") from e
     if not (destination / model / str(version)).is_dir():
         raise UpdateRejected(f"bundle {bundle.name}: no version folder {model}/{version}")

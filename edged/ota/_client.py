@@ -7,6 +7,7 @@ targets (read back from the metadata ngclient persisted only after verifying it)
 
 from __future__ import annotations
 
+import errno
 import shutil
 import time
 from pathlib import Path
@@ -17,22 +18,24 @@ from tuf.api._payload import TargetFile, Targets
 from tuf.api.metadata import Metadata
 from tuf.ngclient.updater import Updater
 
-from edged.errors import UpdateRejected
-from edged.ota._fetcher import ResumableFetcher
+from edged.errors import DiskFull, DownloadFailed, UpdateRejected
+from edged.ota._fetcher import ResumableFetcher, SlowRetrieval
 
 # A wall clock before this cannot be right (edged did not exist): expiry checks would be meaningless.
 EARLIEST_SANE_WALL = 1_735_689_600.0  # 2025-01-01
 
 
 class TufClient:
-    def __init__(self, repository_url: str, root_file: Path, cache_dir: Path, max_bytes_per_s: int) -> None:
+    def __init__(self, repository_url: str, root_file: Path, cache_dir: Path, max_bytes_per_s: int, *,
+                 min_bytes_per_s: int = 0, rate_window_s: float = 60.0) -> None:
         base = repository_url.rstrip("/")
         self.metadata_url = base + "/metadata/"
         self.targets_url = base + "/targets/"
         self.root_file = root_file
         self.metadata_dir = cache_dir / "metadata"
         self.target_dir = cache_dir / "targets"
-        self.fetcher = ResumableFetcher(cache_dir / "partial", self.targets_url, max_bytes_per_s=max_bytes_per_s)
+        self.fetcher = ResumableFetcher(cache_dir / "partial", self.targets_url, max_bytes_per_s=max_bytes_per_s,
+                                        min_bytes_per_s=min_bytes_per_s, rate_window_s=rate_window_s)
         self._updater: Updater | None = None
 
     def refresh(self) -> dict[str, TargetFile]:
@@ -78,7 +81,18 @@ class translated:
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: Any) -> None:
         if error is None or isinstance(error, UpdateRejected) or not isinstance(error, Exception):
             return
+        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+            raise DiskFull(f"{self.what}: {reason_for(error)}") from error
+        if transient(error):
+            raise DownloadFailed(f"{self.what}: {reason_for(error)}") from error
         raise UpdateRejected(f"{self.what}: {reason_for(error)}") from error
+
+
+def transient(error: Exception) -> bool:
+    """A fault of the way, not of the target: the network, a slow server (retried later). Too many
+    bytes is the endless-data attack, a `DownloadError` too, and stays a refusal of the target."""
+    return isinstance(error, exceptions.DownloadError) and not isinstance(error,
+                                                                          exceptions.DownloadLengthMismatchError)
 
 
 def reason_for(error: Exception) -> str:
@@ -95,6 +109,10 @@ def reason_for(error: Exception) -> str:
         return f"endless data: more bytes than the metadata allows: {error}"
     if isinstance(error, exceptions.LengthOrHashMismatchError):
         return f"hash: content does not match its metadata (tampered or mix-and-match): {error}"
+    if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+        return f"disk: no space left while storing the download ({error})"
+    if isinstance(error, SlowRetrieval):
+        return f"slow retrieval: {error}"
     if isinstance(error, exceptions.RepositoryError):
         return f"repository: {type(error).__name__}: {error}"
     if isinstance(error, exceptions.DownloadError):

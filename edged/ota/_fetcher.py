@@ -6,6 +6,11 @@ names two contents); the next attempt, in this process or after a restart, asks 
 that ignores ``Range`` (200 instead of 206) gets the partial discarded and the whole file streamed. What this
 class yields is still checked by ngclient (length while streaming, then length and hashes), so a wrong partial
 costs one re-download, never a wrong target. Metadata is never resumed (small, and not content-addressed).
+
+Slow retrieval (a server or a path that trickles bytes to hold a device in a download forever): every
+``rate_window_s`` the bytes of the window must reach ``min_bytes_per_s`` on average, and no read may wait longer
+than ``timeout_s``; otherwise the download stops with `SlowRetrieval` (what arrived stays resumable). Reads take
+what the socket has (``read1``), so a trickle is measured as it comes, not after a whole chunk.
 """
 
 from __future__ import annotations
@@ -40,12 +45,19 @@ class Progress:
                 "resumed_from": self.resumed_from, "fetched_bytes": self.fetched_bytes}
 
 
+class SlowRetrieval(exceptions.DownloadError):
+    """The server sent less than the minimum rate over a window, or nothing for longer than the read timeout."""
+
+
 class ResumableFetcher(FetcherInterface):
     def __init__(self, partial_dir: Path, targets_prefix: str, *, max_bytes_per_s: int = 0, timeout_s: float = 30,
-                 sleep: Callable[[float], None] = time.sleep, monotonic: Callable[[], float] = time.monotonic) -> None:
+                 min_bytes_per_s: int = 0, rate_window_s: float = 60.0, sleep: Callable[[float], None] = time.sleep,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.partial_dir = partial_dir
         self.targets_prefix = targets_prefix
         self.max_bytes_per_s = max_bytes_per_s
+        self.min_bytes_per_s = min_bytes_per_s
+        self.rate_window_s = rate_window_s
         self.timeout_s = timeout_s
         self.progress = Progress()
         self._sleep = sleep
@@ -94,10 +106,13 @@ class ResumableFetcher(FetcherInterface):
     def _stream(self, response: http.client.HTTPResponse, out: BinaryIO | None, start: int) -> Iterator[bytes]:
         began = self._monotonic()
         sent = 0
+        window = [began, 0]  # (start, bytes) of the current rate window
         with response:
             while True:
                 try:
-                    chunk = response.read(CHUNK)
+                    chunk = response.read1(CHUNK)
+                except TimeoutError as e:
+                    raise SlowRetrieval(f"reading {response.url}: no data for {self.timeout_s:g} s") from e
                 except (OSError, http.client.HTTPException) as e:
                     raise exceptions.DownloadError(f"reading {response.url}: {e}") from e
                 if not chunk:
@@ -113,6 +128,18 @@ class ResumableFetcher(FetcherInterface):
                     self.progress.received_bytes = start + sent
                 yield chunk
                 self._throttle(began, sent)
+                self._check_rate(response.url, window, len(chunk))
+
+    def _check_rate(self, url: str | None, window: list[float], received: int) -> None:
+        window[1] += received
+        elapsed = self._monotonic() - window[0]
+        if self.min_bytes_per_s <= 0 or elapsed < self.rate_window_s:
+            return
+        if window[1] / elapsed < self.min_bytes_per_s:
+            raise SlowRetrieval(f"reading {url}: {int(window[1])} bytes in the last {elapsed:.1f} s, below "
+                                f"[ota] min_bytes_per_s {self.min_bytes_per_s} (over rate_window_s "
+                                f"{self.rate_window_s:g})")
+        window[0], window[1] = self._monotonic(), 0
 
     def _throttle(self, began: float, sent: int) -> None:
         if self.max_bytes_per_s <= 0:

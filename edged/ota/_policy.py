@@ -1,4 +1,4 @@
-"""Which targets a device takes: its identity, its rollout bucket and its compatibility.
+"""Which targets a device takes: its rollout bucket and its compatibility (its id: `edged.config` resolves it).
 
 The bucket is ``sha256("<cohort_salt>:<device_id>")[:8] % 100``: stable for a device and a target, independent
 across targets (each has its own salt), so a wave of 10 % is the same 10 % of the fleet until promoted.
@@ -7,34 +7,12 @@ across targets (each has its own salt), so a wave of 10 % is the same 10 % of th
 from __future__ import annotations
 
 import hashlib
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from edged import __version__
 from edged.platform import l4t_release, module_model, tensorrt_version
-
-MACHINE_ID = Path("/etc/machine-id")
-
-
-@dataclass(frozen=True)
-class DeviceIdentity:
-    device_id: str
-    source: str  # "config", "machine-id" or "hostname (no /etc/machine-id: may not be unique)"
-
-
-def device_identity(configured: str | None, machine_id: Path = MACHINE_ID) -> DeviceIdentity:
-    if configured:
-        return DeviceIdentity(configured, "config")
-    try:
-        raw = machine_id.read_text(encoding="ascii").strip()
-    except OSError:
-        raw = ""
-    if raw:
-        # hashed: /etc/machine-id is confidential (systemd's advice); the derived id is stable and unique
-        return DeviceIdentity("edged-" + hashlib.sha256(f"edged:{raw}".encode()).hexdigest()[:16], "machine-id")
-    return DeviceIdentity(socket.gethostname(), "hostname (no /etc/machine-id: may not be unique in a fleet)")
 
 
 def bucket(cohort_salt: str, device_id: str) -> int:

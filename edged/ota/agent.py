@@ -22,13 +22,14 @@ from typing import Any
 from tuf.api._payload import TargetFile
 
 from edged.clock import Clock, DeviceClock
-from edged.config import OtaConfig
+from edged.config import MACHINE_ID, DeviceIdentity, OtaConfig, resolve_device_identity
 from edged.engine import InferenceService
-from edged.errors import ConfigError, EdgedError, UpdateRejected
-from edged.ota._activate import Activator, stage
+from edged.errors import ConfigError, DiskFull, DownloadFailed, EdgedError, UpdateRejected
+from edged.ota._activate import Activator, check_disk, stage
 from edged.ota._bundle import extract_bundle
 from edged.ota._client import TufClient
-from edged.ota._policy import MACHINE_ID, DeviceFacts, device_facts, device_identity, skip_reason
+from edged.ota._engine import build_staged_engine
+from edged.ota._policy import DeviceFacts, device_facts, skip_reason
 from edged.ota._state import TargetUpdate, UpdateStore, resume_action
 from edged.ota._watch import health, verdict
 from edged.repository import list_versions
@@ -39,17 +40,22 @@ log = logging.getLogger(__name__)
 class OtaAgent:
     def __init__(self, config: OtaConfig, service: InferenceService, repository: Path, state_dir: Path, *,
                  clock: Clock | None = None, facts: DeviceFacts | None = None,
-                 machine_id: Path = MACHINE_ID) -> None:
+                 identity: DeviceIdentity | None = None, machine_id: Path = MACHINE_ID) -> None:
+        """``identity``: the daemon's one device id (shared with MQTT); alone, resolved from ``[ota]``."""
         if not config.repository_url:
             raise ConfigError("[ota] enabled = true needs [ota] repository_url (the TUF repository's base URL)")
         self.config = config
         self.service = service
         self.repository = repository
         self.work_dir = state_dir / "ota"
-        self.identity = device_identity(config.device_id, machine_id)
+        self.identity = identity or resolve_device_identity(None, config.device_id, machine_id)
         self.facts = facts or device_facts()
         self.clock: Clock = clock or DeviceClock()
-        self.client = TufClient(config.repository_url, Path(config.root_file), self.work_dir, config.max_bytes_per_s)
+        if 0 < config.max_bytes_per_s < config.min_bytes_per_s:
+            raise ConfigError(f"[ota] min_bytes_per_s {config.min_bytes_per_s} is above max_bytes_per_s "
+                              f"{config.max_bytes_per_s}: every download would be given up as too slow")
+        self.client = TufClient(config.repository_url, Path(config.root_file), self.work_dir, config.max_bytes_per_s,
+                                min_bytes_per_s=config.min_bytes_per_s, rate_window_s=config.rate_window_s)
         self.store = UpdateStore(self.work_dir / "state.json", self._changed)
         self.listeners: list[Callable[[dict[str, Any]], None]] = []  # told each status change (MQTT)
         self.activator = Activator(service, repository, self.work_dir / "backup")
@@ -155,11 +161,27 @@ class OtaAgent:
             self.store.begin(TargetUpdate(name, info.hashes.get("sha256", ""), model, version,
                                           max(served) if served else None))
         try:
+            check_disk(self.work_dir, info.length, self._bytes_on_disk(info))
             self._download_and_stage(name, model, version)
+        except DownloadFailed as e:  # the way failed, not the target: retried at the next check
+            if isinstance(e, DiskFull):  # the state directory is shared: give its space back
+                shutil.rmtree(self.client.fetcher.partial_dir, ignore_errors=True)
+            self._refuse(str(e), remember=False)
+            return
         except UpdateRejected as e:
             self._refuse(str(e))
             return
         self._switch(model, version)
+
+    def _bundle_path(self, sha256: str) -> Path:
+        return self.client.target_dir / f"{sha256}.tar"
+
+    def _bytes_on_disk(self, info: TargetFile) -> int:
+        """What an interrupted attempt already stored of this target (a partial or the whole bundle)."""
+        stored = [self._bundle_path(info.hashes.get("sha256", ""))]
+        if self.client.fetcher.partial_dir.is_dir():
+            stored += list(self.client.fetcher.partial_dir.iterdir())
+        return sum(p.stat().st_size for p in stored if p.is_file())
 
     def _download_and_stage(self, name: str, model: str, version: int) -> None:
         update = self.store.current
@@ -175,6 +197,7 @@ class OtaAgent:
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
         vectors = extract_bundle(bundle, model, version, staging)
+        build_staged_engine(staging / model, model, version)  # a TensorRT engine is built here, before the vectors
         if update.state == "verified":
             self.store.move("staged")
         stage(self.service, staging / model, model, version, vectors)
@@ -227,16 +250,23 @@ class OtaAgent:
         if removed:
             log.info("OTA: model %s: removed old versions %s (keep_versions %d)", update.model, removed,
                      self.config.keep_versions)
-        shutil.rmtree(self.work_dir / "staging", ignore_errors=True)
+        self._drop_files(update)
 
-    def _refuse(self, reason: str) -> None:
+    def _drop_files(self, update: TargetUpdate) -> None:
+        """At a final state: the staging copy and the cached bundle are not needed again (a rollback uses the
+        previous version on disk), and the state directory's space is shared."""
+        shutil.rmtree(self.work_dir / "staging", ignore_errors=True)
+        self._bundle_path(update.sha256).unlink(missing_ok=True)
+
+    def _refuse(self, reason: str, remember: bool = True) -> None:
         update = self.store.current
         if update is None:
             return
         log.error("OTA: target %s refused: %s", update.target, reason)
-        self.store.bad[update.sha256] = reason
+        if remember:
+            self.store.bad[update.sha256] = reason
         self.store.move("refused", reason)
-        shutil.rmtree(self.work_dir / "staging", ignore_errors=True)
+        self._drop_files(update)
 
     def _roll_back(self, reason: str) -> None:
         update = self.store.current
@@ -247,6 +277,7 @@ class OtaAgent:
         self.store.bad[update.sha256] = reason
         self.store.move("rolled_back", reason)
         self._watch = None
+        self._drop_files(update)
 
     def rollback(self) -> dict[str, Any]:
         """The operator's rollback of the update watching or active now."""

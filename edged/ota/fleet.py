@@ -27,6 +27,7 @@ from tuf.api.serialization.json import JSONSerializer
 from edged.errors import UpdateRejected
 from edged.ota._bundle import build_bundle
 from edged.ota._durable import write_atomic
+from edged.ota._engine import check_build_spec
 from edged.ota._keys import generate_key, load_signer
 
 ROLES = ("root", "targets", "snapshot", "timestamp")
@@ -86,17 +87,25 @@ class FleetRepository:
 
     # --- targets -------------------------------------------------------------------------------------------
     def add_model(self, model_dir: Path, version: int, vectors: bytes, percent: int = 100,
-                  compat: dict[str, str] | None = None) -> str:
+                  compat: dict[str, str] | None = None, cohort_salt: str | None = None,
+                  build_spec: bytes | None = None) -> str:
+        """``cohort_salt``: targets sharing one reach the same devices first (a stable canary group); None: a
+        random salt, so each target's first wave is a different share of the fleet."""
         _check_percent(percent)
+        if cohort_salt is not None and not cohort_salt.strip():
+            raise UpdateRejected("--cohort-salt: expected a non-empty string")
         unknown = sorted(set(compat or {}) - set(COMPAT_KEYS))
         if unknown:
             raise UpdateRejected(f"--compat {unknown[0]}: unknown key (known: {', '.join(COMPAT_KEYS)})")
         name = f"models/{model_dir.name}/{version}.tar"
         with tempfile.TemporaryDirectory() as scratch:
             bundle = Path(scratch) / "bundle.tar"
-            build_bundle(model_dir, version, vectors, bundle)
+            if build_spec is not None:
+                check_build_spec(build_spec)
+            build_bundle(model_dir, version, vectors, bundle, build_spec)
             custom = {"kind": "model", "model": model_dir.name, "version": version, "compat": dict(compat or {}),
-                      "percent": percent, "cohort_salt": secrets.token_hex(8)}
+                      "percent": percent,
+                      "cohort_salt": secrets.token_hex(8) if cohort_salt is None else cohort_salt}
             target = TargetFile.from_file(name, str(bundle), ["sha256"])
             target.unrecognized_fields["custom"] = custom
             digest = target.hashes["sha256"]

@@ -42,7 +42,8 @@ def free_port() -> int:
 class Nginx:
     """nginx as an unprivileged static host (daemon off, every path in tmp); its access log counts bytes."""
 
-    def __init__(self, root: Path, work: Path) -> None:
+    def __init__(self, root: Path, work: Path, locations: str = "") -> None:
+        """``locations``: extra nginx ``location`` blocks inside the server (a throttled path, for instance)."""
         self.port = free_port()
         self.work = work
         work.mkdir(parents=True, exist_ok=True)
@@ -59,7 +60,7 @@ http {{
     access_log {self.access_log} counted;
     client_body_temp_path {work}/body; proxy_temp_path {work}/proxy; fastcgi_temp_path {work}/fastcgi;
     uwsgi_temp_path {work}/uwsgi; scgi_temp_path {work}/scgi;
-    server {{ listen 127.0.0.1:{self.port}; root {root}; }}
+    server {{ listen 127.0.0.1:{self.port}; root {root}; {locations} }}
 }}
 """)
         self.process = subprocess.Popen([NGINX, "-c", str(conf), "-p", str(work)], stderr=subprocess.PIPE)

@@ -75,3 +75,19 @@ def test_ota_installed_models_come_back_after_a_restart_in_explicit_mode(
     device.agent = device.new_agent()
     device.agent.resume()
     assert device.served_version() == "2"
+
+
+def test_a_rollback_restores_the_previous_labels_and_drops_the_ones_the_update_added(
+        device: Device, fleet: FleetRepository, tmp_path: Path) -> None:
+    served = device.repository / MODEL
+    (served / "labels.txt").write_text("cat\ndog\n")
+    folder = model_folder(tmp_path / "src", 2, seed=2)
+    (folder / "labels.txt").write_text("cat\ndog\nfox\n")
+    (folder / "regions.txt").write_text("north\n")
+    fleet.add_model(folder, 2, vectors_for(2))
+    assert device.agent.check()["state"] == "active"
+    assert (served / "labels.txt").read_text() == "cat\ndog\nfox\n"  # the bundle's labels came with the switch
+    assert device.agent.rollback()["state"] == "rolled_back"
+    assert (served / "labels.txt").read_text() == "cat\ndog\n"
+    assert sorted(p.name for p in served.iterdir()) == ["1", "config.pbtxt", "labels.txt"]
+    assert device.served_version() == "1"
