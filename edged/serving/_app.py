@@ -15,6 +15,7 @@ from edged.engine import InferenceService
 from edged.errors import EdgedError, InvalidInput
 from edged.serving._access import AccessPolicy
 from edged.serving._chat import ChatPath
+from edged.serving._generate import GeneratePath
 from edged.serving._handlers import Handlers, load_override
 from edged.serving._http import WANTED_HEADERS, Connection, Incoming, Slot
 from edged.serving._infer import InferPath
@@ -26,7 +27,7 @@ from edged.shm import SharedMemoryRegistry
 
 log = logging.getLogger(__name__)
 
-_LAZY_KINDS = frozenset({Kind.INFER, Kind.MODEL_METADATA, Kind.MODEL_CONFIG})
+_LAZY_KINDS = frozenset({Kind.INFER, Kind.MODEL_METADATA, Kind.MODEL_CONFIG, Kind.GENERATE, Kind.GENERATE_STREAM})
 _ACTIONS = {Kind.INFER: "run inference", Kind.LOAD: "load models", Kind.UNLOAD: "unload models"}
 # Request targets already matched, by their raw bytes: clients repeat a handful of URLs, so most requests skip
 # URL parsing, percent-decoding and route matching. Bounded, so that a client cycling through names cannot
@@ -64,6 +65,7 @@ class App:
         self.infer = InferPath(service, config.max_tensor_elements, self.shared_memory, access.caller)
         self.end_of_input = self.infer.end_of_input
         self.chat = ChatPath(service)
+        self.generate = GeneratePath(service)
         self._loop = asyncio.get_running_loop()
         self._targets: dict[bytes, _Target] = {}
         self.daemon_actions = dict(daemon_actions or {})  # "ota/check" → blocking callable returning JSON
@@ -133,6 +135,9 @@ class App:
             self.infer.handle(connection, incoming, slot, route.model, route.version)
         elif route.kind is Kind.CHAT_COMPLETIONS or route.kind is Kind.COMPLETIONS:
             self.chat.handle(connection, incoming, slot, chat=route.kind is Kind.CHAT_COMPLETIONS)
+        elif route.kind is Kind.GENERATE or route.kind is Kind.GENERATE_STREAM:
+            self.generate.handle(connection, incoming, slot, route.model, route.version,
+                                 stream_route=route.kind is Kind.GENERATE_STREAM)
         elif route.kind is Kind.OPENAI_MODELS:
             self._answer(connection, incoming, slot, self.chat.models())
         elif route.kind is Kind.LOAD or route.kind is Kind.UNLOAD:
