@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from edged.errors import EdgedError, InvalidInput, ModelNotFound, QueueFull
+from edged.errors import EdgedError, InvalidParameter, ModelNotFound, QueueFull
 from edged.serving._response import Response, status_for
 
 ROLES = frozenset({"system", "user", "assistant", "tool"})
@@ -28,12 +28,7 @@ _MESSAGE_KEYS = frozenset({"role", "content", "name", "tool_call_id"})
 _MAX_STOP = 4
 
 
-class ParamError(InvalidInput):
-    """A bad request parameter; ``param`` is its name, as OpenAI's error JSON reports it."""
-
-    def __init__(self, message: str, param: str | None) -> None:
-        super().__init__(message)
-        self.param = param
+ParamError = InvalidParameter  # the family lives in edged.errors so that the engine can raise it too
 
 
 @dataclass(frozen=True)
@@ -214,7 +209,7 @@ def openai_error(error: BaseException) -> Response:
     """OpenAI's error JSON, with the status of edged's error table; a full queue is 429 as OpenAI answers."""
     status = 429 if isinstance(error, QueueFull) else status_for(error)
     code = "model_not_found" if isinstance(error, ModelNotFound) else None
-    param = error.param if isinstance(error, ParamError) else None
+    param = error.param if isinstance(error, InvalidParameter) else None
     message = str(error) if isinstance(error, EdgedError) else f"internal error: {type(error).__name__}"
     body = {"error": {"message": message, "type": _TYPES.get(status, "server_error"), "param": param, "code": code}}
     return Response(status, orjson.dumps(body))
