@@ -50,7 +50,7 @@ class GenAIInstance:
 
     def run(self, inputs: Mapping[str, Array], output_names: Sequence[str]) -> dict[str, Array]:
         raise InvalidInput(f"model {self.name!r} is generative (backend onnxruntime_genai): it takes no tensors; "
-                           "use POST /v1/chat/completions")
+                           f"use POST /v2/models/{self.name}/generate or POST /v1/chat/completions")
 
     def release_memory(self) -> None:
         return None

@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 
 from edged.engine import InferenceService
-from edged.engine.generation import GenerationRequest, GenerationService
+from edged.engine.generation import GenerationService
 from edged.engine.generation_stream import Finished, GenerationStream, Started, TextDelta
 from edged.errors import EdgedError, InvalidInput
 from edged.serving._chat import generation_request
@@ -121,8 +121,8 @@ class GeneratePath:
     def _served_version(self, model: str, version: str) -> str:
         """The version that generates; a named version must be it (a generative model serves one)."""
         self._generation.instance(model)  # unknown or not generative: the same errors as /v1 gives
-        served = self._service.version_info(model).version
-        if version and self._service.version_info(model, version).version != served:
+        served = self._service.version_info(model).version_str
+        if version and self._service.version_info(model, version).version_str != served:
             raise InvalidInput(f"model {model!r} generates with version {served}, not {version}")
         return served
 

@@ -6,7 +6,6 @@ which (load, unload) run in the executor.
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
@@ -41,10 +40,6 @@ class Handlers:
         self._status_provider = status_provider
         self._openapi = openapi
         self._started = time.monotonic()
-        # Triton's generate extension is HTTP-only (no gRPC form), so /v2 adds it to the engine's list, and only
-        # where a generative model can load: the runtime is looked for, not imported (serving never imports it)
-        self._extensions = [*service.server_metadata()["extensions"],
-                            *(("generate",) if importlib.util.find_spec("onnxruntime_genai") else ())]
         self.denied: dict[str, int] = {}
         self.draining = False
         self.status_extra: Callable[[], dict[str, Any]] = dict
@@ -55,7 +50,12 @@ class Handlers:
         return handler(self, route, incoming)
 
     def _server_metadata(self, route: Route, incoming: Incoming) -> Response:
-        return json_response({**self._service.server_metadata(), "extensions": self._extensions})
+        doc = self._service.server_metadata()
+        # Triton's generate extension is HTTP-only (no gRPC form), so it is added here, and only while a
+        # generative model is ready: before that every generate call would fail
+        if self._service.generation.generative_models():
+            doc = {**doc, "extensions": [*doc["extensions"], "generate"]}
+        return json_response(doc)
 
     def _live(self, route: Route, incoming: Incoming) -> Response:
         return _EMPTY_OK if self._service.live else _EMPTY_BAD
