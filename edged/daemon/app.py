@@ -82,9 +82,13 @@ class Daemon:
         self.mqtt: Any = None
         if config.mqtt.broker:
             from edged.mqtt import MqttFrontEnd  # only when configured: paho and threads cost memory
+            from edged.serving.chat_codec import OpenAIChatCodec
+
             commands = {"ota/check": self.ota.nudge} if self.ota is not None else {}
+            # {prefix}/chat speaks the same OpenAI JSON as /v1/chat/completions: the HTTP side owns those shapes
             self.mqtt = MqttFrontEnd(self.service, config.mqtt, self.state_dir, version=__version__,
-                                     health=self.health, clock=self.clock, commands=commands)
+                                     health=self.health, clock=self.clock, commands=commands,
+                                     chat=OpenAIChatCodec())
             if self.ota is not None:
                 mqtt = self.mqtt
                 self.ota.listeners.append(lambda doc: mqtt.publish_state("ota/status", orjson.dumps(doc)))
