@@ -15,8 +15,10 @@ def register(subparsers: Any) -> None:
         "bench", help="measure throughput and latency over a transport",
         description="Measure throughput and p50/p99/p999 latency at chosen concurrency levels. The inproc "
         "transport runs the engine in this process beside a raw onnxruntime session.run loop on the same model; "
-        "uds and http measure a daemon from a separate client process; mqtt goes through a broker. Scenarios "
-        "come from flags or from a TOML file of [[scenario]] tables (the same keys as the flags).")
+        "uds and http measure a daemon from a separate client process; mqtt goes through a broker; openai "
+        "measures a generative model through /v1/chat/completions as GenAI-Perf does (TTFT, ITL, output tokens/s). "
+        "Scenarios come from flags or from a TOML file of [[scenario]] tables (the same keys as the flags; openai "
+        "adds prompt_tokens, output_tokens and stream).")
     parser.add_argument("--scenarios", type=Path, metavar="FILE", help="TOML file with [[scenario]] tables")
     parser.add_argument("--model", help="default: tiny_llama for --transport openai, tiny_mlp otherwise")
     parser.add_argument("--transport", choices=("inproc", "uds", "http", "mqtt", "openai"), default="inproc",
