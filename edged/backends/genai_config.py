@@ -1,10 +1,10 @@
 """What a generative model folder and its config.pbtxt say about limits and memory, read without any runtime, so
 that memory admission, ``edged models validate`` and the backend agree on the same numbers.
 
-Limits come from config.pbtxt ``parameters`` (each optional, each a positive integer; anything else is refused
-with the parameter named): ``max_sequences`` (sequences generated at once, default 1), ``max_waiting``
-(requests waiting for a sequence slot, default 8), ``max_prompt_tokens`` and ``max_output_tokens`` (default:
-the model's context length). The KV cache is what ORT GenAI allocates per sequence for ``max_length`` tokens
+Limits come from config.pbtxt ``parameters`` (each optional, each an integer; anything else is refused
+with the parameter named): ``max_sequences`` (sequences generated at once, default 1, at most 64),
+``max_waiting`` (requests waiting for a sequence slot, default 8; 0 allowed), ``max_prompt_tokens`` and
+``max_output_tokens`` (default: the model's context length). The KV cache is what ORT GenAI allocates per sequence for ``max_length`` tokens
 (its past/present buffer is sized once, up front): 2 (key and value) x layers x KV heads x head size x
 max_length x element size, where max_length is the most the daemon ever asks for (the context length, cut by
 the two token limits) and the element size is ``kv_cache_dtype`` (default float32 on the CPU provider, float16
@@ -52,12 +52,14 @@ def generation_limits(model: str, parameters: Mapping[str, str]) -> GenerationLi
         raw = parameters.get(name)
         if raw is None:
             continue
+        least = 0 if name == "max_waiting" else 1  # no line at all is a valid choice: refuse when busy
         try:
             value = int(raw)
         except ValueError:
-            value = 0
-        if value < 1:
-            raise ModelConfigError(f"model {model}: parameter {name} must be a positive integer, found {raw!r}")
+            value = least - 1
+        if value < least:
+            kind = "a non-negative" if least == 0 else "a positive"
+            raise ModelConfigError(f"model {model}: parameter {name} must be {kind} integer, found {raw!r}")
         values[name] = value
     limits = GenerationLimits(**values)
     if limits.max_sequences > MAX_SEQUENCES_LIMIT:
