@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from edged.backends.base import Array, InstanceInfo
+from edged.backends.genai_config import generation_limits
 from edged.backends.generative import Sampling, Token
-from edged.errors import BackendUnavailable, InvalidInput, ModelLoadError
+from edged.errors import BackendUnavailable, EdgedError, InvalidInput, ModelLoadError
 from edged.repository.model_config import ModelConfig, ModelSignature
 
 try:
@@ -34,6 +35,10 @@ class GenAIInstance:
     def __init__(self, folder: Path, config: ModelConfig) -> None:
         self.name = config.name
         try:
+            limits = generation_limits(config.name, config.parameters)
+        except EdgedError as e:
+            raise ModelLoadError(str(e)) from e
+        try:
             self._model = og.Model(str(folder))
             self._tokenizer = og.Tokenizer(self._model)
             genai_config = json.loads((folder / "genai_config.json").read_text())
@@ -44,9 +49,10 @@ class GenAIInstance:
         eos = genai_config.get("model", {}).get("eos_token_id", [])
         self._eos = frozenset(eos if isinstance(eos, list) else [eos])
         self._template = _load_template(folder, config.name)
+        warmed = self._warm_up()
         self.info = InstanceInfo(device="cpu", providers=("onnxruntime_genai",),
-                                 details={"context_length": self.context_length})
-        self._warm_up()
+                                 details={"context_length": self.context_length,
+                                          "max_sequences": limits.max_sequences, "warmup_tokens": warmed})
 
     def run(self, inputs: Mapping[str, Array], output_names: Sequence[str]) -> dict[str, Array]:
         raise InvalidInput(f"model {self.name!r} is generative (backend onnxruntime_genai): it takes no tensors; "
@@ -90,10 +96,15 @@ class GenAIInstance:
                 return  # the end of the answer, not a part of it
             yield Token(token, stream.decode(token))
 
-    def _warm_up(self) -> None:
+    def _warm_up(self) -> int:
+        """Generate a few tokens before serving, so the first request pays no first-run cost; the count made.
+
+        The end-of-sequence token is not yielded, so a model that ends at once warms up with fewer tokens."""
         prompt = self.encode("warm up")
-        for _ in self.generate(prompt, Sampling(_WARMUP_TOKENS, temperature=0), threading.Event()):
-            pass
+        try:
+            return sum(1 for _ in self.generate(prompt, Sampling(_WARMUP_TOKENS, temperature=0), threading.Event()))
+        except RuntimeError as e:
+            raise ModelLoadError(f"model {self.name}: warm-up generation failed: {e}") from e
 
 
 def _load_template(folder: Path, model: str) -> jinja2.Template:

@@ -14,12 +14,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from edged.backends import GenerativeInstance, Sampling
+from edged.backends.genai_config import GenerationLimits, generation_limits
 from edged.engine.generation_gate import SequenceGate
+from edged.engine.generation_metrics import metric_families
 from edged.engine.generation_stream import (
     Finished,
     FinishReason,
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 GENAI_RUNTIME = "onnxruntime_genai"
+_CANCEL_POLL_S = 0.05  # how soon a request cancelled while it waits for a sequence slot leaves the line
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,9 @@ class GenerationService:
         self._service = service
         self._gates: dict[str, SequenceGate] = {}
         self._lock = threading.Lock()
+        # telemetry's energy per unit of work by model (for generative models: per output token); set by the
+        # daemon when telemetry runs
+        self.energy_per_unit_mj: Callable[[], Mapping[str, float]] | None = None
 
     def submit(self, request: GenerationRequest) -> GenerationStream:
         gate = self._gate(request.model)
@@ -114,16 +120,33 @@ class GenerationService:
     def metric_families(self) -> list[MetricFamily]:
         with self._lock:
             gates = sorted(self._gates.items())
-        return SequenceGate.metric_families(gates)
+        energy = self.energy_per_unit_mj() if self.energy_per_unit_mj is not None else {}
+        return metric_families([(model, gate.stats, gate.admitted) for model, gate in gates], energy)
+
+    def statistics(self, model: str) -> dict[str, Any] | None:
+        """The model's generation figures for the statistics extension; None for a model never asked."""
+        with self._lock:
+            gate = self._gates.get(model)
+        return None if gate is None else gate.stats.as_json()
+
+    def activity(self) -> dict[str, tuple[int, int]]:
+        """Model → (output tokens, decode ns), cumulative: what telemetry attributes energy by."""
+        with self._lock:
+            gates = list(self._gates.items())
+        return {model: (gate.stats.output_tokens, gate.stats.decode_ns) for model, gate in gates}
 
     def _gate(self, model: str) -> SequenceGate:
+        # only models of the repository get a gate: a client cycling through names cannot grow the table
+        if model not in self._service.model_names():
+            raise ModelNotFound(f"model {model!r} is not in the repository (see GET /v1/models)")
+        config = self._service.model_config(model)
+        limits = generation_limits(model, config.parameters)
         with self._lock:
             gate = self._gates.get(model)
             if gate is None:
-                # only models of the repository get a gate: a client cycling through names cannot grow the table
-                if model not in self._service.model_names():
-                    raise ModelNotFound(f"model {model!r} is not in the repository (see GET /v1/models)")
-                gate = self._gates[model] = SequenceGate()
+                gate = self._gates[model] = SequenceGate(limits)
+            else:
+                gate.configure(limits)
             return gate
 
 
@@ -136,45 +159,79 @@ class _Worker:
         self._request = request
         self._stream = stream
         self._gate = gate
+        self._admitted = time.perf_counter()
+        self._prompt_tokens = 0
+        self._count = 0
+        self._decode_ns = 0
+        self._holding = False
 
     def run(self) -> None:
-        gate = self._gate
+        stats = self._gate.stats
         try:
             instance = self._owner.instance(self._request.model)
-            prompt, sampling = _prepare(instance, self._request)
-            with gate.running:
-                self._stream.put(Started(len(prompt)))
-                reason, count = self._generate(instance, prompt, sampling)
-                gate.record("cancelled" if reason == "cancelled" else "completed", len(prompt), count)
-            self._stream.put(Finished(reason, Usage(len(prompt), count)))
+            prompt, sampling = _prepare(instance, self._request, self._gate.limits)
+            self._prompt_tokens = len(prompt)
+            reason = self._in_slot(instance, prompt, sampling)
+            stats.ended("cancelled" if reason == "cancelled" else "completed", len(prompt), self._count,
+                        self._decode_ns, self._holding)
+            self._stream.put(Finished(reason, Usage(len(prompt), self._count)))
         except EdgedError as e:
-            gate.record("refused")
+            stats.ended("refused", self._prompt_tokens, self._count, self._decode_ns, self._holding)
             self._stream.put(e)
         except Exception as e:  # a worker thread: an escaping error would leave the consumer waiting forever
             log.error("generation failed for model %s", self._request.model, exc_info=e)
-            gate.record("failed")
+            stats.ended("failed", self._prompt_tokens, self._count, self._decode_ns, self._holding)
             self._stream.put(e)
         finally:
-            gate.leave()
+            self._gate.leave()
 
-    def _generate(self, instance: GenerativeInstance, prompt: list[int],
-                  sampling: Sampling) -> tuple[FinishReason, int]:
+    def _in_slot(self, instance: GenerativeInstance, prompt: list[int], sampling: Sampling) -> FinishReason:
+        slot = self._gate.running
+        # wait for a sequence slot, but leave the line as soon as the consumer cancels
+        while not slot.acquire(timeout=_CANCEL_POLL_S):
+            if self._stream.cancelled:
+                return "cancelled"
+        try:
+            self._holding = True
+            self._gate.stats.started()
+            self._stream.put(Started(len(prompt)))
+            return self._generate(instance, prompt, sampling)
+        finally:
+            slot.release()
+
+    def _generate(self, instance: GenerativeInstance, prompt: list[int], sampling: Sampling) -> FinishReason:
         stream = self._stream
         stop = StopText(self._request.stop)
-        count = 0
-        for token in instance.generate(prompt, sampling, stream.cancel_requested):
-            count += 1
-            text, stopped = stop.feed(token.text)
-            if text:
-                self._emit(text)
-            if stopped:
-                return "stop", count
+        gaps: list[float] = []
+        first = last = 0.0
+        reason: FinishReason | None = None
+        try:
+            for token in instance.generate(prompt, sampling, stream.cancel_requested):
+                now = time.perf_counter()
+                if self._count == 0:
+                    first = now
+                    self._gate.stats.first_token(now - self._admitted)
+                else:
+                    gaps.append(now - last)
+                last = now
+                self._count += 1
+                text, stopped = stop.feed(token.text)
+                if text:
+                    self._emit(text)
+                if stopped:
+                    reason = "stop"
+                    break
+        finally:
+            self._decode_ns = int((last - first) * 1e9)
+            self._gate.stats.token_gaps(gaps)
+        if reason is not None:
+            return reason
         if stream.cancelled:
-            return "cancelled", count
+            return "cancelled"
         rest = stop.flush()
         if rest:
             self._emit(rest)
-        return ("stop" if count < sampling.max_new_tokens else "length"), count
+        return "stop" if self._count < sampling.max_new_tokens else "length"
 
     def _emit(self, text: str) -> None:
         if self._stream.put(TextDelta(text)):
@@ -183,12 +240,23 @@ class _Worker:
             time.sleep(0)
 
 
-def _prepare(instance: GenerativeInstance, request: GenerationRequest) -> tuple[list[int], Sampling]:
+def _prepare(instance: GenerativeInstance, request: GenerationRequest,
+             limits: GenerationLimits) -> tuple[list[int], Sampling]:
     text = request.prompt
     if text is None:
         text = instance.render_chat(request.messages, request.tools, add_generation_prompt=True)
     prompt = instance.encode(text)
+    if limits.max_prompt_tokens is not None and len(prompt) > limits.max_prompt_tokens:
+        raise InvalidParameter(f"the prompt is {len(prompt)} tokens; model {request.model!r} takes at most "
+                               f"{limits.max_prompt_tokens} (parameter max_prompt_tokens)",
+                               "prompt" if request.prompt is not None else "messages")
     room = instance.context_length - len(prompt)
+    if limits.max_output_tokens is not None:
+        if request.max_tokens is not None and request.max_tokens > limits.max_output_tokens:
+            raise InvalidParameter(f"max_tokens {request.max_tokens} is more than model {request.model!r} "
+                                   f"generates: at most {limits.max_output_tokens} (parameter "
+                                   "max_output_tokens)", "max_tokens")
+        room = min(room, limits.max_output_tokens)
     if room <= 0:
         raise InvalidParameter(f"the prompt is {len(prompt)} tokens; model {request.model!r} takes at most "
                                f"{instance.context_length} tokens of prompt and output together", "messages")
