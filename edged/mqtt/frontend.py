@@ -200,8 +200,9 @@ class MqttFrontEnd:
 
     def _publish_birth(self) -> None:
         state, reason = self.health.overall()
+        chat = None if self._chat is None else self._service.generation.generative_models()
         payload = birth(self.device_id, self._version, self._service.model_names(), self._config,
-                        self._settings.protocol, state, reason)
+                        self._settings.protocol, state, reason, chat)
         self._connection.publish(Outbound(self._status_topic, payload, 1, retain=True, content_type=JSON_TYPE))
 
     def _health_changed(self) -> None:

@@ -147,3 +147,12 @@ def test_a_stream_that_fails_ends_with_an_error_message(front: MqttFrontEnd, bro
     assert "error" in orjson.loads(replies[-1].payload) and replies[-1].qos == 1
     assert all(m.qos == 0 for m in replies[:-1])
     client.close()
+
+
+def test_the_birth_message_names_the_chat_topic_and_its_models(front: MqttFrontEnd, broker: Broker) -> None:
+    status = Subscriber(broker.port, ["edged/dev1/status"])
+    try:
+        doc = orjson.loads(status.wait_for(1)[0].payload)  # retained: the front end is connected
+    finally:
+        status.close()
+    assert doc["capabilities"]["chat"] == {"topic": CHAT, "models": ["tiny_llama"]}
