@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 import paho.mqtt.client as paho
 import pytest
-from conftest import MODELS, Broker, Subscriber
+from conftest import MODELS, Broker, Subscriber, wait_until
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from test_mqtt_requests import Requester, wait_subscribed
@@ -46,6 +46,14 @@ def front_end(service: InferenceService, broker: Broker, state: Path, protocol: 
                         max_payload_bytes=64 * 1024)
     front = MqttFrontEnd(service, config, state, version="test", chat=OpenAIChatCodec())
     front.start()
+    # the birth follows the SUBSCRIBE on the same connection, so once it is seen the chat topic is subscribed
+    status = Subscriber(broker.port, ["edged/dev1/status"], protocol=paho.MQTTv5 if protocol == "5"
+                        else paho.MQTTv311)
+    try:
+        wait_until(lambda: any(orjson.loads(m.payload)["state"] == "online" for m in status.wait_for(1, 0.1)),
+                   30, "the front end's birth")
+    finally:
+        status.close()
     return front
 
 
@@ -156,3 +164,12 @@ def test_the_birth_message_names_the_chat_topic_and_its_models(front: MqttFrontE
     finally:
         status.close()
     assert doc["capabilities"]["chat"] == {"topic": CHAT, "models": ["tiny_llama"]}
+
+
+def test_a_chat_with_nowhere_to_reply_is_dropped_and_counted(front: MqttFrontEnd, broker: Broker) -> None:
+    client = Subscriber(broker.port, [])
+    try:
+        client.client.publish(CHAT, orjson.dumps(GOOD), 1)  # v5 without ResponseTopic, and no reply_to
+        wait_until(lambda: front.status()["drops"].get("no_reply_topic", 0) == 1, what="the drop to be counted")
+    finally:
+        client.close()
