@@ -71,7 +71,7 @@ class GenResult:
 
 
 @dataclass(frozen=True)
-class _Sample:
+class Sample:
     latency_s: float
     ttft_s: float | None
     prompt_tokens: int
@@ -79,13 +79,13 @@ class _Sample:
 
 
 @dataclass
-class _Tally:
-    samples: list[_Sample] = field(default_factory=list)
+class Tally:
+    samples: list[Sample] = field(default_factory=list)
     errors: int = 0
     first_error: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def add(self, sample: _Sample | None, error: str = "") -> None:
+    def add(self, sample: Sample | None, error: str = "") -> None:
         with self.lock:
             if sample is not None:
                 self.samples.append(sample)
@@ -109,7 +109,7 @@ class _Client:
     def close(self) -> None:
         self._connection.close()
 
-    def chat(self, load: Load, prompt: str) -> _Sample:
+    def chat(self, load: Load, prompt: str) -> Sample:
         body: dict[str, Any] = {"model": load.model, "messages": [{"role": "user", "content": prompt}],
                                 "max_tokens": load.output_tokens, "temperature": 0}
         if load.stream:
@@ -123,14 +123,14 @@ class _Client:
                 raise ClientError(f"HTTP {response.status}: {response.read()[:300].decode(errors='replace')}")
             if not load.stream:
                 usage = json.loads(response.read())["usage"]
-                return _Sample(time.perf_counter() - start, None, usage["prompt_tokens"], usage["completion_tokens"])
+                return Sample(time.perf_counter() - start, None, usage["prompt_tokens"], usage["completion_tokens"])
             return _read_stream(response, start)
         except (OSError, http.client.HTTPException, ValueError, KeyError) as e:
             self._connection.close()  # reconnects on the next request
             raise ClientError(f"{type(e).__name__}: {e}") from e
 
 
-def _read_stream(response: http.client.HTTPResponse, start: float) -> _Sample:
+def _read_stream(response: http.client.HTTPResponse, start: float) -> Sample:
     first: float | None = None
     usage: dict[str, int] | None = None
     while True:
@@ -154,7 +154,7 @@ def _read_stream(response: http.client.HTTPResponse, start: float) -> _Sample:
     response.read()  # the chunked terminator, so the connection can carry the next request
     if usage is None:
         raise ClientError("the stream carried no usage chunk")
-    return _Sample(end, first, usage["prompt_tokens"], usage["completion_tokens"])
+    return Sample(end, first, usage["prompt_tokens"], usage["completion_tokens"])
 
 
 def calibrated_prompt(target: dict[str, Any], load: Load) -> str:
@@ -180,7 +180,7 @@ def _words(count: int) -> str:
 
 def measure(label: str, target: dict[str, Any], load: Load, prompt: str, concurrency: int,
             duration_s: float) -> GenResult:
-    tally = _Tally()
+    tally = Tally()
     deadline = time.perf_counter() + duration_s
 
     def worker() -> None:
@@ -203,7 +203,8 @@ def measure(label: str, target: dict[str, Any], load: Load, prompt: str, concurr
     return summarize(label, load, concurrency, tally, time.perf_counter() - start)
 
 
-def summarize(label: str, load: Load, concurrency: int, tally: _Tally, seconds: float) -> GenResult:
+def summarize(label: str, load: Load, concurrency: int, tally: Tally, seconds: float,
+              transport: str = "openai") -> GenResult:
     samples = tally.samples
     if not samples:
         raise ClientError(f"{label}: every request failed ({tally.first_error}); is {load.model} a loaded "
@@ -213,7 +214,7 @@ def summarize(label: str, load: Load, concurrency: int, tally: _Tally, seconds: 
     ttft = _percentiles([s.ttft_s for s in samples if s.ttft_s is not None])
     itl = _percentiles([(s.latency_s - s.ttft_s) / (s.output_tokens - 1) for s in samples
                         if s.ttft_s is not None and s.output_tokens > 1])
-    return GenResult(label, "openai", load.model, concurrency, load.stream, len(samples), tally.errors, seconds,
+    return GenResult(label, transport, load.model, concurrency, load.stream, len(samples), tally.errors, seconds,
                      sum(s.prompt_tokens for s in samples) / len(samples), outputs / len(samples),
                      outputs / seconds, len(samples) / seconds, latency[0] or 0.0, latency[1] or 0.0,
                      *ttft, *itl)

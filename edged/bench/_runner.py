@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from edged.bench._genai_raw import model_folder, run_raw_genai
 from edged.bench._inproc import (
     execution_counts,
     make_inputs,
@@ -69,7 +70,7 @@ def run_inproc(scenario: Scenario, repository: Path, progress: Progress) -> list
     return results
 
 
-def run_openai(scenario: Scenario, target: dict[str, Any], progress: Progress) -> list[GenResult]:
+def run_openai(scenario: Scenario, target: dict[str, Any], repository: Path, progress: Progress) -> list[GenResult]:
     prompt_tokens, output_tokens, stream = scenario.generative
     load = Load(scenario.model, prompt_tokens, output_tokens, stream)
     progress(f"{scenario.label}: calibrating a prompt of {prompt_tokens} tokens")
@@ -79,6 +80,13 @@ def run_openai(scenario: Scenario, target: dict[str, Any], progress: Progress) -
         progress(f"{scenario.label}: concurrency {concurrency} for {scenario.duration_s:g} s")
         measure("warm-up", target, load, prompt, concurrency, scenario.warmup_s)
         results.append(measure(scenario.label, target, load, prompt, concurrency, scenario.duration_s))
+    folder = model_folder(repository, scenario.model)
+    if scenario.compare_raw and folder is not None:
+        read = round(results[0].prompt_tokens)  # the daemon's count, chat template included
+        progress(f"raw onnxruntime-genai generator loop on {folder} for {scenario.duration_s:g} s")
+        run_raw_genai(folder, "warm-up", load, prompt, read, scenario.warmup_s)
+        results.append(run_raw_genai(folder, f"raw onnxruntime-genai {scenario.model}", load, prompt, read,
+                                     scenario.duration_s))
     return results
 
 
@@ -129,7 +137,7 @@ def run_all(scenarios: list[Scenario], repository: Path, target: dict[str, Any] 
             if target is None:
                 raise ConfigError(f"scenario {scenario.label}: transport openai needs a daemon: pass --socket / "
                                   "--http-port, or --spawn")
-            results += run_openai(scenario, _openai_target(target), progress)
+            results += run_openai(scenario, _openai_target(target), repository, progress)
         elif scenario.transport in ("uds", "http"):
             if target is None:
                 raise ConfigError(f"scenario {scenario.label}: transport {scenario.transport} needs a daemon: pass "

@@ -29,7 +29,9 @@ class Scenario:
     duration_s: float = 5.0
     warmup_s: float = 1.0
     batching: Literal["config", "on", "off", "both"] = "config"
-    compare_raw: bool = True  # inproc: raw onnxruntime session.run on the same model in the same run
+    # inproc: raw onnxruntime session.run on the same model in the same run; openai: ORT GenAI's generator loop
+    # in-process on the model's folder in the repository (--model-repository, default the bundled models)
+    compare_raw: bool = True
     # inproc: requests kept in flight by completion callbacks (as perf_analyzer --async), threads calling infer(),
     # or coroutines awaiting infer_async() on one event loop
     client: Literal["callbacks", "threads", "asyncio"] = "callbacks"

@@ -30,7 +30,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per measurement")
     parser.add_argument("--batching", choices=("config", "on", "off", "both"), default="config",
                         help="inproc: run with dynamic batching as configured, forced on, off, or both")
-    parser.add_argument("--no-raw", action="store_true", help="inproc: skip the raw onnxruntime comparison")
+    parser.add_argument("--no-raw", action="store_true", help="inproc: skip the raw onnxruntime comparison; "
+                        "openai: skip the in-process ORT GenAI generator loop")
     parser.add_argument("--client", choices=("callbacks", "threads", "asyncio"), default="callbacks",
                         help="inproc: how the concurrency is kept: completion callbacks that submit the next "
                         "request (InferenceService.submit, as perf_analyzer --async; measures the engine), threads "

@@ -36,7 +36,11 @@ def test_streaming_rows_report_ttft_itl_and_token_rates_from_the_servers_counts(
     scenario = Scenario(model="tiny_llama", transport="openai", concurrency=(1, 2), duration_s=1.0, warmup_s=0.2,
                         prompt_tokens=40, output_tokens=8)
     rows = _run(genai_server, scenario)
-    assert [(r.concurrency, r.stream) for r in rows] == [(1, True), (2, True)]
+    assert [(r.transport, r.concurrency, r.stream) for r in rows] == [
+        ("openai", 1, True), ("openai", 2, True), ("raw-onnxruntime-genai", 1, True)]
+    raw = rows.pop()  # the in-process generator loop on the same folder, the prompt the daemon read
+    assert raw.requests > 0 and raw.prompt_tokens == round(rows[0].prompt_tokens) and 1 <= raw.output_tokens <= 8
+    assert raw.ttft_p50_ms is not None and 0 < raw.ttft_p50_ms <= raw.latency_p50_ms
     for row in rows:
         assert row.requests > 0 and row.errors == 0
         assert 1 <= row.output_tokens <= 8
@@ -54,7 +58,7 @@ def test_streaming_rows_report_ttft_itl_and_token_rates_from_the_servers_counts(
 @pytest.mark.timeout(180)
 def test_whole_answers_over_loopback_tcp_report_latency_without_ttft(genai_server: harness.ThreadedServer) -> None:
     scenario = Scenario(model="tiny_llama", transport="openai", duration_s=0.5, warmup_s=0.1, prompt_tokens=20,
-                        output_tokens=4, stream=False)
+                        output_tokens=4, stream=False, compare_raw=False)
     (row,) = _run(genai_server, scenario, tcp=True)
     assert row.requests > 0 and row.errors == 0 and not row.stream
     assert row.ttft_p50_ms is None and row.itl_p50_ms is None and row.latency_p50_ms > 0
@@ -65,7 +69,7 @@ def test_whole_answers_over_loopback_tcp_report_latency_without_ttft(genai_serve
 def test_cli_writes_generation_rows_as_json(genai_server: harness.ThreadedServer, tmp_path: Path) -> None:
     out = tmp_path / "rows.json"
     code = main(["bench", "--transport", "openai", "--socket", genai_server.socket_path, "--duration", "0.5",
-                 "--prompt-tokens", "16", "--output-tokens", "4", "--json", str(out)])
+                 "--prompt-tokens", "16", "--output-tokens", "4", "--no-raw", "--json", str(out)])
     assert code == 0
     (row,) = json.loads(out.read_text())
     assert row["transport"] == "openai" and row["model"] == "tiny_llama" and row["stream"] is True
