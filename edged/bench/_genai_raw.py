@@ -37,7 +37,7 @@ def run_raw_genai(folder: Path, label: str, load: Load, prompt: str, prompt_toke
     clock = time.perf_counter
     began_all = clock()
     end = began_all + duration_s
-    while clock() < end:
+    while not tally.samples or clock() < end:
         began = clock()
         params = og.GeneratorParams(model)
         params.set_search_options(max_length=len(tokens) + load.output_tokens, do_sample=False)

@@ -186,11 +186,13 @@ def measure(label: str, target: dict[str, Any], load: Load, prompt: str, concurr
     def worker() -> None:
         client = _Client(target)
         try:
-            while time.perf_counter() < deadline:
+            while True:  # at least one request each, however late the thread started
                 try:
                     tally.add(client.chat(load, prompt))
                 except ClientError as e:
                     tally.add(None, str(e))
+                if time.perf_counter() >= deadline:
+                    break
         finally:
             client.close()
 

@@ -99,3 +99,11 @@ def test_scenario_file_takes_the_generation_keys_and_refuses_them_elsewhere(
         load_scenarios(zero)
     assert main(["bench", "--transport", "uds", "--prompt-tokens", "8"]) != 0
     assert "prompt_tokens apply only to transport openai, not uds" in capsys.readouterr().err
+
+
+def test_every_client_makes_at_least_one_request_however_short_the_measurement(
+        genai_server: harness.ThreadedServer) -> None:
+    scenario = Scenario(model="tiny_llama", transport="openai", concurrency=(3,), duration_s=0.0, warmup_s=0.0,
+                        prompt_tokens=8, output_tokens=2)
+    rows = _run(genai_server, scenario)
+    assert [(r.transport, r.requests, r.errors) for r in rows] == [("openai", 3, 0), ("raw-onnxruntime-genai", 1, 0)]

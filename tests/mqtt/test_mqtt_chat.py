@@ -107,6 +107,7 @@ def test_chat_answers_one_completion_and_streams_the_same_text(front: MqttFrontE
     # pieces at QoS 0 outside the outbox, the final chunk through it at the request's QoS
     assert [m.qos for m in streamed[:-1]] == [0] * (len(streamed) - 1) and streamed[-1].qos == 1
     assert front.status()["messages_in"] >= 2
+    assert "edged_mqtt_chat_requests_total 2" in front.prometheus_lines()
     client.close()
 
 
