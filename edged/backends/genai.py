@@ -16,6 +16,7 @@ from typing import Any
 
 from edged.backends.base import Array, InstanceInfo
 from edged.backends.generative import Sampling, Token
+from edged.backends.tool_calls import TOOL_PARSER_PARAMETER, ToolParser, parser_for
 from edged.errors import BackendUnavailable, InvalidInput, ModelLoadError
 from edged.repository.model_config import ModelConfig, ModelSignature
 
@@ -28,11 +29,13 @@ except ImportError as e:  # pragma: no cover - exercised only where the genai ex
 
 _TEMPLATE_FILES = ("chat_template.jinja",)
 _WARMUP_TOKENS = 2
+_PARAMETERS = frozenset({TOOL_PARSER_PARAMETER})
 
 
 class GenAIInstance:
     def __init__(self, folder: Path, config: ModelConfig) -> None:
         self.name = config.name
+        self.tool_parser = _tool_parser(config)
         try:
             self._model = og.Model(str(folder))
             self._tokenizer = og.Tokenizer(self._model)
@@ -70,6 +73,9 @@ class GenAIInstance:
         return [int(t) for t in self._tokenizer.encode(text)]
 
     def generate(self, prompt: Sequence[int], sampling: Sampling, cancelled: threading.Event) -> Iterator[Token]:
+        return self._tokens(self._generator(prompt, sampling), cancelled)
+
+    def _generator(self, prompt: Sequence[int], sampling: Sampling) -> og.Generator:
         params = og.GeneratorParams(self._model)
         options: dict[str, Any] = {"max_length": len(prompt) + sampling.max_new_tokens}
         if sampling.temperature == 0:
@@ -80,9 +86,18 @@ class GenAIInstance:
             if sampling.seed is not None:
                 options["random_seed"] = sampling.seed
         params.set_search_options(**options)
-        generator = og.Generator(self._model, params)
-        stream = self._tokenizer.create_stream()
+        if sampling.guidance is not None:
+            params.set_guidance(*sampling.guidance)
+        try:
+            # llguidance compiles the grammar here, against this model's tokenizer
+            generator = og.Generator(self._model, params)
+        except RuntimeError as e:
+            raise InvalidInput(f"model {self.name!r}: the output constraint does not compile: {e}") from e
         generator.append_tokens(list(prompt))
+        return generator
+
+    def _tokens(self, generator: og.Generator, cancelled: threading.Event) -> Iterator[Token]:
+        stream = self._tokenizer.create_stream()
         while not generator.is_done() and not cancelled.is_set():
             generator.generate_next_token()
             token = int(generator.get_next_tokens()[0])
@@ -96,9 +111,26 @@ class GenAIInstance:
             pass
 
 
+def _tool_parser(config: ModelConfig) -> ToolParser | None:
+    unknown = sorted(set(config.parameters) - _PARAMETERS)
+    if unknown:
+        raise ModelLoadError(f"model {config.name}: parameters {', '.join(unknown)} mean nothing to the "
+                             f"onnxruntime_genai backend; it reads only {', '.join(sorted(_PARAMETERS))}")
+    try:
+        return parser_for(config.parameters)
+    except ValueError as e:
+        raise ModelLoadError(f"model {config.name}: {e}") from e
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    """Hugging Face's ``tojson`` filter, arguments included, so that templates render as transformers renders them."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
 def _load_template(folder: Path, model: str) -> jinja2.Template:
     environment = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    environment.filters["tojson"] = lambda value: json.dumps(value, ensure_ascii=False)
+    environment.filters["tojson"] = _tojson
     for name in _TEMPLATE_FILES:
         path = folder / name
         if path.is_file():

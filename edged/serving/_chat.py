@@ -21,12 +21,11 @@ import orjson
 
 from edged.backends import GenerativeInstance, Sampling
 from edged.engine import InferenceService
-from edged.errors import EdgedError, ModelNotFound, QueueFull
+from edged.errors import EdgedError, InvalidInput, ModelNotFound, QueueFull
 from edged.exposition import MetricFamily
 from edged.serving._http import Connection, Incoming, Slot
 from edged.serving._openai import (
     ChatRequest,
-    ParamError,
     chat_completion,
     chunk,
     completion_id,
@@ -37,6 +36,8 @@ from edged.serving._openai import (
     usage,
 )
 from edged.serving._response import Response, json_response, render
+from edged.serving._tool_output import ToolOutput, call_deltas, guidance
+from edged.serving._tools import ParamError
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +187,7 @@ class _Generation:
         self._chat = request.prompt is None
         self._id = completion_id(self._chat)
         self._streaming = False
+        self._tools: ToolOutput | None = None
 
     def run(self, gate: _Gate) -> None:
         try:
@@ -207,8 +209,13 @@ class _Generation:
     def _prepare(self, instance: GenerativeInstance) -> tuple[list[int], Sampling]:
         request = self._request
         text = request.prompt
+        tools = request.tools
+        if tools.active and instance.tool_parser is None:
+            raise ParamError(f"model {request.model!r} takes no tools: its config sets no parameters.tool_parser "
+                             "(how its output writes tool calls)", "tools")
         if text is None:
-            text = instance.render_chat(request.messages, None, add_generation_prompt=True)
+            text = instance.render_chat(request.messages, list(tools.definitions) if tools.active else None,
+                                        add_generation_prompt=True)
         prompt = instance.encode(text)
         room = instance.context_length - len(prompt)
         if room <= 0:
@@ -217,13 +224,19 @@ class _Generation:
         if request.max_tokens is not None and request.max_tokens > room:
             raise ParamError(f"max_tokens {request.max_tokens} does not fit: the prompt is {len(prompt)} tokens "
                              f"and model {request.model!r} takes {instance.context_length} in all", "max_tokens")
+        self._tools = ToolOutput(tools, instance.tool_parser)
         sampling = Sampling(request.max_tokens or room, request.temperature, request.top_p, request.top_k,
-                            request.seed)
+                            request.seed, guidance(tools, request.response_format, instance.tool_parser))
         return prompt, sampling
 
     def _generate(self, instance: GenerativeInstance, prompt: list[int], sampling: Sampling) -> int:
         """Generate and answer; the number of tokens generated."""
         request = self._request
+        try:
+            tokens = instance.generate(prompt, sampling, self._cancelled)
+        except InvalidInput as e:  # the grammar: from response_format, or from the tools a call must match
+            param = "response_format" if request.response_format is not None else "tools"
+            raise ParamError(str(e), param) from e
         if request.stream:
             self._streaming = True
             head = _SSE_HEAD + (b"\r\n" if self._keep_alive else b"connection: close\r\n\r\n")
@@ -234,7 +247,7 @@ class _Generation:
         parts: list[str] = []
         count = 0
         stopped = False
-        for token in instance.generate(prompt, sampling, self._cancelled):
+        for token in tokens:
             count += 1
             text, stopped = stop.feed(token.text)
             self._emit(text, parts)
@@ -246,10 +259,18 @@ class _Generation:
         if not stopped:
             self._emit(stop.flush(), parts)
         finish = "stop" if stopped or count < sampling.max_new_tokens else "length"
-        self._finish("".join(parts), finish, len(prompt), count)
+        rest, calls = self._tools.finish() if self._tools is not None else ("", [])
+        self._emit(rest, parts, held=False)
+        if calls:
+            finish = "tool_calls"
+            for delta in call_deltas(calls) if self._streaming else ():
+                self._send(_chunk_bytes(chunk(self._id, request.model, delta, None)))
+        self._finish("".join(parts), finish, len(prompt), count, calls)
         return count
 
-    def _emit(self, text: str, parts: list[str]) -> None:
+    def _emit(self, text: str, parts: list[str], held: bool = True) -> None:
+        if held and self._tools is not None:
+            text = self._tools.feed(text)
         if not text:
             return
         if self._streaming:
@@ -257,11 +278,12 @@ class _Generation:
         else:
             parts.append(text)
 
-    def _finish(self, text: str, finish: str, prompt_tokens: int, count: int) -> None:
+    def _finish(self, text: str, finish: str, prompt_tokens: int, count: int,
+                calls: list[dict[str, Any]]) -> None:
         request = self._request
         if not self._streaming:
             if self._chat:
-                doc = chat_completion(self._id, request.model, text, finish, prompt_tokens, count)
+                doc = chat_completion(self._id, request.model, text, finish, prompt_tokens, count, calls)
             else:
                 doc = {**text_completion(self._id, request.model, text, finish),
                        "usage": usage(prompt_tokens, count)}
