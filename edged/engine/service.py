@@ -19,6 +19,7 @@ from edged import __version__
 from edged.backends import Backend, load_backend
 from edged.config import ModelsConfig
 from edged.engine.aio import LoopSubmitter
+from edged.engine.generation import GenerationService
 from edged.engine.lifecycle import ModelState
 from edged.engine.memory_governor import MemoryGovernor
 from edged.engine.metadata import model_metadata
@@ -52,6 +53,7 @@ class InferenceService:
                 return load_backend(name, extra)
         self._registry = Registry(repository, models, max_elements, backend_loader, memory, unload_timeout_s)
         self._closed = False
+        self.generation = GenerationService(self)  # generative models: prompt in, a stream of text out
         # One submitter per event loop; a closed loop's entry goes away with the loop.
         self._submitters: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopSubmitter] = (
             weakref.WeakKeyDictionary())

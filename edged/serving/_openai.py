@@ -14,17 +14,11 @@ from typing import Any
 
 import orjson
 
-from edged.errors import EdgedError, ModelNotFound, PermissionDenied, QueueFull
+from edged.backends.tool_calls import ToolCall
+from edged.engine.tool_output import NO_TOOLS, Constraint, Tools
+from edged.errors import EdgedError, InvalidParameter, ModelNotFound, PermissionDenied, QueueFull
 from edged.serving._response import Response, status_for
-from edged.serving._tools import (
-    NO_TOOLS,
-    Constraint,
-    ParamError,
-    Tools,
-    message_tool_calls,
-    parse_response_format,
-    parse_tools,
-)
+from edged.serving._tools import message_tool_calls, parse_response_format, parse_tools
 
 ROLES = frozenset({"system", "user", "assistant", "tool"})
 _COMMON = frozenset({"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "stream",
@@ -35,6 +29,9 @@ COMPLETION_DEFAULT_TOKENS = 16
 IGNORED = frozenset({"user"})  # an end-user id for abuse monitoring: nothing to do on a device
 _MESSAGE_KEYS = frozenset({"role", "content", "name", "tool_call_id", "tool_calls"})
 _MAX_STOP = 4
+
+
+ParamError = InvalidParameter  # the family lives in edged.errors so that the engine can raise it too
 
 
 class Unauthenticated(PermissionDenied):
@@ -225,6 +222,22 @@ def chunk(ident: str, model: str, delta: dict[str, Any], finish: str | None) -> 
             "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
 
 
+def openai_calls(calls: tuple[ToolCall, ...]) -> list[dict[str, Any]]:
+    return [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+             "function": {"name": call.name, "arguments": call.arguments}} for call in calls]
+
+
+def call_deltas(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Streamed ``delta`` objects, as OpenAI sends them: per call its id and name, then its arguments."""
+    deltas = []
+    for index, call in enumerate(calls):
+        function = call["function"]
+        deltas.append({"tool_calls": [{"index": index, "id": call["id"], "type": "function",
+                                       "function": {"name": function["name"], "arguments": ""}}]})
+        deltas.append({"tool_calls": [{"index": index, "function": {"arguments": function["arguments"]}}]})
+    return deltas
+
+
 def text_completion(ident: str, model: str, text: str, finish: str | None) -> dict[str, Any]:
     """A /v1/completions answer, or one streamed chunk of it (same object, as OpenAI sends it)."""
     return {"id": ident, "object": "text_completion", "created": int(time.time()), "model": model,
@@ -246,7 +259,7 @@ def openai_error(error: BaseException) -> Response:
     status = 429 if isinstance(error, QueueFull) else 401 if isinstance(error, Unauthenticated) else status_for(error)
     code = ("model_not_found" if isinstance(error, ModelNotFound)
             else "invalid_api_key" if isinstance(error, Unauthenticated) else None)
-    param = error.param if isinstance(error, ParamError) else None
+    param = error.param if isinstance(error, InvalidParameter) else None
     message = str(error) if isinstance(error, EdgedError) else f"internal error: {type(error).__name__}"
     body = {"error": {"message": message, "type": _TYPES.get(status, "server_error"), "param": param, "code": code}}
     headers = ((b"www-authenticate", b'Bearer realm="edged"'),) if status == 401 else ()

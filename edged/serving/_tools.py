@@ -11,53 +11,18 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from edged.errors import InvalidInput
+from edged.engine.tool_output import Constraint, Mode, Tools
+from edged.errors import InvalidParameter
 
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for function names
 _MAX_TOOLS = 128
 _FUNCTION_KEYS = frozenset({"name", "description", "parameters", "strict"})
 _FORMAT_KEYS = frozenset({"name", "description", "schema", "strict"})
-Mode = Literal["none", "auto", "required", "named"]
 
 
-class ParamError(InvalidInput):
-    """A bad request parameter; ``param`` is its name, as OpenAI's error JSON reports it."""
-
-    def __init__(self, message: str, param: str | None) -> None:
-        super().__init__(message)
-        self.param = param
-
-
-@dataclass(frozen=True)
-class Tools:
-    definitions: tuple[dict[str, Any], ...]  # as the client sent them: the chat template reads them
-    mode: Mode
-    named: str | None = None  # the function tool_choice names, with mode "named"
-
-    @property
-    def active(self) -> bool:
-        """Whether the model is told about the tools and its output is parsed for calls."""
-        return self.mode != "none" and bool(self.definitions)
-
-    def parameters(self, name: str) -> dict[str, Any]:
-        for tool in self.definitions:
-            if tool["function"]["name"] == name:
-                schema: dict[str, Any] = tool["function"].get("parameters", {"type": "object"})
-                return schema
-        raise KeyError(name)
-
-
-NO_TOOLS = Tools((), "none")
-
-
-@dataclass(frozen=True)
-class Constraint:
-    """A JSON schema the output must match (response_format json_object / json_schema)."""
-
-    schema: dict[str, Any]
+ParamError = InvalidParameter
 
 
 def parse_tools(doc: dict[str, Any]) -> Tools:

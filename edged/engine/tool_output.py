@@ -1,18 +1,51 @@
-"""A chat answer's tool calls: what to constrain the output to, and how the output becomes ``tool_calls``.
+"""A generation's tools: what the request allows, what the output is constrained to, and how the output
+becomes tool calls (for every front end: the shapes are the chat template's, not a transport's).
 
 Streaming holds back only the text that is or may become a call (`ToolParser.hold_from`); everything before
 it leaves as content at once, so an answer without calls streams as it would without tools. A call whose
-name the request did not define, or whose arguments are not a JSON object, is content: the client never gets
-a call it cannot dispatch.
+name the request did not define is content: the client never gets a call it cannot dispatch.
 """
 
 from __future__ import annotations
 
-import uuid
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from edged.backends.tool_calls import ToolCall, ToolParser, call_schema, json_grammar
-from edged.serving._tools import Constraint, Tools
+
+Mode = Literal["none", "auto", "required", "named"]
+
+
+@dataclass(frozen=True)
+class Tools:
+    """``definitions`` as the client sent them (``{"type": "function", "function": {...}}``, checked): the
+    chat template reads them."""
+
+    definitions: tuple[dict[str, Any], ...]
+    mode: Mode
+    named: str | None = None  # the function a "named" choice names
+
+    @property
+    def active(self) -> bool:
+        """Whether the model is told about the tools and its output is parsed for calls."""
+        return self.mode != "none" and bool(self.definitions)
+
+    def parameters(self, name: str) -> dict[str, Any]:
+        for tool in self.definitions:
+            if tool["function"]["name"] == name:
+                schema: dict[str, Any] = tool["function"].get("parameters", {"type": "object"})
+                return schema
+        raise KeyError(name)
+
+
+NO_TOOLS = Tools((), "none")
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A JSON schema the whole output must match (OpenAI's response_format json_object / json_schema)."""
+
+    schema: dict[str, Any]
 
 
 def guidance(tools: Tools, response_format: Constraint | None,
@@ -25,22 +58,6 @@ def guidance(tools: Tools, response_format: Constraint | None,
     names = [tools.named] if tools.named is not None else [t["function"]["name"] for t in tools.definitions]
     schemas = [call_schema(name, tools.parameters(name), parser.arguments_key) for name in names]
     return parser.grammar(schemas[0] if len(schemas) == 1 else {"anyOf": schemas})
-
-
-def openai_calls(calls: tuple[ToolCall, ...]) -> list[dict[str, Any]]:
-    return [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-             "function": {"name": call.name, "arguments": call.arguments}} for call in calls]
-
-
-def call_deltas(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Streamed ``delta`` objects, as OpenAI sends them: per call its id and name, then its arguments."""
-    deltas = []
-    for index, call in enumerate(calls):
-        function = call["function"]
-        deltas.append({"tool_calls": [{"index": index, "id": call["id"], "type": "function",
-                                       "function": {"name": function["name"], "arguments": ""}}]})
-        deltas.append({"tool_calls": [{"index": index, "function": {"arguments": function["arguments"]}}]})
-    return deltas
 
 
 class ToolOutput:
@@ -65,12 +82,12 @@ class ToolOutput:
             self._at_start = False
         return out
 
-    def finish(self) -> tuple[str, list[dict[str, Any]]]:
-        """(the content not sent yet, the calls in OpenAI's shape) at the end of the answer."""
+    def finish(self) -> tuple[str, tuple[ToolCall, ...]]:
+        """(the content not sent yet, the calls) at the end of the answer."""
         held, self._held = self._held, ""
         if self._parser is None or not held:
-            return held, []
+            return held, ()
         parsed = self._parser.parse(held)
         if not parsed.calls or any(call.name not in self._defined for call in parsed.calls):
-            return held, []
-        return parsed.content, openai_calls(parsed.calls)
+            return held, ()
+        return parsed.content, parsed.calls
