@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from edged.backends.tool_calls import PARSERS, Parsed, ToolCall, parser_for
-from edged.engine.tool_output import NO_TOOLS, Tools, ToolOutput, guidance
+from edged.engine.tool_output import NO_TOOLS, ToolOutput, Tools, guidance
 
 RECORDED = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "tool_outputs" / "recorded.json")
                       .read_text())["cases"]
