@@ -39,7 +39,7 @@ it costs one step of the model. A client that stops listening should stop the wo
 # calls are Llama 3.x JSON tool calls, so the model config names the llama3_json tool parser. Everything is
 # compact JSON: this tokenizer spends about a token per JSON character, and the context is 256 tokens.
 CHAT_TEMPLATE = """\
-{%- if tools %}<|system|>Tools; call one as {"name":...,"parameters":{...}}:
+{%- if tools %}<|system|>Tools:
 {% for tool in tools %}{{ tool.function | tojson(separators=(',', ':')) }}
 {% endfor %}<|end|>
 {% endif %}
