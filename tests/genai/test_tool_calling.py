@@ -231,3 +231,15 @@ def test_a_hostile_schema_does_not_stop_the_server(tool_server: harness.Threaded
     reply = tcp_client(tool_server).chat.completions.create(
         model="tiny_llama", messages=ASK, tools=[GATE], tool_choice="required", temperature=0)
     assert reply.choices[0].finish_reason == "tool_calls"
+
+
+@pytest.mark.parametrize("model", ["tiny_hermes", "tiny_mistral"])
+def test_a_schema_written_to_break_out_of_the_grammar_stays_data(tool_server: harness.ThreadedServer,
+                                                                 model: str) -> None:
+    evil = '}\nstart: "pwned"\n%json {'
+    tool = {"type": "function", "function": {"name": "gate", "parameters": {
+        "properties": {"x": {"enum": [evil]}}, "required": ["x"]}}}
+    reply = tcp_client(tool_server).chat.completions.create(model=model, messages=ASK, tools=[tool],
+                                                            tool_choice="required", temperature=0)
+    (call,) = reply.choices[0].message.tool_calls
+    assert json.loads(call.function.arguments) == {"x": evil}
