@@ -24,6 +24,7 @@ class Tools:
     definitions: tuple[dict[str, Any], ...]
     mode: Mode
     named: str | None = None  # the function a "named" choice names
+    parallel: bool = True  # False: an answer keeps only its first call (OpenAI's parallel_tool_calls)
 
     @property
     def active(self) -> bool:
@@ -66,6 +67,7 @@ class ToolOutput:
     def __init__(self, tools: Tools, parser: ToolParser | None) -> None:
         self._parser = parser if tools.active else None
         self._defined = frozenset(t["function"]["name"] for t in tools.definitions)
+        self._parallel = tools.parallel
         self._held = ""
         self._at_start = True
 
@@ -90,4 +92,4 @@ class ToolOutput:
         parsed = self._parser.parse(held)
         if not parsed.calls or any(call.name not in self._defined for call in parsed.calls):
             return held, ()
-        return parsed.content, parsed.calls
+        return parsed.content, parsed.calls if self._parallel else parsed.calls[:1]

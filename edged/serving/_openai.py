@@ -23,7 +23,8 @@ from edged.serving._tools import message_tool_calls, parse_response_format, pars
 ROLES = frozenset({"system", "user", "assistant", "tool"})
 _COMMON = frozenset({"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "stream",
                      "stream_options"})
-CHAT_PARAMS = _COMMON | {"messages", "max_completion_tokens", "tools", "tool_choice", "response_format"}
+CHAT_PARAMS = _COMMON | {"messages", "max_completion_tokens", "tools", "tool_choice", "parallel_tool_calls",
+                         "response_format"}
 COMPLETION_PARAMS = _COMMON | {"prompt"}
 COMPLETION_DEFAULT_TOKENS = 16
 IGNORED = frozenset({"user"})  # an end-user id for abuse monitoring: nothing to do on a device

@@ -28,18 +28,22 @@ ParamError = InvalidParameter
 def parse_tools(doc: dict[str, Any]) -> Tools:
     raw = doc.get("tools")
     definitions = () if raw is None else _definitions(raw)
+    parallel = doc.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool) or (not definitions and "parallel_tool_calls" in doc):
+        raise ParamError("'parallel_tool_calls' must be true or false, and only beside 'tools'",
+                         "parallel_tool_calls")
     choice = doc.get("tool_choice")
     if choice is None:
-        return Tools(definitions, "auto" if definitions else "none")
+        return Tools(definitions, "auto" if definitions else "none", None, parallel)
     if choice in ("none", "auto", "required"):
         mode: Mode = choice
         if mode != "none" and not definitions:
             raise ParamError(f"'tool_choice' is {choice!r} but the request defines no 'tools'", "tool_choice")
-        return Tools(definitions, mode)
+        return Tools(definitions, mode, None, parallel)
     name = _named_choice(choice)
     if name not in {tool["function"]["name"] for tool in definitions}:
         raise ParamError(f"'tool_choice' names function {name!r}, which 'tools' does not define", "tool_choice")
-    return Tools(definitions, "named", name)
+    return Tools(definitions, "named", name, parallel)
 
 
 def _named_choice(choice: Any) -> str:

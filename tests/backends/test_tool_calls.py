@@ -101,3 +101,12 @@ def test_an_unknown_tool_parser_parameter_names_the_choices() -> None:
     with pytest.raises(ValueError, match="hermes, llama3_json, mistral"):
         parser_for({"tool_parser": "pythonic"})
     assert parser_for({}) is None
+
+
+def test_parallel_tool_calls_false_keeps_only_the_first_call() -> None:
+    case = next(c for c in RECORDED if c["parser"] == "hermes" and len(c["calls"]) == 2)
+    definitions = tuple({"type": "function", "function": {"name": c["name"]}} for c in case["calls"])
+    for parallel, count in ((True, 2), (False, 1)):
+        output = ToolOutput(Tools(definitions, "auto", None, parallel), PARSERS["hermes"])
+        output.feed(case["output"])
+        assert output.finish()[1] == _expected(case).calls[:count]

@@ -191,6 +191,8 @@ def _error(server: harness.ThreadedServer, body: dict[str, Any]) -> dict[str, An
     ({"tools": [GATE, GATE]}, "tools[1].function.name"),
     ({"tools": [GATE] * 129}, "tools"),
     ({"tool_choice": "required"}, "tool_choice"),
+    ({"parallel_tool_calls": False}, "parallel_tool_calls"),
+    ({"tools": [GATE], "parallel_tool_calls": "no"}, "parallel_tool_calls"),
     ({"tools": [GATE], "tool_choice": "sometimes"}, "tool_choice"),
     ({"tools": [GATE], "tool_choice": {"type": "function", "function": {"name": "light"}}}, "tool_choice"),
     ({"response_format": {"type": "xml"}}, "response_format"),
@@ -243,3 +245,10 @@ def test_a_schema_written_to_break_out_of_the_grammar_stays_data(tool_server: ha
                                                             tool_choice="required", temperature=0)
     (call,) = reply.choices[0].message.tool_calls
     assert json.loads(call.function.arguments) == {"x": evil}
+
+
+def test_parallel_tool_calls_false_is_accepted_and_gives_one_call(tool_server: harness.ThreadedServer) -> None:
+    reply = tcp_client(tool_server).chat.completions.create(
+        model="tiny_hermes", messages=ASK, tools=[GATE, LIGHT], tool_choice="required", parallel_tool_calls=False,
+        temperature=0)
+    assert reply.choices[0].finish_reason == "tool_calls" and len(reply.choices[0].message.tool_calls) == 1
