@@ -4,11 +4,13 @@ that memory admission, ``edged models validate`` and the backend agree on the sa
 Limits come from config.pbtxt ``parameters`` (each optional, each an integer; anything else is refused
 with the parameter named): ``max_sequences`` (sequences generated at once, default 1, at most 64),
 ``max_waiting`` (requests waiting for a sequence slot, default 8; 0 allowed), ``max_prompt_tokens`` and
-``max_output_tokens`` (default: the model's context length). The KV cache is what ORT GenAI allocates per sequence for ``max_length`` tokens
-(its past/present buffer is sized once, up front): 2 (key and value) x layers x KV heads x head size x
-max_length x element size, where max_length is the most the daemon ever asks for (the context length, cut by
-the two token limits) and the element size is ``kv_cache_dtype`` (default float32 on the CPU provider, float16
-when the model names the CUDA or TensorRT provider, as ORT GenAI's model builder writes them).
+``max_output_tokens`` (default: the model's context length).
+
+The KV cache is what ORT GenAI allocates per sequence for ``max_length`` tokens (its past/present buffer is
+sized once, up front): 2 (key and value) x layers x KV heads x head size x max_length x element size, where
+max_length is the most the daemon ever asks for (the context length, cut by the two token limits) and the
+element size is ``kv_cache_dtype`` (default float32 on the CPU provider, float16 when the model names the CUDA
+or TensorRT provider, as ORT GenAI's model builder writes them).
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ counts prompt tokens and generated tokens, the end-of-sequence token not counted
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -26,6 +27,7 @@ from edged.engine.generation_stream import (
     Finished,
     FinishReason,
     GenerationStream,
+    Sink,
     Started,
     TextDelta,
     Usage,
@@ -92,10 +94,15 @@ class GenerationService:
         # daemon when telemetry runs
         self.energy_per_unit_mj: Callable[[], Mapping[str, float]] | None = None
 
-    def submit(self, request: GenerationRequest) -> GenerationStream:
+    def submit(self, request: GenerationRequest,
+               deliver: tuple[asyncio.AbstractEventLoop, Sink] | None = None) -> GenerationStream:
+        """``deliver``: have the stream's batches delivered to a callback on an event loop from the start
+        (`GenerationStream.deliver_to`), so that the worker never waits for the loop to subscribe."""
         gate = self._gate(request.model)
         gate.admit(request.model)
         stream = GenerationStream()
+        if deliver is not None:
+            stream.deliver_to(*deliver)
         worker = _Worker(self, request, stream, gate)
         threading.Thread(target=worker.run, name=f"generate-{request.model}", daemon=True).start()
         return stream
@@ -194,7 +201,7 @@ class _Worker:
         try:
             self._holding = True
             self._gate.stats.started()
-            self._stream.put(Started(len(prompt)))
+            self._put(Started(len(prompt)))
             return self._generate(instance, prompt, sampling)
         finally:
             slot.release()
@@ -234,7 +241,10 @@ class _Worker:
         return "stop" if self._count < sampling.max_new_tokens else "length"
 
     def _emit(self, text: str) -> None:
-        if self._stream.put(TextDelta(text)):
+        self._put(TextDelta(text))
+
+    def _put(self, event: Started | TextDelta) -> None:
+        if self._stream.put(event):
             # The consumer's event loop was waiting and has been woken: hand it the GIL now, or it waits for the
             # interpreter's switch interval (5 ms) while this thread generates on, and tokens leave in bursts.
             time.sleep(0)
