@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from edged.backends.base import Array, InstanceInfo
-from edged.backends.genai_config import generation_limits
+from edged.backends.genai_config import TEMPLATE_FILES, generation_limits
 from edged.backends.generative import Sampling, Token
 from edged.errors import BackendUnavailable, EdgedError, InvalidInput, ModelLoadError
 from edged.repository.model_config import ModelConfig, ModelSignature
@@ -27,7 +27,6 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only where the genai extra is missing
     raise BackendUnavailable(f"the onnxruntime_genai backend needs the genai extra: {e}") from e
 
-_TEMPLATE_FILES = ("chat_template.jinja",)
 _WARMUP_TOKENS = 2
 
 
@@ -110,14 +109,14 @@ class GenAIInstance:
 def _load_template(folder: Path, model: str) -> jinja2.Template:
     environment = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     environment.filters["tojson"] = lambda value: json.dumps(value, ensure_ascii=False)
-    for name in _TEMPLATE_FILES:
+    for name in TEMPLATE_FILES:
         path = folder / name
         if path.is_file():
             try:
                 return environment.from_string(path.read_text())
             except jinja2.TemplateError as e:
                 raise ModelLoadError(f"model {model}: chat template {path} does not parse: {e}") from e
-    raise ModelLoadError(f"model {model}: no chat template in {folder} (expected {', '.join(_TEMPLATE_FILES)})")
+    raise ModelLoadError(f"model {model}: no chat template in {folder} (expected {', '.join(TEMPLATE_FILES)})")
 
 
 class GenAIBackend:

@@ -121,3 +121,40 @@ def weight_bytes(folder: Path) -> int:
 def _names_gpu(decoder: Mapping[str, Any]) -> bool:
     options = decoder.get("session_options", {}).get("provider_options", [])
     return any(isinstance(o, dict) and any(k in _GPU_PROVIDERS for k in o) for o in options)
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
+TEMPLATE_FILES = ("chat_template.jinja",)
+
+
+@dataclass(frozen=True)
+class FolderReport:
+    shape: DecoderShape
+    limits: GenerationLimits
+    kv_bytes: int
+    weight_bytes: int
+    template: Path
+
+
+def check_model_folder(folder: Path, model: str, parameters: Mapping[str, str]) -> FolderReport:
+    """What ORT GenAI needs in a version folder, checked without loading it; ModelConfigError naming what is
+    missing or wrong (a decoder file named outside the folder is refused like any path a config names)."""
+    shape = read_decoder_shape(folder, model)
+    limits = generation_limits(model, parameters)
+    kv = kv_cache_bytes(shape, limits, parameters, model)
+    doc = json.loads((folder / GENAI_CONFIG).read_text())
+    filename = doc["model"]["decoder"].get("filename")
+    if not isinstance(filename, str) or not filename:
+        raise ModelConfigError(f"model {model}: {folder / GENAI_CONFIG} names no model.decoder.filename")
+    decoder = (folder / filename).resolve()
+    if folder.resolve() not in decoder.parents:
+        raise ModelConfigError(f"model {model}: model.decoder.filename {filename!r} leads outside {folder}")
+    if not decoder.is_file():
+        raise ModelConfigError(f"model {model}: the decoder {filename!r} named by {GENAI_CONFIG} is not in {folder}")
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise ModelConfigError(f"model {model}: no tokenizer in {folder} (expected {' or '.join(TOKENIZER_FILES)})")
+    template = next((folder / n for n in TEMPLATE_FILES if (folder / n).is_file()), None)
+    if template is None:
+        raise ModelConfigError(f"model {model}: no chat template in {folder} (expected "
+                               f"{', '.join(TEMPLATE_FILES)})")
+    return FolderReport(shape, limits, kv, weight_bytes(folder), template)
