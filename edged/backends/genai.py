@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from edged.backends.base import Array, InstanceInfo
+from edged.backends.genai_config import KV_DTYPE_PARAMETER, LIMIT_PARAMETERS, TEMPLATE_FILES, generation_limits
 from edged.backends.generative import Sampling, Token
 from edged.backends.tool_calls import TOOL_PARSER_PARAMETER, ToolParser, parser_for
-from edged.errors import BackendUnavailable, InvalidInput, ModelLoadError
+from edged.errors import BackendUnavailable, EdgedError, InvalidInput, ModelLoadError
 from edged.repository.model_config import ModelConfig, ModelSignature
 
 try:
@@ -27,15 +28,18 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only where the genai extra is missing
     raise BackendUnavailable(f"the onnxruntime_genai backend needs the genai extra: {e}") from e
 
-_TEMPLATE_FILES = ("chat_template.jinja",)
 _WARMUP_TOKENS = 2
-_PARAMETERS = frozenset({TOOL_PARSER_PARAMETER})
+_PARAMETERS = frozenset({TOOL_PARSER_PARAMETER, KV_DTYPE_PARAMETER, *LIMIT_PARAMETERS})
 
 
 class GenAIInstance:
     def __init__(self, folder: Path, config: ModelConfig) -> None:
         self.name = config.name
         self.tool_parser = _tool_parser(config)
+        try:
+            limits = generation_limits(config.name, config.parameters)
+        except EdgedError as e:
+            raise ModelLoadError(str(e)) from e
         try:
             self._model = og.Model(str(folder))
             self._tokenizer = og.Tokenizer(self._model)
@@ -47,9 +51,10 @@ class GenAIInstance:
         eos = genai_config.get("model", {}).get("eos_token_id", [])
         self._eos = frozenset(eos if isinstance(eos, list) else [eos])
         self._template = _load_template(folder, config.name)
+        warmed = self._warm_up()
         self.info = InstanceInfo(device="cpu", providers=("onnxruntime_genai",),
-                                 details={"context_length": self.context_length})
-        self._warm_up()
+                                 details={"context_length": self.context_length,
+                                          "max_sequences": limits.max_sequences, "warmup_tokens": warmed})
 
     def run(self, inputs: Mapping[str, Array], output_names: Sequence[str]) -> dict[str, Array]:
         raise InvalidInput(f"model {self.name!r} is generative (backend onnxruntime_genai): it takes no tensors; "
@@ -105,10 +110,15 @@ class GenAIInstance:
                 return  # the end of the answer, not a part of it
             yield Token(token, stream.decode(token))
 
-    def _warm_up(self) -> None:
+    def _warm_up(self) -> int:
+        """Generate a few tokens before serving, so the first request pays no first-run cost; the count made.
+
+        The end-of-sequence token is not yielded, so a model that ends at once warms up with fewer tokens."""
         prompt = self.encode("warm up")
-        for _ in self.generate(prompt, Sampling(_WARMUP_TOKENS, temperature=0), threading.Event()):
-            pass
+        try:
+            return sum(1 for _ in self.generate(prompt, Sampling(_WARMUP_TOKENS, temperature=0), threading.Event()))
+        except RuntimeError as e:
+            raise ModelLoadError(f"model {self.name}: warm-up generation failed: {e}") from e
 
 
 def _tool_parser(config: ModelConfig) -> ToolParser | None:
@@ -131,14 +141,14 @@ def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
 def _load_template(folder: Path, model: str) -> jinja2.Template:
     environment = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     environment.filters["tojson"] = _tojson
-    for name in _TEMPLATE_FILES:
+    for name in TEMPLATE_FILES:
         path = folder / name
         if path.is_file():
             try:
                 return environment.from_string(path.read_text())
             except jinja2.TemplateError as e:
                 raise ModelLoadError(f"model {model}: chat template {path} does not parse: {e}") from e
-    raise ModelLoadError(f"model {model}: no chat template in {folder} (expected {', '.join(_TEMPLATE_FILES)})")
+    raise ModelLoadError(f"model {model}: no chat template in {folder} (expected {', '.join(TEMPLATE_FILES)})")
 
 
 class GenAIBackend:

@@ -73,6 +73,8 @@ class Daemon:
             database = default_database_path(str(self.state_dir), config.telemetry.database)
             self.telemetry = TelemetryService(config.telemetry, database, activity=self.service, health=self.health,
                                               clock=self.clock)
+            telemetry = self.telemetry
+            self.service.generation.energy_per_unit_mj = lambda: telemetry.snapshot()["energy_per_inference_mj"]
         self.ota: OtaAgent | None = None
         if config.ota.enabled:
             from edged.ota import OtaAgent  # only when enabled: python-tuf is the optional "ota" extra

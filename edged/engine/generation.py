@@ -11,20 +11,24 @@ counts prompt tokens and generated tokens, the end-of-sequence token not counted
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from edged.backends import GenerativeInstance, Sampling
+from edged.backends.genai_config import GenerationLimits, generation_limits
 from edged.backends.tool_calls import ToolCall
 from edged.engine.generation_gate import SequenceGate
+from edged.engine.generation_metrics import metric_families
 from edged.engine.generation_stream import (
     Finished,
     FinishReason,
     GenerationStream,
+    Sink,
     Started,
     TextDelta,
     Usage,
@@ -39,6 +43,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 GENAI_RUNTIME = "onnxruntime_genai"
+_CANCEL_POLL_S = 0.05  # how soon a request cancelled while it waits for a sequence slot leaves the line
 
 
 @dataclass(frozen=True)
@@ -88,11 +93,19 @@ class GenerationService:
         self._service = service
         self._gates: dict[str, SequenceGate] = {}
         self._lock = threading.Lock()
+        # telemetry's energy per unit of work by model (for generative models: per output token); set by the
+        # daemon when telemetry runs
+        self.energy_per_unit_mj: Callable[[], Mapping[str, float]] | None = None
 
-    def submit(self, request: GenerationRequest) -> GenerationStream:
+    def submit(self, request: GenerationRequest,
+               deliver: tuple[asyncio.AbstractEventLoop, Sink] | None = None) -> GenerationStream:
+        """``deliver``: have the stream's batches delivered to a callback on an event loop from the start
+        (`GenerationStream.deliver_to`), so that the worker never waits for the loop to subscribe."""
         gate = self._gate(request.model)
         gate.admit(request.model)
         stream = GenerationStream()
+        if deliver is not None:
+            stream.deliver_to(*deliver)
         worker = _Worker(self, request, stream, gate)
         threading.Thread(target=worker.run, name=f"generate-{request.model}", daemon=True).start()
         return stream
@@ -117,16 +130,33 @@ class GenerationService:
     def metric_families(self) -> list[MetricFamily]:
         with self._lock:
             gates = sorted(self._gates.items())
-        return SequenceGate.metric_families(gates)
+        energy = self.energy_per_unit_mj() if self.energy_per_unit_mj is not None else {}
+        return metric_families([(model, gate.stats, gate.admitted) for model, gate in gates], energy)
+
+    def statistics(self, model: str) -> dict[str, Any] | None:
+        """The model's generation figures for the statistics extension; None for a model never asked."""
+        with self._lock:
+            gate = self._gates.get(model)
+        return None if gate is None else gate.stats.as_json()
+
+    def activity(self) -> dict[str, tuple[int, int]]:
+        """Model → (output tokens, decode ns), cumulative: what telemetry attributes energy by."""
+        with self._lock:
+            gates = list(self._gates.items())
+        return {model: (gate.stats.output_tokens, gate.stats.decode_ns) for model, gate in gates}
 
     def _gate(self, model: str) -> SequenceGate:
+        # only models of the repository get a gate: a client cycling through names cannot grow the table
+        if model not in self._service.model_names():
+            raise ModelNotFound(f"model {model!r} is not in the repository (see GET /v1/models)")
+        config = self._service.model_config(model)
+        limits = generation_limits(model, config.parameters)
         with self._lock:
             gate = self._gates.get(model)
             if gate is None:
-                # only models of the repository get a gate: a client cycling through names cannot grow the table
-                if model not in self._service.model_names():
-                    raise ModelNotFound(f"model {model!r} is not in the repository (see GET /v1/models)")
-                gate = self._gates[model] = SequenceGate()
+                gate = self._gates[model] = SequenceGate(limits)
+            else:
+                gate.configure(limits)
             return gate
 
 
@@ -139,29 +169,48 @@ class _Worker:
         self._request = request
         self._stream = stream
         self._gate = gate
+        self._admitted = time.perf_counter()
+        self._prompt_tokens = 0
+        self._count = 0
+        self._decode_ns = 0
+        self._holding = False
+        self._calls: tuple[ToolCall, ...] = ()
 
     def run(self) -> None:
-        gate = self._gate
+        stats = self._gate.stats
         try:
             instance = self._owner.instance(self._request.model)
-            prompt, sampling = _prepare(instance, self._request)
-            with gate.running:
-                self._stream.put(Started(len(prompt)))
-                reason, count, calls = self._generate(instance, prompt, sampling)
-                gate.record("cancelled" if reason == "cancelled" else "completed", len(prompt), count)
-            self._stream.put(Finished(reason, Usage(len(prompt), count), calls))
+            prompt, sampling = _prepare(instance, self._request, self._gate.limits)
+            self._prompt_tokens = len(prompt)
+            reason = self._in_slot(instance, prompt, sampling)
+            stats.ended("cancelled" if reason == "cancelled" else "completed", len(prompt), self._count,
+                        self._decode_ns, self._holding)
+            self._stream.put(Finished(reason, Usage(len(prompt), self._count), self._calls))
         except EdgedError as e:
-            gate.record("refused")
+            stats.ended("refused", self._prompt_tokens, self._count, self._decode_ns, self._holding)
             self._stream.put(e)
         except Exception as e:  # a worker thread: an escaping error would leave the consumer waiting forever
             log.error("generation failed for model %s", self._request.model, exc_info=e)
-            gate.record("failed")
+            stats.ended("failed", self._prompt_tokens, self._count, self._decode_ns, self._holding)
             self._stream.put(e)
         finally:
-            gate.leave()
+            self._gate.leave()
 
-    def _generate(self, instance: GenerativeInstance, prompt: list[int],
-                  sampling: Sampling) -> tuple[FinishReason, int, tuple[ToolCall, ...]]:
+    def _in_slot(self, instance: GenerativeInstance, prompt: list[int], sampling: Sampling) -> FinishReason:
+        slot = self._gate.running
+        # wait for a sequence slot, but leave the line as soon as the consumer cancels
+        while not slot.acquire(timeout=_CANCEL_POLL_S):
+            if self._stream.cancelled:
+                return "cancelled"
+        try:
+            self._holding = True
+            self._gate.stats.started()
+            self._put(Started(len(prompt)))
+            return self._generate(instance, prompt, sampling)
+        finally:
+            slot.release()
+
+    def _generate(self, instance: GenerativeInstance, prompt: list[int], sampling: Sampling) -> FinishReason:
         stream = self._stream
         request = self._request
         try:
@@ -170,36 +219,51 @@ class _Worker:
             raise InvalidParameter(str(e), "response_format" if request.response_format else "tools") from e
         stop = StopText(request.stop)
         tools = ToolOutput(request.tools, instance.tool_parser)
-        count = 0
+        gaps: list[float] = []
+        first = last = 0.0
         reason: FinishReason | None = None
-        for token in tokens:
-            count += 1
-            text, stopped = stop.feed(token.text)
-            self._emit(tools.feed(text))
-            if stopped:
-                reason = "stop"
-                break
+        try:
+            for token in tokens:
+                now = time.perf_counter()
+                if self._count == 0:
+                    first = now
+                    self._gate.stats.first_token(now - self._admitted)
+                else:
+                    gaps.append(now - last)
+                last = now
+                self._count += 1
+                text, stopped = stop.feed(token.text)
+                self._emit(tools.feed(text))
+                if stopped:
+                    reason = "stop"
+                    break
+        finally:
+            self._decode_ns = int((last - first) * 1e9)
+            self._gate.stats.token_gaps(gaps)
         if stream.cancelled:
-            return "cancelled", count, ()
+            return "cancelled"
         if reason is None:
             self._emit(tools.feed(stop.flush()))
-            reason = "stop" if count < sampling.max_new_tokens else "length"
-        rest, calls = tools.finish()
+            reason = "stop" if self._count < sampling.max_new_tokens else "length"
+        rest, self._calls = tools.finish()
         self._emit(rest)
         # tool_choice required or named with no call: only when max_tokens cut the constrained call short,
         # and then "length" says so (the text generated is the content, as OpenAI returns what the model wrote)
-        return ("tool_calls" if calls else reason), count, calls
+        return "tool_calls" if self._calls else reason
 
     def _emit(self, text: str) -> None:
-        if not text:
-            return
-        if self._stream.put(TextDelta(text)):
+        if text:
+            self._put(TextDelta(text))
+
+    def _put(self, event: Started | TextDelta) -> None:
+        if self._stream.put(event):
             # The consumer's event loop was waiting and has been woken: hand it the GIL now, or it waits for the
             # interpreter's switch interval (5 ms) while this thread generates on, and tokens leave in bursts.
             time.sleep(0)
 
 
-def _prepare(instance: GenerativeInstance, request: GenerationRequest) -> tuple[list[int], Sampling]:
+def _prepare(instance: GenerativeInstance, request: GenerationRequest,
+             limits: GenerationLimits) -> tuple[list[int], Sampling]:
     text = request.prompt
     tools = request.tools
     if tools.active and instance.tool_parser is None:
@@ -209,7 +273,17 @@ def _prepare(instance: GenerativeInstance, request: GenerationRequest) -> tuple[
         text = instance.render_chat(request.messages, list(tools.definitions) if tools.active else None,
                                     add_generation_prompt=True)
     prompt = instance.encode(text)
+    if limits.max_prompt_tokens is not None and len(prompt) > limits.max_prompt_tokens:
+        raise InvalidParameter(f"the prompt is {len(prompt)} tokens; model {request.model!r} takes at most "
+                               f"{limits.max_prompt_tokens} (parameter max_prompt_tokens)",
+                               "prompt" if request.prompt is not None else "messages")
     room = instance.context_length - len(prompt)
+    if limits.max_output_tokens is not None:
+        if request.max_tokens is not None and request.max_tokens > limits.max_output_tokens:
+            raise InvalidParameter(f"max_tokens {request.max_tokens} is more than model {request.model!r} "
+                                   f"generates: at most {limits.max_output_tokens} (parameter "
+                                   "max_output_tokens)", "max_tokens")
+        room = min(room, limits.max_output_tokens)
     if room <= 0:
         raise InvalidParameter(f"the prompt is {len(prompt)} tokens; model {request.model!r} takes at most "
                                f"{instance.context_length} tokens of prompt and output together", "messages")

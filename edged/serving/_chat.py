@@ -1,8 +1,8 @@
 """``GET /v1/models``, ``POST /v1/chat/completions`` and ``POST /v1/completions``: OpenAI's HTTP and SSE shapes
 over the engine's `GenerationService` (engine/generation.py), which does the work in its own threads.
 
-Invariants: nothing blocking runs on the event loop (the stream is read with async iteration, each batch of
-waiting events written in one socket write); every error before the first streamed byte is OpenAI's error JSON
+Invariants: nothing blocking runs on the event loop (the stream delivers each batch of waiting events to a
+callback on the loop, written in one socket write); every error before the first streamed byte is OpenAI's error JSON
 with its status, after it an SSE ``error`` event; a client that disconnects cancels its generation (the
 connection calls the slot's ``cancel``, and a write to a closed connection does the same), and the generator
 stops before its next token.
@@ -58,7 +58,7 @@ def generation_request(request: ChatRequest) -> GenerationRequest:
 class ChatPath:
     def __init__(self, service: InferenceService) -> None:
         self._generation: GenerationService = service.generation
-        self._tasks: set[asyncio.Task[None]] = set()  # strong references: the loop keeps only weak ones
+        self._loop = asyncio.get_running_loop()
 
     def models(self) -> Response:
         data = [{"id": name, "object": "model", "created": 0, "owned_by": "edged"}
@@ -69,15 +69,12 @@ class ChatPath:
         """``chat``: /v1/chat/completions, else /v1/completions (a prompt string, no chat template)."""
         try:
             request = parse_chat(incoming.body) if chat else parse_completion(incoming.body)
-            stream = self._generation.submit(generation_request(request))
+            answer = _Answer(connection, incoming, slot, request)
+            answer.stream = self._generation.submit(generation_request(request), (self._loop, answer.deliver))
         except EdgedError as e:
             connection.respond(slot, render(openai_error(e), incoming.keep_alive), not incoming.keep_alive)
             return
-        slot.cancel = stream.cancel
-        answer = _Answer(connection, incoming, slot, request, stream)
-        task = asyncio.ensure_future(answer.run())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        slot.cancel = answer.stream.cancel
 
     def metric_families(self) -> list[MetricFamily]:
         return self._generation.metric_families()
@@ -86,28 +83,29 @@ class ChatPath:
 class _Answer:
     """One request's answer, written on the event loop as its events arrive."""
 
-    def __init__(self, connection: Connection, incoming: Incoming, slot: Slot, request: ChatRequest,
-                 stream: GenerationStream) -> None:
+    stream: GenerationStream  # set once submitted; batches are delivered on the loop, so never before that
+
+    def __init__(self, connection: Connection, incoming: Incoming, slot: Slot, request: ChatRequest) -> None:
         self._connection = connection
         self._keep_alive = incoming.keep_alive
         self._slot = slot
         self._request = request
-        self._stream = stream
         self._chat = request.prompt is None
         self._id = completion_id(self._chat)
         self._streaming = False
         self._parts: list[str] = []
 
-    async def run(self) -> None:
-        try:
-            async for batch in self._stream.batches():
-                data = b"".join(self._event(event) for event in batch)
-                if isinstance(batch[-1], Finished):
-                    self._finish(data, batch[-1])
-                elif data and not self._connection.stream(self._slot, data):
-                    self._stream.cancel()
-        except Exception as e:  # the stream re-raises what stopped the generation; the engine logged the unexpected
-            self._fail(e)
+    def deliver(self, batch: list[GenerationEvent], error: BaseException | None) -> None:
+        """A batch of events on the event loop: written in one socket write; ``error`` ends the answer."""
+        data = b"".join(self._event(event) for event in batch)
+        if error is not None:  # what stopped the generation; the engine logged an unexpected one
+            if data:
+                self._connection.stream(self._slot, data)
+            self._fail(error)
+        elif batch and isinstance(batch[-1], Finished):
+            self._finish(data, batch[-1])
+        elif data and not self._connection.stream(self._slot, data):
+            self.stream.cancel()
 
     def _event(self, event: GenerationEvent) -> bytes:
         if isinstance(event, TextDelta):

@@ -85,3 +85,9 @@ def test_errors_are_raised_to_the_consumer(service: InferenceService) -> None:
     with pytest.raises(InvalidParameter, match="max_tokens 100000 does not fit") as refused:
         list(service.generation.submit(GenerationRequest("tiny_llama", prompt=PROMPT, max_tokens=100000)))
     assert refused.value.param == "max_tokens"
+
+
+def test_warm_up_generated_tokens_before_the_model_served(service: InferenceService) -> None:
+    details = service.version_info("tiny_llama").instances[0].info.details
+    assert details["warmup_tokens"] == 2
+    assert details["max_sequences"] == 1
