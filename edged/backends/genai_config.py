@@ -4,12 +4,13 @@ that memory admission, ``edged models validate`` and the backend agree on the sa
 Limits come from config.pbtxt ``parameters`` (each optional, each an integer; anything else is refused
 with the parameter named): ``max_sequences`` (sequences generated at once, default 1, at most 64),
 ``max_waiting`` (requests waiting for a sequence slot, default 8; 0 allowed), ``max_prompt_tokens`` and
-``max_output_tokens`` (default: the model's context length). The KV cache is what ORT GenAI allocates per
-sequence for ``max_length`` tokens (its past/present buffer is sized once, up front): 2 (key and value) x
-layers x KV heads x head size x max_length x element size, where max_length is the most the daemon ever asks
-for (the context length, cut by the two token limits) and the element size is ``kv_cache_dtype`` (default
-float32 on the CPU provider, float16 when the model names the CUDA or TensorRT provider, as ORT GenAI's model
-builder writes them).
+``max_output_tokens`` (default: the model's context length).
+
+The KV cache is what ORT GenAI allocates per sequence for ``max_length`` tokens (its past/present buffer is
+sized once, up front): 2 (key and value) x layers x KV heads x head size x max_length x element size, where
+max_length is the most the daemon ever asks for (the context length, cut by the two token limits) and the
+element size is ``kv_cache_dtype`` (default float32 on the CPU provider, float16 when the model names the CUDA
+or TensorRT provider, as ORT GenAI's model builder writes them).
 """
 
 from __future__ import annotations
@@ -120,3 +121,40 @@ def weight_bytes(folder: Path) -> int:
 def _names_gpu(decoder: Mapping[str, Any]) -> bool:
     options = decoder.get("session_options", {}).get("provider_options", [])
     return any(isinstance(o, dict) and any(k in _GPU_PROVIDERS for k in o) for o in options)
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
+TEMPLATE_FILES = ("chat_template.jinja",)
+
+
+@dataclass(frozen=True)
+class FolderReport:
+    shape: DecoderShape
+    limits: GenerationLimits
+    kv_bytes: int
+    weight_bytes: int
+    template: Path
+
+
+def check_model_folder(folder: Path, model: str, parameters: Mapping[str, str]) -> FolderReport:
+    """What ORT GenAI needs in a version folder, checked without loading it; ModelConfigError naming what is
+    missing or wrong (a decoder file named outside the folder is refused like any path a config names)."""
+    shape = read_decoder_shape(folder, model)
+    limits = generation_limits(model, parameters)
+    kv = kv_cache_bytes(shape, limits, parameters, model)
+    doc = json.loads((folder / GENAI_CONFIG).read_text())
+    filename = doc["model"]["decoder"].get("filename")
+    if not isinstance(filename, str) or not filename:
+        raise ModelConfigError(f"model {model}: {folder / GENAI_CONFIG} names no model.decoder.filename")
+    decoder = (folder / filename).resolve()
+    if folder.resolve() not in decoder.parents:
+        raise ModelConfigError(f"model {model}: model.decoder.filename {filename!r} leads outside {folder}")
+    if not decoder.is_file():
+        raise ModelConfigError(f"model {model}: the decoder {filename!r} named by {GENAI_CONFIG} is not in {folder}")
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise ModelConfigError(f"model {model}: no tokenizer in {folder} (expected {' or '.join(TOKENIZER_FILES)})")
+    template = next((folder / n for n in TEMPLATE_FILES if (folder / n).is_file()), None)
+    if template is None:
+        raise ModelConfigError(f"model {model}: no chat template in {folder} (expected "
+                               f"{', '.join(TEMPLATE_FILES)})")
+    return FolderReport(shape, limits, kv, weight_bytes(folder), template)

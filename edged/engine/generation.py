@@ -11,6 +11,7 @@ counts prompt tokens and generated tokens, the end-of-sequence token not counted
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -20,17 +21,20 @@ from typing import TYPE_CHECKING, Any
 
 from edged.backends import GenerativeInstance, Sampling
 from edged.backends.genai_config import GenerationLimits, generation_limits
+from edged.backends.tool_calls import ToolCall
 from edged.engine.generation_gate import SequenceGate
 from edged.engine.generation_metrics import metric_families
 from edged.engine.generation_stream import (
     Finished,
     FinishReason,
     GenerationStream,
+    Sink,
     Started,
     TextDelta,
     Usage,
 )
-from edged.errors import EdgedError, InvalidParameter, ModelNotFound
+from edged.engine.tool_output import NO_TOOLS, Constraint, ToolOutput, Tools, guidance
+from edged.errors import EdgedError, InvalidInput, InvalidParameter, ModelNotFound
 from edged.exposition import MetricFamily
 
 if TYPE_CHECKING:
@@ -49,13 +53,14 @@ class GenerationRequest:
     model: str
     messages: tuple[Mapping[str, Any], ...] = ()
     prompt: str | None = None
-    tools: tuple[Mapping[str, Any], ...] | None = None
+    tools: Tools = NO_TOOLS  # the definitions go to the chat template when active, and the output is parsed
     max_tokens: int | None = None  # None: as many as the context leaves
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    response_format: Constraint | None = None  # a JSON schema the output is constrained to; None: free text
 
 
 class StopText:
@@ -92,10 +97,15 @@ class GenerationService:
         # daemon when telemetry runs
         self.energy_per_unit_mj: Callable[[], Mapping[str, float]] | None = None
 
-    def submit(self, request: GenerationRequest) -> GenerationStream:
+    def submit(self, request: GenerationRequest,
+               deliver: tuple[asyncio.AbstractEventLoop, Sink] | None = None) -> GenerationStream:
+        """``deliver``: have the stream's batches delivered to a callback on an event loop from the start
+        (`GenerationStream.deliver_to`), so that the worker never waits for the loop to subscribe."""
         gate = self._gate(request.model)
         gate.admit(request.model)
         stream = GenerationStream()
+        if deliver is not None:
+            stream.deliver_to(*deliver)
         worker = _Worker(self, request, stream, gate)
         threading.Thread(target=worker.run, name=f"generate-{request.model}", daemon=True).start()
         return stream
@@ -164,6 +174,7 @@ class _Worker:
         self._count = 0
         self._decode_ns = 0
         self._holding = False
+        self._calls: tuple[ToolCall, ...] = ()
 
     def run(self) -> None:
         stats = self._gate.stats
@@ -174,7 +185,7 @@ class _Worker:
             reason = self._in_slot(instance, prompt, sampling)
             stats.ended("cancelled" if reason == "cancelled" else "completed", len(prompt), self._count,
                         self._decode_ns, self._holding)
-            self._stream.put(Finished(reason, Usage(len(prompt), self._count)))
+            self._stream.put(Finished(reason, Usage(len(prompt), self._count), self._calls))
         except EdgedError as e:
             stats.ended("refused", self._prompt_tokens, self._count, self._decode_ns, self._holding)
             self._stream.put(e)
@@ -194,19 +205,25 @@ class _Worker:
         try:
             self._holding = True
             self._gate.stats.started()
-            self._stream.put(Started(len(prompt)))
+            self._put(Started(len(prompt)))
             return self._generate(instance, prompt, sampling)
         finally:
             slot.release()
 
     def _generate(self, instance: GenerativeInstance, prompt: list[int], sampling: Sampling) -> FinishReason:
         stream = self._stream
-        stop = StopText(self._request.stop)
+        request = self._request
+        try:
+            tokens = instance.generate(prompt, sampling, stream.cancel_requested)
+        except InvalidInput as e:  # the grammar: from response_format, or from the tools a call must match
+            raise InvalidParameter(str(e), "response_format" if request.response_format else "tools") from e
+        stop = StopText(request.stop)
+        tools = ToolOutput(request.tools, instance.tool_parser)
         gaps: list[float] = []
         first = last = 0.0
         reason: FinishReason | None = None
         try:
-            for token in instance.generate(prompt, sampling, stream.cancel_requested):
+            for token in tokens:
                 now = time.perf_counter()
                 if self._count == 0:
                     first = now
@@ -216,25 +233,30 @@ class _Worker:
                 last = now
                 self._count += 1
                 text, stopped = stop.feed(token.text)
-                if text:
-                    self._emit(text)
+                self._emit(tools.feed(text))
                 if stopped:
                     reason = "stop"
                     break
         finally:
             self._decode_ns = int((last - first) * 1e9)
             self._gate.stats.token_gaps(gaps)
-        if reason is not None:
-            return reason
         if stream.cancelled:
             return "cancelled"
-        rest = stop.flush()
-        if rest:
-            self._emit(rest)
-        return "stop" if self._count < sampling.max_new_tokens else "length"
+        if reason is None:
+            self._emit(tools.feed(stop.flush()))
+            reason = "stop" if self._count < sampling.max_new_tokens else "length"
+        rest, self._calls = tools.finish()
+        self._emit(rest)
+        # tool_choice required or named with no call: only when max_tokens cut the constrained call short,
+        # and then "length" says so (the text generated is the content, as OpenAI returns what the model wrote)
+        return "tool_calls" if self._calls else reason
 
     def _emit(self, text: str) -> None:
-        if self._stream.put(TextDelta(text)):
+        if text:
+            self._put(TextDelta(text))
+
+    def _put(self, event: Started | TextDelta) -> None:
+        if self._stream.put(event):
             # The consumer's event loop was waiting and has been woken: hand it the GIL now, or it waits for the
             # interpreter's switch interval (5 ms) while this thread generates on, and tokens leave in bursts.
             time.sleep(0)
@@ -243,8 +265,13 @@ class _Worker:
 def _prepare(instance: GenerativeInstance, request: GenerationRequest,
              limits: GenerationLimits) -> tuple[list[int], Sampling]:
     text = request.prompt
+    tools = request.tools
+    if tools.active and instance.tool_parser is None:
+        raise InvalidParameter(f"model {request.model!r} takes no tools: its config sets no "
+                               "parameters.tool_parser (how its output writes tool calls)", "tools")
     if text is None:
-        text = instance.render_chat(request.messages, request.tools, add_generation_prompt=True)
+        text = instance.render_chat(request.messages, list(tools.definitions) if tools.active else None,
+                                    add_generation_prompt=True)
     prompt = instance.encode(text)
     if limits.max_prompt_tokens is not None and len(prompt) > limits.max_prompt_tokens:
         raise InvalidParameter(f"the prompt is {len(prompt)} tokens; model {request.model!r} takes at most "
@@ -265,5 +292,5 @@ def _prepare(instance: GenerativeInstance, request: GenerationRequest,
                                f"tokens and model {request.model!r} takes {instance.context_length} in all",
                                "max_tokens")
     sampling = Sampling(request.max_tokens or room, request.temperature, request.top_p, request.top_k,
-                        request.seed)
+                        request.seed, guidance(tools, request.response_format, instance.tool_parser))
     return prompt, sampling

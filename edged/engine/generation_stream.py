@@ -1,10 +1,11 @@
 """The events of one generation and the stream that carries them from the generating thread to one consumer.
 
 Invariants: a stream ends with exactly one terminal item, a `Finished` event or the error that stopped the
-generation (raised to the consumer); events arrive in the order they were produced; the consumer is a thread
-(plain iteration) or an event loop (async iteration), never both. The producer never blocks on the consumer: a
-slow consumer finds several events waiting and takes them in one `batch` (one socket write instead of one per
-token), so a loop that falls behind catches up instead of costing a thread switch per token.
+generation (raised to the consumer); events arrive in the order they were produced; there is one consumer: a
+thread (plain iteration), a coroutine (async iteration) or a callback on an event loop (``deliver_to``). The
+producer never blocks on the consumer: a slow consumer finds several events waiting and takes them in one
+batch (one socket write instead of one per token), so a loop that falls behind catches up instead of costing
+a thread switch per token.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
-FinishReason = Literal["stop", "length", "cancelled"]
+from edged.backends.tool_calls import ToolCall
+
+FinishReason = Literal["stop", "length", "cancelled", "tool_calls"]
 
 
 @dataclass(frozen=True)
@@ -39,13 +42,16 @@ class TextDelta:
 
 @dataclass(frozen=True)
 class Finished:
-    """``stop``: end of sequence or a stop string; ``length``: ``max_tokens``; ``cancelled``: by the consumer."""
+    """``stop``: end of sequence or a stop string; ``length``: ``max_tokens``; ``cancelled``: by the consumer;
+    ``tool_calls``: the answer ended in the calls ``tool_calls`` (engine/tool_output.py)."""
 
     reason: FinishReason
     usage: Usage
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 GenerationEvent = Started | TextDelta | Finished
+Sink = Callable[[list["GenerationEvent"], "BaseException | None"], None]  # (events, the terminal error or None)
 
 
 class GenerationStream:
@@ -53,6 +59,9 @@ class GenerationStream:
         self._items: deque[GenerationEvent | BaseException] = deque()
         self._ready = threading.Condition()
         self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
+        # deliver_to: the loop and callback that get every batch, and whether a delivery is already scheduled
+        self._sink: tuple[asyncio.AbstractEventLoop, Sink] | None = None
+        self._scheduled = False
         self._cancelled = threading.Event()
         self._ended = False  # the consumer has taken the terminal item
 
@@ -90,6 +99,28 @@ class GenerationStream:
                 self._items.clear()
             yield list(self._unpack(items))
 
+    def deliver_to(self, loop: asyncio.AbstractEventLoop, callback: Sink) -> None:
+        """Have ``callback(events, error)`` called on ``loop`` with each batch of events, the terminal error as
+        ``error``: the cheapest consumer for an event loop (one callback per batch, no task, no future)."""
+        with self._ready:
+            self._sink = (loop, callback)
+            pending = bool(self._items)
+            self._scheduled = pending
+        if pending:
+            loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self._ready:
+            items = list(self._items)
+            self._items.clear()
+            self._scheduled = False
+            sink = self._sink
+        if sink is None or not items:
+            return
+        error = items[-1] if isinstance(items[-1], BaseException) else None
+        events = [item for item in items if not isinstance(item, BaseException)]
+        sink[1](events, error)
+
     async def events(self) -> AsyncIterator[GenerationEvent]:
         async for batch in self.batches():
             for event in batch:
@@ -111,15 +142,19 @@ class GenerationStream:
             self._items.append(item)
             self._ready.notify()
             waiter, self._waiter = self._waiter, None
-        if waiter is None:
-            return False
-        loop, future = waiter
+            sink = self._sink if not self._scheduled else None
+            if sink is not None:
+                self._scheduled = True
         try:
-            loop.call_soon_threadsafe(_wake, future)
+            if sink is not None:
+                sink[0].call_soon_threadsafe(self._deliver)
+                return True
+            if waiter is not None:
+                waiter[0].call_soon_threadsafe(_wake, waiter[1])
+                return True
         except RuntimeError:  # the consumer's loop is closed: nobody is left to read the stream
             self._cancelled.set()
-            return False
-        return True
+        return False
 
     @property
     def cancel_requested(self) -> threading.Event:

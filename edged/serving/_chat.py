@@ -1,8 +1,8 @@
 """``GET /v1/models``, ``POST /v1/chat/completions`` and ``POST /v1/completions``: OpenAI's HTTP and SSE shapes
 over the engine's `GenerationService` (engine/generation.py), which does the work in its own threads.
 
-Invariants: nothing blocking runs on the event loop (the stream is read with async iteration, each batch of
-waiting events written in one socket write); every error before the first streamed byte is OpenAI's error JSON
+Invariants: nothing blocking runs on the event loop (the stream delivers each batch of waiting events to a
+callback on the loop, written in one socket write); every error before the first streamed byte is OpenAI's error JSON
 with its status, after it an SSE ``error`` event; a client that disconnects cancels its generation (the
 connection calls the slot's ``cancel``, and a write to a closed connection does the same), and the generator
 stops before its next token.
@@ -24,9 +24,11 @@ from edged.exposition import MetricFamily
 from edged.serving._http import Connection, Incoming, Slot
 from edged.serving._openai import (
     ChatRequest,
+    call_deltas,
     chat_completion,
     chunk,
     completion_id,
+    openai_calls,
     openai_error,
     parse_chat,
     parse_completion,
@@ -48,14 +50,15 @@ def _chunk_bytes(doc: Any) -> bytes:
 
 
 def generation_request(request: ChatRequest) -> GenerationRequest:
-    return GenerationRequest(request.model, request.messages, request.prompt, None, request.max_tokens,
-                             request.temperature, request.top_p, request.top_k, request.seed, request.stop)
+    return GenerationRequest(request.model, request.messages, request.prompt, request.tools, request.max_tokens,
+                             request.temperature, request.top_p, request.top_k, request.seed, request.stop,
+                             request.response_format)
 
 
 class ChatPath:
     def __init__(self, service: InferenceService) -> None:
         self._generation: GenerationService = service.generation
-        self._tasks: set[asyncio.Task[None]] = set()  # strong references: the loop keeps only weak ones
+        self._loop = asyncio.get_running_loop()
 
     def models(self) -> Response:
         data = [{"id": name, "object": "model", "created": 0, "owned_by": "edged"}
@@ -66,15 +69,12 @@ class ChatPath:
         """``chat``: /v1/chat/completions, else /v1/completions (a prompt string, no chat template)."""
         try:
             request = parse_chat(incoming.body) if chat else parse_completion(incoming.body)
-            stream = self._generation.submit(generation_request(request))
+            answer = _Answer(connection, incoming, slot, request)
+            answer.stream = self._generation.submit(generation_request(request), (self._loop, answer.deliver))
         except EdgedError as e:
             connection.respond(slot, render(openai_error(e), incoming.keep_alive), not incoming.keep_alive)
             return
-        slot.cancel = stream.cancel
-        answer = _Answer(connection, incoming, slot, request, stream)
-        task = asyncio.ensure_future(answer.run())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        slot.cancel = answer.stream.cancel
 
     def metric_families(self) -> list[MetricFamily]:
         return self._generation.metric_families()
@@ -83,28 +83,29 @@ class ChatPath:
 class _Answer:
     """One request's answer, written on the event loop as its events arrive."""
 
-    def __init__(self, connection: Connection, incoming: Incoming, slot: Slot, request: ChatRequest,
-                 stream: GenerationStream) -> None:
+    stream: GenerationStream  # set once submitted; batches are delivered on the loop, so never before that
+
+    def __init__(self, connection: Connection, incoming: Incoming, slot: Slot, request: ChatRequest) -> None:
         self._connection = connection
         self._keep_alive = incoming.keep_alive
         self._slot = slot
         self._request = request
-        self._stream = stream
         self._chat = request.prompt is None
         self._id = completion_id(self._chat)
         self._streaming = False
         self._parts: list[str] = []
 
-    async def run(self) -> None:
-        try:
-            async for batch in self._stream.batches():
-                data = b"".join(self._event(event) for event in batch)
-                if isinstance(batch[-1], Finished):
-                    self._finish(data, batch[-1])
-                elif data and not self._connection.stream(self._slot, data):
-                    self._stream.cancel()
-        except Exception as e:  # the stream re-raises what stopped the generation; the engine logged the unexpected
-            self._fail(e)
+    def deliver(self, batch: list[GenerationEvent], error: BaseException | None) -> None:
+        """A batch of events on the event loop: written in one socket write; ``error`` ends the answer."""
+        data = b"".join(self._event(event) for event in batch)
+        if error is not None:  # what stopped the generation; the engine logged an unexpected one
+            if data:
+                self._connection.stream(self._slot, data)
+            self._fail(error)
+        elif batch and isinstance(batch[-1], Finished):
+            self._finish(data, batch[-1])
+        elif data and not self._connection.stream(self._slot, data):
+            self.stream.cancel()
 
     def _event(self, event: GenerationEvent) -> bytes:
         if isinstance(event, TextDelta):
@@ -126,16 +127,19 @@ class _Answer:
             self._connection.respond(self._slot, b"", True)
             return
         tokens = finished.usage
+        calls = openai_calls(finished.tool_calls)
         if not self._streaming:
             text = "".join(self._parts)
             if self._chat:
                 doc = chat_completion(self._id, request.model, text, finished.reason, tokens.prompt_tokens,
-                                      tokens.completion_tokens)
+                                      tokens.completion_tokens, calls)
             else:
                 doc = {**text_completion(self._id, request.model, text, finished.reason),
                        "usage": usage(tokens.prompt_tokens, tokens.completion_tokens)}
             self._answer(json_response(doc))
             return
+        for delta in call_deltas(calls):
+            data += _chunk_bytes(chunk(self._id, request.model, delta, None))
         data += _chunk_bytes(self._chunk("", finished.reason))
         if request.include_usage:
             data += _chunk_bytes({**self._chunk("", None), "choices": [],

@@ -16,7 +16,15 @@ import orjson
 from edged.engine.generation import GenerationRequest
 from edged.engine.generation_stream import Finished
 from edged.serving._chat import generation_request
-from edged.serving._openai import chat_completion, chunk, completion_id, openai_error, parse_chat, usage
+from edged.serving._openai import (
+    chat_completion,
+    chunk,
+    completion_id,
+    openai_calls,
+    openai_error,
+    parse_chat,
+    usage,
+)
 
 
 @dataclass(frozen=True)
@@ -40,14 +48,18 @@ class OpenAIChatCodec:
 
     def completion(self, ident: str, model: str, text: str, finished: Finished) -> dict[str, Any]:
         return chat_completion(ident, model, text, finished.reason, finished.usage.prompt_tokens,
-                               finished.usage.completion_tokens)
+                               finished.usage.completion_tokens, openai_calls(finished.tool_calls))
 
     def chunk(self, ident: str, model: str, delta: dict[str, str], finished: Finished | None = None,
               include_usage: bool = False) -> dict[str, Any]:
-        """A ``chat.completion.chunk``; the last one (``finished``) carries the finish reason, and ``usage`` when
-        the request asked for it (OpenAI sends usage in a chunk of its own; one message is one chunk here)."""
-        doc = chunk(ident, model, delta, None if finished is None else finished.reason)
-        if finished is not None and include_usage:
+        """A ``chat.completion.chunk``; the last one (``finished``) carries the finish reason, the answer's tool
+        calls whole (OpenAI streams them in pieces first; here they travel in the one message that is durable),
+        and ``usage`` when the request asked for it (OpenAI sends it in a chunk of its own)."""
+        if finished is None:
+            return chunk(ident, model, delta, None)
+        calls = [{"index": i, **call} for i, call in enumerate(openai_calls(finished.tool_calls))]
+        doc = chunk(ident, model, {**delta, "tool_calls": calls} if calls else delta, finished.reason)
+        if include_usage:
             doc["usage"] = usage(finished.usage.prompt_tokens, finished.usage.completion_tokens)
         return doc
 

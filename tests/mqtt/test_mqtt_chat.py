@@ -174,3 +174,21 @@ def test_a_chat_with_nowhere_to_reply_is_dropped_and_counted(front: MqttFrontEnd
         wait_until(lambda: front.status()["drops"].get("no_reply_topic", 0) == 1, what="the drop to be counted")
     finally:
         client.close()
+
+
+GATE = {"type": "function", "function": {"name": "gate", "parameters": {"properties": {"side": {"enum": ["n", "s"]}},
+                                                                        "required": ["side"]}}}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_forced_tool_call_comes_back_parsed(front: MqttFrontEnd, broker: Broker, stream: bool) -> None:
+    client = Requester(broker.port)
+    body = {**GOOD, "tools": [GATE], "tool_choice": "required", "max_tokens": 60, "stream": stream}
+    replies = chat(client, body)
+    client.close()
+    final = orjson.loads(replies[-1].payload)
+    assert final["choices"][0]["finish_reason"] == "tool_calls", final
+    calls = final["choices"][0]["message" if not stream else "delta"]["tool_calls"]
+    assert [(c["type"], c["function"]["name"]) for c in calls] == [("function", "gate")]
+    assert orjson.loads(calls[0]["function"]["arguments"])["side"] in ("n", "s")
+    assert replies[-1].qos == 1
