@@ -4,12 +4,12 @@ The reply goes where inference replies go: the MQTT v5 ResponseTopic with the re
 (MQTT 3.1.1) the topic in the JSON field ``reply_to``, which is taken out of the request before it is read. A
 request without a usable reply topic is dropped and counted. Without ``"stream": true`` the answer is one
 ``chat.completion`` message; with it, one ``chat.completion.chunk`` message per piece of text (the first
-carrying the role, as OpenAI's first chunk does) and a final chunk with ``finish_reason`` (and ``usage`` when
-``stream_options.include_usage`` asks). Pieces go at QoS 0 outside the outbox: they are only a preview, and a
-reconnect would replay them out of order. The final message (the whole answer, the final chunk or an error)
-goes through the outbox at the request's QoS, and the request is acknowledged to the broker once it is stored,
-so a chat is answered at least once like any request. Every refusal is an error reply in OpenAI's error JSON
-naming what was wrong.
+carrying the role, as OpenAI's first chunk does) and a final chunk with ``finish_reason``, the answer's tool
+calls whole (``tools`` work as over HTTP) and ``usage`` when ``stream_options.include_usage`` asks. Pieces go
+at QoS 0 outside the outbox: they are only a preview, and a reconnect would replay them out of order. The final
+message (the whole answer, the final chunk or an error) goes through the outbox at the request's QoS, and the
+request is acknowledged to the broker once it is stored, so a chat is answered at least once like any request.
+Every refusal is an error reply in OpenAI's error JSON naming what was wrong.
 
 Concurrency: ``request_workers`` threads each carry one chat at a time, at most that many times 8 wait (the
 oldest is answered with an error when more arrive); the engine's `GenerationService` bounds the sequences.
