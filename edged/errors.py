@@ -67,6 +67,14 @@ class InvalidInput(RequestError):
     """A request is malformed or does not match the model's config."""
 
 
+class InvalidParameter(InvalidInput):
+    """A bad request parameter; ``param`` is its name, as OpenAI's error JSON reports it."""
+
+    def __init__(self, message: str, param: str | None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 class PayloadTooLarge(InvalidInput):
     """A request, a tensor or a message is larger than a configured limit."""
 

@@ -5,7 +5,10 @@ The server runs in its own process (as the daemon does); the client sends one st
 raw Unix socket and timestamps the first content event and the final ``[DONE]``. Greedy decoding, the same
 prompt and token count for both; runs alternate between the two and the medians are printed.
 
-    .venv/bin/python scripts/bench_genai.py [--runs 30] [--tokens 64]
+    .venv/bin/python scripts/bench_genai.py [--runs 30] [--tokens 64] [--concurrency 8] [--max-sequences 8]
+
+``--concurrency N`` also measures aggregate output tokens/s: N streaming clients at once against the server
+(``max_sequences`` of the model set by ``--max-sequences``) beside N in-process generators run one after another.
 """
 
 from __future__ import annotations
@@ -13,11 +16,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -26,7 +31,7 @@ MODEL = ROOT / "models" / "tiny_llama"
 MESSAGES = [{"role": "user", "content": "Tokens arrive one at a time. What does the first token cost?"}]
 
 
-def serve_edged(path: str) -> None:
+def serve_edged(path: str, max_sequences: int) -> None:
     import uvloop
 
     from edged.config import ModelsConfig, ServerConfig
@@ -34,7 +39,10 @@ def serve_edged(path: str) -> None:
     from edged.serving import HttpServer, open_listeners
 
     repo = Path(tempfile.mkdtemp())
-    (repo / "tiny_llama").symlink_to(MODEL)
+    shutil.copytree(MODEL, repo / "tiny_llama")
+    (repo / "tiny_llama" / "config.pbtxt").write_text(
+        'name: "tiny_llama"\nbackend: "onnxruntime_genai"\n'
+        f'parameters {{ key: "max_sequences" value: {{ string_value: "{max_sequences}" }} }}\n')
     service = InferenceService(repo, ModelsConfig())
     service.start()
     config = ServerConfig()
@@ -99,6 +107,27 @@ def in_process(tokens: int) -> tuple[float, float, int]:
     return first - began, (done - first) / max(1, count - 1), count
 
 
+def concurrent(path: str, tokens: int, clients: int) -> tuple[float, int]:
+    """(aggregate output tokens/s, tokens) of ``clients`` streaming requests sent at once."""
+    results: list[tuple[float, float, int]] = []
+    threads = [threading.Thread(target=lambda: results.append(over_socket(path, tokens))) for _ in range(clients)]
+    began = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - began
+    count = sum(r[2] for r in results)
+    return count / elapsed, count
+
+
+def one_after_another(tokens: int, runs: int) -> tuple[float, int]:
+    """(aggregate output tokens/s, tokens) of ``runs`` in-process generators run one after another."""
+    began = time.perf_counter()
+    count = sum(in_process(tokens)[2] for _ in range(runs))
+    return count / (time.perf_counter() - began), count
+
+
 _CACHE: dict[str, object] = {}
 
 
@@ -115,13 +144,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--concurrency", type=int, default=0)
+    parser.add_argument("--max-sequences", type=int, default=1)
     parser.add_argument("--serve-edged", metavar="PATH")
     args = parser.parse_args()
     if args.serve_edged:
-        serve_edged(args.serve_edged)
+        serve_edged(args.serve_edged, args.max_sequences)
         return
     path = str(Path(tempfile.mkdtemp(dir="/tmp")) / "edged.sock")
-    proc = subprocess.Popen([sys.executable, __file__, "--serve-edged", path], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, __file__, "--serve-edged", path, "--max-sequences",
+                             str(args.max_sequences)], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     if proc.stdout.readline().strip() != "ready":
         raise SystemExit("edged did not start")
@@ -133,6 +165,10 @@ def main() -> None:
         for _ in range(args.runs):
             edged.append(over_socket(path, args.tokens))
             local.append(in_process(args.tokens))
+        together: list[tuple[float, float]] = []
+        for _ in range(args.runs if args.concurrency else 0):
+            together.append((concurrent(path, args.tokens, args.concurrency)[0],
+                             one_after_another(args.tokens, args.concurrency)[0]))
     finally:
         proc.terminate()
         proc.wait()
@@ -144,6 +180,13 @@ def main() -> None:
     ttft_added = statistics.median(e[0] - o[0] for e, o in pairs) * 1e3
     token_added = statistics.median(e[1] - o[1] for e, o in pairs) * 1e6
     print(f"added by edged: TTFT {ttft_added:.3f} ms, per token {token_added:.1f} µs (medians of paired runs)")
+    if together:
+        served = statistics.median(t[0] for t in together)
+        alone = statistics.median(t[1] for t in together)
+        ratio = statistics.median(t[0] / t[1] for t in together)
+        print(f"concurrency {args.concurrency}, max_sequences {args.max_sequences}: edged {served:.0f} output "
+              f"tokens/s aggregate, {args.concurrency} in-process generators one after another {alone:.0f} tokens/s; "
+              f"ratio {ratio:.2f} (median of paired runs)")
 
 if __name__ == "__main__":
     main()

@@ -44,7 +44,8 @@ def make_repository(directory: str, models: tuple[str, ...]) -> Path:
 class ThreadedServer:
     def __init__(self, models: tuple[str, ...] = ("tiny_mlp", "digits_onnx"), control_mode: str = "none",
                  startup_models: tuple[str, ...] = (), tcp: bool = False, idle_timeout_s: float = 300.0,
-                 max_body_bytes: int = 64 * 1024 * 1024, tcp_restricted: dict[str, str] | None = None) -> None:
+                 max_body_bytes: int = 64 * 1024 * 1024, tcp_restricted: dict[str, str] | None = None,
+                 server_options: dict[str, Any] | None = None) -> None:
         self.directory = short_tempdir("edged-ct-")
         self.repository = make_repository(self.directory, models)
         self.socket_path = os.path.join(self.directory, "edged.sock")
@@ -53,6 +54,7 @@ class ThreadedServer:
         self._idle_timeout_s = idle_timeout_s
         self._max_body_bytes = max_body_bytes
         self._tcp_restricted = dict(tcp_restricted or {})
+        self._server_options = dict(server_options or {})  # further ServerConfig fields
         self._models_config = ModelsConfig(control_mode=control_mode,  # type: ignore[arg-type]
                                            startup_models=startup_models)
         self._loop = asyncio.new_event_loop()
@@ -63,7 +65,8 @@ class ThreadedServer:
     def start(self, timeout_s: float = 30.0) -> ThreadedServer:
         tcp = [self._tcp_socket()] if self._tcp else []
         config = ServerConfig(socket=self.socket_path, http_port=self.port, idle_timeout_s=self._idle_timeout_s,
-                              max_body_bytes=self._max_body_bytes, tcp_restricted=self._tcp_restricted)
+                              max_body_bytes=self._max_body_bytes, tcp_restricted=self._tcp_restricted,
+                              **self._server_options)
         sockets = [unix_listener(config, Path(self.socket_path)).socket, *tcp]
         self.service = InferenceService(self.repository, self._models_config)
         self._server = HttpServer(self.service, config)

@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from edged.backends.base import Array, InstanceInfo
+from edged.backends.genai_config import KV_DTYPE_PARAMETER, LIMIT_PARAMETERS, TEMPLATE_FILES, generation_limits
 from edged.backends.generative import Sampling, Token
-from edged.errors import BackendUnavailable, InvalidInput, ModelLoadError
+from edged.backends.tool_calls import TOOL_PARSER_PARAMETER, ToolParser, parser_for
+from edged.errors import BackendUnavailable, EdgedError, InvalidInput, ModelLoadError
 from edged.repository.model_config import ModelConfig, ModelSignature
 
 try:
@@ -26,13 +28,18 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only where the genai extra is missing
     raise BackendUnavailable(f"the onnxruntime_genai backend needs the genai extra: {e}") from e
 
-_TEMPLATE_FILES = ("chat_template.jinja",)
 _WARMUP_TOKENS = 2
+_PARAMETERS = frozenset({TOOL_PARSER_PARAMETER, KV_DTYPE_PARAMETER, *LIMIT_PARAMETERS})
 
 
 class GenAIInstance:
     def __init__(self, folder: Path, config: ModelConfig) -> None:
         self.name = config.name
+        self.tool_parser = _tool_parser(config)
+        try:
+            limits = generation_limits(config.name, config.parameters)
+        except EdgedError as e:
+            raise ModelLoadError(str(e)) from e
         try:
             self._model = og.Model(str(folder))
             self._tokenizer = og.Tokenizer(self._model)
@@ -44,13 +51,14 @@ class GenAIInstance:
         eos = genai_config.get("model", {}).get("eos_token_id", [])
         self._eos = frozenset(eos if isinstance(eos, list) else [eos])
         self._template = _load_template(folder, config.name)
+        warmed = self._warm_up()
         self.info = InstanceInfo(device="cpu", providers=("onnxruntime_genai",),
-                                 details={"context_length": self.context_length})
-        self._warm_up()
+                                 details={"context_length": self.context_length,
+                                          "max_sequences": limits.max_sequences, "warmup_tokens": warmed})
 
     def run(self, inputs: Mapping[str, Array], output_names: Sequence[str]) -> dict[str, Array]:
         raise InvalidInput(f"model {self.name!r} is generative (backend onnxruntime_genai): it takes no tensors; "
-                           "use POST /v1/chat/completions")
+                           f"use POST /v2/models/{self.name}/generate or POST /v1/chat/completions")
 
     def release_memory(self) -> None:
         return None
@@ -70,6 +78,9 @@ class GenAIInstance:
         return [int(t) for t in self._tokenizer.encode(text)]
 
     def generate(self, prompt: Sequence[int], sampling: Sampling, cancelled: threading.Event) -> Iterator[Token]:
+        return self._tokens(self._generator(prompt, sampling), cancelled)
+
+    def _generator(self, prompt: Sequence[int], sampling: Sampling) -> og.Generator:
         params = og.GeneratorParams(self._model)
         options: dict[str, Any] = {"max_length": len(prompt) + sampling.max_new_tokens}
         if sampling.temperature == 0:
@@ -80,9 +91,18 @@ class GenAIInstance:
             if sampling.seed is not None:
                 options["random_seed"] = sampling.seed
         params.set_search_options(**options)
-        generator = og.Generator(self._model, params)
-        stream = self._tokenizer.create_stream()
+        if sampling.guidance is not None:
+            params.set_guidance(*sampling.guidance)
+        try:
+            # llguidance compiles the grammar here, against this model's tokenizer
+            generator = og.Generator(self._model, params)
+        except RuntimeError as e:
+            raise InvalidInput(f"model {self.name!r}: the output constraint does not compile: {e}") from e
         generator.append_tokens(list(prompt))
+        return generator
+
+    def _tokens(self, generator: og.Generator, cancelled: threading.Event) -> Iterator[Token]:
+        stream = self._tokenizer.create_stream()
         while not generator.is_done() and not cancelled.is_set():
             generator.generate_next_token()
             token = int(generator.get_next_tokens()[0])
@@ -90,23 +110,45 @@ class GenAIInstance:
                 return  # the end of the answer, not a part of it
             yield Token(token, stream.decode(token))
 
-    def _warm_up(self) -> None:
+    def _warm_up(self) -> int:
+        """Generate a few tokens before serving, so the first request pays no first-run cost; the count made.
+
+        The end-of-sequence token is not yielded, so a model that ends at once warms up with fewer tokens."""
         prompt = self.encode("warm up")
-        for _ in self.generate(prompt, Sampling(_WARMUP_TOKENS, temperature=0), threading.Event()):
-            pass
+        try:
+            return sum(1 for _ in self.generate(prompt, Sampling(_WARMUP_TOKENS, temperature=0), threading.Event()))
+        except RuntimeError as e:
+            raise ModelLoadError(f"model {self.name}: warm-up generation failed: {e}") from e
+
+
+def _tool_parser(config: ModelConfig) -> ToolParser | None:
+    unknown = sorted(set(config.parameters) - _PARAMETERS)
+    if unknown:
+        raise ModelLoadError(f"model {config.name}: parameters {', '.join(unknown)} mean nothing to the "
+                             f"onnxruntime_genai backend; it reads only {', '.join(sorted(_PARAMETERS))}")
+    try:
+        return parser_for(config.parameters)
+    except ValueError as e:
+        raise ModelLoadError(f"model {config.name}: {e}") from e
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    """Hugging Face's ``tojson`` filter, arguments included, so that templates render as transformers renders them."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 def _load_template(folder: Path, model: str) -> jinja2.Template:
     environment = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    environment.filters["tojson"] = lambda value: json.dumps(value, ensure_ascii=False)
-    for name in _TEMPLATE_FILES:
+    environment.filters["tojson"] = _tojson
+    for name in TEMPLATE_FILES:
         path = folder / name
         if path.is_file():
             try:
                 return environment.from_string(path.read_text())
             except jinja2.TemplateError as e:
                 raise ModelLoadError(f"model {model}: chat template {path} does not parse: {e}") from e
-    raise ModelLoadError(f"model {model}: no chat template in {folder} (expected {', '.join(_TEMPLATE_FILES)})")
+    raise ModelLoadError(f"model {model}: no chat template in {folder} (expected {', '.join(TEMPLATE_FILES)})")
 
 
 class GenAIBackend:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from edged.backends.base import InstanceInfo
+from edged.backends.tool_calls import ToolParser
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,8 @@ class Sampling:
     top_p: float = 1.0
     top_k: int = 0  # 0: no top-k limit
     seed: int | None = None
+    # constrained decoding: (llguidance grammar type, grammar), e.g. ("json_schema", "{...}"); None: free text
+    guidance: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,7 @@ class Token:
 class GenerativeInstance(Protocol):
     info: InstanceInfo
     context_length: int  # prompt plus output tokens the model takes at most
+    tool_parser: ToolParser | None  # how its output writes tool calls (parameters.tool_parser); None: no tools
 
     def render_chat(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None,
                     add_generation_prompt: bool) -> str:
@@ -48,5 +52,7 @@ class GenerativeInstance(Protocol):
     def generate(self, prompt: Sequence[int], sampling: Sampling, cancelled: threading.Event) -> Iterator[Token]:
         """Yield new tokens until the end-of-sequence token, ``max_new_tokens`` or ``cancelled`` is set.
 
-        Blocking: call it from a worker thread, never from an event loop."""
+        Set-up errors (InvalidInput for a grammar in ``sampling.guidance`` the runtime refuses) are raised by
+        the call itself, before the first token. Blocking: call it from a worker thread, never from an event
+        loop."""
         ...

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from edged.bench._genai_raw import model_folder, run_raw_genai
 from edged.bench._inproc import (
     execution_counts,
     make_inputs,
@@ -22,9 +23,10 @@ from edged.bench._inproc import (
     set_batching,
     start_service,
 )
+from edged.bench._openai import GenResult, Load, calibrated_prompt, gen_table, measure
 from edged.bench._scenario import Scenario
 from edged.bench._socket import remote_inputs, run_socket, wait_ready
-from edged.bench._stats import Result
+from edged.bench._stats import Result, table
 from edged.errors import ConfigError
 
 Progress = Callable[[str], None]
@@ -68,6 +70,26 @@ def run_inproc(scenario: Scenario, repository: Path, progress: Progress) -> list
     return results
 
 
+def run_openai(scenario: Scenario, target: dict[str, Any], repository: Path, progress: Progress) -> list[GenResult]:
+    prompt_tokens, output_tokens, stream = scenario.generative
+    load = Load(scenario.model, prompt_tokens, output_tokens, stream)
+    progress(f"{scenario.label}: calibrating a prompt of {prompt_tokens} tokens")
+    prompt = calibrated_prompt(target, load)
+    results = []
+    for concurrency in scenario.concurrency:
+        progress(f"{scenario.label}: concurrency {concurrency} for {scenario.duration_s:g} s")
+        measure("warm-up", target, load, prompt, concurrency, scenario.warmup_s)
+        results.append(measure(scenario.label, target, load, prompt, concurrency, scenario.duration_s))
+    folder = model_folder(repository, scenario.model)
+    if scenario.compare_raw and folder is not None:
+        read = round(results[0].prompt_tokens)  # the daemon's count, chat template included
+        progress(f"raw onnxruntime-genai generator loop on {folder} for {scenario.duration_s:g} s")
+        run_raw_genai(folder, "warm-up", load, prompt, read, scenario.warmup_s)
+        results.append(run_raw_genai(folder, f"raw onnxruntime-genai {scenario.model}", load, prompt, read,
+                                     scenario.duration_s))
+    return results
+
+
 def run_remote(scenario: Scenario, target: dict[str, Any], progress: Progress) -> list[Result]:
     inputs = remote_inputs(target, scenario.model, scenario.batch)
     results = []
@@ -105,11 +127,17 @@ def spawned_daemon(repository: Path, http_port: int | None) -> Iterator[dict[str
 
 
 def run_all(scenarios: list[Scenario], repository: Path, target: dict[str, Any] | None,
-            progress: Progress) -> list[Result]:
-    results: list[Result] = []
+            progress: Progress) -> list[Result | GenResult]:
+    """Every scenario's rows: ``Result`` for inference transports, ``GenResult`` for openai."""
+    results: list[Result | GenResult] = []
     for scenario in scenarios:
         if scenario.transport == "inproc":
             results += run_inproc(scenario, repository, progress)
+        elif scenario.transport == "openai":
+            if target is None:
+                raise ConfigError(f"scenario {scenario.label}: transport openai needs a daemon: pass --socket / "
+                                  "--http-port, or --spawn")
+            results += run_openai(scenario, _openai_target(target), repository, progress)
         elif scenario.transport in ("uds", "http"):
             if target is None:
                 raise ConfigError(f"scenario {scenario.label}: transport {scenario.transport} needs a daemon: pass "
@@ -122,3 +150,18 @@ def run_all(scenarios: list[Scenario], repository: Path, target: dict[str, Any] 
             from edged.bench._mqtt import run_mqtt
             results += run_mqtt(scenario, repository, progress)
     return results
+
+
+def _openai_target(target: dict[str, Any]) -> dict[str, Any]:
+    """Loopback TCP when the daemon's port is named (what remote OpenAI clients use), else its Unix socket."""
+    if target.get("port"):
+        return {"host": "127.0.0.1", "port": target["port"]}
+    return {"unix": target["unix"]}
+
+
+def report(results: list[Result | GenResult]) -> str:
+    """The inference table, then the generation table (GenAI-Perf's columns), each only when it has rows."""
+    inference = [r for r in results if isinstance(r, Result)]
+    generation = [r for r in results if isinstance(r, GenResult)]
+    parts = ([table(inference)] if inference else []) + ([gen_table(generation)] if generation else [])
+    return "\n\n".join(parts)

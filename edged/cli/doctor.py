@@ -20,6 +20,7 @@ from typing import Any
 from edged.cli import _doctor_checks as checks
 from edged.cli import _doctor_socket as sockets
 from edged.cli._doctor_checks import Check
+from edged.cli._doctor_genai import check_genai
 from edged.cli._doctor_ota import check_ota
 from edged.client import ClientError, EdgedClient
 from edged.config import load_config, resolve_state_dir
@@ -83,7 +84,7 @@ def collect(args: argparse.Namespace, env: Any) -> list[Check]:
     root = Path(args.root)
     jetson = checks.is_jetson(root)
     results = [*checks.check_platform(root), checks.check_tensorrt(jetson), checks.check_onnxruntime(jetson),
-               checks.check_torch(jetson), checks.check_allocator(config.memory),
+               check_genai(jetson), checks.check_torch(jetson), checks.check_allocator(config.memory),
                *checks.check_memory(config.memory, root / "proc"), checks.check_telemetry(config.telemetry, jetson)]
     path, found = socket_checks(args.socket, env)
     results.extend(found)

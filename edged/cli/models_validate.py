@@ -1,7 +1,8 @@
 """``edged models validate PATH [--json]``: check a model folder or a config.pbtxt offline.
 
 Parses the config, auto-completes it from the model file where the runtime can describe one (ONNX, read with
-onnxruntime through the ONNX backend, imported only here and only when needed), and prints Triton's JSON
+onnxruntime through the ONNX backend, imported only here and only when needed; a generative folder is checked
+by cli/_validate_genai.py), and prints Triton's JSON
 model-config; without --json, also a summary of fields kept but not applied, and warnings. Errors are printed
 as ``file:line:column: message`` and the exit status is 1.
 """
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edged.cli._validate_genai import GENAI_RUNTIME, describe_generative
 from edged.errors import EdgedError, ModelConfigError
 from edged.repository import (
     CONFIG_FILENAME,
@@ -38,6 +40,7 @@ class Report:
     config: dict[str, Any]
     kept: list[str]
     warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # facts worth knowing, such as a model's memory
 
 
 def register_validate(models_subparsers: Any) -> None:
@@ -60,6 +63,8 @@ def validate(args: argparse.Namespace) -> int:
     if not args.json:
         for name in report.kept:
             print(f"note: field '{name}' is kept and reported but not applied by edged")
+        for note in report.notes:
+            print(f"note: {note}")
         for warning in report.warnings:
             print(f"warning: {warning}")
         print(f"ok: model '{report.config['name']}' is valid")
@@ -72,6 +77,7 @@ def validate_path(path: Path) -> Report:
         raise ModelConfigError(f"expected a model folder or its {CONFIG_FILENAME}, found nothing there",
                                str(path))
     warnings: list[str] = []
+    notes: list[str] = []
     config = _read_file(path, warnings) if path.is_file() else load_model_config(model_dir)
     versions = list_versions(model_dir)
     chosen = select_versions(config.version_policy, versions) if config is not None else versions[-1:]
@@ -81,8 +87,8 @@ def validate_path(path: Path) -> Report:
         model_dir, chosen)
     if config is not None:  # before any model file is read: the daemon refuses the same names
         check_config_files(config, model_dir, chosen)
-    completed = _complete(config, model_dir, chosen, runtime, warnings)
-    return Report(model_config_to_json(completed), unknown_fields(completed), warnings)
+    completed = _complete(config, model_dir, chosen, runtime, warnings, notes)
+    return Report(model_config_to_json(completed), unknown_fields(completed), warnings, notes)
 
 
 def _read_file(path: Path, warnings: list[str]) -> ModelConfig:
@@ -98,7 +104,7 @@ def _read_file(path: Path, warnings: list[str]) -> ModelConfig:
 
 
 def _complete(config: ModelConfig | None, model_dir: Path, versions: list[int], runtime: str | None,
-              warnings: list[str]) -> ModelConfig:
+              warnings: list[str], notes: list[str]) -> ModelConfig:
     if runtime is None:
         if config is None:
             raise ModelConfigError("no config.pbtxt and no model file (model.onnx, model.plan, model.pt, "
@@ -109,7 +115,11 @@ def _complete(config: ModelConfig | None, model_dir: Path, versions: list[int], 
     filename = config.model_filename if config is not None and explicit else _default_filename(runtime)
     model_file = next((model_dir / str(v) / filename for v in reversed(versions)
                        if (model_dir / str(v) / filename).exists()), None)
-    signature = _describe(runtime, model_file, warnings) if model_file is not None else None
+    if runtime == GENAI_RUNTIME and model_file is not None:
+        signature: ModelSignature | None = describe_generative(model_file.parent, model_dir.name, config, warnings,
+                                                                    notes)
+    else:
+        signature = _describe(runtime, model_file, warnings) if model_file is not None else None
     if signature is None:
         if config is None:
             raise ModelConfigError(f"no config.pbtxt, and the {runtime} model file cannot be described here "

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from edged.config._tcp_restricted import check_tcp_restricted
+from edged.errors import ConfigError
 
 
 def _positive(value: float) -> str | None:
@@ -30,6 +31,13 @@ def _grpc_message_mb(value: int) -> str | None:
 
 def _tcp_restricted(value: dict[str, str]) -> str | None:
     check_tcp_restricted(value)  # raises itself: the loader's own message would quote the secret values
+    return None
+
+
+def _api_key(value: str | None) -> str | None:
+    # raises itself: the loader's own message would quote the secret
+    if value is not None and (len(value.strip()) < 16 or value != value.strip()):
+        raise ConfigError("server.openai_api_key must be at least 16 characters, without surrounding spaces")
     return None
 
 
@@ -82,8 +90,14 @@ class ServerConfig:
     shm_max_bytes_mb: int = field(default=1024, metadata={"check": _positive})
     access: AccessConfig = AccessConfig()
     tcp_restricted: dict[str, str] = field(default_factory=dict, metadata=_TCP_CHECK)  # category = "HEADER=VALUE"
+    # /v1 (OpenAI) routes over loopback TCP need "Authorization: Bearer <key>" when one of these is set; the
+    # file (its first line) keeps the key out of the toml. The Unix socket's mode and group stay its control.
+    openai_api_key: str | None = field(default=None, metadata={"check": _api_key})
+    openai_api_key_file: str | None = None
 
     def __post_init__(self) -> None:
+        if self.openai_api_key is not None and self.openai_api_key_file is not None:
+            raise ValueError("set server.openai_api_key or server.openai_api_key_file, not both")
         if self.max_inflight_body_bytes < self.max_body_bytes:
             raise ValueError(f"max_inflight_body_bytes ({self.max_inflight_body_bytes}) must be at least "
                              f"max_body_bytes ({self.max_body_bytes}), or no request of the largest size fits")

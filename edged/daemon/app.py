@@ -74,6 +74,8 @@ class Daemon:
             database = default_database_path(str(self.state_dir), config.telemetry.database)
             self.telemetry = TelemetryService(config.telemetry, database, activity=self.service, health=self.health,
                                               clock=self.clock)
+            telemetry = self.telemetry
+            self.service.generation.energy_per_unit_mj = lambda: telemetry.snapshot()["energy_per_inference_mj"]
         # one id for the MQTT topics, the OTA status topic and the rollout bucket (a ConfigError when the two
         # sections name different ones)
         self.identity = resolve_device_identity(config.mqtt.device_id, config.ota.device_id)
@@ -86,10 +88,14 @@ class Daemon:
         self.mqtt: Any = None
         if config.mqtt.broker:
             from edged.mqtt import MqttFrontEnd  # only when configured: paho and threads cost memory
+            from edged.serving.chat_codec import OpenAIChatCodec
+
             commands = {"ota/check": self.ota.nudge} if self.ota is not None else {}
             mqtt_config = dataclasses.replace(config.mqtt, device_id=self.identity.device_id)
+            # {prefix}/chat speaks the same OpenAI JSON as /v1/chat/completions: the HTTP side owns those shapes
             self.mqtt = MqttFrontEnd(self.service, mqtt_config, self.state_dir, version=__version__,
-                                     health=self.health, clock=self.clock, commands=commands)
+                                     health=self.health, clock=self.clock, commands=commands,
+                                     chat=OpenAIChatCodec())
             if self.ota is not None:
                 mqtt = self.mqtt
                 self.ota.listeners.append(lambda doc: mqtt.publish_state("ota/status", orjson.dumps(doc)))

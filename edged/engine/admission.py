@@ -16,7 +16,7 @@ from pathlib import Path
 from edged.backends import Backend
 from edged.config import ModelsConfig
 from edged.engine.completion import SELF_DESCRIBING
-from edged.engine.memory_governor import MemoryGovernor, version_key
+from edged.engine.memory_governor import MemoryGovernor
 from edged.engine.record import ModelRecord
 from edged.engine.version import ModelVersion
 from edged.errors import MemoryBudgetExceeded
@@ -115,7 +115,12 @@ class Admission:
             version.load(backend, self._settings.warmup)
             return
         key = memory.charge_key(version)
-        admit(memory, key, memory.peak_estimate(version_key(version), version.path))
+        try:
+            admit(memory, key, memory.load_estimate(version))
+        except MemoryBudgetExceeded as e:
+            if not memory.reserved_bytes(version):
+                raise
+            raise MemoryBudgetExceeded(f"{e}; {memory.reserve_reason(version)}") from e
         memory.charged(version, key)
         try:
             with memory.measure() as probe:

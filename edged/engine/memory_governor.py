@@ -19,6 +19,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from edged.backends.genai_config import (
+    generation_limits,
+    kv_cache_bytes,
+    max_length,
+    read_decoder_shape,
+    weight_bytes,
+)
 from edged.config import MemoryConfig
 from edged.engine.version import ModelVersion
 from edged.memory import (
@@ -33,6 +40,8 @@ from edged.memory import (
 )
 
 log = logging.getLogger(__name__)
+
+GENAI_RUNTIME = "onnxruntime_genai"
 def version_key(version: ModelVersion) -> str:
     return f"{version.config.name}/{version.version}"
 
@@ -75,6 +84,35 @@ class MemoryGovernor:
         """What loading the file ``path`` of version ``key`` is expected to add to the process's peak."""
         return self.budget.estimate(file_key(key, path), file_size(path))
 
+    def load_estimate(self, version: ModelVersion) -> int:
+        """The expected peak of loading ``version`` plus what it reserves beyond the load (a KV cache)."""
+        key = version_key(version)
+        if version.config.runtime != GENAI_RUNTIME:
+            return self.peak_estimate(key, version.path)
+        # genai_config.json is what names the version; the weights are the ONNX files beside it
+        weights = self.budget.estimate(file_key(key, version.path), weight_bytes(version.path.parent))
+        return weights + self.reserved_bytes(version)
+
+    def reserved_bytes(self, version: ModelVersion) -> int:
+        """Memory a loaded version takes after its load is measured: the KV caches of a generative model's
+        ``max_sequences`` sequences (ORT GenAI allocates them per generator, while generating)."""
+        if version.config.runtime != GENAI_RUNTIME:
+            return 0
+        config = version.config
+        shape = read_decoder_shape(version.path.parent, config.name)
+        limits = generation_limits(config.name, config.parameters)
+        return kv_cache_bytes(shape, limits, config.parameters, config.name)
+
+    def reserve_reason(self, version: ModelVersion) -> str:
+        """Why a generative version needs more than its weights, for a refusal's message."""
+        config = version.config
+        shape = read_decoder_shape(version.path.parent, config.name)
+        limits = generation_limits(config.name, config.parameters)
+        kv = kv_cache_bytes(shape, limits, config.parameters, config.name)
+        return (f"the figure includes the KV cache, {kv / 2**20:.1f} MiB for max_sequences "
+                f"{limits.max_sequences} x max_length {max_length(shape, limits)} tokens (lower the model's "
+                "max_sequences, max_prompt_tokens or max_output_tokens parameters to need less)")
+
     def charge_key(self, version: ModelVersion) -> str:
         """The budget key for a copy about to load; refuses under memory pressure."""
         key = version_key(version)
@@ -116,7 +154,7 @@ class MemoryGovernor:
             charges = self.budget.charges()
             free += sum(charges.get(self._keys.get(v, ""), 0) for v in candidates
                         if v.config.name not in names and v.in_flight == 0)
-        return sum(self.peak_estimate(version_key(v), v.path) for v in serving) <= free
+        return sum(self.load_estimate(v) for v in serving) <= free
 
     def charged(self, version: ModelVersion, key: str) -> None:
         """``version`` holds the reservation made under ``key``; a reload's copy whose predecessor was
@@ -136,7 +174,7 @@ class MemoryGovernor:
         footprint = probe.footprint
         if footprint is None:
             return
-        version.footprint_bytes = max(0, footprint.total_bytes)
+        version.footprint_bytes = max(0, footprint.total_bytes) + self.reserved_bytes(version)
         version.load_peak_bytes = footprint.peak_bytes
         key = self._keys.get(version, version_key(version))
         self.budget.commit(key, version.footprint_bytes)

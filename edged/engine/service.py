@@ -19,6 +19,7 @@ from edged import __version__
 from edged.backends import Backend, load_backend
 from edged.config import ModelsConfig
 from edged.engine.aio import LoopSubmitter
+from edged.engine.generation import GenerationService
 from edged.engine.lifecycle import ModelState
 from edged.engine.memory_governor import MemoryGovernor
 from edged.engine.metadata import model_metadata
@@ -52,6 +53,7 @@ class InferenceService:
                 return load_backend(name, extra)
         self._registry = Registry(repository, models, max_elements, backend_loader, memory, unload_timeout_s)
         self._closed = False
+        self.generation = GenerationService(self)  # generative models: prompt in, a stream of text out
         # One submitter per event loop; a closed loop's entry goes away with the loop.
         self._submitters: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopSubmitter] = (
             weakref.WeakKeyDictionary())
@@ -142,7 +144,14 @@ class InferenceService:
             versions = [self._registry.resolve(name, version)] if version else record.all_versions()
         else:
             versions = [v for r in self._registry.records() for v in r.all_versions()]
-        return {"model_stats": [v.stats.as_json() for v in versions]}
+        return {"model_stats": [self._version_stats(v) for v in versions]}
+
+    def _version_stats(self, version: ModelVersion) -> dict[str, Any]:
+        doc = version.stats.as_json()
+        generation = self.generation.statistics(version.config.name)
+        if generation is not None:
+            doc["generation"] = generation  # per model: requests may reach any of its versions
+        return doc
 
     def loaded_versions(self) -> list[ModelVersion]:
         return [v for r in self._registry.records() for v in r.all_versions()]
@@ -155,6 +164,10 @@ class InferenceService:
             count, ns = activity.get(version.config.name, (0, 0))
             compute = doc["inference_stats"]["compute_infer"]["ns"]
             activity[version.config.name] = (count + doc["inference_count"], ns + compute)
+        # a generative model's unit of work is an output token: energy per inference becomes energy per token
+        for model, (tokens, ns) in self.generation.activity().items():
+            count, compute = activity.get(model, (0, 0))
+            activity[model] = (count + tokens, compute + ns)
         return activity
 
     def stalled(self, limit_s: float) -> list[str]:

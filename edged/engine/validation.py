@@ -70,7 +70,8 @@ class RequestValidator:
     def _check(self, request: InferRequest) -> InputPlan:
         if self._generative:
             raise InvalidInput(f"model {self._model!r} is generative (backend onnxruntime_genai) and takes no "
-                               "tensors: use POST /v1/chat/completions")
+                               f"tensors: use POST /v2/models/{self._model}/generate (Triton's generate extension) "
+                               "or POST /v1/chat/completions")
         # Requests the single-input check did not take: the common case (known inputs of the configured dtype and
         # fixed shape) costs one pass of cheap comparisons; anything unusual takes the full check, which names
         # the problem.

@@ -66,5 +66,7 @@ def render_prometheus(snapshot: dict[str, dict[str, int]], connected: bool, outb
                      "Free bytes on the file system of the state directory.").add(disk[1]),
         MetricFamily("edged_mqtt_connects_total", "counter",
                      "Successful connections to the broker, the first one included.").add(counts.get("connects", 0)),
+        MetricFamily("edged_mqtt_chat_requests_total", "counter",
+                     "Chat requests taken from the chat topic.").add(counts.get("chat_requests", 0)),
         dropped, failed,
     ])

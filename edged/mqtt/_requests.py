@@ -64,7 +64,7 @@ class RequestHandler:
 
     # --- network thread ------------------------------------------------------------------------------------
     def accept(self, message: Inbound, model: str, version: str) -> None:
-        reply = self._reply_topic(message)
+        reply = self.reply_topic(message)
         if reply is None:
             self._publisher.ack(message)  # dropped and counted: nobody could be answered
             return
@@ -80,7 +80,7 @@ class RequestHandler:
 
     def reject(self, message: Inbound, error: EdgedError) -> None:
         """Answer a request that cannot even be queued (bad topic, oversized) if it has a reply topic."""
-        reply = self._reply_topic(message)
+        reply = self.reply_topic(message)
         if reply is None:
             self._publisher.ack(message)
             return
@@ -97,7 +97,7 @@ class RequestHandler:
                                       message_id=ident.message_id, answers=ident.answers,
                                       on_stored=lambda: self._publisher.ack(message)))
 
-    def _reply_topic(self, message: Inbound) -> str | None:
+    def reply_topic(self, message: Inbound) -> str | None:
         topic = message.response_topic
         if topic is None and len(message.payload) <= self._config.max_payload_bytes:
             topic = reply_topic_in(message)

@@ -12,8 +12,9 @@ from edged.mqtt._codecs import CODECS
 
 
 def birth(device_id: str, version: str, models: list[str], config: MqttConfig, protocol: str,
-          health: str = "ok", reason: str = "") -> bytes:
-    """"online", or "degraded" with the reason while a supervised part of the daemon is not healthy."""
+          health: str = "ok", reason: str = "", chat_models: list[str] | None = None) -> bytes:
+    """"online", or "degraded" with the reason while a supervised part of the daemon is not healthy;
+    ``chat_models``: the generative models ``{prefix}/chat`` answers with (None: the chat topic is off)."""
     doc: dict[str, Any] = {
         "state": "online" if health == "ok" else "degraded", "device_id": device_id, "version": version,
         "models": sorted(models),
@@ -23,6 +24,8 @@ def birth(device_id: str, version: str, models: list[str], config: MqttConfig, p
                          "max_payload_bytes": config.max_payload_bytes},
         "timestamp": time.time(),
     }
+    if chat_models is not None:
+        doc["capabilities"]["chat"] = {"topic": f"edged/{device_id}/chat", "models": sorted(chat_models)}
     if health != "ok":
         doc["reason"] = reason
     return orjson.dumps(doc)

@@ -20,6 +20,7 @@ from edged.clock import Clock, DeviceClock, state_file_in
 from edged.config import MqttConfig
 from edged.engine import InferenceService
 from edged.errors import PayloadError
+from edged.mqtt._chat import ChatCodec, ChatHandler
 from edged.mqtt._codecs import JSON_TYPE
 from edged.mqtt._message import Inbound, Outbound
 from edged.mqtt._metrics import Metrics, render_prometheus
@@ -41,8 +42,9 @@ DISK_LOW_BYTES = 1 << 20
 class MqttFrontEnd:
     def __init__(self, service: InferenceService, config: MqttConfig, state_dir: Path, *, version: str,
                  health: HealthBoard | None = None, clock: Clock | None = None,
-                 commands: Mapping[str, Callable[[], None]] | None = None) -> None:
-        """``clock``: the daemon's one DeviceClock for the state directory (default: a new one on it)."""
+                 commands: Mapping[str, Callable[[], None]] | None = None, chat: ChatCodec | None = None) -> None:
+        """``clock``: the daemon's one DeviceClock for the state directory (default: a new one on it);
+        ``chat``: OpenAI's chat shapes, which turn on ``{prefix}/chat`` (edged/mqtt/_chat.py)."""
         self._service = service
         # The daemon's clock of this state directory: the outbox ages its messages by its elapsed time.
         self.clock: Clock = clock or DeviceClock(state_file_in(state_dir))
@@ -65,7 +67,10 @@ class MqttFrontEnd:
         self._requests = RequestHandler(service, config, v5, self, self._metrics, identify, self.health)
         self._pipelines = [Pipeline(i, service, p, config, v5, self, self._metrics, identify, self.health)
                            for i, p in enumerate(config.pipelines)]
+        self._chat = None if chat is None else ChatHandler(service.generation, chat, config, self, self._metrics,
+                                                          identify, self.health)
         subscriptions = [(f"{self.prefix}/infer/#", config.qos)]
+        subscriptions += [(self._chat_topic, config.qos)] if self._chat is not None else []
         subscriptions += [(p.input, p.qos) for p in config.pipelines]
         subscriptions += [(f"{self.prefix}/{suffix}", 1) for suffix in self._commands]
         will = Outbound(self._status_topic, offline(self.device_id), 1, retain=True, content_type=JSON_TYPE)
@@ -77,6 +82,10 @@ class MqttFrontEnd:
     def _status_topic(self) -> str:
         return f"{self.prefix}/status"
 
+    @property
+    def _chat_topic(self) -> str:
+        return f"{self.prefix}/chat"
+
     def new_message_id(self) -> str:
         """An id for a message that answers no input (telemetry); results take theirs from `MessageIds`."""
         return self._ids.fresh()
@@ -85,6 +94,8 @@ class MqttFrontEnd:
     def start(self) -> None:
         self._outbox.start(self._connection.publish)
         self._requests.start()
+        if self._chat is not None:
+            self._chat.start()
         for pipeline in self._pipelines:
             pipeline.start()
         self._connection.start()
@@ -96,6 +107,8 @@ class MqttFrontEnd:
         deadline = time.monotonic() + timeout_s
         self._stopping = True
         self._requests.stop(max(0.1, (deadline - time.monotonic()) / 2))
+        if self._chat is not None:
+            self._chat.stop(max(0.1, (deadline - time.monotonic()) / 2))
         for pipeline in self._pipelines:
             pipeline.stop(max(0.1, (deadline - time.monotonic()) / 2))
         if self._connection.connected:
@@ -187,8 +200,9 @@ class MqttFrontEnd:
 
     def _publish_birth(self) -> None:
         state, reason = self.health.overall()
+        chat = None if self._chat is None else self._service.generation.generative_models()
         payload = birth(self.device_id, self._version, self._service.model_names(), self._config,
-                        self._settings.protocol, state, reason)
+                        self._settings.protocol, state, reason, chat)
         self._connection.publish(Outbound(self._status_topic, payload, 1, retain=True, content_type=JSON_TYPE))
 
     def _health_changed(self) -> None:
@@ -217,6 +231,9 @@ class MqttFrontEnd:
         if command is not None and message.topic.startswith(self.prefix + "/"):
             self.ack(message)
             command()
+            return
+        if self._chat is not None and message.topic == self._chat_topic:
+            self._chat.accept(message, self._requests.reply_topic(message))
             return
         try:
             target = parse_infer_topic(self.prefix, message.topic)

@@ -30,6 +30,8 @@ logger = logging.getLogger(__name__)
 CONFIG_FILENAME = "config.pbtxt"
 # File name → runtime, in the order detect_runtime prefers them.
 RUNTIME_FILES: tuple[tuple[str, str], ...] = (
+    # first: a generative folder holds a model.onnx too, which only ORT GenAI can drive
+    ("genai_config.json", "onnxruntime_genai"),
     ("model.onnx", "onnxruntime"),
     ("model.plan", "tensorrt"),
     ("model.pt", "pytorch"),

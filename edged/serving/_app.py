@@ -14,11 +14,15 @@ from edged.config import ServerConfig
 from edged.engine import InferenceService
 from edged.errors import EdgedError, InvalidInput
 from edged.serving._access import AccessPolicy
+from edged.serving._api_key import HEADER as API_KEY_HEADER
+from edged.serving._api_key import ApiKey
 from edged.serving._chat import ChatPath
+from edged.serving._generate import GeneratePath
 from edged.serving._handlers import Handlers, load_override
 from edged.serving._http import WANTED_HEADERS, Connection, Incoming, Slot
 from edged.serving._infer import InferPath
 from edged.serving._limits import BodyBudget, ConnectionLimit, model_body_bound
+from edged.serving._openai import openai_error
 from edged.serving._response import Response, error_for, error_response, json_response, render
 from edged.serving._routes import SHARED_MEMORY_KINDS, SPECS, Kind, Route, RouteSpec, match
 from edged.serving._shm_routes import handle_shm
@@ -26,7 +30,8 @@ from edged.shm import SharedMemoryRegistry
 
 log = logging.getLogger(__name__)
 
-_LAZY_KINDS = frozenset({Kind.INFER, Kind.MODEL_METADATA, Kind.MODEL_CONFIG})
+_LAZY_KINDS = frozenset({Kind.INFER, Kind.MODEL_METADATA, Kind.MODEL_CONFIG, Kind.GENERATE, Kind.GENERATE_STREAM})
+_OPENAI_KINDS = frozenset({Kind.CHAT_COMPLETIONS, Kind.COMPLETIONS, Kind.OPENAI_MODELS})
 _ACTIONS = {Kind.INFER: "run inference", Kind.LOAD: "load models", Kind.UNLOAD: "unload models"}
 # Request targets already matched, by their raw bytes: clients repeat a handful of URLs, so most requests skip
 # URL parsing, percent-decoding and route matching. Bounded, so that a client cycling through names cannot
@@ -44,7 +49,8 @@ class App:
     def __init__(self, service: InferenceService, config: ServerConfig, access: AccessPolicy,
                  handlers: Handlers, connection_limit: ConnectionLimit,
                  shared_memory: SharedMemoryRegistry | None = None,
-                 daemon_actions: Mapping[str, Callable[[], Any]] | None = None) -> None:
+                 daemon_actions: Mapping[str, Callable[[], Any]] | None = None,
+                 api_key: ApiKey | None = None) -> None:
         self.service = service
         self.limits = config
         self.connection_limit = connection_limit
@@ -54,7 +60,8 @@ class App:
         self.body_budget = BodyBudget(config.max_inflight_body_bytes)
         self.access = access
         # the headers connections keep: edged's own and those [server.tcp_restricted] names
-        self.wanted_headers = WANTED_HEADERS | access.tcp.header_names
+        self.wanted_headers = WANTED_HEADERS | access.tcp.header_names | ({API_KEY_HEADER} if api_key else set())
+        self.api_key = api_key  # required of /v1 requests over TCP when set
         self.wanted_lengths = frozenset(len(name) for name in self.wanted_headers)
         self.handlers = handlers
         self.connections: set[Connection] = set()
@@ -64,6 +71,7 @@ class App:
         self.infer = InferPath(service, config.max_tensor_elements, self.shared_memory, access.caller)
         self.end_of_input = self.infer.end_of_input
         self.chat = ChatPath(service)
+        self.generate = GeneratePath(service)
         self._loop = asyncio.get_running_loop()
         self._targets: dict[bytes, _Target] = {}
         self.daemon_actions = dict(daemon_actions or {})  # "ota/check" → blocking callable returning JSON
@@ -131,8 +139,13 @@ class App:
     def _route(self, connection: Connection, incoming: Incoming, slot: Slot, route: Route) -> None:
         if route.kind is Kind.INFER:
             self.infer.handle(connection, incoming, slot, route.model, route.version)
+        elif route.kind in _OPENAI_KINDS and not self._key_accepted(connection, incoming, slot):
+            return
         elif route.kind is Kind.CHAT_COMPLETIONS or route.kind is Kind.COMPLETIONS:
             self.chat.handle(connection, incoming, slot, chat=route.kind is Kind.CHAT_COMPLETIONS)
+        elif route.kind is Kind.GENERATE or route.kind is Kind.GENERATE_STREAM:
+            self.generate.handle(connection, incoming, slot, route.model, route.version,
+                                 stream_route=route.kind is Kind.GENERATE_STREAM)
         elif route.kind is Kind.OPENAI_MODELS:
             self._answer(connection, incoming, slot, self.chat.models())
         elif route.kind is Kind.LOAD or route.kind is Kind.UNLOAD:
@@ -151,6 +164,17 @@ class App:
             except EdgedError as e:
                 response = error_for(e)
             self._answer(connection, incoming, slot, response)
+
+    def _key_accepted(self, connection: Connection, incoming: Incoming, slot: Slot) -> bool:
+        if self.api_key is None or connection.kind != "tcp":
+            return True
+        try:
+            self.api_key.check(incoming.headers)
+        except EdgedError as e:
+            self.handlers.denied["use the OpenAI API"] = self.handlers.denied.get("use the OpenAI API", 0) + 1
+            self._answer(connection, incoming, slot, openai_error(e))
+            return False
+        return True
 
     def _permitted(self, connection: Connection, incoming: Incoming, slot: Slot, route: Route,
                    spec: RouteSpec) -> bool:

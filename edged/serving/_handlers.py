@@ -50,7 +50,12 @@ class Handlers:
         return handler(self, route, incoming)
 
     def _server_metadata(self, route: Route, incoming: Incoming) -> Response:
-        return json_response(self._service.server_metadata())
+        doc = self._service.server_metadata()
+        # Triton's generate extension is HTTP-only (no gRPC form), so it is added here, and only while a
+        # generative model is ready: before that every generate call would fail
+        if self._service.generation.generative_models():
+            doc = {**doc, "extensions": [*doc["extensions"], "generate"]}
+        return json_response(doc)
 
     def _live(self, route: Route, incoming: Incoming) -> Response:
         return _EMPTY_OK if self._service.live else _EMPTY_BAD

@@ -9,37 +9,40 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
 
-from edged.errors import EdgedError, InvalidInput, ModelNotFound, QueueFull
+from edged.backends.tool_calls import ToolCall
+from edged.engine.tool_output import NO_TOOLS, Constraint, Tools
+from edged.errors import EdgedError, InvalidParameter, ModelNotFound, PermissionDenied, QueueFull
 from edged.serving._response import Response, status_for
+from edged.serving._tools import message_tool_calls, parse_response_format, parse_tools
 
 ROLES = frozenset({"system", "user", "assistant", "tool"})
 _COMMON = frozenset({"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "stream",
                      "stream_options"})
-CHAT_PARAMS = _COMMON | {"messages", "max_completion_tokens"}
+CHAT_PARAMS = _COMMON | {"messages", "max_completion_tokens", "tools", "tool_choice", "parallel_tool_calls",
+                         "response_format"}
 COMPLETION_PARAMS = _COMMON | {"prompt"}
 COMPLETION_DEFAULT_TOKENS = 16
 IGNORED = frozenset({"user"})  # an end-user id for abuse monitoring: nothing to do on a device
-_MESSAGE_KEYS = frozenset({"role", "content", "name", "tool_call_id"})
+_MESSAGE_KEYS = frozenset({"role", "content", "name", "tool_call_id", "tool_calls"})
 _MAX_STOP = 4
 
 
-class ParamError(InvalidInput):
-    """A bad request parameter; ``param`` is its name, as OpenAI's error JSON reports it."""
+ParamError = InvalidParameter  # the family lives in edged.errors so that the engine can raise it too
 
-    def __init__(self, message: str, param: str | None) -> None:
-        super().__init__(message)
-        self.param = param
+
+class Unauthenticated(PermissionDenied):
+    """No or a wrong API key on a listener that requires one: 401, as OpenAI answers."""
 
 
 @dataclass(frozen=True)
 class ChatRequest:
     model: str
-    messages: tuple[dict[str, str], ...]
+    messages: tuple[dict[str, Any], ...]
     max_tokens: int | None
     temperature: float
     top_p: float
@@ -49,11 +52,19 @@ class ChatRequest:
     stream: bool
     include_usage: bool
     prompt: str | None = None  # /v1/completions: the prompt as given, no chat template
+    tools: Tools = NO_TOOLS
+    response_format: Constraint | None = None  # None: plain text
 
 
 def parse_chat(body: bytes | bytearray) -> ChatRequest:
     doc = _document(body, CHAT_PARAMS)
-    return _request(doc, _messages(doc.get("messages")), None, _max_tokens(doc, None))
+    request = _request(doc, _messages(doc.get("messages")), None, _max_tokens(doc, None))
+    tools = parse_tools(doc)
+    response_format = parse_response_format(doc.get("response_format"))
+    if response_format is not None and tools.mode in ("required", "named"):
+        raise ParamError(f"'response_format' and tool_choice {tools.mode!r} each constrain the whole answer; "
+                         "send one of them", "response_format")
+    return replace(request, tools=tools, response_format=response_format)
 
 
 def parse_completion(body: bytes | bytearray) -> ChatRequest:
@@ -82,7 +93,7 @@ def _document(body: bytes | bytearray, supported: frozenset[str]) -> dict[str, A
     return doc
 
 
-def _request(doc: dict[str, Any], messages: tuple[dict[str, str], ...], prompt: str | None,
+def _request(doc: dict[str, Any], messages: tuple[dict[str, Any], ...], prompt: str | None,
              max_tokens: int | None) -> ChatRequest:
     model = doc.get("model")
     if not isinstance(model, str) or not model:
@@ -102,7 +113,7 @@ def _request(doc: dict[str, Any], messages: tuple[dict[str, str], ...], prompt: 
                        _stop(doc.get("stop")), stream, include_usage, prompt)
 
 
-def _messages(raw: Any) -> tuple[dict[str, str], ...]:
+def _messages(raw: Any) -> tuple[dict[str, Any], ...]:
     if not isinstance(raw, list) or not raw:
         raise ParamError("'messages' must be a non-empty list of {role, content} objects", "messages")
     out = []
@@ -117,9 +128,24 @@ def _messages(raw: Any) -> tuple[dict[str, str], ...]:
         extra = sorted(set(message) - _MESSAGE_KEYS)
         if extra:
             raise ParamError(f"{where}: unsupported field(s) {', '.join(extra)}", f"{where}.{extra[0]}")
-        out.append({**{k: v for k, v in message.items() if isinstance(v, str)},
-                    "content": _content(message.get("content"), where)})
+        out.append(_message(message, role, where))
     return tuple(out)
+
+
+def _message(message: dict[str, Any], role: str, where: str) -> dict[str, Any]:
+    for key in ("name", "tool_call_id"):
+        if not isinstance(message.get(key, ""), str):
+            raise ParamError(f"{where}.{key} must be a string", f"{where}.{key}")
+    out: dict[str, Any] = {k: v for k, v in message.items() if k in ("role", "name", "tool_call_id")}
+    if "tool_calls" in message:
+        if role != "assistant":
+            raise ParamError(f"{where}: only assistant messages carry tool_calls", f"{where}.tool_calls")
+        out["tool_calls"] = message_tool_calls(message["tool_calls"], where)
+        # OpenAI sends content null beside tool calls
+        out["content"] = "" if message.get("content") is None else _content(message["content"], where)
+        return out
+    out["content"] = _content(message.get("content"), where)
+    return out
 
 
 def _content(content: Any, where: str) -> str:
@@ -183,16 +209,34 @@ def completion_id(chat: bool) -> str:
 
 
 def chat_completion(ident: str, model: str, text: str, finish: str, prompt_tokens: int,
-                    completion_tokens: int) -> dict[str, Any]:
+                    completion_tokens: int, tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if tool_calls:
+        message = {"role": "assistant", "content": text or None, "tool_calls": tool_calls}
     return {"id": ident, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                         "finish_reason": finish}],
+            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
             "usage": usage(prompt_tokens, completion_tokens)}
 
 
-def chunk(ident: str, model: str, delta: dict[str, str], finish: str | None) -> dict[str, Any]:
+def chunk(ident: str, model: str, delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
     return {"id": ident, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
             "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+
+
+def openai_calls(calls: tuple[ToolCall, ...]) -> list[dict[str, Any]]:
+    return [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+             "function": {"name": call.name, "arguments": call.arguments}} for call in calls]
+
+
+def call_deltas(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Streamed ``delta`` objects, as OpenAI sends them: per call its id and name, then its arguments."""
+    deltas = []
+    for index, call in enumerate(calls):
+        function = call["function"]
+        deltas.append({"tool_calls": [{"index": index, "id": call["id"], "type": "function",
+                                       "function": {"name": function["name"], "arguments": ""}}]})
+        deltas.append({"tool_calls": [{"index": index, "function": {"arguments": function["arguments"]}}]})
+    return deltas
 
 
 def text_completion(ident: str, model: str, text: str, finish: str | None) -> dict[str, Any]:
@@ -206,15 +250,18 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-_TYPES = {400: "invalid_request_error", 403: "permission_error", 404: "not_found_error", 413: "invalid_request_error",
+_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 403: "permission_error", 404: "not_found_error",
+          413: "invalid_request_error",
           429: "rate_limit_error", 503: "server_error"}
 
 
 def openai_error(error: BaseException) -> Response:
     """OpenAI's error JSON, with the status of edged's error table; a full queue is 429 as OpenAI answers."""
-    status = 429 if isinstance(error, QueueFull) else status_for(error)
-    code = "model_not_found" if isinstance(error, ModelNotFound) else None
-    param = error.param if isinstance(error, ParamError) else None
+    status = 429 if isinstance(error, QueueFull) else 401 if isinstance(error, Unauthenticated) else status_for(error)
+    code = ("model_not_found" if isinstance(error, ModelNotFound)
+            else "invalid_api_key" if isinstance(error, Unauthenticated) else None)
+    param = error.param if isinstance(error, InvalidParameter) else None
     message = str(error) if isinstance(error, EdgedError) else f"internal error: {type(error).__name__}"
     body = {"error": {"message": message, "type": _TYPES.get(status, "server_error"), "param": param, "code": code}}
-    return Response(status, orjson.dumps(body))
+    headers = ((b"www-authenticate", b'Bearer realm="edged"'),) if status == 401 else ()
+    return Response(status, orjson.dumps(body), extra_headers=headers)

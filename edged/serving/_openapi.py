@@ -27,6 +27,18 @@ _INFER_REQUEST = {
                                                               "parameters": {"type": "object"}}}},
     },
 }
+_GENERATE_REQUEST = {  # Triton's generate extension
+    "type": "object", "required": ["text_input"],
+    "properties": {
+        "text_input": {"type": "string"},
+        "parameters": {"type": "object", "properties": {
+            "max_tokens": {"type": "integer", "minimum": 1}, "temperature": {"type": "number"},
+            "top_p": {"type": "number"}, "top_k": {"type": "integer"}, "seed": {"type": "integer"},
+            "stop": {"type": "string"}, "stream": {"type": "boolean"}}},
+        "return_finish_reason": {"type": "boolean"}, "return_num_input_tokens": {"type": "boolean"},
+        "return_num_output_tokens": {"type": "boolean"}, "exclude_input_in_output": {"type": "boolean"},
+    },
+}
 _MODEL = {"name": "model_name", "in": "path", "required": True, "schema": {"type": "string"}}
 _VERSION = {"name": "model_version", "in": "path", "required": True, "schema": {"type": "string"}}
 
@@ -60,6 +72,10 @@ def _model_paths(prefix: str, params: tuple[dict[str, Any], ...]) -> dict[str, A
         f"{prefix}/config": _get("model configuration (Triton JSON)", obj, params=params),
         f"{prefix}/stats": _get("model statistics", obj, params=params),
         f"{prefix}/infer": _post("inference", {"$ref": "#/components/schemas/InferRequest"}, obj, params),
+        f"{prefix}/generate": _post("text generation (generative models)",
+                                    {"$ref": "#/components/schemas/GenerateRequest"}, obj, params),
+        f"{prefix}/generate_stream": _post("text generation as Server-Sent Events",
+                                           {"$ref": "#/components/schemas/GenerateRequest"}, None, params),
     }
 
 
@@ -91,6 +107,7 @@ def openapi_document() -> bytes:
         "openapi": "3.0.3",
         "info": {"title": "edged KServe v2 API", "version": __version__},
         "paths": paths,
-        "components": {"schemas": {"Error": _ERROR, "Tensor": _TENSOR, "InferRequest": _INFER_REQUEST}},
+        "components": {"schemas": {"Error": _ERROR, "Tensor": _TENSOR, "InferRequest": _INFER_REQUEST,
+                                  "GenerateRequest": _GENERATE_REQUEST}},
     }
     return orjson.dumps(doc)

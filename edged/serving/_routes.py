@@ -44,6 +44,8 @@ class Kind(Enum):
     OPENAI_MODELS = "openai_models"  # GET /v1/models: the generative models, in OpenAI's list shape
     CHAT_COMPLETIONS = "chat_completions"
     COMPLETIONS = "completions"
+    GENERATE = "generate"  # Triton's generate extension: one JSON answer
+    GENERATE_STREAM = "generate_stream"  # the same, as Server-Sent Events
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,8 @@ SPECS: dict[Kind, RouteSpec] = {
     Kind.OPENAI_MODELS: RouteSpec(b"GET", "infer", "inference"),
     Kind.CHAT_COMPLETIONS: RouteSpec(b"POST", "infer", "inference"),
     Kind.COMPLETIONS: RouteSpec(b"POST", "infer", "inference"),
+    Kind.GENERATE: RouteSpec(b"POST", "infer", "inference"),
+    Kind.GENERATE_STREAM: RouteSpec(b"POST", "infer", "inference"),
 }
 # edged's daemon-provided routes: /v2/edged/<part>/<action> → the action's name ("ota/check")
 DAEMON_ROUTES: dict[tuple[str, str], Kind] = {
@@ -105,6 +109,7 @@ _FIXED: dict[tuple[str, ...], Kind] = {
 }
 _MODEL_SUFFIX: dict[str, Kind] = {
     "ready": Kind.MODEL_READY, "config": Kind.MODEL_CONFIG, "stats": Kind.MODEL_STATS, "infer": Kind.INFER,
+    "generate": Kind.GENERATE, "generate_stream": Kind.GENERATE_STREAM,
 }
 _MAX_SEGMENT = 255
 

@@ -20,6 +20,7 @@ from edged.engine import InferenceService
 from edged.errors import ConfigError
 from edged.exposition import MetricFamily, render
 from edged.serving._access import AccessPolicy
+from edged.serving._api_key import api_key_for
 from edged.serving._app import App
 from edged.serving._handlers import Handlers
 from edged.serving._http import Connection
@@ -49,6 +50,7 @@ class HttpServer:
         self._status_provider = status_provider
         # unknown user or group names, malformed tcp_restricted entries fail here, at build time
         self._access = AccessPolicy(config.access, config.tcp_restricted)
+        self._api_key = api_key_for(config)  # an unreadable key file fails here too
         # the daemon passes the registry it shares with the gRPC front end, and closes it itself
         self._owns_shared_memory = shared_memory is None
         self.shared_memory = shared_memory if shared_memory is not None else registry_for(config)
@@ -72,13 +74,18 @@ class HttpServer:
             raise ConfigError("server.tcp_restricted is set but edged has no TCP listener (server.http_port, "
                               "an activated TCP socket) and no gRPC listener: it would restrict nothing; remove "
                               "it or add one")
+        if self._api_key is not None and all(sock.family == socket.AF_UNIX for sock in sockets):
+            raise ConfigError("server.openai_api_key(_file) is set but edged has no TCP listener "
+                              "(server.http_port, an activated TCP socket): the key guards only TCP; remove it "
+                              "or add one")
         loop = asyncio.get_running_loop()
         handlers = Handlers(self._service, self._telemetry, self._status_provider, openapi_document(),
                             self._metrics_provider)
         handlers.status_extra = self._status_extra
         handlers.metrics_extra = self._metrics_extra
         app = self._app = App(self._service, self._config, self._access, handlers,
-                              connection_limit(self._config), self.shared_memory, self._daemon_actions)
+                              connection_limit(self._config), self.shared_memory, self._daemon_actions,
+                              self._api_key)
         for sock in sockets:
             sock.setblocking(False)
             if sock.family == socket.AF_UNIX:

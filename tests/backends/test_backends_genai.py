@@ -57,3 +57,32 @@ def test_tensors_are_refused_and_generation_stops_when_cancelled() -> None:
         if len(tokens) == 3:
             cancelled.set()
     assert len(tokens) == 3
+
+
+@pytest.mark.parametrize(("parameters", "words"), [
+    ({"tool_parser": "pythonic"}, "expected one of hermes, llama3_json, mistral"),
+    ({"temperature": "0.2"}, "parameters temperature mean nothing"),
+])
+def test_a_model_parameter_that_would_do_nothing_fails_the_load(parameters: dict[str, str], words: str) -> None:
+    config = ModelConfig(name="tiny_llama", backend="onnxruntime_genai", parameters=parameters)
+    with pytest.raises(ModelLoadError, match=words):
+        load_backend("onnxruntime_genai").load(BUNDLED / "genai_config.json", config, 0)
+
+
+def test_the_named_tool_parser_is_the_instances() -> None:
+    config = ModelConfig(name="tiny_llama", backend="onnxruntime_genai", parameters={"tool_parser": "hermes"})
+    instance = load_backend("onnxruntime_genai").load(BUNDLED / "genai_config.json", config, 0)
+    assert instance.tool_parser.name == "hermes"  # type: ignore[attr-defined]
+    assert load_backend("onnxruntime_genai").load(BUNDLED / "genai_config.json", CONFIG, 0).tool_parser is None  # type: ignore[attr-defined]
+
+
+def test_guidance_constrains_real_generation_and_a_broken_grammar_fails_before_the_first_token() -> None:
+    instance = load_backend("onnxruntime_genai").load(BUNDLED / "genai_config.json", CONFIG, 0)
+    assert isinstance(instance, GenerativeInstance)
+    prompt = instance.encode("<|user|>Open the gate<|end|>\n<|assistant|>")
+    grammar = ("lark_grammar", 'start: "yes" | "no"')
+    text = "".join(t.text for t in instance.generate(prompt, Sampling(20, temperature=0, guidance=grammar),
+                                                     threading.Event()))
+    assert text in ("yes", "no")
+    with pytest.raises(InvalidInput, match="does not compile"):
+        instance.generate(prompt, Sampling(20, guidance=("json_schema", "{not json")), threading.Event())

@@ -35,7 +35,7 @@ def error_of(response: httpx.Response, status: int) -> dict[str, Any]:
     (b"[1, 2]", None, "JSON object"),
     ({**GOOD, "messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role", "wizard"),
     ({**GOOD, "n": 2}, "n", "'n' must be 1"),
-    ({**GOOD, "tools": [{"type": "function"}]}, "tools", "unsupported parameter(s) tools"),
+    ({**GOOD, "tools": [{"type": "function"}]}, "tools[0]", "function tools only"),
     ({**GOOD, "logprobs": True}, "logprobs", "logprobs"),
     ({**GOOD, "temperature": 5}, "temperature", "from 0.0 to 2.0"),
     ({**GOOD, "max_tokens": 0}, "max_tokens", "at least 1"),

@@ -182,6 +182,8 @@ _EXTENSION_PROBES: dict[str, tuple[str, str, bytes, dict[str, str]]] = {
     "schedule_policy": ("GET", "/v2/models/tiny_mlp/config", b"", {}),
     "system_shared_memory": ("GET", "/v2/systemsharedmemory/status", b"", {}),
     "cuda_shared_memory": ("GET", "/v2/cudasharedmemory/status", b"", {}),
+    # advertised only while a generative model is ready (tests/genai/test_generate.py serves one)
+    "generate": ("POST", "/v2/models/tiny_llama/generate", b'{"text_input": "hi"}', {}),
 }
 
 

@@ -1,0 +1,93 @@
+"""The engine's `GenerationService` without any transport: the same tokens as ORT GenAI's own loop, read from a
+thread and from an event loop; a cancelled stream stops its generator and ends with ``Finished("cancelled")``."""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from reference import og_greedy  # tests/genai/reference.py
+
+from edged.config import ModelsConfig
+from edged.engine import InferenceService
+from edged.engine.generation import GenerationRequest
+from edged.engine.generation_stream import Finished, GenerationEvent, Started, TextDelta
+from edged.errors import InvalidParameter, ModelNotFound
+
+PROMPT = "Once upon a time"
+
+
+@pytest.fixture(scope="module")
+def service(model_dir: Path) -> Iterator[InferenceService]:
+    pytest.importorskip("onnxruntime_genai")
+    repository = Path(tempfile.mkdtemp(prefix="edged-gen-"))
+    (repository / "tiny_llama").symlink_to(model_dir.parent)
+    running = InferenceService(repository, ModelsConfig())
+    running.start()
+    yield running
+    running.close()
+
+
+def _greedy(tokens: int) -> GenerationRequest:
+    return GenerationRequest("tiny_llama", prompt=PROMPT, max_tokens=tokens, temperature=0)
+
+
+def test_a_thread_reads_the_tokens_og_generates(service: InferenceService, model_dir: Path) -> None:
+    ids, new, text = og_greedy(model_dir, PROMPT, 24)
+    events = list(service.generation.submit(_greedy(24)))
+    assert events[0] == Started(len(ids))
+    assert "".join(e.text for e in events if isinstance(e, TextDelta)) == text
+    last = events[-1]
+    assert isinstance(last, Finished)
+    assert last.usage.prompt_tokens == len(ids)
+    assert last.usage.completion_tokens == len(new) + (len(new) < 24)  # the end-of-sequence token is generated
+
+
+def test_an_event_loop_reads_the_same_events(service: InferenceService) -> None:
+    from_thread = list(service.generation.submit(_greedy(16)))
+
+    async def read() -> list[GenerationEvent]:
+        return [event async for event in service.generation.submit(_greedy(16)).events()]
+    from_loop = asyncio.run(read())
+    assert "".join(e.text for e in from_loop if isinstance(e, TextDelta)) == \
+        "".join(e.text for e in from_thread if isinstance(e, TextDelta))
+    assert from_loop[-1] == from_thread[-1]
+
+
+def test_a_cancelled_stream_stops_before_its_next_token(service: InferenceService) -> None:
+    stream = service.generation.submit(GenerationRequest("tiny_llama", prompt=PROMPT, max_tokens=200,
+                                                         temperature=1.0, seed=3))
+    seen: list[GenerationEvent] = []
+    for event in stream:
+        seen.append(event)
+        if isinstance(event, TextDelta):
+            stream.cancel()
+    last = seen[-1]
+    assert isinstance(last, Finished) and last.reason == "cancelled"
+    assert last.usage.completion_tokens < 200
+
+
+def test_stop_strings_never_reach_the_consumer(service: InferenceService) -> None:
+    whole = "".join(e.text for e in service.generation.submit(_greedy(40)) if isinstance(e, TextDelta))
+    stop = whole[len(whole) // 2:len(whole) // 2 + 2]
+    request = GenerationRequest("tiny_llama", prompt=PROMPT, max_tokens=40, temperature=0, stop=(stop,))
+    events = list(service.generation.submit(request))
+    assert "".join(e.text for e in events if isinstance(e, TextDelta)) == whole[:whole.find(stop)]
+    assert isinstance(events[-1], Finished) and events[-1].reason == "stop"
+
+
+def test_errors_are_raised_to_the_consumer(service: InferenceService) -> None:
+    with pytest.raises(ModelNotFound, match="'nope' is not in the repository"):
+        service.generation.submit(GenerationRequest("nope", prompt=PROMPT))
+    with pytest.raises(InvalidParameter, match="max_tokens 100000 does not fit") as refused:
+        list(service.generation.submit(GenerationRequest("tiny_llama", prompt=PROMPT, max_tokens=100000)))
+    assert refused.value.param == "max_tokens"
+
+
+def test_warm_up_generated_tokens_before_the_model_served(service: InferenceService) -> None:
+    details = service.version_info("tiny_llama").instances[0].info.details
+    assert details["warmup_tokens"] == 2
+    assert details["max_sequences"] == 1
