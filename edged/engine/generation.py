@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 GENAI_RUNTIME = "onnxruntime_genai"
+HANDOVER_S = 0.0005
 _CANCEL_POLL_S = 0.05  # how soon a request cancelled while it waits for a sequence slot leaves the line
 
 
@@ -171,6 +172,7 @@ class _Worker:
         self._count = 0
         self._decode_ns = 0
         self._holding = False
+        self._handed_over = 0.0  # perf_counter of the last hand-over to the consumer
 
     def run(self) -> None:
         stats = self._gate.stats
@@ -201,7 +203,7 @@ class _Worker:
         try:
             self._holding = True
             self._gate.stats.started()
-            self._put(Started(len(prompt)))
+            self._stream.put(Started(len(prompt)), wake=False)  # it leaves with the first token
             return self._generate(instance, prompt, sampling)
         finally:
             slot.release()
@@ -241,10 +243,15 @@ class _Worker:
         return "stop" if self._count < sampling.max_new_tokens else "length"
 
     def _emit(self, text: str) -> None:
-        self._put(TextDelta(text))
-
-    def _put(self, event: Started | TextDelta) -> None:
-        if self._stream.put(event):
+        now = time.perf_counter()
+        # Hand over at once unless the last hand-over was less than HANDOVER_S ago: then the text waits for the
+        # next token (or the end), so a model faster than a token per HANDOVER_S costs one thread switch per
+        # HANDOVER_S instead of one per token, and a token waits at most one token's time.
+        if now - self._handed_over < HANDOVER_S:
+            self._stream.put(TextDelta(text), wake=False)
+            return
+        self._handed_over = now
+        if self._stream.put(TextDelta(text)):
             # The consumer's event loop was waiting and has been woken: hand it the GIL now, or it waits for the
             # interpreter's switch interval (5 ms) while this thread generates on, and tokens leave in bursts.
             time.sleep(0)
