@@ -94,6 +94,13 @@ class _Answer:
 
     def deliver(self, batch: list[GenerationEvent], error: BaseException | None) -> None:
         """A batch of events on the event loop: written in one socket write; ``error`` ends the answer."""
+        try:
+            self._deliver(batch, error)
+        except Exception as e:  # a callback on the loop: unanswered, the client would wait forever
+            self.stream.cancel()
+            self._connection.fail(self._slot, e, self._keep_alive)
+
+    def _deliver(self, batch: list[GenerationEvent], error: BaseException | None) -> None:
         data = b"".join(self._event(event) for event in batch)
         if error is not None:  # what stopped the generation; the engine logged an unexpected one
             if data:
