@@ -12,6 +12,7 @@ counts prompt tokens and generated tokens, the end-of-sequence token not counted
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import time
@@ -125,6 +126,9 @@ class GenerationService:
                                    "model")
         return instance
 
+    def loaded_limits(self, model: str) -> GenerationLimits:
+        return generation_limits(model, self._service.model_config(model).parameters)
+
     def metric_families(self) -> list[MetricFamily]:
         with self._lock:
             gates = sorted(self._gates.items())
@@ -135,7 +139,7 @@ class GenerationService:
         """The model's generation figures for the statistics extension; None for a model never asked."""
         with self._lock:
             gate = self._gates.get(model)
-        return None if gate is None else gate.stats.as_json()
+        return None if gate is None else {**gate.stats.as_json(), "limits": dataclasses.asdict(gate.limits)}
 
     def activity(self) -> dict[str, tuple[int, int]]:
         """Model → (output tokens, decode ns), cumulative: what telemetry attributes energy by."""
@@ -147,15 +151,21 @@ class GenerationService:
         # only models of the repository get a gate: a client cycling through names cannot grow the table
         if model not in self._service.model_names():
             raise ModelNotFound(f"model {model!r} is not in the repository (see GET /v1/models)")
-        config = self._service.model_config(model)
-        limits = generation_limits(model, config.parameters)
+        limits = self._limits(model)
         with self._lock:
             gate = self._gates.get(model)
             if gate is None:
-                gate = self._gates[model] = SequenceGate(limits)
-            else:
+                gate = self._gates[model] = SequenceGate(limits or GenerationLimits())
+            elif limits is not None:
                 gate.configure(limits)
             return gate
+
+    def _limits(self, model: str) -> GenerationLimits | None:
+        """The model's limits from its config; None for a lazily loaded model not loaded yet (its worker applies
+        them once the load has read the config)."""
+        if self._service.needs_load(model):
+            return None
+        return generation_limits(model, self._service.model_config(model).parameters)
 
 
 class _Worker:
@@ -178,6 +188,7 @@ class _Worker:
         stats = self._gate.stats
         try:
             instance = self._owner.instance(self._request.model)
+            self._gate.configure(self._owner.loaded_limits(self._request.model))
             prompt, sampling = _prepare(instance, self._request, self._gate.limits)
             self._prompt_tokens = len(prompt)
             reason = self._in_slot(instance, prompt, sampling)
