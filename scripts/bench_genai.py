@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shutil
 import socket
 import statistics
@@ -128,6 +129,12 @@ def one_after_another(tokens: int, runs: int) -> tuple[float, int]:
     return count / (time.perf_counter() - began), count
 
 
+def _cpu_s(pid: int) -> float:
+    """User plus system CPU seconds of process ``pid`` so far (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 _CACHE: dict[str, object] = {}
 
 
@@ -162,9 +169,14 @@ def main() -> None:
             over_socket(path, args.tokens)
             in_process(args.tokens)
         edged, local = [], []
+        server_cpu = local_cpu = 0.0
         for _ in range(args.runs):
+            before = _cpu_s(proc.pid)
             edged.append(over_socket(path, args.tokens))
+            server_cpu += _cpu_s(proc.pid) - before
+            before = time.thread_time()
             local.append(in_process(args.tokens))
+            local_cpu += time.thread_time() - before
         together: list[tuple[float, float]] = []
         for _ in range(args.runs if args.concurrency else 0):
             together.append((concurrent(path, args.tokens, args.concurrency)[0],
@@ -180,6 +192,10 @@ def main() -> None:
     ttft_added = statistics.median(e[0] - o[0] for e, o in pairs) * 1e3
     token_added = statistics.median(e[1] - o[1] for e, o in pairs) * 1e6
     print(f"added by edged: TTFT {ttft_added:.3f} ms, per token {token_added:.1f} µs (medians of paired runs)")
+    tokens = sum(r[2] for r in edged)
+    print(f"CPU per output token (whole requests): edged server {server_cpu / tokens * 1e6:.1f} µs, in-process "
+          f"generator {local_cpu / sum(r[2] for r in local) * 1e6:.1f} µs; added "
+          f"{(server_cpu / tokens - local_cpu / sum(r[2] for r in local)) * 1e6:.1f} µs")
     if together:
         served = statistics.median(t[0] for t in together)
         alone = statistics.median(t[1] for t in together)

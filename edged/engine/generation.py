@@ -12,6 +12,7 @@ counts prompt tokens and generated tokens, the end-of-sequence token not counted
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import time
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 GENAI_RUNTIME = "onnxruntime_genai"
+HANDOVER_S = 0.0005
 _CANCEL_POLL_S = 0.05  # how soon a request cancelled while it waits for a sequence slot leaves the line
 
 
@@ -127,6 +129,9 @@ class GenerationService:
                                    "model")
         return instance
 
+    def loaded_limits(self, model: str) -> GenerationLimits:
+        return generation_limits(model, self._service.model_config(model).parameters)
+
     def metric_families(self) -> list[MetricFamily]:
         with self._lock:
             gates = sorted(self._gates.items())
@@ -137,7 +142,7 @@ class GenerationService:
         """The model's generation figures for the statistics extension; None for a model never asked."""
         with self._lock:
             gate = self._gates.get(model)
-        return None if gate is None else gate.stats.as_json()
+        return None if gate is None else {**gate.stats.as_json(), "limits": dataclasses.asdict(gate.limits)}
 
     def activity(self) -> dict[str, tuple[int, int]]:
         """Model → (output tokens, decode ns), cumulative: what telemetry attributes energy by."""
@@ -149,15 +154,21 @@ class GenerationService:
         # only models of the repository get a gate: a client cycling through names cannot grow the table
         if model not in self._service.model_names():
             raise ModelNotFound(f"model {model!r} is not in the repository (see GET /v1/models)")
-        config = self._service.model_config(model)
-        limits = generation_limits(model, config.parameters)
+        limits = self._limits(model)
         with self._lock:
             gate = self._gates.get(model)
             if gate is None:
-                gate = self._gates[model] = SequenceGate(limits)
-            else:
+                gate = self._gates[model] = SequenceGate(limits or GenerationLimits())
+            elif limits is not None:
                 gate.configure(limits)
             return gate
+
+    def _limits(self, model: str) -> GenerationLimits | None:
+        """The model's limits from its config; None for a lazily loaded model not loaded yet (its worker applies
+        them once the load has read the config)."""
+        if self._service.needs_load(model):
+            return None
+        return generation_limits(model, self._service.model_config(model).parameters)
 
 
 class _Worker:
@@ -175,11 +186,13 @@ class _Worker:
         self._decode_ns = 0
         self._holding = False
         self._calls: tuple[ToolCall, ...] = ()
+        self._handed_over = 0.0  # perf_counter of the last hand-over to the consumer
 
     def run(self) -> None:
         stats = self._gate.stats
         try:
             instance = self._owner.instance(self._request.model)
+            self._gate.configure(self._owner.loaded_limits(self._request.model))
             prompt, sampling = _prepare(instance, self._request, self._gate.limits)
             self._prompt_tokens = len(prompt)
             reason = self._in_slot(instance, prompt, sampling)
@@ -205,7 +218,7 @@ class _Worker:
         try:
             self._holding = True
             self._gate.stats.started()
-            self._put(Started(len(prompt)))
+            self._stream.put(Started(len(prompt)), wake=False)  # it leaves with the first token
             return self._generate(instance, prompt, sampling)
         finally:
             slot.release()
@@ -252,11 +265,17 @@ class _Worker:
         return "tool_calls" if self._calls else reason
 
     def _emit(self, text: str) -> None:
-        if text:
-            self._put(TextDelta(text))
-
-    def _put(self, event: Started | TextDelta) -> None:
-        if self._stream.put(event):
+        if not text:  # the tool parser holds back text that may become a call
+            return
+        now = time.perf_counter()
+        # Hand over at once unless the last hand-over was less than HANDOVER_S ago: then the text waits for the
+        # next token (or the end), so a model faster than a token per HANDOVER_S costs one thread switch per
+        # HANDOVER_S instead of one per token, and a token waits at most one token's time.
+        if now - self._handed_over < HANDOVER_S:
+            self._stream.put(TextDelta(text), wake=False)
+            return
+        self._handed_over = now
+        if self._stream.put(TextDelta(text)):
             # The consumer's event loop was waiting and has been woken: hand it the GIL now, or it waits for the
             # interpreter's switch interval (5 ms) while this thread generates on, and tokens leave in bursts.
             time.sleep(0)

@@ -136,10 +136,13 @@ class GenerationStream:
             yield item
 
     # --- producer side -------------------------------------------------------------------------------------
-    def put(self, item: GenerationEvent | BaseException) -> bool:
-        """Hand over one item; True when it woke an event loop that was waiting for it."""
+    def put(self, item: GenerationEvent | BaseException, wake: bool = True) -> bool:
+        """Hand over one item; True when it woke an event loop that was waiting for it. ``wake`` False: only
+        queue it, for the next waking put to deliver (the producer bounds how long that can be)."""
         with self._ready:
             self._items.append(item)
+            if not wake:
+                return False
             self._ready.notify()
             waiter, self._waiter = self._waiter, None
             sink = self._sink if not self._scheduled else None

@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 _SSE_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
              b"transfer-encoding: chunked\r\n")
 _DONE = b"data: [DONE]\n\n"
+_MARK = "\ue000edged-text\ue000"  # private-use characters: in no model name or completion id
 
 
 def _chunk_bytes(doc: Any) -> bytes:
@@ -94,10 +95,30 @@ class _Answer:
         self._id = completion_id(self._chat)
         self._streaming = False
         self._parts: list[str] = []
+        self._frame: tuple[bytes, bytes] | None = None  # a text chunk's bytes before and after its text
 
     def deliver(self, batch: list[GenerationEvent], error: BaseException | None) -> None:
         """A batch of events on the event loop: written in one socket write; ``error`` ends the answer."""
-        data = b"".join(self._event(event) for event in batch)
+        try:
+            self._deliver(batch, error)
+        except Exception as e:  # a callback on the loop: unanswered, the client would wait forever
+            self.stream.cancel()
+            self._connection.fail(self._slot, e, self._keep_alive)
+
+    def _deliver(self, batch: list[GenerationEvent], error: BaseException | None) -> None:
+        parts: list[bytes] = []
+        run: list[str] = []  # the text of consecutive deltas, streamed as one SSE event
+        for event in batch:
+            if isinstance(event, TextDelta) and self._streaming:
+                run.append(event.text)
+                continue
+            if run:
+                parts.append(self._text_event("".join(run)))
+                run.clear()
+            parts.append(self._event(event))
+        if run:
+            parts.append(self._text_event("".join(run)))
+        data = b"".join(parts)
         if error is not None:  # what stopped the generation; the engine logged an unexpected one
             if data:
                 self._connection.stream(self._slot, data)
@@ -107,10 +128,18 @@ class _Answer:
         elif data and not self._connection.stream(self._slot, data):
             self.stream.cancel()
 
+    def _text_event(self, text: str) -> bytes:
+        """One streamed text chunk: the request's chunk JSON rendered once, only the text encoded per chunk."""
+        if self._frame is None:
+            before, after = _chunk_bytes(self._chunk(_MARK, None)).split(orjson.dumps(_MARK))
+            self._frame = (before.split(b"\r\n", 1)[1], after[:-2])  # without the chunked-encoding frame
+        event = self._frame[0] + orjson.dumps(text) + self._frame[1]
+        return b"%x\r\n%s\r\n" % (len(event), event)
+
     def _event(self, event: GenerationEvent) -> bytes:
         if isinstance(event, TextDelta):
             if self._streaming:
-                return _chunk_bytes(self._chunk(event.text, None))
+                return self._text_event(event.text)
             self._parts.append(event.text)
         elif isinstance(event, Started) and self._request.stream:
             self._streaming = True

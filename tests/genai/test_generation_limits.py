@@ -144,3 +144,18 @@ def test_the_kv_cache_of_max_sequences_is_charged_and_refuses_a_load_it_does_not
     charged = memory.budget.charges()["tiny_llama/1"]
     assert charged >= 2 * per_sequence
     assert charged == fits.version_info("tiny_llama").footprint_bytes
+
+
+def test_a_lazily_loaded_model_generates_under_its_own_limits(tmp_path: Path, model_dir: Path) -> None:
+    pytest.importorskip("onnxruntime_genai")
+    repository = _repository(tmp_path, model_dir, {"max_sequences": "3", "max_waiting": "0"})
+    service = InferenceService(repository, ModelsConfig(load="lazy"))
+    service.start()
+    try:
+        assert service.needs_load("tiny_llama")
+        events = list(service.generation.submit(_sampled(1)))
+        assert isinstance(events[-1], Finished) and _text(events)
+        stats = service.generation.statistics("tiny_llama")
+        assert stats is not None and stats["limits"]["max_sequences"] == 3, "the config read by the load applies"
+    finally:
+        service.close()
