@@ -20,7 +20,7 @@ from edged.mqtt._msgid import Identity
 from edged.mqtt._queue import BoundedQueue
 from edged.mqtt._requests import MAX_ELEMENTS, Publisher
 from edged.mqtt._topics import check_filter, check_template, filter_matches, render, wildcard_count
-from edged.mqtt._work import Job, finish, load_labels, start
+from edged.mqtt._work import Job, finish, load_labels, start_many
 from edged.supervision import HealthBoard, SupervisedThread
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,7 @@ class Pipeline:
         self._labels: dict[str, list[str]] | None = None
         self._health = (health or HealthBoard()).component(f"mqtt_{self.name}")
         self._thread: SupervisedThread | None = None
+        self._engine_waits = 0
 
     @property
     def queued(self) -> int:
@@ -103,11 +104,19 @@ class Pipeline:
             if batch:
                 self._health.ok()
 
+    @property
+    def handoffs(self) -> int:
+        """Times a thread was woken to pass this pipeline's messages on: the worker for queued inputs, or for
+        results an engine worker ran (the worker runs the batches itself while an instance is idle)."""
+        return self._queue.wakeups + self._engine_waits
+
     def _run(self, batch: list[Job]) -> None:
-        for job in batch:
-            start(self._service, job, self._max_payload, MAX_ELEMENTS, inline=False)
+        if not batch:
+            return
+        start_many(self._service, batch, self._max_payload, MAX_ELEMENTS)
         labels = self._label_table()
         for job in batch:
+            self._engine_waits += not job.slot.done
             body, header_length, ok = finish(job, labels, self.config.top_k)
             if not ok:
                 self._metrics.error("pipeline")
