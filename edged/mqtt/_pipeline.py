@@ -1,8 +1,11 @@
 """Sensor pipelines: ``input`` topic filter → decode → model → optional top-k → ``output`` topic template.
 
-One worker per pipeline takes whatever has queued (up to ``max_in_flight``), submits it all to the engine so
-the dynamic batcher can batch it, then publishes the results in arrival order: results keep the order of
-their input topic. Failures are published to the output topic as ``{"error": ...}`` and counted.
+One worker per pipeline takes whatever has queued (up to ``max_in_flight``), submits it all to the engine in one
+call so the dynamic batcher can batch it, and runs those batches itself while a model instance is idle (no hop
+to an engine worker and back), then publishes the results in arrival order: results keep the order of their
+input topic. ``handoffs`` counts the times a thread had to be woken on the way (checked per message by
+tests/mqtt/test_mqtt_outbox_cost.py). Failures are published to the output topic as ``{"error": ...}`` and
+counted.
 """
 
 from __future__ import annotations
