@@ -203,7 +203,10 @@ class WireClient(paho.Client):
         code = packet[2] if len(packet) == 3 and self._protocol == _MQTTV5 else 0
         reason = self._puback_reasons.get(code)
         if reason is None:
-            reason = self._puback_reasons[code] = ReasonCode(PacketTypes.PUBACK, identifier=code)
+            try:
+                reason = self._puback_reasons[code] = ReasonCode(PacketTypes.PUBACK, identifier=code)
+            except KeyError:  # not a PUBACK reason code: paho's decoder reports the malformed packet
+                return super()._handle_pubackcomp(cmd)
         with self._out_message_mutex:
             if mid in self._out_messages:
                 return self._do_on_publish(mid, reason, self._no_properties)

@@ -127,3 +127,27 @@ def test_one_wake_up_per_burst_of_queued_packets_and_a_new_one_after_the_loop_lo
     client._packet_queue(0x40, b"\x40\x02\x00\x02", 3, 0)
     assert reader.recv(100) == b"0"
     assert (client.wakes, len(client._out_packet)) == (2, 4)
+
+
+def acked(packet: bytes) -> tuple[list[tuple[int, int]], int]:
+    """(mid, reason code) per on_publish of a PUBACK for the in-flight message 9, and the slow decodes."""
+    client = WireClient(CallbackAPIVersion.VERSION2, protocol=paho.MQTTv5, deliver=lambda f: None)
+    client.on_socket_register_write = lambda *args: None
+    got: list[tuple[int, int]] = []
+    client.on_publish = lambda c, u, mid, reason, props: got.append((mid, reason.value))
+    message = paho.MQTTMessage(mid=9)
+    message.qos = 1
+    client._out_messages[9] = message
+    client._in_packet["command"], client._in_packet["packet"] = 0x40, bytearray(packet)
+    assert client._handle_pubackcomp("PUBACK") == paho.MQTT_ERR_SUCCESS
+    return got, client.slow_decodes
+
+
+def test_puback_reason_codes_reach_on_publish_as_paho_decodes_them() -> None:
+    assert acked(b"\x00\x09") == ([(9, 0)], 0)
+    assert acked(b"\x00\x09\x10") == ([(9, 0x10)], 0)  # no matching subscribers: delivered, not a failure
+    assert acked(b"\x00\x09\x97") == ([(9, 0x97)], 0)  # quota exceeded: a failure the outbox retries
+    props = Properties(PacketTypes.PUBACK)  # type: ignore[no-untyped-call]
+    props.ReasonString = "why"
+    assert acked(b"\x00\x09\x80" + props.pack()) == ([(9, 0x80)], 1)  # type: ignore[no-untyped-call]
+    assert acked(b"\x00\x05") == ([], 0)  # not in flight (a duplicate PUBACK): ignored, as paho does
