@@ -116,7 +116,7 @@ class WireClient(paho.Client):
         super().__init__(*args, **kwargs)
         self._deliver = deliver
         self.slow_decodes = 0
-        self.reads = 0  # kernel reads of sockets closed since; see read_count()
+        self.reads = 0  # kernel reads of sockets closed since, and of unbuffered ones; see read_count()
         self._buffered: BufferedSocket | None = None
         self._puback_reasons: dict[int, ReasonCode] = {}
         self._no_properties = Properties(PacketTypes.PUBACK)  # type: ignore[no-untyped-call]
@@ -135,6 +135,11 @@ class WireClient(paho.Client):
             self.reads += self._buffered.reads
         self._buffered = BufferedSocket(sock)
         return self._buffered
+
+    def _sock_recv(self, bufsize: int) -> bytes:
+        if not isinstance(self._sock, BufferedSocket):  # counted here, each one a system call
+            self.reads += 1
+        return super()._sock_recv(bufsize)
 
     def want_write(self) -> bool:
         self._wake_sent = False  # before the check: a packet queued after it sends a new wake-up
