@@ -3,7 +3,7 @@
 One worker per pipeline takes whatever has queued (up to ``max_in_flight``), submits it all to the engine in one
 call so the dynamic batcher can batch it, and runs those batches itself while a model instance is idle (no hop
 to an engine worker and back), then publishes the results in arrival order: results keep the order of their
-input topic. ``handoffs`` counts the times a thread had to be woken on the way (checked per message by
+input topic. ``handoffs`` counts the times the worker had to be woken (checked per message by
 tests/mqtt/test_mqtt_outbox_cost.py). Failures are published to the output topic as ``{"error": ...}`` and
 counted.
 """
@@ -50,7 +50,6 @@ class Pipeline:
         self._labels: dict[str, list[str]] | None = None
         self._health = (health or HealthBoard()).component(f"mqtt_{self.name}")
         self._thread: SupervisedThread | None = None
-        self._engine_waits = 0
 
     @property
     def queued(self) -> int:
@@ -109,9 +108,8 @@ class Pipeline:
 
     @property
     def handoffs(self) -> int:
-        """Times a thread was woken to pass this pipeline's messages on: the worker for queued inputs, or for
-        results an engine worker ran (the worker runs the batches itself while an instance is idle)."""
-        return self._queue.wakeups + self._engine_waits
+        """Times the worker was woken for queued inputs (once per burst); the engine counts its own."""
+        return self._queue.wakeups
 
     def _run(self, batch: list[Job]) -> None:
         if not batch:
@@ -119,7 +117,6 @@ class Pipeline:
         start_many(self._service, batch, self._max_payload, MAX_ELEMENTS)
         labels = self._label_table()
         for job in batch:
-            self._engine_waits += not job.slot.done
             body, header_length, ok = finish(job, labels, self.config.top_k)
             if not ok:
                 self._metrics.error("pipeline")

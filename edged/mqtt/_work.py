@@ -35,10 +35,6 @@ class Slot:
         self._unset.acquire()
         self.result: InferResponse | EdgedError | None = None
 
-    @property
-    def done(self) -> bool:
-        return self.result is not None
-
     def set(self, result: InferResponse | EdgedError) -> None:
         if self.result is None:  # one-shot: a second outcome would release an unlocked lock
             self.result = result
