@@ -27,8 +27,7 @@ import contextlib
 import logging
 import ssl
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import MQTTErrorCode
@@ -89,9 +88,8 @@ class BufferedSocket:
         return getattr(self._sock, name)
 
 
-@dataclass(frozen=True)
-class PublishFields:
-    """One inbound PUBLISH as edged reads it."""
+class PublishFields(NamedTuple):
+    """One inbound PUBLISH as edged reads it (a tuple: a frozen dataclass's __init__ costs a setattr a field)."""
 
     topic: str
     payload: bytes
