@@ -1,4 +1,5 @@
-"""The only module that imports paho-mqtt: one connection, its network thread, reconnects and conversions.
+"""The broker connection: one connection, its network thread, reconnects and conversions. With ``_wire`` (paho's
+client with edged's read path under it) the only modules that import paho-mqtt.
 
 The network thread runs paho's ``loop()`` itself (rather than ``loop_start``) so that reconnects use our own
 exponential backoff with full jitter, and so that a refused or dropped connection is never reported as
