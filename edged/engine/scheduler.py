@@ -61,6 +61,7 @@ class Scheduler:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)  # workers wait here for work, and only workers
         self._sleepers = 0  # threads in self._wake.wait(); notifying nobody costs a microsecond, so we skip it
+        self.wakeups = 0  # notifies of a sleeping worker: thread hand-offs, counted by tests
         # `close` waits here for the queue to drain. Its own condition: a notify meant for a worker must never
         # be spent on it, or queued requests wait with an idle instance and a sleeping worker.
         self._settled = threading.Condition(self._lock)
@@ -137,10 +138,12 @@ class Scheduler:
         if not self._workers:
             self._ensure_workers_locked()
         if self._sleepers and self._idle:
+            self.wakeups += 1
             self._wake.notify()
 
     def _notify_locked(self, everyone: bool = False) -> None:
         if self._sleepers:
+            self.wakeups += 1
             if everyone or self._closed:  # closing: each worker must see it, not just one
                 self._wake.notify_all()
             else:
@@ -184,7 +187,8 @@ class Scheduler:
                             self._ensure_workers_locked()
                         self._idle.append(instance)
                         self._executing -= 1
-                        self._notify_locked()
+                        if self._queue.count or self._closed:  # else a woken worker finds nothing to do
+                            self._notify_locked()
                         instance = None  # type: ignore[assignment]
                 for item in expired:
                     self._finish_timeout(item)

@@ -1,4 +1,5 @@
-"""The only module that imports paho-mqtt: one connection, its network thread, reconnects and conversions.
+"""The broker connection: one connection, its network thread, reconnects and conversions. With ``_wire`` (paho's
+client with edged's read path under it) the only modules that import paho-mqtt.
 
 The network thread runs paho's ``loop()`` itself (rather than ``loop_start``) so that reconnects use our own
 exponential backoff with full jitter, and so that a refused or dropped connection is never reported as
@@ -25,6 +26,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 from edged.errors import MqttError
 from edged.mqtt._message import Inbound, Outbound
 from edged.mqtt._settings import ConnectionSettings
+from edged.mqtt._wire import PublishFields, WireClient
 from edged.supervision import HealthBoard, SupervisedThread
 
 log = logging.getLogger(__name__)
@@ -74,12 +76,28 @@ class Connection:
     def connected(self) -> bool:
         return self._connected.is_set()
 
+    @property
+    def reads(self) -> int:
+        """System calls reading the broker's socket so far (counted by tests: one per burst, not per byte)."""
+        return self._client.read_count()
+
+    @property
+    def wakes(self) -> int:
+        """Wake-ups of the network thread to write what other threads queued (one per burst, not per packet)."""
+        return self._client.wakes
+
+    @property
+    def slow_decodes(self) -> int:
+        """Inbound PUBLISH and PUBACK packets that needed paho's own, slower decoders."""
+        return self._client.slow_decodes
+
     # --- setup ---------------------------------------------------------------------------------------------
-    def _make_client(self, will: Outbound) -> paho.Client:
+    def _make_client(self, will: Outbound) -> WireClient:
         s = self._settings
-        client = paho.Client(CallbackAPIVersion.VERSION2, client_id=s.client_id,
-                             protocol=paho.MQTTv5 if self._v5 else paho.MQTTv311,
-                             clean_session=None if self._v5 else False, reconnect_on_failure=False)
+        client = WireClient(CallbackAPIVersion.VERSION2, client_id=s.client_id,
+                            protocol=paho.MQTTv5 if self._v5 else paho.MQTTv311,
+                            clean_session=None if self._v5 else False, reconnect_on_failure=False,
+                            deliver=self._deliver)
         client.max_inflight_messages_set(0)  # the outbox bounds what is in flight
         client.max_queued_messages_set(0)
         client.manual_ack_set(True)  # an input is acknowledged only once its result is in the outbox
@@ -96,7 +114,7 @@ class Connection:
         client.will_set(will.topic, will.payload, will.qos, will.retain, self._properties(will))
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
-        client.on_message = self._on_message
+        client.on_message = self._on_message  # QoS 2 only: WireClient delivers QoS 0 and 1 itself
         client.on_publish = self._on_publish
         client.on_socket_open = self._on_socket_open
         # With a callback here paho never writes to the socket from a publishing thread (it would, since we
@@ -217,16 +235,20 @@ class Connection:
 
     def _on_message(self, client: paho.Client, userdata: Any, msg: paho.MQTTMessage) -> None:
         props = getattr(msg, "properties", None)
-        inbound = Inbound(
-            topic=msg.topic, payload=bytes(msg.payload), qos=msg.qos, retain=bool(msg.retain),
-            response_topic=getattr(props, "ResponseTopic", None), correlation_data=getattr(
-                props, "CorrelationData", None), content_type=getattr(props, "ContentType", None),
-            user_properties=tuple((str(k), str(v)) for k, v in getattr(props, "UserProperty", []) or []),
-            received_ns=time.time_ns(), mid=msg.mid, generation=self._generation, dup=bool(msg.dup))
+        self._deliver(PublishFields(
+            topic=msg.topic, payload=bytes(msg.payload), qos=msg.qos, retain=bool(msg.retain), dup=bool(msg.dup),
+            mid=msg.mid, response_topic=getattr(props, "ResponseTopic", None),
+            correlation_data=getattr(props, "CorrelationData", None),
+            content_type=getattr(props, "ContentType", None),
+            user_properties=tuple((str(k), str(v)) for k, v in getattr(props, "UserProperty", []) or [])))
+
+    def _deliver(self, f: PublishFields) -> None:
+        inbound = Inbound(f.topic, f.payload, f.qos, f.retain, f.response_topic, f.correlation_data,
+                          f.content_type, f.user_properties, time.time_ns(), f.mid, self._generation, f.dup)
         try:
             self._listener.on_message(inbound)
         except Exception:  # a bug in one handler must not kill the network thread
-            log.exception("mqtt: handling a message on %r failed", msg.topic)
+            log.exception("mqtt: handling a message on %r failed", f.topic)
 
     def _on_publish(self, client: paho.Client, userdata: Any, mid: int, reason: ReasonCode,
                     properties: Any) -> None:

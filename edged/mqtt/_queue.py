@@ -21,6 +21,8 @@ class BoundedQueue(Generic[T]):
         self._items: deque[T] = deque()
         self._cond = threading.Condition()
         self._closed = False
+        self._takers = 0  # threads waiting in take(): only they need a notify
+        self.wakeups = 0  # notifies of a waiting taker: hand-offs from the producer's thread to a worker's
 
     def __len__(self) -> int:
         return len(self._items)
@@ -37,14 +39,19 @@ class BoundedQueue(Generic[T]):
             if len(self._items) >= self._capacity:
                 dropped = self._items.popleft()
             self._items.append(item)
-            self._cond.notify_all()
+            if self._takers:  # takers wait only while empty: one notify per burst, not one per item
+                self._takers = 0  # all of them are woken now
+                self.wakeups += 1
+                self._cond.notify_all()
             return dropped
 
     def take(self, most: int, timeout_s: float = 0.5) -> list[T]:
         """Up to ``most`` items, waiting up to ``timeout_s`` for the first; [] when closed and empty."""
         with self._cond:
             if not self._items and not self._closed:
-                self._cond.wait(timeout_s)
+                self._takers += 1
+                if not self._cond.wait(timeout_s):  # timed out: no put counted this taker off
+                    self._takers = max(0, self._takers - 1)
             batch = [self._items.popleft() for _ in range(min(most, len(self._items)))]
             if batch:
                 self._cond.notify_all()

@@ -22,22 +22,28 @@ RESULT_TIMEOUT_S = 120.0
 
 
 class Slot:
-    """A one-shot result slot filled by the engine's done callback (possibly before submit returns)."""
+    """A one-shot result slot filled by the engine's done callback (possibly before submit returns).
 
-    __slots__ = ("_event", "result")
+    A lock held from birth and released by ``set`` rather than an Event: one C object per message instead of
+    an Event's Condition, lock and waiter list, built and notified in Python (docs/benchmarks.md).
+    """
+
+    __slots__ = ("_unset", "result")
 
     def __init__(self) -> None:
-        self._event = threading.Event()
+        self._unset = threading.Lock()
+        self._unset.acquire()
         self.result: InferResponse | EdgedError | None = None
 
     def set(self, result: InferResponse | EdgedError) -> None:
-        self.result = result
-        self._event.set()
+        if self.result is None:  # one-shot: a second outcome would release an unlocked lock
+            self.result = result
+            self._unset.release()
 
     def wait(self, model: str, timeout_s: float) -> InferResponse | EdgedError:
-        if not self._event.wait(timeout_s) or self.result is None:
+        if self.result is None and not self._unset.acquire(timeout=timeout_s):
             return RequestTimeout(f"model {model}: no response within {timeout_s} s")
-        return self.result
+        return self.result if self.result is not None else RequestTimeout(f"model {model}: no response")
 
 
 @dataclass
@@ -70,6 +76,30 @@ class Job:
 
 def start(service: InferenceService, job: Job, max_payload: int, max_elements: int, inline: bool) -> None:
     """Decode and submit; the outcome (response or error) lands in ``job.slot``."""
+    request = prepare(service, job, max_payload, max_elements)
+    if request is not None:
+        try:
+            service.submit(request, job.slot.set, inline)
+        except EdgedError as e:
+            job.slot.set(e)
+        except (ValueError, TypeError, OverflowError) as e:
+            job.slot.set(PayloadError(f"cannot submit the payload for model {job.model}: {e}"))
+
+
+def start_many(service: InferenceService, jobs: list[Job], max_payload: int, max_elements: int) -> None:
+    """Decode and submit jobs for one model version together: the dynamic batcher batches them, and the calling
+    thread runs the batches itself while an instance is idle (no hand-off to an engine worker and back)."""
+    calls = []
+    for job in jobs:
+        request = prepare(service, job, max_payload, max_elements)
+        if request is not None:
+            calls.append((request, job.slot.set))
+    if calls:
+        service.submit_many(jobs[0].model, jobs[0].version, calls, inline=True)
+
+
+def prepare(service: InferenceService, job: Job, max_payload: int, max_elements: int) -> InferRequest | None:
+    """The job's engine request, or None with the error already in ``job.slot``."""
     try:
         if len(job.message.payload) > max_payload:
             raise PayloadTooLarge(f"message is {len(job.message.payload)} bytes, more than the limit of "
@@ -78,11 +108,12 @@ def start(service: InferenceService, job: Job, max_payload: int, max_elements: i
             service.ensure_loaded(job.model)
         config = service.model_config(job.model, job.version)
         job.decoded = decode(job.message, job.codec, config, job.input_name, max_elements)
-        service.submit(_request(job, job.decoded), job.slot.set, inline)
+        return _request(job, job.decoded)
     except EdgedError as e:
         job.slot.set(e)
     except (ValueError, TypeError, OverflowError) as e:  # a payload no check above foresaw: its error, not ours
         job.slot.set(PayloadError(f"cannot decode the payload for model {job.model}: {e}"))
+    return None
 
 
 def _request(job: Job, decoded: DecodedRequest) -> InferRequest:

@@ -1,7 +1,10 @@
-"""What one message costs the outbox, counted so that it cannot creep back: SQL statements and wake-ups of the
-outbox thread per message through a real pipeline over a real mosquitto (issue #12 §4).
+"""What one message costs the daemon, counted so that it cannot creep back: SQL statements, wake-ups of the
+outbox thread, hand-offs between threads, reads of the broker's socket and wake-ups of the network thread per
+message through a real pipeline over a real mosquitto (issue #12 §4).
 
-Before: an INSERT and a DELETE per message plus BEGIN/COMMIT per pass, and a wake-up per put and per PUBACK.
+Before: an INSERT and a DELETE per message plus BEGIN/COMMIT per pass, and a wake-up per put and per PUBACK;
+three socket reads per packet (two packets per message); a notify of the pipeline worker per message, an engine
+worker's hop and back per batch; a wake-up byte to the network thread per PUBLISH and per PUBACK it writes.
 """
 
 from __future__ import annotations
@@ -47,6 +50,12 @@ def test_a_qos1_stream_costs_the_outbox_few_statements_and_wake_ups_per_message(
         wait_until(lambda: front.status()["connected"], what="connected")
         outbox.trace(lambda sql: statements.update([statement_kind(sql)]))
         wakeups_before = outbox.wakeups
+        connection, pipeline = front._connection, front._pipelines[0]
+        engine = service.version_info("tiny_mlp").scheduler
+        assert engine is not None
+        counters = lambda: (connection.reads, connection.wakes, pipeline.handoffs, engine.wakeups,  # noqa: E731
+                            connection.slow_decodes)
+        before = counters()
         for i in range(MESSAGES):
             assert window.acquire(timeout=30)
             pub.publish(f"cost/s{i % 4}/in", frame(i), 1)
@@ -54,15 +63,27 @@ def test_a_qos1_stream_costs_the_outbox_few_statements_and_wake_ups_per_message(
         assert outbox.wait_drained(30)
         outbox.trace(None)
         wakeups = outbox.wakeups - wakeups_before
+        reads, wakes, handoffs, engine_wakeups, slow = (b - a for a, b in zip(before, counters(), strict=True))
     finally:
         pub.loop_stop()
         sub.close()
         front.stop(5)
     per_message = sum(statements.values()) / MESSAGES
-    print(f"per message: {per_message:.3f} statements {dict(statements)}, {wakeups / MESSAGES:.3f} wake-ups")
+    print(f"per message: {per_message:.3f} statements {dict(statements)}, {wakeups / MESSAGES:.3f} outbox wake-ups, "
+          f"{handoffs / MESSAGES:.3f} pipeline and {engine_wakeups / MESSAGES:.3f} engine worker hand-offs, "
+          f"{reads / MESSAGES:.3f} socket reads, "
+          f"{wakes / MESSAGES:.3f} network thread wake-ups, {slow} slow decodes")
     assert statements["INSERT"] == MESSAGES
     # the inputs the results answer (stable message ids): one statement per group commit, like the DELETE
     assert statements["ANSWERED"] <= MESSAGES * 0.1, statements
     assert statements["DELETE"] <= MESSAGES * 0.1, statements  # one per group of acknowledgements
     assert per_message <= 1.3, statements
     assert wakeups <= MESSAGES * 0.5, wakeups
+    # the inputs and the PUBACKs for the results arrive in bursts: before, three reads per packet
+    assert reads <= MESSAGES * 1.0, reads
+    assert wakes <= MESSAGES * 1.0, wakes  # before: one per PUBLISH and one per PUBACK written, 2 per message
+    assert handoffs <= MESSAGES * 0.5, handoffs  # before: a notify of the pipeline worker per input
+    # before: a hop to an engine worker per batch (its results then woke the pipeline worker); now the pipeline
+    # worker runs its batches itself, and hands over only what exceeds its inline share (engine/scheduler.py)
+    assert engine_wakeups <= MESSAGES * 0.01, engine_wakeups
+    assert slow == 0  # mosquitto's PUBLISH and PUBACK packets need none of paho's Properties

@@ -60,6 +60,15 @@ def fill(directory: Path) -> Path:
     return filler
 
 
+def full_everywhere(front: MqttFrontEnd) -> bool:
+    """The outbox's disk is "full" with a reason and little space in the status, the metrics and the doctor."""
+    outbox = front.status()["outbox"]
+    doctor = check_outbox_disk(outbox)  # what `edged doctor` reads from the daemon
+    return (outbox["disk"] == "full" and bool(outbox["disk_error"]) and outbox["disk_free_bytes"] < 1 << 20
+            and doctor.status == "fail" and outbox["disk_error"] in doctor.detail and doctor.fix is not None
+            and "edged_mqtt_outbox_write_failing 1" in front.prometheus_lines())
+
+
 def test_a_full_disk_pauses_the_pipeline_reports_it_and_resumes_by_itself(
         service: InferenceService, broker: Broker, small_disk: Path) -> None:
     config = MqttConfig(broker=broker.url, device_id="disk1", reconnect_min_s=0.05, reconnect_max_s=0.5,
@@ -76,23 +85,23 @@ def test_a_full_disk_pauses_the_pipeline_reports_it_and_resumes_by_itself(
         filler = fill(small_disk)
         for i in range(MESSAGES):
             pub.publish(f"flood/s{i % 4}/in", frame(i), 1)
-        wait_until(lambda: front.status()["outbox"]["disk"] == "full", 30, "the status to say the disk is full")
-        outbox = front.status()["outbox"]
-        assert "full" in outbox["disk_error"] and outbox["disk_free_bytes"] < 1 << 20
-        assert "edged_mqtt_outbox_write_failing 1" in front.prometheus_lines()
+        # One moment where every surface says so. While the disk is full, a deletion can free a page that one
+        # small retried group fits in, and the state flips to "ok" for a moment: so wait for agreement rather
+        # than read the surfaces one after another. SQLite words ENOSPC "database or disk is full" or, when the
+        # WAL or its index cannot grow, "disk I/O error": the state is "full" either way (free space is ~0).
+        wait_until(lambda: full_everywhere(front), 120, "status, metrics and doctor to say the disk is full")
         assert front.status()["errors"].get("outbox_write", 0) >= 1
-        doctor = check_outbox_disk(front.status()["outbox"])  # what `edged doctor` reads from the daemon
-        assert doctor.status == "fail" and "full" in doctor.detail and doctor.fix is not None
         filler.unlink()  # space returns: nothing else is done to the daemon
         try:
-            wait_until(lambda: len(ids_of(list(sub.messages))[0]) >= MESSAGES, 60, f"all {MESSAGES} results")
+            wait_until(lambda: len(ids_of(list(sub.messages))[0]) >= MESSAGES, 240, f"all {MESSAGES} results")
         except AssertionError as e:  # say where they stopped: the outbox, the pipeline or the broker
             got = len(ids_of(list(sub.messages))[0])
             raise AssertionError(f"{e}: {got} arrived; mqtt status {front.status()}") from e
         ids, duplicates, _ = ids_of(list(sub.messages))
         assert ids == {f"m-{i}" for i in range(MESSAGES)}
-        assert duplicates == 0  # no reconnect, no restart: nothing acknowledged was sent twice
-        wait_until(lambda: front.status()["outbox"]["depth"] == 0, 30, "the outbox to empty")
+        # no restart, and unless the connection dropped under load, no reconnect: nothing acknowledged twice
+        assert duplicates == 0 or front.status()["connects"] > 1, duplicates
+        wait_until(lambda: front.status()["outbox"]["depth"] == 0, 120, "the outbox to empty")
         assert front.status()["outbox"]["disk"] == "ok"
         assert check_outbox_disk(front.status()["outbox"]).status == "ok"
         assert "edged_mqtt_outbox_write_failing 0" in front.prometheus_lines()
