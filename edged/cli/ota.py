@@ -62,6 +62,12 @@ def describe(doc: dict[str, Any]) -> list[str]:
         lines.append(f"checked   {when}: {check.get('outcome')}" + (f": {check['reason']}" if check.get("reason")
                                                                     else ""))
     lines += [f"skipped   {name}: {why}" for name, why in sorted((doc.get("skipped") or {}).items())]
+    release = doc.get("release") or {}
+    if release:
+        lines.append(f"release   {release.get('running')}: {release.get('state')}"
+                     + (f" {release['version']}" if release.get("version") else "")
+                     + (f": {release['reason']}" if release.get("reason") else ""))
+        lines += [f"skipped   {name}: {why}" for name, why in sorted((release.get("skipped") or {}).items())]
     return lines
 
 

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+FAKES = Path(__file__).resolve().parents[1] / "engine"
 MOUNT = ('mount -t tmpfs edged-opt /opt && mkdir /opt/edged && mount --bind "$1/opt/edged" /opt/edged && '
          'exec /opt/edged/current/bin/edged serve --config "$2"')
 
@@ -32,7 +33,8 @@ def running(pidfile: Path) -> int | None:
 def start(args: argparse.Namespace) -> None:
     if running(args.pidfile) is not None:
         return
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}  # nothing of the test run's
+    # nothing of the test run's, but the test backend (tests/engine/engine_fakes.py) the models use
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONPATH": str(FAKES)}
     with open(args.log, "ab") as log:
         child = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", MOUNT, "edged",
                                   args.root, args.config], stdout=log, stderr=subprocess.STDOUT, env=env, cwd="/",

@@ -68,6 +68,10 @@ def test_a_release_is_verified_and_handed_off_with_the_metadata_it_was_verified_
     assert not (handoff.parent / "release.incoming").exists()  # one rename: complete or absent
     assert releasing.agent.check()["release"]["state"] == "handed_off"  # no second hand-off while it waits
     assert releasing.served_version() == "1"  # the daemon kept serving
+    from edged.cli.ota import describe
+
+    assert any(line.startswith(f"release   {status['release']['running']}: handed_off 0.9.0: verified")
+               for line in describe(status)), describe(status)
 
 
 def test_edged_updates_outcome_reaches_the_status_and_a_failed_release_is_never_retried(
@@ -168,3 +172,20 @@ def test_fleet_add_release_signs_a_tarball_and_refuses_what_is_not_one(tmp_path:
     assert bad.returncode == 1 and "not a release tarball of packaging/build-tarball" in bad.stderr
     missing = edged("fleet", "add-release", repo, str(tmp_path / "nothing.tar.gz"))
     assert missing.returncode != 0 and "is not a file" in missing.stderr
+
+
+def test_a_release_download_cut_by_the_network_resumes_after_a_restart_and_is_not_marked_bad(
+        releasing: Device, fleet: FleetRepository, tmp_path: Path) -> None:
+    tarball = release_tarball(tmp_path, "0.9.0")
+    fleet.add_release(tarball)
+    digest = hashlib.sha256(tarball.read_bytes()).hexdigest()
+    stored = fleet.targets_dir / "releases" / PLATFORM / f"{digest}.0.9.0.tar.gz"
+    hidden = stored.with_name("away")
+    stored.rename(hidden)  # the host answers 404 for the target: the network's fault, not the release's
+    status = releasing.agent.check()["release"]
+    assert status["state"] == "downloading" and "network" in status["reason"], status
+    hidden.rename(stored)
+    restarted = releasing.new_agent()  # a kill -9 here: the record on disk says downloading
+    restarted.resume()
+    assert restarted.check()["release"]["state"] == "handed_off"
+    assert restarted.release.store.bad == {}

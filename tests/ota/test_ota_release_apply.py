@@ -27,10 +27,11 @@ import pytest
 
 from edged.client import EdgedClient
 from edged.ota.fleet import FleetRepository
-from tests.ota.conftest import Nginx, model_folder
+from tests.modelgen import add_custom_model
+from tests.ota.conftest import Nginx
 from tests.tarball_harness import build, reseal, sh, unpack
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # builds two tarballs, installs four times
 SUPERVISOR = Path(__file__).with_name("release_supervisor.py")
 SOURCE = Path(__file__).resolve().parents[2]
 HEALTH_S = 8.0
@@ -116,8 +117,8 @@ class Installed:
 
     @staticmethod
     def infer(client: EdgedClient) -> bool:
-        result = client.infer("mlp", {"input": np.zeros((1, 64), np.float32)})
-        return result.outputs["output"].shape == (1, 10)  # type: ignore[attr-defined]
+        result = client.infer("doubling", {"input": np.ones((1, 4), np.float32)})
+        return bool(np.array_equal(result.outputs["output"], np.full((1, 4), 2.0, np.float32)))
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +134,7 @@ def device(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
     FleetRepository.init(tmp / "fleet")
     fleet = FleetRepository(tmp / "fleet")
     nginx = Nginx(fleet.path, tmp / "nginx")
-    model_folder(tmp / "models", 1, seed=1)
+    add_custom_model(tmp / "models", "doubling", "doubling")  # the test backend: the tarball has no onnxruntime
     config = root / "etc/edged/edged.toml"
     socket = tmp / "edged.sock"
     config.write_text(f"""config_version = 2
@@ -142,6 +143,7 @@ state_dir = "{root}/var/lib/edged"
 socket = "{socket}"
 [models]
 repository = "{tmp}/models"
+backends = {{ doubling = "engine_fakes:DoublingBackend" }}
 [ota]
 enabled = true
 repository_url = "{nginx.url}"
