@@ -16,6 +16,7 @@ import logging
 import os
 import platform
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,9 @@ REQUEST = "request.json"
 TARBALL = "release.tar.gz"
 MAX_OUTCOME_BYTES = 64 * 1024
 MAX_ROOT_BYTES = 512 * 1024
+# edged-update marks a hand-off "installing" as soon as it starts; one nobody took by then never will be
+# (edged-update.path not enabled, an install from before release updates): refuse it so models update again.
+HANDOFF_TIMEOUT_S = 900.0
 
 
 class ReleaseUpdates:
@@ -144,6 +148,11 @@ class ReleaseUpdates:
             return
         doc = read_outcome(self.outcome_file)
         if doc is None or doc.get("sha256") != current.sha256:
+            if current.state == "handed_off" and time.time() - current.changed_at > HANDOFF_TIMEOUT_S:
+                self.store.move("refused", f"edged-update did not take the hand-off within {HANDOFF_TIMEOUT_S:.0f} s:"
+                                           " is edged-update.path enabled (systemctl enable --now edged-update.path)?")
+                shutil.rmtree(self.handoff, ignore_errors=True)
+                self.on_change()
             return
         state = doc.get("state")
         if state == current.state or state not in RELEASE_ALLOWED[current.state]:

@@ -118,7 +118,9 @@ class OtaAgent:
                 self._changed()
                 return self.status()
             self.last_check = {"at": started, "outcome": "ok", "reason": ""}
-            releasing = self.release.check(targets)  # a daemon release first: models wait while it installs
+            model_busy = self.store.current is not None and not self.store.current.final
+            # a daemon release first (models wait while it installs), but never in the middle of a model update
+            releasing = not model_busy and self.release.check(targets)
             chosen = None if releasing else self._choose(targets)
             if chosen is not None:
                 self._update(*chosen)

@@ -189,3 +189,20 @@ def test_a_release_download_cut_by_the_network_resumes_after_a_restart_and_is_no
     restarted.resume()
     assert restarted.check()["release"]["state"] == "handed_off"
     assert restarted.release.store.bad == {}
+
+
+def test_a_hand_off_nobody_takes_is_refused_so_model_updates_go_on(
+        releasing: Device, fleet: FleetRepository, tmp_path: Path) -> None:
+    fleet.add_release(release_tarball(tmp_path, "0.9.0"))
+    assert releasing.agent.check()["release"]["state"] == "handed_off"
+    fleet.add_model(model_folder(tmp_path / "src", 2, seed=2), 2, vectors_for(2))
+    assert releasing.agent.check()["state"] == "idle"  # models wait while a release is with edged-update
+    state_file = releasing.state_dir / "ota" / "release-state.json"
+    doc = json.loads(state_file.read_text())
+    doc["current"]["changed_at"] -= 3600  # an hour ago, and edged-update never started (no .path unit)
+    state_file.write_text(json.dumps(doc))
+    restarted = releasing.new_agent()
+    status = restarted.check()
+    assert status["release"]["state"] == "refused"
+    assert "edged-update did not take the hand-off" in status["release"]["reason"]
+    assert status["state"] == "active" and releasing.served_version() == "2"
