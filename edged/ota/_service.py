@@ -12,7 +12,8 @@ from typing import Protocol
 
 from edged.errors import UpdateRejected
 
-SYSTEMCTL = "systemctl {action} edged.service"
+# the socket too: a connection while edged is stopped would otherwise start the new release before the backups
+SYSTEMCTL = "systemctl {action} edged.socket edged.service"
 
 
 class ServiceManager(Protocol):

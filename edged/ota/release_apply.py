@@ -162,16 +162,18 @@ class ReleaseApplier:
         result = self._script(top / "install.sh")
         doc = self._journal(doc, "installed")  # from here on, an interruption rolls back
         if result.returncode != 0:
-            raise UpdateRejected(f"install.sh failed ({result.returncode}): {result.stderr.strip()[-600:]}")
+            output = (result.stdout + result.stderr).strip()
+            raise UpdateRejected(f"install.sh failed ({result.returncode}): {output[-600:]}")
         if self._current() != f"releases/{version}":
             raise UpdateRejected(f"install.sh did not make {version} current (current: {self._current()})")
         return doc
 
     def _script(self, script: Path, *args: str) -> subprocess.CompletedProcess[str]:
         argv = [str(script), *args, "--no-restart", *(["--root", self.s.root] if self.s.root else [])]
-        # nothing of the caller's environment (a PYTHONPATH would shadow the release being installed), no index
-        env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8",
-               "PIP_NO_INDEX": "1", "PIP_CONFIG_FILE": "/dev/null"}
+        # only the caller's PATH (systemd's clean one on a device): a PYTHONPATH would shadow the release being
+        # installed; and no package index
+        env = {"PATH": os.environ.get("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
+               "LANG": "C.UTF-8", "PIP_NO_INDEX": "1", "PIP_CONFIG_FILE": "/dev/null"}
         return subprocess.run(argv, capture_output=True, text=True, timeout=3600, check=False, env=env)
 
     def _current(self) -> str:
@@ -217,7 +219,7 @@ class ReleaseApplier:
         if self._current() == f"releases/{doc.get('version')}" and doc.get("previous"):
             result = self._script(self.s.opt / doc["previous"] / "share" / "edged" / "install.sh", "--rollback")
             if result.returncode != 0:
-                notes.append(f"install.sh --rollback failed: {result.stderr.strip()[-400:]}")
+                notes.append(f"install.sh --rollback failed: {(result.stdout + result.stderr).strip()[-400:]}")
             elif doc.get("version"):
                 shutil.rmtree(self.s.opt / "releases" / str(doc["version"]), ignore_errors=True)  # never again
         try:
