@@ -1,12 +1,12 @@
 """edged-update's own verification of a hand-off: nothing the edged user could write is trusted.
 
-`take` copies the hand-off out of the edged-writable state directory into edged-update's root-owned folder,
-opening every file without following links and refusing anything but regular files of bounded size, so a
-compromised daemon cannot make root read or write elsewhere. `verify` then runs python-tuf's ngclient over that
-copy (`HandoffFetcher` answers its requests from the copied files, as if it were the repository) against
-edged-update's own trusted root (``[ota] root_file``, root-owned) and its own metadata cache: signatures,
-thresholds, versions (no rollback below what edged-update itself saw), expiry and the tarball's length and hash
-are all decided again, here.
+`take` copies the hand-off out of the edged-writable state directory into edged-update's root-only folder,
+opening every folder and file relative to the one above it without following links and refusing anything but
+regular files of bounded size, so a compromised daemon cannot make root read or write elsewhere. `verify`
+then runs python-tuf's ngclient over that copy (`HandoffFetcher` answers its requests from the copied files,
+as if it were the repository) against edged-update's own trusted root (``[ota] root_file``, root-owned) and
+its own metadata cache: signatures, thresholds, versions (no rollback below what edged-update itself saw),
+expiry and the tarball's length and hash are all decided again, here.
 """
 
 from __future__ import annotations
@@ -38,9 +38,15 @@ BASE = "http://handoff.invalid/"  # never fetched: HandoffFetcher answers every 
 def read_request(handoff: Path) -> dict[str, str] | None:
     """The request the daemon dropped, or None when there is none (nothing to do)."""
     try:
-        raw = _read_regular(handoff / REQUEST, 64 * 1024)
+        folder = _open_dir(handoff)
     except FileNotFoundError:
         return None
+    try:
+        raw = _read_regular(folder, REQUEST, handoff, 64 * 1024)
+    except FileNotFoundError:
+        return None
+    finally:
+        os.close(folder)
     try:
         doc = json.loads(raw)
     except ValueError as e:
@@ -51,42 +57,67 @@ def read_request(handoff: Path) -> dict[str, str] | None:
 
 
 def take(handoff: Path, copy: Path) -> None:
-    """Copy the hand-off's tarball and metadata into ``copy`` (root-owned), refusing links and odd files."""
+    """Copy the hand-off's tarball and metadata into ``copy`` (root-only), refusing links and odd files."""
     shutil.rmtree(copy, ignore_errors=True)
-    (copy / "metadata").mkdir(parents=True)
-    _copy_regular(handoff / TARBALL, copy / TARBALL, None)
+    copy.mkdir(mode=0o700, parents=True)  # what a compromised daemon names is never readable by it afterwards
+    (copy / "metadata").mkdir()
+    folder = _open_dir(handoff)
     try:
-        names = sorted(os.listdir(handoff / "metadata"))
-    except OSError as e:
-        raise UpdateRejected(f"{handoff}/metadata: cannot list the hand-off's metadata: {e}") from e
-    for name in names[:MAX_ROOTS + 4]:
-        if name.endswith(".json") and "/" not in name and not name.startswith("."):
-            _copy_regular(handoff / "metadata" / name, copy / "metadata" / name, MAX_METADATA_BYTES)
+        _copy_regular(folder, TARBALL, copy / TARBALL, None, handoff)
+        metadata = _open_at(folder, "metadata", os.O_DIRECTORY, handoff / "metadata")
+        try:
+            names = sorted(os.listdir(metadata))
+            for name in names[:MAX_ROOTS + 4]:
+                if name.endswith(".json") and not name.startswith("."):
+                    _copy_regular(metadata, name, copy / "metadata" / name, MAX_METADATA_BYTES, handoff / "metadata")
+        finally:
+            os.close(metadata)
+    finally:
+        os.close(folder)
 
 
-def _open_regular(path: Path) -> int:
+def _open_dir(handoff: Path) -> int:
+    """The hand-off folder, reached from the state directory (root's to name) without following a link in
+    ``ota/`` or ``release/``: every later open is relative to it, so nothing can be swapped in between."""
+    state = os.open(handoff.parent.parent, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        ota = _open_at(state, handoff.parent.name, os.O_DIRECTORY, handoff.parent)
+    finally:
+        os.close(state)
+    try:
+        return _open_at(ota, handoff.name, os.O_DIRECTORY, handoff)
+    finally:
+        os.close(ota)
+
+
+def _open_at(folder: int, name: str, flags: int, shown: Path) -> int:
+    try:
+        return os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | flags, dir_fd=folder)
     except FileNotFoundError:
         raise
     except OSError as e:
-        raise UpdateRejected(f"{path}: refused (a link or unreadable): {e}") from e
+        raise UpdateRejected(f"{shown}: refused (a link or unreadable): {e}") from e
+
+
+def _open_regular(folder: int, name: str, shown: Path) -> int:
+    fd = _open_at(folder, name, 0, shown / name)
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise UpdateRejected(f"{path}: not a regular file")
+        raise UpdateRejected(f"{shown / name}: not a regular file")
     return fd
 
 
-def _read_regular(path: Path, limit: int) -> bytes:
-    with os.fdopen(_open_regular(path), "rb") as f:
+def _read_regular(folder: int, name: str, shown: Path, limit: int) -> bytes:
+    with os.fdopen(_open_regular(folder, name, shown), "rb") as f:
         data = f.read(limit + 1)
     if len(data) > limit:
-        raise UpdateRejected(f"{path}: larger than {limit} bytes")
+        raise UpdateRejected(f"{shown / name}: larger than {limit} bytes")
     return data
 
 
-def _copy_regular(source: Path, destination: Path, limit: int | None) -> None:
-    with os.fdopen(_open_regular(source), "rb") as src, open(destination, "xb") as dst:
+def _copy_regular(folder: int, name: str, destination: Path, limit: int | None, shown: Path) -> None:
+    source = shown / name
+    with os.fdopen(_open_regular(folder, name, shown), "rb") as src, open(destination, "xb") as dst:
         copied = 0
         while chunk := src.read(CHUNK):
             copied += len(chunk)

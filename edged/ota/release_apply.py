@@ -102,6 +102,8 @@ class ReleaseApplier:
 
     def _finish(self, doc: dict[str, Any], state: str, reason: str) -> str:
         self._outcome(doc, state, reason)
+        if self.s.handoff.is_symlink():
+            self.s.handoff.unlink()  # a link planted by the edged user: removed, never followed
         shutil.rmtree(self.s.handoff, ignore_errors=True)  # consumed: the .path unit must not start us again
         for name in ("incoming", "unpacked"):
             shutil.rmtree(self.s.work_dir / name, ignore_errors=True)

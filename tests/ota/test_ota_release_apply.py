@@ -198,8 +198,10 @@ def test_a_release_whose_daemon_never_becomes_ready_is_rolled_back_and_the_previ
     assert os.readlink(device.root / "opt/edged/current") == "releases/0.1.0"
     assert not (device.root / "opt/edged/releases/0.1.0.post1").exists()  # the failed release is gone
     # the previous version served, and answered as itself, through the download, verification and install
-    before_restart = [p for p in device.probes if p[0] in ("taken", "verified", "installing", "installed")]
-    assert before_restart and all(p[1:] == ("0.1.0", True) for p in before_restart), device.probes
+    # ("installed" ends with the stop: from there on the restarts may refuse a request)
+    before_restart = [p for p in device.probes if p[0] in ("taken", "verified", "installing")]
+    assert before_restart, device.probes
+    assert [p for p in before_restart if p[1:] != ("0.1.0", True)] == []
     assert all(p[1] in ("", "0.1.0") for p in device.probes)  # never the broken release
 
 

@@ -99,6 +99,18 @@ def test_links_in_the_hand_off_are_refused_and_never_followed(handed_off: Device
     assert not copied.exists()
 
 
+def test_a_hand_off_folder_that_is_a_link_is_refused_and_only_the_link_removed(
+        handed_off: Device, fleet: FleetRepository, tmp_path: Path) -> None:
+    handoff = handed_off.state_dir / "ota" / "release"
+    elsewhere = tmp_path / "root-only-dir"
+    handoff.rename(elsewhere)  # a genuine hand-off, but where root keeps its own files
+    handoff.symlink_to(elsewhere)
+    assert applier(handed_off, fleet.metadata_dir / "1.root.json").run() == "refused"
+    assert "refused (a link or unreadable)" in outcome(handed_off)["reason"]
+    assert not handoff.exists() and not handoff.is_symlink()
+    assert (elsewhere / "request.json").is_file()  # the link's target was not touched
+
+
 def _db(path: Path, version: int, rows: list[int]) -> None:
     with closing(sqlite3.connect(path)) as db:
         db.execute("PRAGMA journal_mode=WAL")
