@@ -16,7 +16,8 @@ from edged.cli._socket import add_client_options, client_from
 ACTIONS = {"status": "the update state, download progress, skipped targets and why",
            "history": "finished updates (active, refused, rolled back) and the targets remembered as bad",
            "check": "check the repository now and install what is due (waits for the result)",
-           "rollback": "go back to the version served before the last update"}
+           "rollback": "go back to the version served before the last update",
+           "selftest": "every served model answers its test vectors or warm-up (what a new release must pass)"}
 
 
 def register(subparsers: Any) -> None:
@@ -40,6 +41,10 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     elif args.ota_action == "history":
         print("\n".join(_history(doc)) or "no updates yet")
+    elif args.ota_action == "selftest":
+        print("\n".join(f"{model}: {result}" for model, result in sorted(doc.get("models", {}).items()))
+              or "no model is served")
+        return 0 if doc.get("ok") else 1
     else:
         print("\n".join(describe(doc)))
     refused = (doc.get("last_check") or {}).get("outcome") == "refused"

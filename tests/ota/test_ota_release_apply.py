@@ -246,3 +246,7 @@ def test_a_good_release_is_installed_checked_and_kept(device: Installed) -> None
     assert os.readlink(device.root / "opt/edged/previous") == "releases/0.1.0"
     assert (device.root / "etc/systemd/system/edged-update.path").is_file()  # the units came with the release
     assert not device.handoff().exists()  # consumed
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(SOURCE), "LANG": "C.UTF-8"}
+    selftest = subprocess.run([sys.executable, "-m", "edged", "ota", "selftest", "--socket", str(device.socket)],
+                              capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert selftest.returncode == 0 and selftest.stdout == "doubling/1: ok: its warm-up answered\n", selftest
