@@ -142,3 +142,34 @@ def test_databases_a_newer_release_migrated_are_restored_the_others_keep_its_row
     assert restored == [str(telemetry)]
     assert _read(telemetry) == (3, [1, 2], ["x"])  # the previous release finds the schema it knows
     assert _read(outbox) == (1, [10, 11], ["x"])  # nothing lost where nothing was migrated
+
+
+def _crashed_in(device: Device, state: str) -> None:
+    """What a kill -9 of edged-update leaves: its journal at ``state`` (written before each step runs)."""
+    request = json.loads((device.state_dir / "ota" / "release" / "request.json").read_text())
+    work = Path(device.config.release_work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "journal.json").write_text(json.dumps({**request, "previous": "", "state": state}))
+
+
+def test_killed_before_the_install_edged_update_starts_over_from_the_hand_off(
+        handed_off: Device, fleet: FleetRepository) -> None:
+    _crashed_in(handed_off, "verified")
+    run = applier(handed_off, fleet.metadata_dir / "1.root.json")
+    run.manager = CommandManager("true {action}")
+    assert run.run() == "rolled_back"
+    # it took and verified the hand-off again, then ran the release's install.sh (this test release's fails)
+    assert outcome(handed_off)["reason"].startswith("the install failed: [Errno 13] Permission denied")
+
+
+@pytest.mark.parametrize("state", ["installing", "installed", "started", "checking", "rolling_back"])
+def test_killed_during_or_after_the_install_edged_update_rolls_back(handed_off: Device, fleet: FleetRepository,
+                                                                    state: str) -> None:
+    _crashed_in(handed_off, state)
+    run = applier(handed_off, fleet.metadata_dir / "1.root.json")
+    run.manager = CommandManager("true {action}")
+    assert run.run() == "rolled_back"
+    assert outcome(handed_off)["reason"] == f"edged-update was interrupted while {state}: rolled back"
+    assert not (Path(handed_off.config.release_work_dir) / "journal.json").exists()
+    handed_off.agent.release.poll()
+    assert handed_off.agent.status()["release"]["state"] == "rolled_back"
