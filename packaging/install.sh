@@ -6,7 +6,8 @@
 #
 # Options: --root DIR (install under DIR instead of /: directories and files only, no users, no systemctl),
 #          --no-systemd (create the user and directories by hand, do not install the units),
-#          --dry-run (check everything, print what would be done, change nothing), --python PATH.
+#          --dry-run (check everything, print what would be done, change nothing), --python PATH,
+#          --no-restart (leave edged running as it is: edged-update restarts it itself and checks it).
 #
 # Layout: /opt/edged/releases/<version> is a venv (--system-site-packages, so JetPack's TensorRT is
 # visible); /opt/edged/current and /opt/edged/previous are symlinks switched atomically (rename of a new
@@ -23,6 +24,7 @@ ROOT=""
 DRY_RUN=0
 ROLLBACK=0
 USE_SYSTEMD=auto
+RESTART=1
 PYTHON=""
 MIN_FREE_MB=0
 
@@ -31,7 +33,7 @@ die() { printf 'install.sh: error: %s\n' "$*" >&2; exit 1; }
 act() {  # run a command that changes the system, or print it under --dry-run
     if [ "$DRY_RUN" = 1 ]; then printf 'install.sh: would run: %s\n' "$*"; else "$@"; fi
 }
-usage() { sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 parse_args() {
     while [ $# -gt 0 ]; do
@@ -41,6 +43,7 @@ parse_args() {
             --no-systemd) USE_SYSTEMD=no ;;
             --dry-run) DRY_RUN=1 ;;
             --rollback) ROLLBACK=1 ;;
+            --no-restart) RESTART=0 ;;
             --python) PYTHON="${2:?--python needs a path}"; shift ;;
             --python=*) PYTHON="${1#--python=}" ;;
             --min-free-mb) MIN_FREE_MB="${2:?--min-free-mb needs a number}"; shift ;;
@@ -254,6 +257,10 @@ install_units() {  # install_units RELEASE_DIR: the units of the release that is
     put "$units/edged.socket" "$ROOT/etc/systemd/system/edged.socket"
     put "$units/sysusers.d/edged.conf" "$ROOT/etc/sysusers.d/edged.conf"
     put "$units/tmpfiles.d/edged.conf" "$ROOT/etc/tmpfiles.d/edged.conf"
+    local unit
+    for unit in edged-update.service edged-update.path; do  # releases before daemon release updates lack them
+        if [ -f "$units/$unit" ] || [ "$DRY_RUN" = 1 ]; then put "$units/$unit" "$ROOT/etc/systemd/system/$unit"; fi
+    done
     if [ "$USE_SYSTEMD" = yes ]; then act systemctl daemon-reload; fi
     say "installed the units of ${1#"$OPT/"} in $ROOT/etc/systemd/system"
 }
@@ -261,7 +268,11 @@ install_units() {  # install_units RELEASE_DIR: the units of the release that is
 enable_units() {
     [ "$USE_SYSTEMD" = yes ] || return 0
     act systemctl enable edged.socket edged.service
-    act systemctl try-restart edged.service
+    if [ -f /etc/systemd/system/edged-update.path ] || [ "$DRY_RUN" = 1 ]; then
+        act systemctl enable edged-update.path edged-update.service
+        act systemctl start edged-update.path
+    fi
+    if [ "$RESTART" = 1 ]; then act systemctl try-restart edged.service; fi
     say "enabled edged.socket and edged.service (start now: systemctl start edged)"
 }
 
@@ -300,7 +311,7 @@ rollback() {
     if [ -n "$current" ]; then switch_link previous "$current"; fi
     say "rolled back: current -> $previous${current:+ (previous -> $current)}"
     install_units "$OPT/$previous"
-    if [ "$USE_SYSTEMD" = yes ]; then act systemctl try-restart edged.service; fi
+    if [ "$USE_SYSTEMD" = yes ] && [ "$RESTART" = 1 ]; then act systemctl try-restart edged.service; fi
 }
 
 main() {

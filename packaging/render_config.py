@@ -16,7 +16,8 @@ from typing import Any, Literal
 
 HEADER = """\
 # edged configuration (TOML). Every key is shown commented out at its built-in default: uncomment a line
-# to change it. Unknown keys are errors that name the key. Flags of `edged serve` override this file.
+# to change it. Unknown keys are errors that name the key (an older release skips, with a warning, the keys of
+# a newer config_version than its own). Flags of `edged serve` override this file.
 # Under systemd the directories come from the unit: state in /var/lib/edged, socket in /run/edged/edged.sock.
 """
 
@@ -81,6 +82,11 @@ def render_section(instance: Any, path: str) -> list[str]:
         if field.name == "pipelines":
             continue  # an array of tables: shown as an example below
         text = toml_value(value)
+        if field.name == "config_version" and not path:
+            # set, not commented: the file declares the format it was written for (read by older releases
+            # after a rollback, which then skip the keys they do not know)
+            lines.append(f"config_version = {text}   # the config format of this release: keep it")
+            continue
         line = f"# {field.name} = {text}" if text is not None else f"# {field.name} =   (unset)"
         comment = comments.get(field.name)
         lines.append(f"{line}   # {comment}" if comment else line)

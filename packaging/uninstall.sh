@@ -47,7 +47,7 @@ remove() {  # remove PATH...: delete what exists, say what went
 
 stop_units() {
     [ "$USE_SYSTEMD" = yes ] || return 0
-    act systemctl disable --now edged.service edged.socket || true
+    act systemctl disable --now edged-update.path edged-update.service edged.service edged.socket || true
 }
 
 main() {
@@ -55,11 +55,12 @@ main() {
     [ -z "$ROOT" ] && [ "$(id -u)" != 0 ] && [ "$DRY_RUN" = 0 ] && die "run as root (or use --root DIR)"
     stop_units
     remove "$ROOT/etc/systemd/system/edged.service" "$ROOT/etc/systemd/system/edged.socket" \
+        "$ROOT/etc/systemd/system/edged-update.service" "$ROOT/etc/systemd/system/edged-update.path" \
         "$ROOT/etc/sysusers.d/edged.conf" "$ROOT/etc/tmpfiles.d/edged.conf" \
         "$ROOT/opt/edged" "$ROOT/run/edged"
     [ "$USE_SYSTEMD" = yes ] && act systemctl daemon-reload
     if [ "$PURGE" = 1 ]; then
-        remove "$ROOT/etc/edged" "$ROOT/var/lib/edged" "$ROOT/var/log/edged" \
+        remove "$ROOT/etc/edged" "$ROOT/var/lib/edged" "$ROOT/var/log/edged" "$ROOT/var/lib/edged-update" \
             "$ROOT/etc/systemd/system/edged.service.d"
         if [ -z "$ROOT" ] && id edged >/dev/null 2>&1; then act userdel edged; say "removed the user edged"; fi
     else

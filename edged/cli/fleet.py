@@ -1,4 +1,5 @@
-"""``edged fleet``: the operator's TUF repository of model bundles (init, add-model, promote, refresh, targets)
+"""``edged fleet``: the operator's TUF repository of model bundles and daemon releases (init, add-model,
+add-release, promote, refresh, targets)
 and the fleet's reported OTA status (status).
 
 Runs on the operator's workstation, never on a device. The repository is static files: serve ``REPO`` (its
@@ -40,6 +41,13 @@ def register(subparsers: Any) -> None:
                      help="build_spec.json for a TensorRT model shipped as ONNX: each device builds its engine "
                      "while staging (keys: onnx, precision, shapes, workspace_mb, calibration_cache)")
     add.set_defaults(handler=_add_model)
+    release = commands.add_parser("add-release", help="sign a daemon release (a build-tarball tarball)")
+    release.add_argument("repo", type=Path)
+    release.add_argument("tarball", type=Path, help="edged-<version>-<platform>.tar.gz from packaging/build-tarball")
+    release.add_argument("--percent", type=int, default=100, help="the first wave's share of the fleet (default 100)")
+    release.add_argument("--compat", action="append", default=[], metavar="KEY=VALUE",
+                         help="module, jetpack, l4t, tensorrt (X, >=X or X-Y) or min_edged_version; repeatable")
+    release.set_defaults(handler=_add_release)
     promote = commands.add_parser("promote", help="widen a target's rollout to PERCENT of the fleet")
     promote.add_argument("repo", type=Path)
     promote.add_argument("target", help="the target name add-model printed (models/<model>/<version>.tar)")
@@ -93,12 +101,7 @@ def _add_model(args: argparse.Namespace) -> int:
         vectors = vectors_path.read_bytes()
     except OSError as e:
         raise ConfigError(f"--test-vectors: cannot read {vectors_path}: {e}") from e
-    compat = {}
-    for item in args.compat:
-        key, sep, value = item.partition("=")
-        if not sep or not key or not value:
-            raise ConfigError(f"--compat {item!r}: expected KEY=VALUE")
-        compat[key] = value
+    compat = _compat(args.compat)
     build_spec = None
     if args.build_spec is not None:
         try:
@@ -109,6 +112,24 @@ def _add_model(args: argparse.Namespace) -> int:
                                             args.cohort_salt, build_spec)
     print(f"added {name} ({args.percent}% of the fleet)")
     return 0
+
+
+def _add_release(args: argparse.Namespace) -> int:
+    if not args.tarball.is_file():
+        raise ConfigError(f"add-release: {args.tarball} is not a file (a tarball of packaging/build-tarball)")
+    name = _repository(args.repo).add_release(args.tarball, args.percent, _compat(args.compat))
+    print(f"added {name} ({args.percent}% of the fleet)")
+    return 0
+
+
+def _compat(items: list[str]) -> dict[str, str]:
+    compat = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value:
+            raise ConfigError(f"--compat {item!r}: expected KEY=VALUE")
+        compat[key] = value
+    return compat
 
 
 def _promote(args: argparse.Namespace) -> int:

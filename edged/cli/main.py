@@ -27,7 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "top": ("edged.cli.top", "a live terminal view of the device and the models"),
     "doctor": ("edged.cli.doctor", "check the installation and say how to fix problems"),
     "build-engine": ("edged.cli.build_engine", "build a TensorRT engine from an ONNX model"),
-    "ota": ("edged.cli.ota", "the daemon's model updates: status, history, check, rollback"),
+    "ota": ("edged.cli.ota", "the daemon's updates: status, history, check, rollback, selftest"),
     "fleet": ("edged.cli.fleet", "the operator's signed model-update repository (TUF)"),
 }
 

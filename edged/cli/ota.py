@@ -16,11 +16,12 @@ from edged.cli._socket import add_client_options, client_from
 ACTIONS = {"status": "the update state, download progress, skipped targets and why",
            "history": "finished updates (active, refused, rolled back) and the targets remembered as bad",
            "check": "check the repository now and install what is due (waits for the result)",
-           "rollback": "go back to the version served before the last update"}
+           "rollback": "go back to the version served before the last update",
+           "selftest": "every served model answers its test vectors or warm-up (what a new release must pass)"}
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("ota", help="the daemon's model updates: status, history, check, rollback",
+    parser = subparsers.add_parser("ota", help="the daemon's updates: status, history, check, rollback, selftest",
                                    description="Model updates from the fleet's signed repository ([ota]).")
     actions = parser.add_subparsers(dest="ota_action", metavar="ACTION", required=True)
     for name, summary in ACTIONS.items():
@@ -40,6 +41,10 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     elif args.ota_action == "history":
         print("\n".join(_history(doc)) or "no updates yet")
+    elif args.ota_action == "selftest":
+        print("\n".join(f"{model}: {result}" for model, result in sorted(doc.get("models", {}).items()))
+              or "no model is served")
+        return 0 if doc.get("ok") else 1
     else:
         print("\n".join(describe(doc)))
     refused = (doc.get("last_check") or {}).get("outcome") == "refused"
@@ -62,6 +67,12 @@ def describe(doc: dict[str, Any]) -> list[str]:
         lines.append(f"checked   {when}: {check.get('outcome')}" + (f": {check['reason']}" if check.get("reason")
                                                                     else ""))
     lines += [f"skipped   {name}: {why}" for name, why in sorted((doc.get("skipped") or {}).items())]
+    release = doc.get("release") or {}
+    if release:
+        lines.append(f"release   {release.get('running')}: {release.get('state')}"
+                     + (f" {release['version']}" if release.get("version") else "")
+                     + (f": {release['reason']}" if release.get("reason") else ""))
+        lines += [f"skipped   {name}: {why}" for name, why in sorted((release.get("skipped") or {}).items())]
     return lines
 
 

@@ -116,7 +116,8 @@ class EdgedClient:
         return calls.read_dict(call, self._run(call))
 
     def ota(self, action: str) -> dict[str, Any]:
-        """``/v2/edged/ota/<action>``: "status" and "history" read; "check" and "rollback" act (admin)."""
+        """``/v2/edged/ota/<action>``: "status" and "history" read; "check", "rollback" and "selftest" act
+        (admin)."""
         path = f"/v2/edged/ota/{action}"
         call = (calls.get(path, f"OTA {action}") if action in ("status", "history")
                 else calls.post_json(path, f"OTA {action}", {}))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import sys
 from dataclasses import dataclass, field
@@ -27,17 +28,29 @@ else:  # pragma: no cover - JetPack 6 ships Python 3.10
     import tomli as tomllib
 
 __all__ = [
-    "DEFAULT_CONFIG_PATH", "MACHINE_ID", "TCP_CATEGORIES", "AccessConfig", "DeviceIdentity", "EdgedConfig",
-    "LoggingConfig", "MemoryConfig", "ModelsConfig", "MqttConfig", "OtaConfig", "OutboxConfig", "PipelineConfig",
-    "ServerConfig", "TelemetryConfig", "check_tcp_restricted", "load_config", "parse_config", "parse_restriction",
-    "resolve_device_identity", "resolve_state_dir", "with_overrides",
+    "CONFIG_VERSION", "DEFAULT_CONFIG_PATH", "MACHINE_ID", "TCP_CATEGORIES", "AccessConfig", "DeviceIdentity",
+    "EdgedConfig", "LoggingConfig", "MemoryConfig", "ModelsConfig", "MqttConfig", "OtaConfig", "OutboxConfig",
+    "PipelineConfig", "ServerConfig", "TelemetryConfig", "check_tcp_restricted", "load_config", "parse_config",
+    "parse_restriction", "resolve_device_identity", "resolve_state_dir", "with_overrides",
 ]
 
 DEFAULT_CONFIG_PATH = Path("/etc/edged/edged.toml")
+# The config format this edged writes and reads strictly. Raise it whenever a release adds a key: a file
+# declaring a newer version was written for a newer release, and this one (after a rollback) skips the keys
+# it does not know with a warning instead of refusing to start. Version 2 added [ota] release_health_s and
+# release_work_dir.
+CONFIG_VERSION = 2
+log = logging.getLogger(__name__)
+
+
+def _config_version(value: int) -> str | None:
+    return None if value >= 1 else "expected a config format version of at least 1"
 
 
 @dataclass(frozen=True)
 class EdgedConfig:
+    # the format the file is written for; an older edged skips (with a warning) the keys it does not know
+    config_version: int = field(default=CONFIG_VERSION, metadata={"check": _config_version})
     state_dir: str | None = None  # None: $STATE_DIRECTORY, then $XDG_STATE_HOME/edged, ~/.local/state/edged
     server: ServerConfig = ServerConfig()
     models: ModelsConfig = ModelsConfig()
@@ -49,16 +62,22 @@ class EdgedConfig:
     source: str | None = None  # the file it was read from, for messages
 
 
-def parse_config(text: str, source: str = "<config>") -> EdgedConfig:
-    """Parse TOML text into the config tree; errors name the file and the key path."""
+def parse_config(text: str, source: str = "<config>", *, supported: int = CONFIG_VERSION) -> EdgedConfig:
+    """Parse TOML text into the config tree; errors name the file and the key path. A file whose
+    ``config_version`` is above ``supported`` has its unknown keys skipped with a warning each."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{source}: not valid TOML: {e}") from e
+    declared = data.get("config_version", supported)
+    ignored: list[str] | None = [] if isinstance(declared, int) and declared > supported else None
     try:
-        config = build(EdgedConfig, data)
+        config = build(EdgedConfig, data, ignored=ignored)
     except ConfigError as e:
         raise ConfigError(f"{source}: {e}") from e
+    for key in ignored or ():
+        log.warning("%s: key %s is not known to this edged (config version %d, the file is written for %s): "
+                    "ignored", source, key, supported, declared)
     return dataclasses.replace(config, source=source)
 
 

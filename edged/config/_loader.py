@@ -2,6 +2,9 @@
 
 Unknown keys and values of the wrong form are errors that name the key path (``mqtt.pipelines[2].qos``) and
 the expected form. Field metadata may carry a ``check`` callable that returns an error string or None.
+The one exception: with an ``ignored`` list (a file written for a newer config version, see
+`edged.config.parse_config`) unknown keys are recorded there and skipped, so an older release still starts
+after a rollback; known keys are checked as strictly as ever.
 """
 
 from __future__ import annotations
@@ -17,23 +20,27 @@ from edged.errors import ConfigError
 T = TypeVar("T")
 
 
-def build(cls: type[T], data: Mapping[str, Any], path: str = "") -> T:
-    """Build dataclass ``cls`` from ``data``, rejecting unknown keys; ``path`` prefixes error messages."""
+def build(cls: type[T], data: Mapping[str, Any], path: str = "", ignored: list[str] | None = None) -> T:
+    """Build dataclass ``cls`` from ``data``, rejecting unknown keys (or recording them in ``ignored``);
+    ``path`` prefixes error messages."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{path or 'config'}: expected a table, found {_describe(data)}")
     if not dataclasses.is_dataclass(cls):
         raise TypeError(f"{cls!r} is not a dataclass")
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - set(fields))
-    if unknown:
-        where = f"{path}." if path else ""
+    where = f"{path}." if path else ""
+    if unknown and ignored is not None:
+        ignored.extend(f"{where}{key}" for key in unknown)
+        data = {k: v for k, v in data.items() if k in fields}
+    elif unknown:
         known = ", ".join(sorted(fields))
         raise ConfigError(f"unknown key {where}{unknown[0]} (known keys here: {known})")
     hints = typing.get_type_hints(cls)
     kwargs: dict[str, Any] = {}
     for name, value in data.items():
         key_path = f"{path}.{name}" if path else name
-        converted = _convert(hints[name], value, key_path)
+        converted = _convert(hints[name], value, key_path, ignored)
         check = fields[name].metadata.get("check")
         if check is not None:
             problem = check(converted)
@@ -46,7 +53,7 @@ def build(cls: type[T], data: Mapping[str, Any], path: str = "") -> T:
         raise ConfigError(f"{path or 'config'}: {e}") from e
 
 
-def _convert(hint: Any, value: Any, path: str) -> Any:
+def _convert(hint: Any, value: Any, path: str, ignored: list[str] | None = None) -> Any:
     origin = get_origin(hint)
     if hint is Any:
         return value
@@ -59,7 +66,7 @@ def _convert(hint: Any, value: Any, path: str) -> Any:
             if option is type(None):
                 continue
             try:
-                return _convert(option, value, path)
+                return _convert(option, value, path, ignored)
             except ConfigError as e:
                 errors.append(str(e))
         raise ConfigError(errors[0] if len(errors) == 1 else f"{path}: expected {_hint_name(hint)}, "
@@ -74,15 +81,15 @@ def _convert(hint: Any, value: Any, path: str) -> Any:
         if not isinstance(value, list | tuple):
             raise ConfigError(f"{path}: expected a list, found {_describe(value)}")
         (item,) = get_args(hint)[:1]
-        return tuple(_convert(item, v, f"{path}[{i}]") for i, v in enumerate(value))
+        return tuple(_convert(item, v, f"{path}[{i}]", ignored) for i, v in enumerate(value))
     if origin in (dict, Mapping) or hint is dict:
         if not isinstance(value, Mapping):
             raise ConfigError(f"{path}: expected a table, found {_describe(value)}")
         args = get_args(hint)
         value_hint = args[1] if len(args) == 2 else Any
-        return {str(k): _convert(value_hint, v, f"{path}.{k}") for k, v in value.items()}
+        return {str(k): _convert(value_hint, v, f"{path}.{k}", ignored) for k, v in value.items()}
     if dataclasses.is_dataclass(hint) and isinstance(hint, type):
-        return build(hint, value, path)
+        return build(hint, value, path, ignored)
     if hint is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"{path}: expected true or false, found {_describe(value)}")

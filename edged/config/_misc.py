@@ -45,6 +45,10 @@ class OtaConfig:
     max_p99_ratio: float = field(default=2.0, metadata={"check": _ratio})
     min_requests: int = field(default=100, metadata={"check": _not_negative})
     keep_versions: int = field(default=2, metadata={"check": _keep})
+    # daemon releases: the privileged step (edged-update) waits this long for READY and the self-test
+    release_health_s: float = field(default=120.0, metadata={"check": _positive})
+    # edged-update's root-owned work folder; the daemon reads the outcome of a release update there
+    release_work_dir: str = "/var/lib/edged-update"
 
 
 @dataclass(frozen=True)

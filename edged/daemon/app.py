@@ -101,7 +101,7 @@ class Daemon:
                 self.ota.listeners.append(lambda doc: mqtt.publish_state("ota/status", orjson.dumps(doc)))
         ota = self.ota
         actions = {"ota/status": ota.status, "ota/history": ota.history, "ota/check": ota.check,
-                   "ota/rollback": ota.rollback} if ota is not None else {}
+                   "ota/rollback": ota.rollback, "ota/selftest": ota.self_test} if ota is not None else {}
         # one registry for both front ends: a region registered over HTTP is usable over gRPC and vice versa
         self.shared_memory = SharedMemoryRegistry(ShmLimits(config.server.shm_max_regions,
                                                             config.server.shm_max_bytes_mb * 1024 * 1024))

@@ -23,6 +23,9 @@ from edged.ota._fetcher import ResumableFetcher, SlowRetrieval
 
 # A wall clock before this cannot be right (edged did not exist): expiry checks would be meaningless.
 EARLIEST_SANE_WALL = 1_735_689_600.0  # 2025-01-01
+# Nor can one this far past the trusted root's expiry: roots are re-signed yearly (edged.ota.fleet.EXPIRY), so
+# a device whose clock reads years ahead would call every honest timestamp expired and refuse forever.
+CLOCK_AHEAD_OF_ROOT_S = 365 * 86400.0
 
 
 class TufClient:
@@ -37,6 +40,10 @@ class TufClient:
         self.fetcher = ResumableFetcher(cache_dir / "partial", self.targets_url, max_bytes_per_s=max_bytes_per_s,
                                         min_bytes_per_s=min_bytes_per_s, rate_window_s=rate_window_s)
         self._updater: Updater | None = None
+
+    def trusted_root(self) -> Path:
+        cached = self.metadata_dir / "root.json"
+        return cached if cached.exists() else self.root_file
 
     def refresh(self) -> dict[str, TargetFile]:
         self.metadata_dir.mkdir(parents=True, exist_ok=True)
@@ -67,6 +74,23 @@ class TufClient:
             cached = self._updater.find_cached_target(info, str(path))
             downloaded = cached or self._updater.download_target(info, str(path))
         return Path(downloaded), info
+
+
+def clock_problem(wall: float, trusted_root: Path) -> str:
+    """Why the device clock cannot judge metadata expiry ("clock: ..."), or "" when it can."""
+    day = time.strftime("%Y-%m-%d", time.gmtime(wall))
+    if wall < EARLIEST_SANE_WALL:
+        return f"clock: the device clock reads {day}, before this edged was built: every expiry check would " \
+               "be wrong; set the clock (NTP or an RTC) and check again"
+    try:
+        expires = Metadata.from_file(str(trusted_root)).signed.expires.timestamp()
+    except Exception:  # no or unreadable root: refresh() refuses it with its own reason
+        return ""
+    if wall > expires + CLOCK_AHEAD_OF_ROOT_S:
+        return f"clock: the device clock reads {day}, more than a year past the trusted root's expiry " \
+               f"({time.strftime('%Y-%m-%d', time.gmtime(expires))}): metadata would look expired; set the " \
+               "clock (NTP or an RTC) and check again"
+    return ""
 
 
 class translated:

@@ -27,9 +27,11 @@ from edged.engine import InferenceService
 from edged.errors import ConfigError, DiskFull, DownloadFailed, EdgedError, UpdateRejected
 from edged.ota._activate import Activator, check_disk, stage
 from edged.ota._bundle import extract_bundle
-from edged.ota._client import TufClient
+from edged.ota._client import TufClient, clock_problem
 from edged.ota._engine import build_staged_engine
 from edged.ota._policy import DeviceFacts, device_facts, skip_reason
+from edged.ota._release import ReleaseUpdates
+from edged.ota._selftest import save_vectors, self_test
 from edged.ota._state import TargetUpdate, UpdateStore, resume_action
 from edged.ota._watch import health, verdict
 from edged.repository import list_versions
@@ -59,6 +61,8 @@ class OtaAgent:
         self.store = UpdateStore(self.work_dir / "state.json", self._changed)
         self.listeners: list[Callable[[dict[str, Any]], None]] = []  # told each status change (MQTT)
         self.activator = Activator(service, repository, self.work_dir / "backup")
+        self.release = ReleaseUpdates(self.client, self.work_dir, Path(config.release_work_dir) / "outcome.json",
+                                      self.identity.device_id, self.facts, self._changed)
         self.skipped: dict[str, str] = {}
         self.last_check: dict[str, Any] = {}
         self._watch: tuple[float, float | None] | None = None  # (elapsed at switch, baseline p99)
@@ -87,6 +91,7 @@ class OtaAgent:
 
     def resume(self) -> None:
         """After a restart: bring back OTA-installed models, then finish or undo an interrupted update."""
+        self.release.poll()  # a release handed off before this start: edged-update may have finished it
         for model in sorted(self.store.installed):
             if (self.repository / model).is_dir() and model not in self.service.model_names():
                 try:
@@ -109,6 +114,9 @@ class OtaAgent:
         with self._lock:
             started = time.time()
             try:
+                clock = clock_problem(self.clock.wall(), self.client.trusted_root())
+                if clock:  # ngclient would judge expiry by this clock: refuse before it does
+                    raise UpdateRejected(clock)
                 targets = self.client.refresh()
             except UpdateRejected as e:
                 self.last_check = {"at": started, "outcome": "refused", "reason": str(e)}
@@ -116,7 +124,10 @@ class OtaAgent:
                 self._changed()
                 return self.status()
             self.last_check = {"at": started, "outcome": "ok", "reason": ""}
-            chosen = self._choose(targets)
+            model_busy = self.store.current is not None and not self.store.current.final
+            # a daemon release first (models wait while it installs), but never in the middle of a model update
+            releasing = not model_busy and self.release.check(targets)
+            chosen = None if releasing else self._choose(targets)
             if chosen is not None:
                 self._update(*chosen)
             self._changed()
@@ -129,6 +140,8 @@ class OtaAgent:
         self.skipped = {}
         for name, info in sorted(targets.items()):
             custom = dict(info.unrecognized_fields.get("custom", {}))
+            if custom.get("kind") == "release":
+                continue  # daemon releases: edged.ota._release
             if custom.get("kind") != "model":
                 self.skipped[name] = f"kind {custom.get('kind')!r} is not handled by this edged (models only)"
                 continue
@@ -198,6 +211,7 @@ class OtaAgent:
         staging.mkdir(parents=True)
         vectors = extract_bundle(bundle, model, version, staging)
         build_staged_engine(staging / model, model, version)  # a TensorRT engine is built here, before the vectors
+        save_vectors(self.work_dir, model, version, vectors)  # the self-test of a later daemon release uses them
         if update.state == "verified":
             self.store.move("staged")
         stage(self.service, staging / model, model, version, vectors)
@@ -303,8 +317,12 @@ class OtaAgent:
             "reason": update.reason if update else "", "changed_at": update.changed_at if update else None,
             "download": self.client.fetcher.progress.as_json(), "skipped": dict(self.skipped),
             "last_check": dict(self.last_check), "bad_targets": len(self.store.bad),
-            "installed": dict(self.store.installed),
+            "installed": dict(self.store.installed), "release": self.release.status(),
         }
+
+    def self_test(self) -> dict[str, Any]:
+        """Every served model answers (test vectors, else warm-up): what edged-update waits for."""
+        return self_test(self.service, self.work_dir)
 
     def history(self) -> dict[str, Any]:
         return {"history": list(self.store.history), "bad": dict(self.store.bad)}
@@ -321,4 +339,6 @@ class OtaAgent:
                 await asyncio.sleep(min(0.2, max(0.0, deadline - loop.time())))
                 if self._watch is not None:
                     await loop.run_in_executor(None, self.evaluate_watch)
+                if self.release.waiting:
+                    await loop.run_in_executor(None, self.release.poll)
             await loop.run_in_executor(None, self.check)

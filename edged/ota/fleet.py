@@ -1,7 +1,8 @@
 """The operator's side: a TUF repository of model bundles, kept as static files any web server or CDN serves.
 
 Layout: ``REPO/metadata/`` (consistent snapshots: ``N.root.json``, ``N.targets.json``, ``N.snapshot.json``
-and ``timestamp.json``) and ``REPO/targets/`` (``models/<model>/<sha256>.<version>.tar``), all public; the
+and ``timestamp.json``) and ``REPO/targets/`` (``models/<model>/<sha256>.<version>.tar`` and daemon releases,
+``releases/<platform>/<sha256>.<version>.tar.gz``), all public; the
 private keys live beside it in ``REPO.keys/`` (never served; root's belongs offline once initialised).
 Every metadata change signs a new targets (when targets change), snapshot and timestamp, in that order, so a
 device never sees a timestamp naming a snapshot that is not there yet.
@@ -13,6 +14,7 @@ import hashlib
 import json
 import secrets
 import shutil
+import tarfile
 import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -94,9 +96,7 @@ class FleetRepository:
         _check_percent(percent)
         if cohort_salt is not None and not cohort_salt.strip():
             raise UpdateRejected("--cohort-salt: expected a non-empty string")
-        unknown = sorted(set(compat or {}) - set(COMPAT_KEYS))
-        if unknown:
-            raise UpdateRejected(f"--compat {unknown[0]}: unknown key (known: {', '.join(COMPAT_KEYS)})")
+        _check_compat(compat)
         name = f"models/{model_dir.name}/{version}.tar"
         with tempfile.TemporaryDirectory() as scratch:
             bundle = Path(scratch) / "bundle.tar"
@@ -106,17 +106,32 @@ class FleetRepository:
             custom = {"kind": "model", "model": model_dir.name, "version": version, "compat": dict(compat or {}),
                       "percent": percent,
                       "cohort_salt": secrets.token_hex(8) if cohort_salt is None else cohort_salt}
-            target = TargetFile.from_file(name, str(bundle), ["sha256"])
-            target.unrecognized_fields["custom"] = custom
-            digest = target.hashes["sha256"]
-            stored = self.targets_dir / "models" / model_dir.name / f"{digest}.{version}.tar"
-            stored.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(bundle, stored)
+            self._add_target(name, bundle, custom)
+        return name
+
+    def add_release(self, tarball: Path, percent: int = 100, compat: dict[str, str] | None = None) -> str:
+        """Sign a daemon release (the offline tarball of ``packaging/build-tarball``) as target
+        ``releases/<platform>/<version>.tar.gz``; its manifest names the version and the platform."""
+        _check_percent(percent)
+        _check_compat(compat)
+        version, platform = release_manifest(tarball)
+        name = f"releases/{platform}/{version}.tar.gz"
+        custom = {"kind": "release", "version": version, "platform": platform, "compat": dict(compat or {}),
+                  "percent": percent, "cohort_salt": secrets.token_hex(8)}
+        self._add_target(name, tarball, custom)
+        return name
+
+    def _add_target(self, name: str, source: Path, custom: dict[str, Any]) -> None:
+        target = TargetFile.from_file(name, str(source), ["sha256"])
+        target.unrecognized_fields["custom"] = custom
+        folder, _, base = name.rpartition("/")
+        stored = self.targets_dir / folder / f"{target.hashes['sha256']}.{base}"  # consistent snapshot naming
+        stored.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, stored)
         targets = self._latest(Targets, "targets")
         targets.signed.targets[name] = target
         self._bump(targets, "targets")
         self._publish()
-        return name
 
     def promote(self, name: str, percent: int) -> dict[str, Any]:
         _check_percent(percent)
@@ -238,6 +253,32 @@ def _unversioned(signed: T) -> T:
 def _check_percent(percent: int) -> None:
     if not 0 <= percent <= 100:
         raise UpdateRejected(f"--percent must be between 0 and 100, found {percent}")
+
+
+def _check_compat(compat: dict[str, str] | None) -> None:
+    unknown = sorted(set(compat or {}) - set(COMPAT_KEYS))
+    if unknown:
+        raise UpdateRejected(f"--compat {unknown[0]}: unknown key (known: {', '.join(COMPAT_KEYS)})")
+
+
+def release_manifest(tarball: Path) -> tuple[str, str]:
+    """(version, platform) from ``edged-<version>/manifest.json`` inside a release tarball."""
+    try:
+        with tarfile.open(tarball, "r:gz") as tar:
+            member = next((m for m in tar if m.isfile() and m.name.count("/") == 1
+                           and m.name.endswith("/manifest.json")), None)
+            stream = tar.extractfile(member) if member is not None else None
+            doc = json.loads(stream.read(1 << 20)) if stream is not None else None
+    except (OSError, tarfile.TarError, ValueError) as e:
+        raise UpdateRejected(f"{tarball}: not a release tarball of packaging/build-tarball: {e}") from e
+    if not isinstance(doc, dict):
+        raise UpdateRejected(f"{tarball}: no edged-<version>/manifest.json: not a tarball of packaging/build-tarball")
+    version, platform = doc.get("version"), doc.get("platform")
+    if not isinstance(version, str) or not version or not isinstance(platform, str) or not platform \
+            or "/" in version + platform:
+        raise UpdateRejected(f"{tarball}: manifest.json needs a version and a platform, found {version!r}, "
+                             f"{platform!r}")
+    return version, platform
 
 
 def describe_targets(targets: dict[str, dict[str, Any]]) -> str:

@@ -102,6 +102,7 @@ def openapi_document() -> bytes:
         "/v2/edged/ota/history": _get("finished model updates and targets remembered as bad", obj),
         "/v2/edged/ota/check": _post("check the update repository now and install what is due", obj, obj),
         "/v2/edged/ota/rollback": _post("roll back the last model update", obj, obj),
+        "/v2/edged/ota/selftest": _post("every served model answers its test vectors or warm-up", obj, obj),
     }
     doc = {
         "openapi": "3.0.3",

@@ -89,6 +89,7 @@ SPECS: dict[Kind, RouteSpec] = {
 DAEMON_ROUTES: dict[tuple[str, str], Kind] = {
     ("ota", "status"): Kind.DAEMON_READ, ("ota", "history"): Kind.DAEMON_READ,
     ("ota", "check"): Kind.DAEMON_ACTION, ("ota", "rollback"): Kind.DAEMON_ACTION,
+    ("ota", "selftest"): Kind.DAEMON_ACTION,  # runs every model once: an administrator's (edged-update's) call
 }
 SHARED_MEMORY_KINDS = frozenset({Kind.SHM_STATUS, Kind.SHM_REGISTER, Kind.SHM_UNREGISTER, Kind.CUDA_SHM_STATUS,
                                  Kind.CUDA_SHM_REGISTER, Kind.CUDA_SHM_UNREGISTER})

@@ -19,7 +19,7 @@ from tests.integration.edged_daemon import daemon_environment
     ("max_p99_ratio = 0.5", "ota.max_p99_ratio: expected a ratio of at least 1"),
     ("check_interval_s = 0", "ota.check_interval_s: expected a positive number"),
     ("max_bytes_per_s = -1", "ota.max_bytes_per_s: expected zero or a positive number"),
-    ("release_health_s = 60", "unknown key ota.release_health_s"),  # daemon updates: not handled yet
+    ("release_health_s = 0", "ota.release_health_s: expected a positive number"),
 ])
 def test_bad_ota_settings_are_refused_naming_the_key(text: str, fragment: str) -> None:
     with pytest.raises(ConfigError, match=fragment.replace(".", r"\.")):

@@ -74,7 +74,7 @@ def test_every_documentation_path_of_the_installed_units_exists(tarballs: tuple[
     root = tmp_path / "root"
     sh(unpack(tarballs[0], tmp_path / "pkg") / "install.sh", "--root", str(root))
     documented = []
-    for name in ("edged.service", "edged.socket"):
+    for name in ("edged.service", "edged.socket", "edged-update.service", "edged-update.path"):
         text = (root / "etc/systemd/system" / name).read_text()
         documented += re.findall(r"^Documentation=file:(\S+)$", text, re.MULTILINE)
     assert documented, "the units name no Documentation= file"
