@@ -82,7 +82,7 @@ class TritonPythonModel:
 @dataclass(frozen=True)
 class Scenario:
     model: str
-    protocol: str  # "http" or "grpc"
+    protocol: str  # "http", "grpc" or "grpc-stream" (ModelStreamInfer, perf_analyzer --streaming)
     concurrency: int
     shm: str  # perf_analyzer's --shared-memory: "none" or "system"
 
@@ -237,7 +237,9 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 # --- measuring ---------------------------------------------------------------------------------------------
 def measure(server: str, port: int, scenario: Scenario, interval_ms: int, work: Path) -> Measurement:
     report = work / f"pa-{server}-{time.monotonic_ns()}.csv"
-    command = [str(PERF_ANALYZER), "-m", scenario.model, "-i", scenario.protocol, "-u", f"127.0.0.1:{port}",
+    streaming = ["--streaming"] if scenario.protocol == "grpc-stream" else []
+    command = [str(PERF_ANALYZER), *streaming, "-m", scenario.model, "-i", scenario.protocol.removesuffix("-stream"),
+               "-u", f"127.0.0.1:{port}",
                "--concurrency-range", str(scenario.concurrency), "--measurement-interval", str(interval_ms),
                "--stability-percentage", "1000", "--max-trials", "3", "--shared-memory", scenario.shm,
                "-H", f"{SHM_KEY[0]}:{SHM_KEY[1]}", "-f", str(report)]
@@ -261,7 +263,8 @@ def measure_engine(repository: Path, model: str, interval_ms: int, work: Path) -
     if done.returncode != 0:
         raise SystemExit(f"edged bench (in-process {model}) failed ({done.returncode}):\n{done.stderr[-2000:]}")
     row = json.loads(out.read_text())[0]
-    return Measurement("engine", model, float(row["throughput"]), float(row["p50_us"]), float(row["p99_us"]))
+    return Measurement("engine", f"{model} in process", float(row["throughput"]), float(row["p50_us"]),
+                       float(row["p99_us"]))
 
 
 def median_of(runs: list[Measurement]) -> Measurement:
@@ -288,7 +291,7 @@ def report_throughput(results: dict[tuple[str, str], Measurement], scenarios: li
 def report_overhead(results: dict[tuple[str, str], Measurement], scenarios: list[Scenario]) -> bool:
     met = True
     for scenario in scenarios:
-        engine = results[("engine", scenario.model)].p50_us
+        engine = results[("engine", scenario.label)].p50_us
         triton, edged = results[("triton", scenario.label)].p50_us, results[("edged", scenario.label)].p50_us
         ratio = (edged - engine) / (triton - engine) if triton > engine else float("inf")
         ok = ratio <= TARGET_OVERHEAD
@@ -302,7 +305,8 @@ def report_overhead(results: dict[tuple[str, str], Measurement], scenarios: list
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
-    parser.add_argument("--protocols", nargs="+", choices=("http", "grpc"), default=["http", "grpc"])
+    parser.add_argument("--protocols", nargs="+", choices=("http", "grpc", "grpc-stream"), default=["http", "grpc"],
+                        help="grpc-stream: ModelStreamInfer (perf_analyzer --streaming), tiny model only")
     parser.add_argument("--no-camera", action="store_true", help="skip the camera_frame shared-memory rows")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds; the table shows medians")
     parser.add_argument("--interval-ms", type=int, default=2000, help="perf_analyzer's measurement window")
@@ -315,7 +319,8 @@ def parse_args() -> argparse.Namespace:
 def scenarios_of(args: argparse.Namespace) -> tuple[list[Scenario], list[Scenario]]:
     """(tiny-model scenarios, camera-frame shared-memory scenarios)."""
     tiny = [Scenario("tiny_mlp", p, c, "none") for p in args.protocols for c in args.concurrency]
-    camera = [] if args.no_camera else [Scenario("camera_frame", p, 1, "system") for p in args.protocols]
+    camera = [] if args.no_camera else [Scenario("camera_frame", p, 1, "system") for p in args.protocols
+                                        if p != "grpc-stream"]
     return tiny, camera
 
 
@@ -323,12 +328,12 @@ def run_rounds(args: argparse.Namespace, scenarios: list[Scenario], ports: dict[
                work: Path) -> dict[tuple[str, str], list[Measurement]]:
     runs: dict[tuple[str, str], list[Measurement]] = {}
     for round_number in range(args.rounds):
-        if any(s.shm != "none" for s in scenarios):
-            m = measure_engine(engine_repo, "camera_frame", args.interval_ms, work)
-            print(f"round {round_number + 1}: in-process engine camera_frame: p50 {m.p50_us:.0f} us",
-                  file=sys.stderr)
-            runs.setdefault(("engine", "camera_frame"), []).append(m)
         for scenario in scenarios:
+            if scenario.shm != "none":  # the floor, measured next to the servers it is compared with
+                m = measure_engine(engine_repo, scenario.model, args.interval_ms, work)
+                print(f"round {round_number + 1}: in-process engine {scenario.model}: p50 {m.p50_us:.0f} us",
+                      file=sys.stderr)
+                runs.setdefault(("engine", scenario.label), []).append(m)
             for name in ("edged", "triton") if round_number % 2 else ("triton", "edged"):
                 m = measure(name, ports[name].of(scenario.protocol), scenario, args.interval_ms, work)
                 print(f"round {round_number + 1}: {name} {scenario.label}: {m.infer_per_s:,.0f} infer/s, "
