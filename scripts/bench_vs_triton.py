@@ -99,6 +99,9 @@ class Measurement:
     infer_per_s: float
     p50_us: float
     p99_us: float
+    # mean latency outside the server's own compute (client send and receive, network, server queue), from
+    # perf_analyzer's breakdown; Triton's compute includes its Python backend's round trip to the stub
+    transport_us: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -249,8 +252,10 @@ def measure(server: str, port: int, scenario: Scenario, interval_ms: int, work: 
                          f"{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
     with report.open() as handle:
         row = next(csv.DictReader(handle))
+    transport = sum(float(row.get(column) or 0) for column in ("Client Send", "Network+Server Send/Recv",
+                                                                 "Server Queue", "Client Recv"))
     return Measurement(server, scenario.label, float(row["Inferences/Second"]), float(row["p50 latency"]),
-                       float(row["p99 latency"]))
+                       float(row["p99 latency"]), transport)
 
 
 def measure_engine(repository: Path, model: str, interval_ms: int, work: Path) -> Measurement:
@@ -269,7 +274,8 @@ def measure_engine(repository: Path, model: str, interval_ms: int, work: Path) -
 
 def median_of(runs: list[Measurement]) -> Measurement:
     return Measurement(runs[0].server, runs[0].scenario, statistics.median(m.infer_per_s for m in runs),
-                       statistics.median(m.p50_us for m in runs), statistics.median(m.p99_us for m in runs))
+                       statistics.median(m.p50_us for m in runs), statistics.median(m.p99_us for m in runs),
+                       statistics.median(m.transport_us for m in runs))
 
 
 # --- report ------------------------------------------------------------------------------------------------
@@ -299,6 +305,9 @@ def report_overhead(results: dict[tuple[str, str], Measurement], scenarios: list
         print(f"{scenario.label:<24} engine p50 {engine:,.0f} us; triton p50 {triton:,.0f} (+{triton - engine:,.0f})"
               f", edged p50 {edged:,.0f} (+{edged - engine:,.0f}): overhead ratio {ratio:.2f} "
               f"(target <= {TARGET_OVERHEAD}) {'met' if ok else 'NOT met'}")
+        t, e = results[("triton", scenario.label)], results[("edged", scenario.label)]
+        print(f"{'':<24} mean time outside each server's compute (perf_analyzer's breakdown): triton "
+              f"{t.transport_us:,.0f} us, edged {e.transport_us:,.0f} us")
     return met
 
 
@@ -308,6 +317,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--protocols", nargs="+", choices=("http", "grpc", "grpc-stream"), default=["http", "grpc"],
                         help="grpc-stream: ModelStreamInfer (perf_analyzer --streaming), tiny model only")
     parser.add_argument("--no-camera", action="store_true", help="skip the camera_frame shared-memory rows")
+    parser.add_argument("--no-tiny", action="store_true", help="skip the tiny_mlp rows")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds; the table shows medians")
     parser.add_argument("--interval-ms", type=int, default=2000, help="perf_analyzer's measurement window")
     parser.add_argument("--triton-venv", type=Path, default=TRITON_VENV)
@@ -318,7 +328,8 @@ def parse_args() -> argparse.Namespace:
 
 def scenarios_of(args: argparse.Namespace) -> tuple[list[Scenario], list[Scenario]]:
     """(tiny-model scenarios, camera-frame shared-memory scenarios)."""
-    tiny = [Scenario("tiny_mlp", p, c, "none") for p in args.protocols for c in args.concurrency]
+    tiny = [] if args.no_tiny else [Scenario("tiny_mlp", p, c, "none") for p in args.protocols
+                                    for c in args.concurrency]
     camera = [] if args.no_camera else [Scenario("camera_frame", p, 1, "system") for p in args.protocols
                                         if p != "grpc-stream"]
     return tiny, camera
