@@ -1,16 +1,23 @@
 #!/usr/bin/env python3
-"""Side-by-side: edged and NVIDIA Triton 2.51 serving the same tiny model, both driven by perf_analyzer.
+"""Side-by-side: edged and NVIDIA Triton 2.51 serving the same models, both driven by perf_analyzer.
 
 Triton comes from the nvidia-pytriton 0.7.0 wheel (tritonserver 2.51 with only the Python backend), so it runs
-the model with onnxruntime inside a Python-backend ``model.py`` that this script writes; edged runs as
-``edged serve --http-port N``. Both listen on loopback TCP at the same time, and perf_analyzer (from the
-tritonclient 2.51.0 wheel, see scripts/get_perf_analyzer.sh) measures them in alternation over HTTP, batch 1,
-at each concurrency, for ``--rounds`` rounds; the table shows the medians and edged's ratios to Triton.
+each model with onnxruntime inside a Python-backend ``model.py`` that this script writes (one thread, as edged's
+onnxruntime backend); edged runs this checkout's code (``python -m edged serve`` with ``PYTHONPATH`` set to it).
+Both listen on loopback TCP, HTTP and gRPC, at the same time, and perf_analyzer (from the tritonclient 2.51.0
+wheel, see scripts/get_perf_analyzer.sh) measures them in alternation, batch 1, for ``--rounds`` rounds:
 
-    .venv/bin/python scripts/bench_vs_triton.py [--concurrency 1 4] [--rounds 3] [--interval-ms 2000]
+- tiny_mlp over HTTP and over gRPC at each ``--concurrency``: target edged >= 1.5x Triton's infer/s with a
+  lower p50;
+- camera_frame (a [1,1080,1920,3] UINT8 frame) over gRPC and HTTP with ``--shared-memory system``, concurrency
+  1, beside the in-process engine (``edged bench --transport inproc``, measured in each round): target edged's
+  p50 overhead over the engine at most half of Triton's overhead over the same engine figure.
+
+The table shows the medians of the rounds; ``--json`` keeps every round.
+
+    PYTHONPATH=$PWD .venv/bin/python scripts/bench_vs_triton.py [--concurrency 1 4] [--rounds 3]
 
 Needs: Debian's libb64-0d, pip access (first run: .cache/triton-venv and .cache/perf_analyzer are created).
-Targets: edged >= 1.5x Triton's infer/s at every concurrency, with a lower p50.
 """
 
 from __future__ import annotations
@@ -31,23 +38,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MODEL = ROOT / "models" / "tiny_mlp"
+MODELS = ROOT / "models"
 PERF_ANALYZER = ROOT / ".cache" / "perf_analyzer" / "perf_analyzer"
 TRITON_VENV = ROOT / ".cache" / "triton-venv"
-EDGED = ROOT / ".venv" / "bin" / "edged"
 TRITON_PACKAGES = ("nvidia-pytriton==0.7.0", "onnxruntime", "numpy")
-TARGET_RATIO = 1.5
-
-TRITON_CONFIG = """name: "tiny_mlp"
-backend: "python"
-max_batch_size: 64
-input [ { name: "input", data_type: TYPE_FP32, dims: [ 64 ] } ]
-output [ { name: "output", data_type: TYPE_FP32, dims: [ 10 ] } ]
-dynamic_batching { }
-instance_group [ { count: 1, kind: KIND_CPU } ]
-"""
+TARGET_RATIO = 1.5  # edged's infer/s over Triton's, tiny model
+TARGET_OVERHEAD = 0.5  # edged's overhead over the engine / Triton's, camera frame in shared memory
+SERVED = ("tiny_mlp", "camera_frame")
+SHM_KEY = ("edged-key", "bench")  # edged refuses shared memory over TCP without a [server.tcp_restricted] key
 
 # The stub embeds the system's libpython and does not see the venv: the venv's packages go on sys.path here.
+# One model.py for every model: inputs and outputs are the ONNX graph's, by name.
 TRITON_MODEL_PY = """import os
 import sys
 
@@ -64,24 +65,43 @@ class TritonPythonModel:
         options.intra_op_num_threads = 1  # as edged's onnxruntime backend by default
         options.inter_op_num_threads = 1
         self.session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        self.inputs = [i.name for i in self.session.get_inputs()]
+        self.outputs = [o.name for o in self.session.get_outputs()]
 
     def execute(self, requests):
         responses = []
         for request in requests:
-            x = pb_utils.get_input_tensor_by_name(request, "input").as_numpy()
-            y = self.session.run(None, {{"input": x}})[0]
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("output", y)]))
+            feed = {{name: pb_utils.get_input_tensor_by_name(request, name).as_numpy() for name in self.inputs}}
+            values = self.session.run(None, feed)
+            responses.append(pb_utils.InferenceResponse(
+                [pb_utils.Tensor(name, value) for name, value in zip(self.outputs, values)]))
         return responses
 """
 
 
 @dataclass(frozen=True)
-class Measurement:
-    server: str
+class Scenario:
+    model: str
+    protocol: str  # "http", "grpc" or "grpc-stream" (ModelStreamInfer, perf_analyzer --streaming)
     concurrency: int
+    shm: str  # perf_analyzer's --shared-memory: "none" or "system"
+
+    @property
+    def label(self) -> str:
+        shm = ", shm" if self.shm != "none" else ""
+        return f"{self.model} {self.protocol} c{self.concurrency}{shm}"
+
+
+@dataclass(frozen=True)
+class Measurement:
+    server: str  # "triton", "edged" or "engine" (edged's in-process engine)
+    scenario: str
     infer_per_s: float
     p50_us: float
     p99_us: float
+    # mean latency outside the server's own compute (client send and receive, network, server queue), from
+    # perf_analyzer's breakdown; Triton's compute includes its Python backend's round trip to the stub
+    transport_us: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -91,6 +111,15 @@ class TritonInstall:
     stub: Path
     site: Path
     library_path: str
+
+
+@dataclass(frozen=True)
+class Ports:
+    http: int
+    grpc: int
+
+    def of(self, protocol: str) -> int:
+        return self.http if protocol == "http" else self.grpc
 
 
 # --- setup -------------------------------------------------------------------------------------------------
@@ -118,13 +147,16 @@ def ensure_triton_venv(venv: Path) -> TritonInstall:
 
 
 def prepare_triton(work: Path, install: TritonInstall) -> tuple[Path, Path]:
-    """(model repository, backend directory) for tritonserver."""
+    """(model repository, backend directory) for tritonserver: edged's configs with the Python backend."""
     repository = work / "triton-models"
-    version_dir = repository / "tiny_mlp" / "1"
-    version_dir.mkdir(parents=True)
-    (repository / "tiny_mlp" / "config.pbtxt").write_text(TRITON_CONFIG)
-    (version_dir / "model.py").write_text(TRITON_MODEL_PY.format(site=str(install.site)))
-    shutil.copy(MODEL / "1" / "model.onnx", version_dir / "model.onnx")
+    for name in SERVED:
+        version_dir = repository / name / "1"
+        version_dir.mkdir(parents=True)
+        config = (MODELS / name / "config.pbtxt").read_text()
+        (repository / name / "config.pbtxt").write_text(config.replace('platform: "onnxruntime_onnx"',
+                                                                        'backend: "python"'))
+        (version_dir / "model.py").write_text(TRITON_MODEL_PY.format(site=str(install.site)))
+        shutil.copy(MODELS / name / "1" / "model.onnx", version_dir / "model.onnx")
     backends = work / "triton-backends"
     python_backend = backends / "python"
     shutil.copytree(install.backend_files, python_backend, ignore=shutil.ignore_patterns("__pycache__"))
@@ -132,11 +164,15 @@ def prepare_triton(work: Path, install: TritonInstall) -> tuple[Path, Path]:
     return repository, backends
 
 
-def prepare_edged(work: Path) -> Path:
+def prepare_edged(work: Path, ports: Ports) -> tuple[Path, Path]:
+    """(model repository, config file) for edged."""
     repository = work / "edged-models"
-    repository.mkdir()
-    shutil.copytree(MODEL, repository / "tiny_mlp")
-    return repository
+    for name in SERVED:
+        shutil.copytree(MODELS / name, repository / name)
+    config = work / "edged.toml"
+    config.write_text(f'[server]\nhttp_port = {ports.http}\ngrpc_port = {ports.grpc}\n\n[telemetry]\nsource = "off"\n'
+                      f'\n[server.tcp_restricted]\nshared-memory = "{SHM_KEY[0]}={SHM_KEY[1]}"\n')
+    return repository, config
 
 
 def free_port() -> int:
@@ -146,33 +182,43 @@ def free_port() -> int:
         return port
 
 
+def edged_env() -> dict[str, str]:
+    """This checkout's edged, whatever the venv has installed."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
+
+
 # --- servers -----------------------------------------------------------------------------------------------
-def start_triton(install: TritonInstall, repository: Path, backends: Path, port: int,
+def start_triton(install: TritonInstall, repository: Path, backends: Path, ports: Ports,
                  log: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "LD_LIBRARY_PATH": install.library_path}
     command = [str(install.server), "--model-repository", str(repository), "--backend-directory", str(backends),
-               "--http-port", str(port), "--allow-grpc", "false", "--allow-metrics", "false",
+               "--http-port", str(ports.http), "--grpc-port", str(ports.grpc), "--allow-metrics", "false",
                "--log-verbose", "0"]
     return subprocess.Popen(command, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
 
 
-def start_edged(edged: Path, repository: Path, work: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
-    command = [str(edged), "serve", "--model-repository", str(repository), "--socket", str(work / "edged.sock"),
-               "--http-port", str(port), "--state-dir", str(work / "edged-state"), "--log-level", "warning"]
-    return subprocess.Popen(command, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+def start_edged(repository: Path, config: Path, work: Path, log: Path) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "edged", "serve", "--config", str(config), "--model-repository",
+               str(repository), "--socket", str(work / "edged.sock"), "--state-dir", str(work / "edged-state"),
+               "--log-level", "warning"]
+    return subprocess.Popen(command, env=edged_env(), stdout=log.open("wb"), stderr=subprocess.STDOUT)
 
 
-def wait_ready(name: str, process: subprocess.Popen[bytes], port: int, log: Path, timeout_s: float = 120) -> None:
+def wait_ready(name: str, process: subprocess.Popen[bytes], port: int, log: Path, timeout_s: float = 180) -> None:
     deadline = time.monotonic() + timeout_s
+    pending = list(SERVED)
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise SystemExit(f"{name} exited with {process.returncode} before it was ready; its log {log}:\n"
                              + log.read_text(errors="replace")[-3000:])
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
         try:
-            conn.request("GET", "/v2/models/tiny_mlp/ready")
+            conn.request("GET", f"/v2/models/{pending[0]}/ready")
             if conn.getresponse().status == 200:
-                return
+                pending.pop(0)
+                if not pending:
+                    return
+                continue
         except OSError:
             pass
         finally:
@@ -192,86 +238,147 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 
 
 # --- measuring ---------------------------------------------------------------------------------------------
-def measure(server: str, port: int, concurrency: int, interval_ms: int, work: Path) -> Measurement:
-    report = work / f"pa-{server}-c{concurrency}-{time.monotonic_ns()}.csv"
-    command = [str(PERF_ANALYZER), "-m", "tiny_mlp", "-i", "http", "-u", f"127.0.0.1:{port}",
-               "--concurrency-range", str(concurrency), "--measurement-interval", str(interval_ms),
-               "--stability-percentage", "1000", "--max-trials", "3", "-f", str(report)]
+def measure(server: str, port: int, scenario: Scenario, interval_ms: int, work: Path) -> Measurement:
+    report = work / f"pa-{server}-{time.monotonic_ns()}.csv"
+    streaming = ["--streaming"] if scenario.protocol == "grpc-stream" else []
+    command = [str(PERF_ANALYZER), *streaming, "-m", scenario.model, "-i", scenario.protocol.removesuffix("-stream"),
+               "-u", f"127.0.0.1:{port}",
+               "--concurrency-range", str(scenario.concurrency), "--measurement-interval", str(interval_ms),
+               "--stability-percentage", "1000", "--max-trials", "3", "--shared-memory", scenario.shm,
+               "-H", f"{SHM_KEY[0]}:{SHM_KEY[1]}", "-f", str(report)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
     if done.returncode != 0 or not report.exists():
-        raise SystemExit(f"perf_analyzer against {server} failed ({done.returncode}):\n{done.stdout[-2000:]}\n"
-                         f"{done.stderr[-2000:]}")
+        raise SystemExit(f"perf_analyzer against {server} ({scenario.label}) failed ({done.returncode}):\n"
+                         f"{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
     with report.open() as handle:
         row = next(csv.DictReader(handle))
-    return Measurement(server, concurrency, float(row["Inferences/Second"]), float(row["p50 latency"]),
-                       float(row["p99 latency"]))
+    transport = sum(float(row.get(column) or 0) for column in ("Client Send", "Network+Server Send/Recv",
+                                                                 "Server Queue", "Client Recv"))
+    return Measurement(server, scenario.label, float(row["Inferences/Second"]), float(row["p50 latency"]),
+                       float(row["p99 latency"]), transport)
+
+
+def measure_engine(repository: Path, model: str, interval_ms: int, work: Path) -> Measurement:
+    """edged's in-process engine on ``model`` (concurrency 1, callbacks), the floor both servers are held to."""
+    out = work / f"engine-{time.monotonic_ns()}.json"
+    command = [sys.executable, "-m", "edged", "bench", "--transport", "inproc", "--model", model,
+               "--model-repository", str(repository), "--duration", str(interval_ms / 1000), "--no-raw",
+               "--json", str(out)]
+    done = subprocess.run(command, env=edged_env(), capture_output=True, text=True, timeout=300, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"edged bench (in-process {model}) failed ({done.returncode}):\n{done.stderr[-2000:]}")
+    row = json.loads(out.read_text())[0]
+    return Measurement("engine", f"{model} in process", float(row["throughput"]), float(row["p50_us"]),
+                       float(row["p99_us"]))
 
 
 def median_of(runs: list[Measurement]) -> Measurement:
-    return Measurement(runs[0].server, runs[0].concurrency, statistics.median(m.infer_per_s for m in runs),
-                       statistics.median(m.p50_us for m in runs), statistics.median(m.p99_us for m in runs))
+    return Measurement(runs[0].server, runs[0].scenario, statistics.median(m.infer_per_s for m in runs),
+                       statistics.median(m.p50_us for m in runs), statistics.median(m.p99_us for m in runs),
+                       statistics.median(m.transport_us for m in runs))
 
 
-def report(results: dict[tuple[str, int], Measurement], concurrencies: list[int]) -> bool:
-    print(f"\n{'server':<8} {'conc':>4} {'infer/s':>10} {'p50 us':>8} {'p99 us':>8}")
-    for concurrency in concurrencies:
-        for server in ("triton", "edged"):
-            m = results[(server, concurrency)]
-            print(f"{server:<8} {concurrency:>4} {m.infer_per_s:>10,.0f} {m.p50_us:>8.0f} {m.p99_us:>8.0f}")
-    print(f"\n{'conc':>4} {'infer/s ratio':>14} {'p50 ratio':>10} {'p99 ratio':>10}  target (>= {TARGET_RATIO}x, "
-          "lower p50)")
+# --- report ------------------------------------------------------------------------------------------------
+def report_throughput(results: dict[tuple[str, str], Measurement], scenarios: list[Scenario]) -> bool:
+    print(f"\n{'scenario':<24} {'triton/s':>9} {'p50':>6} {'p99':>6} {'edged/s':>9} {'p50':>6} {'p99':>6} "
+          f"{'ratio':>6} {'p50 r':>6}  target (>= {TARGET_RATIO}x infer/s, lower p50)")
     met = True
-    for concurrency in concurrencies:
-        edged, triton = results[("edged", concurrency)], results[("triton", concurrency)]
+    for scenario in scenarios:
+        triton, edged = results[("triton", scenario.label)], results[("edged", scenario.label)]
         ratio = edged.infer_per_s / triton.infer_per_s
         ok = ratio >= TARGET_RATIO and edged.p50_us < triton.p50_us
         met = met and ok
-        print(f"{concurrency:>4} {ratio:>13.2f}x {edged.p50_us / triton.p50_us:>9.2f}x "
-              f"{edged.p99_us / triton.p99_us:>9.2f}x  {'met' if ok else 'NOT met'}")
+        print(f"{scenario.label:<24} {triton.infer_per_s:>9,.0f} {triton.p50_us:>6.0f} {triton.p99_us:>6.0f} "
+              f"{edged.infer_per_s:>9,.0f} {edged.p50_us:>6.0f} {edged.p99_us:>6.0f} {ratio:>5.2f}x "
+              f"{edged.p50_us / triton.p50_us:>5.2f}x  {'met' if ok else 'NOT met'}")
+    return met
+
+
+def report_overhead(results: dict[tuple[str, str], Measurement], scenarios: list[Scenario]) -> bool:
+    met = True
+    for scenario in scenarios:
+        engine = results[("engine", scenario.label)].p50_us
+        triton, edged = results[("triton", scenario.label)].p50_us, results[("edged", scenario.label)].p50_us
+        ratio = (edged - engine) / (triton - engine) if triton > engine else float("inf")
+        ok = ratio <= TARGET_OVERHEAD
+        met = met and ok
+        print(f"{scenario.label:<24} engine p50 {engine:,.0f} us; triton p50 {triton:,.0f} (+{triton - engine:,.0f})"
+              f", edged p50 {edged:,.0f} (+{edged - engine:,.0f}): overhead ratio {ratio:.2f} "
+              f"(target <= {TARGET_OVERHEAD}) {'met' if ok else 'NOT met'}")
+        t, e = results[("triton", scenario.label)], results[("edged", scenario.label)]
+        print(f"{'':<24} mean time outside each server's compute (perf_analyzer's breakdown): triton "
+              f"{t.transport_us:,.0f} us, edged {e.transport_us:,.0f} us")
     return met
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--protocols", nargs="+", choices=("http", "grpc", "grpc-stream"), default=["http", "grpc"],
+                        help="grpc-stream: ModelStreamInfer (perf_analyzer --streaming), tiny model only")
+    parser.add_argument("--no-camera", action="store_true", help="skip the camera_frame shared-memory rows")
+    parser.add_argument("--no-tiny", action="store_true", help="skip the tiny_mlp rows")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds; the table shows medians")
     parser.add_argument("--interval-ms", type=int, default=2000, help="perf_analyzer's measurement window")
     parser.add_argument("--triton-venv", type=Path, default=TRITON_VENV)
-    parser.add_argument("--edged", type=Path, default=EDGED,
-                        help="the edged executable to measure (default: this checkout's .venv/bin/edged)")
     parser.add_argument("--json", type=Path, default=None, help="also write every measurement to this file")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs, repositories)")
     return parser.parse_args()
+
+
+def scenarios_of(args: argparse.Namespace) -> tuple[list[Scenario], list[Scenario]]:
+    """(tiny-model scenarios, camera-frame shared-memory scenarios)."""
+    tiny = [] if args.no_tiny else [Scenario("tiny_mlp", p, c, "none") for p in args.protocols
+                                    for c in args.concurrency]
+    camera = [] if args.no_camera else [Scenario("camera_frame", p, 1, "system") for p in args.protocols
+                                        if p != "grpc-stream"]
+    return tiny, camera
+
+
+def run_rounds(args: argparse.Namespace, scenarios: list[Scenario], ports: dict[str, Ports], engine_repo: Path,
+               work: Path) -> dict[tuple[str, str], list[Measurement]]:
+    runs: dict[tuple[str, str], list[Measurement]] = {}
+    for round_number in range(args.rounds):
+        for scenario in scenarios:
+            if scenario.shm != "none":  # the floor, measured next to the servers it is compared with
+                m = measure_engine(engine_repo, scenario.model, args.interval_ms, work)
+                print(f"round {round_number + 1}: in-process engine {scenario.model}: p50 {m.p50_us:.0f} us",
+                      file=sys.stderr)
+                runs.setdefault(("engine", scenario.label), []).append(m)
+            for name in ("edged", "triton") if round_number % 2 else ("triton", "edged"):
+                m = measure(name, ports[name].of(scenario.protocol), scenario, args.interval_ms, work)
+                print(f"round {round_number + 1}: {name} {scenario.label}: {m.infer_per_s:,.0f} infer/s, "
+                      f"p50 {m.p50_us:.0f} us, p99 {m.p99_us:.0f} us", file=sys.stderr)
+                runs.setdefault((name, scenario.label), []).append(m)
+    return runs
 
 
 def main() -> int:
     args = parse_args()
     ensure_perf_analyzer()
     install = ensure_triton_venv(args.triton_venv)
+    tiny, camera = scenarios_of(args)
     work = Path(tempfile.mkdtemp(prefix="edged-vs-triton-", dir="/tmp"))
+    ports = {name: Ports(free_port(), free_port()) for name in ("triton", "edged")}
     triton_repo, backends = prepare_triton(work, install)
-    ports = {"triton": free_port(), "edged": free_port()}
+    edged_repo, edged_config = prepare_edged(work, ports["edged"])
     logs = {name: work / f"{name}.log" for name in ports}
     processes = {"triton": start_triton(install, triton_repo, backends, ports["triton"], logs["triton"]),
-                 "edged": start_edged(args.edged, prepare_edged(work), work, ports["edged"], logs["edged"])}
-    runs: dict[tuple[str, int], list[Measurement]] = {}
+                 "edged": start_edged(edged_repo, edged_config, work, logs["edged"])}
     try:
         for name, process in processes.items():
-            wait_ready(name, process, ports[name], logs[name])
-        for round_number in range(args.rounds):
-            for concurrency in args.concurrency:
-                for name in ("edged", "triton") if round_number % 2 else ("triton", "edged"):
-                    m = measure(name, ports[name], concurrency, args.interval_ms, work)
-                    print(f"round {round_number + 1}: {name} c{concurrency}: {m.infer_per_s:,.0f} infer/s, "
-                          f"p50 {m.p50_us:.0f} us, p99 {m.p99_us:.0f} us", file=sys.stderr)
-                    runs.setdefault((name, concurrency), []).append(m)
+            wait_ready(name, process, ports[name].http, logs[name])
+        runs = run_rounds(args, tiny + camera, ports, edged_repo, work)
     finally:
         for process in processes.values():
             stop(process)
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     results = {key: median_of(values) for key, values in runs.items()}
-    met = report(results, args.concurrency)
+    met = report_throughput(results, tiny)
+    if camera:
+        print()
+        met = report_overhead(results, camera) and met
     if args.json is not None:
         args.json.write_text(json.dumps([asdict(m) for values in runs.values() for m in values], indent=2))
     return 0 if met else 1
