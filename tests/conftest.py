@@ -20,3 +20,13 @@ def sample_repo(tmp_path: Path) -> Path:
     target = tmp_path / "models"
     shutil.copytree(BUNDLED_MODELS, target)
     return target
+
+
+@pytest.fixture(scope="session")
+def tarballs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """One pair of offline tarballs (0.1.0 and 0.1.0.post1) for every test of the session that installs one:
+    a build takes about 25 s, so the packaging tests and the release-update tests share it."""
+    from tarball_harness import build
+
+    output = tmp_path_factory.mktemp("dist")
+    return build(output), build(output, "--version-suffix", ".post1")

@@ -29,9 +29,9 @@ from edged.client import EdgedClient
 from edged.ota.fleet import FleetRepository
 from tests.modelgen import add_custom_model
 from tests.ota.conftest import Nginx
-from tests.tarball_harness import build, reseal, sh, unpack
+from tests.tarball_harness import reseal, sh, unpack
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # builds two tarballs, installs four times
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # installs four times
 SUPERVISOR = Path(__file__).with_name("release_supervisor.py")
 SOURCE = Path(__file__).resolve().parents[2]
 HEALTH_S = 8.0
@@ -123,12 +123,11 @@ class Installed:
 
 
 @pytest.fixture(scope="module")
-def device(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
+def device(tmp_path_factory: pytest.TempPathFactory, tarballs: tuple[Path, Path]) -> Iterator[Installed]:
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("edged-update runs as root; the installed tree runs at /opt/edged in its own mount namespace")
     tmp = tmp_path_factory.mktemp("release")
-    dist = tmp / "dist"
-    old, new = build(dist), build(dist, "--version-suffix", ".post1")
+    old, new = tarballs  # the session's pair, shared with the packaging tests
     broken = _broken_copy(new, tmp / "broken-src")
     root = tmp / "root"
     sh(unpack(old, tmp / "v1") / "install.sh", "--root", str(root))
