@@ -29,8 +29,11 @@ Array = np.ndarray[Any, Any]
 _LENGTH = struct.Struct("<I")
 # Tables built once so that the per-tensor work is a dict lookup: the little-endian dtype binary data of each
 # dtype is read as, and the KServe name of each numeric dtype in either byte order.
+# On a little-endian machine that is the native dtype object itself, not an equal copy: the engine's quick
+# input check compares dtypes by identity, and a copy sent every binary request to the full check.
 _WIRE_DTYPES: dict[np.dtype[Any], np.dtype[Any]] = {
-    dtype: dtype.newbyteorder("<") for dtype in KSERVE_TO_NUMPY.values()
+    dtype: dtype if sys.byteorder == "little" or dtype.byteorder == "|" else dtype.newbyteorder("<")
+    for dtype in KSERVE_TO_NUMPY.values()
 }
 _DATATYPE_NAMES: dict[np.dtype[Any], str] = {
     variant: name for name, dtype in KSERVE_TO_NUMPY.items() if dtype.kind not in "OSU"

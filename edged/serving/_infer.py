@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from edged.engine import InferenceService, InferRequest, InferResponse, RequestedOutput
 from edged.errors import EdgedError, Unavailable
 from edged.protocol import DecodedRequest, decode_request, encode_response
+from edged.protocol.header_cache import HeaderCache
 from edged.protocol.shm_params import ShmReader
 from edged.serving._access import Peer
 from edged.serving._http import Connection, Incoming, Slot, header_int
@@ -80,6 +81,7 @@ class InferPath:
         self._last_sent = 0.0
         self._gather_until = 0.0
         self._decoder = ThreadPoolExecutor(1, thread_name_prefix="edged-decode")
+        self._headers = HeaderCache(max_elements)
 
     def close(self) -> None:
         self._decoder.shutdown(wait=False, cancel_futures=True)
@@ -95,7 +97,7 @@ class InferPath:
                 future.add_done_callback(lambda done: self._decoded(connection, incoming, slot, model, version,
                                                                     done))
                 return
-            decoded = decode_request(incoming.body, header_length, self._max_elements, shm=reader)
+            decoded = self._headers.decode(incoming.body, header_length, reader)
         except EdgedError as e:
             connection.respond(slot, render(error_for(e), incoming.keep_alive), not incoming.keep_alive)
             return
