@@ -16,9 +16,10 @@ from edged.errors import EdgedError, InvalidInput
 from edged.serving._access import AccessPolicy
 from edged.serving._chat import ChatPath
 from edged.serving._handlers import Handlers, load_override
-from edged.serving._http import WANTED_HEADERS, Connection, Incoming, Slot
+from edged.serving._http import Connection
 from edged.serving._infer import InferPath
 from edged.serving._limits import BodyBudget, ConnectionLimit, model_body_bound
+from edged.serving._messages import WANTED_HEADERS, Incoming, Slot
 from edged.serving._response import Response, error_for, error_response, json_response, render
 from edged.serving._routes import SHARED_MEMORY_KINDS, SPECS, Kind, Route, RouteSpec, match
 from edged.serving._shm_routes import handle_shm

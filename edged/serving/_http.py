@@ -19,66 +19,29 @@ import contextlib
 import logging
 import socket
 from collections import deque
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import httptools
 
-from edged.errors import InvalidInput
 from edged.serving._access import UNKNOWN_PEER, Peer, peer_of
 from edged.serving._limits import RETRY, over_limit_response, unread_bytes
+from edged.serving._messages import WANTED_HEADERS, Incoming, Reject, Slot, header_int
 from edged.serving._response import Response, error_response, render
 
 if TYPE_CHECKING:
     from edged.serving._app import App
+
+# Slot, Incoming and header_int live in _messages; the front ends import them from here as well.
+__all__ = ["LINGER_S", "MAX_PIPELINED", "WANTED_HEADERS", "Connection", "Incoming", "Slot", "header_int"]
 
 log = logging.getLogger(__name__)
 
 MAX_PIPELINED = 32  # responses owed on one connection before we stop reading from it
 LINGER_S = 1.0  # how long a closing connection waits for the client's FIN before it is closed anyway
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-# The only request headers anything reads; the others are counted against the size limit and dropped. Most
-# headers are dismissed by their length, without lowercasing them.
-WANTED_HEADERS = frozenset({b"content-length", b"expect", b"inference-header-content-length"})
 # Bodies declared larger than this are checked against the largest body the target model can take before a
 # byte of them is read; smaller ones cost too little to be worth the lookup.
 _BOUND_CHECK_BYTES = 1024 * 1024
-
-
-class Slot:
-    """A place in a connection's response order."""
-
-    __slots__ = ("cancel", "close", "data", "pending", "reserved")
-
-    def __init__(self) -> None:
-        self.data: bytes | None = None
-        self.close = False
-        self.reserved = 0  # bytes of the in-flight body budget this request holds until it is answered
-        # A streamed response (SSE): parts written before the slot reached the head of the line, and what to
-        # call when the client goes away before the last part (it cancels the generation behind the stream).
-        self.pending: list[bytes] = []
-        self.cancel: Callable[[], None] | None = None
-
-
-class Incoming:
-    """A complete request as the parser delivered it."""
-
-    __slots__ = ("body", "headers", "keep_alive", "method", "url")
-
-    def __init__(self, method: bytes, url: bytes, headers: dict[bytes, bytes], body: bytes | bytearray,
-                 keep_alive: bool) -> None:
-        self.method = method
-        self.url = url
-        self.headers = headers
-        self.body = body
-        self.keep_alive = keep_alive
-
-
-class _Reject(Exception):
-    def __init__(self, status: int, message: str, headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
-        super().__init__(message)
-        self.status = status
-        self.headers = headers
 
 
 class Connection(asyncio.Protocol):
@@ -165,7 +128,7 @@ class Connection(asyncio.Protocol):
             self.reject(400, "protocol upgrades (Upgrade, CONNECT) are not supported")
         except httptools.HttpParserCallbackError as e:
             cause = e.__context__
-            if isinstance(cause, _Reject):
+            if isinstance(cause, Reject):
                 self.reject(cause.status, str(cause), cause.headers)
             else:
                 log.error("internal error while handling a request", exc_info=cause)
@@ -218,7 +181,7 @@ class Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         version = self._parser.get_http_version()
         if version not in ("1.1", "1.0"):
-            raise _Reject(505, f"HTTP version {version} is not supported; use HTTP/1.1")
+            raise Reject(505, f"HTTP version {version} is not supported; use HTTP/1.1")
         headers = self._headers
         if not headers:
             return
@@ -231,7 +194,7 @@ class Connection(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         self._body_bytes += len(body)
         if self._body_bytes > self._limits.max_body_bytes:
-            raise _Reject(413, f"request body is larger than the limit of {self._limits.max_body_bytes} bytes")
+            raise Reject(413, f"request body is larger than the limit of {self._limits.max_body_bytes} bytes")
         if self._body_bytes > self._reserved:  # a chunked body, or one longer than declared
             self._reserve(self._body_bytes)
         if self._buffer is not None:
@@ -268,11 +231,11 @@ class Connection(asyncio.Protocol):
         more than the in-flight budget has left."""
         limit = self._limits.max_body_bytes
         if length > limit:
-            raise _Reject(413, f"request body of {length} bytes is larger than the limit of {limit} bytes")
+            raise Reject(413, f"request body of {length} bytes is larger than the limit of {limit} bytes")
         if length > _BOUND_CHECK_BYTES:
             bound = self.app.body_bound(self._url)
             if bound is not None and length > bound[1]:
-                raise _Reject(413, f"request body of {length} bytes is larger than model {bound[0]!r} can take: "
+                raise Reject(413, f"request body of {length} bytes is larger than model {bound[0]!r} can take: "
                                    f"its inputs at their largest need at most {bound[1]} bytes")
             self._reserve(length)
             self._buffer = bytearray()  # not bytearray(length): zeroing it all would stall the loop
@@ -282,7 +245,7 @@ class Connection(asyncio.Protocol):
     def _reserve(self, total: int) -> None:
         budget = self.app.body_budget
         if not budget.take(total - self._reserved):
-            raise _Reject(503, f"the server holds {budget.used} bytes of request bodies, its limit "
+            raise Reject(503, f"the server holds {budget.used} bytes of request bodies, its limit "
                                f"(server.max_inflight_body_bytes) is {budget.limit}: {total} more do not fit; "
                                "retry later", RETRY)
         self._reserved = total
@@ -315,8 +278,8 @@ class Connection(asyncio.Protocol):
         if self._header_bytes > self._max_header_bytes:
             raise self._headers_too_large()
 
-    def _headers_too_large(self) -> _Reject:
-        return _Reject(431, f"request line and headers are larger than the limit of {self._max_header_bytes} "
+    def _headers_too_large(self) -> Reject:
+        return Reject(431, f"request line and headers are larger than the limit of {self._max_header_bytes} "
                             "bytes")
 
     # --- responses -----------------------------------------------------------------------------------------
@@ -433,12 +396,3 @@ class Connection(asyncio.Protocol):
             self._reading_paused = False
             transport.resume_reading()
 
-
-def header_int(headers: dict[bytes, bytes], name: bytes) -> int | None:
-    """An integer header's value, None when absent; a malformed value is an InvalidInput."""
-    raw = headers.get(name)
-    if raw is None:
-        return None
-    if not raw.strip().isdigit():
-        raise InvalidInput(f"header {name.decode()} must be a non-negative integer, found {raw[:40]!r}")
-    return int(raw)

@@ -28,8 +28,9 @@ from edged.protocol import DecodedRequest, decode_request, encode_response
 from edged.protocol.header_cache import HeaderCache
 from edged.protocol.shm_params import ShmReader
 from edged.serving._access import Peer
-from edged.serving._http import Connection, Incoming, Slot, header_int
+from edged.serving._http import Connection
 from edged.serving._limits import OFFLOAD_BYTES
+from edged.serving._messages import Incoming, Slot, header_int
 from edged.serving._response import error_for, render
 from edged.shm import TCP_CALLER, Caller, SharedMemoryRegistry, write_output
 
@@ -172,8 +173,7 @@ class InferPath:
     def _submit_one(self, call: _Call) -> None:
         service = self._service
         try:
-            service.submit(call.request, call, inline=service.should_inline(call.request.model,
-                                                                            call.request.version))
+            service.submit(call.request, call, inline=None)  # inline if the model is fast (should_inline)
         except EdgedError as e:
             self.finish(call, e)
         except Exception as e:  # a flush runs outside any request's handler: nothing else would answer
