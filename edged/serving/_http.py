@@ -71,6 +71,8 @@ class Connection(asyncio.Protocol):
         self._linger: asyncio.TimerHandle | None = None
         self._limits = app.limits
         self._max_header_bytes = app.limits.max_header_bytes
+        # bodies up to this size are within every limit but the in-flight budget (see _check_declared_length)
+        self._small_body = min(_BOUND_CHECK_BYTES, app.limits.max_body_bytes)
         self._wanted_headers = app.wanted_headers  # WANTED_HEADERS and those access control reads
         self._wanted_lengths = app.wanted_lengths
         self.feeding = False  # inside data_received: requests it completes are flushed when it returns
@@ -162,7 +164,9 @@ class Connection(asyncio.Protocol):
 
     def on_url(self, url: bytes) -> None:
         self._url += url
-        self._count_header_bytes(len(url))
+        self._header_bytes += len(url)
+        if self._header_bytes > self._max_header_bytes:
+            raise self._headers_too_large()
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_bytes += len(name) + len(value) + 4
@@ -187,7 +191,13 @@ class Connection(asyncio.Protocol):
             return
         length = headers.get(b"content-length")
         if length is not None and length.isdigit():
-            self._check_declared_length(int(length))
+            declared = int(length)
+            budget = self.app.body_budget
+            if declared <= self._small_body and not self._reserved and budget.used + declared <= budget.limit:
+                budget.used += declared  # the common small body: BodyBudget.take without the call
+                self._reserved = declared
+            else:
+                self._check_declared_length(declared)
         if headers.get(b"expect", b"").lower() == b"100-continue" and not self._slots and self._transport:
             self._transport.write(_CONTINUE)
 
@@ -273,11 +283,6 @@ class Connection(asyncio.Protocol):
         transport.write(over_limit_response(app.max_connections))
         self._close_gracefully()
 
-    def _count_header_bytes(self, count: int) -> None:
-        self._header_bytes += count
-        if self._header_bytes > self._max_header_bytes:
-            raise self._headers_too_large()
-
     def _headers_too_large(self) -> Reject:
         return Reject(431, f"request line and headers are larger than the limit of {self._max_header_bytes} "
                             "bytes")
@@ -285,9 +290,10 @@ class Connection(asyncio.Protocol):
     # --- responses -----------------------------------------------------------------------------------------
     def respond(self, slot: Slot, data: bytes, close: bool = False) -> None:
         """Fill ``slot``; writes it, and any filled slots after it, once the slots before it are written."""
-        self.app.active -= 1
+        app = self.app
+        app.active -= 1
         if slot.reserved:
-            self.app.body_budget.release(slot.reserved)
+            app.body_budget.used -= slot.reserved  # BodyBudget.release without the call
             slot.reserved = 0
         slot.data = data
         slot.close = close

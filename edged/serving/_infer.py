@@ -190,30 +190,27 @@ class InferPath:
                 call.connection.fail(call.slot, e, call.keep_alive)
 
     def finish(self, call: _Call, result: InferResponse | EdgedError) -> None:
-        try:
-            self._finish(call, result)
-        except Exception as e:  # runs as a loop callback: an escaping error would leave the slot unanswered
-            call.connection.fail(call.slot, e, call.keep_alive)
-
-    def _finish(self, call: _Call, result: InferResponse | EdgedError) -> None:
         keep_alive = call.keep_alive
-        if isinstance(result, EdgedError):
-            call.connection.respond(call.slot, render(error_for(result), keep_alive), not keep_alive)
-            return
-        decoded = call.decoded
         try:
-            placed = self._place_outputs(call, result) if decoded.outputs else frozenset()
-            body, header_length = encode_response(result, decoded.binary_outputs, decoded.binary_default,
-                                                  placed=placed)
-        except EdgedError as e:
-            call.connection.respond(call.slot, render(error_for(e), keep_alive), not keep_alive)
-            return
-        tail = b"" if keep_alive else _CLOSE
-        if header_length is None:
-            head = _JSON_HEAD % (len(body), tail)
-        else:
-            head = _BINARY_HEAD % (len(body), header_length, tail)
-        call.connection.respond(call.slot, head + body, not keep_alive)
+            if isinstance(result, EdgedError):
+                call.connection.respond(call.slot, render(error_for(result), keep_alive), not keep_alive)
+                return
+            decoded = call.decoded
+            try:
+                placed = self._place_outputs(call, result) if decoded.outputs else frozenset()
+                body, header_length = encode_response(result, decoded.binary_outputs, decoded.binary_default,
+                                                      placed=placed)
+            except EdgedError as e:
+                call.connection.respond(call.slot, render(error_for(e), keep_alive), not keep_alive)
+                return
+            tail = b"" if keep_alive else _CLOSE
+            if header_length is None:
+                head = _JSON_HEAD % (len(body), tail)
+            else:
+                head = _BINARY_HEAD % (len(body), header_length, tail)
+            call.connection.respond(call.slot, head + body, not keep_alive)
+        except Exception as e:  # runs as a loop callback: an escaping error would leave the slot unanswered
+            call.connection.fail(call.slot, e, keep_alive)
 
     def _place_outputs(self, call: _Call, result: InferResponse) -> frozenset[str]:
         """Write the outputs that name a shared-memory region into it; their names (no data in the body)."""
