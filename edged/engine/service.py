@@ -193,7 +193,10 @@ class InferenceService:
             raise Unavailable("the server is shutting down")
         # ModelVersion.submit refuses a version that is not READY, with the same message
         served = self._registry.resolve(request.model, request.version)
-        served.submit(request, done, self._fast(served) if inline is None else inline)
+        if inline is None:
+            p50 = served.exec_p50_us  # _fast, without the call: this runs for every request
+            inline = p50 is not None and p50 <= self.settings.inline_execution_max_us
+        served.submit(request, done, inline)
 
     def submit_many(self, model: str, version: str, calls: Sequence[tuple[InferRequest, Done]],
                     inline: bool = True) -> None:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import httptools
 
+from edged.protocol.shm_params import ShmReader
 from edged.serving._access import UNKNOWN_PEER, Peer, peer_of
 from edged.serving._limits import RETRY, over_limit_response, unread_bytes
 from edged.serving._messages import WANTED_HEADERS, Incoming, Reject, Slot, header_int
@@ -49,6 +50,7 @@ class Connection(asyncio.Protocol):
         self.app = app
         self.kind = kind
         self.peer: Peer = UNKNOWN_PEER
+        self.shm_reader: ShmReader | None = None  # reads shared memory as this peer (set by the infer path)
         self.last_activity = 0.0
         self.request_started = 0.0  # loop time the current request's first byte came; 0 between requests
         self._loop = asyncio.get_running_loop()
@@ -386,7 +388,6 @@ class Connection(asyncio.Protocol):
         if self._reading_paused:
             self._reading_paused = False
             transport.resume_reading()
-
 
     def _update_reading(self) -> None:
         transport = self._transport

@@ -89,8 +89,10 @@ class InferPath:
 
     def handle(self, connection: Connection, incoming: Incoming, slot: Slot, model: str, version: str) -> None:
         try:
-            header_length = header_int(incoming.headers, b"inference-header-content-length")
-            reader = self._reader(connection.peer)
+            raw_length = incoming.headers.get(b"inference-header-content-length")
+            header_length = (int(raw_length) if raw_length is not None and raw_length.isdigit()
+                             else header_int(incoming.headers, b"inference-header-content-length"))
+            reader = connection.shm_reader or self._reader(connection)
             if len(incoming.body) >= OFFLOAD_BYTES:
                 validator = self._service.version_info(model, version).validator
                 future = self.loop.run_in_executor(self._decoder, decode_request, incoming.body, header_length,
@@ -128,10 +130,13 @@ class InferPath:
         if not connection.feeding and not self._scheduled:  # e.g. after a lazy load: no end_of_input follows
             self._schedule()
 
-    def _reader(self, peer: Peer) -> ShmReader:
-        """Reads a region on behalf of ``peer``; the caller (its groups) is looked up only when an input
-        names a region, through the access policy's peer cache."""
-        return lambda reference: self._shm.readable(reference, self._caller_of(peer))
+    def _reader(self, connection: Connection) -> ShmReader:
+        """Reads a region on behalf of the connection's peer; the caller (its groups) is looked up only when an
+        input names a region, through the access policy's peer cache. One per connection: its peer is fixed."""
+        peer = connection.peer
+        reader: ShmReader = lambda reference: self._shm.readable(reference, self._caller_of(peer))  # noqa: E731
+        connection.shm_reader = reader
+        return reader
 
     def end_of_input(self, connection: Connection) -> None:
         """``connection`` has parsed all it received: submit what it queued, now or in a flush."""
