@@ -286,6 +286,7 @@ class OnnxRuntimeInstance:
                     results = direct.run(output_names, inputs, self._run_options)
                 except self._ep_fail:
                     results = session.run(output_names, inputs, self._run_options)  # its provider fallback
+                    self._direct = getattr(session, "_sess", None)  # the fallback built a new compiled session
         except Exception as e:  # translate ORT's errors at the boundary
             message = str(e)
             if "INVALID_ARGUMENT" in message or "Got invalid dimensions" in message:
