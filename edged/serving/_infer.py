@@ -152,6 +152,10 @@ class InferPath:
             return
         if now < self._gather_until:
             self._schedule()
+        elif len(self._queued) == 1:  # _flush's lone-request case, without the call
+            call = self._queued[0]
+            self._queued = []
+            self._submit_one(call)
         else:
             self._flush()
 
