@@ -244,6 +244,10 @@ def _as_str_tensors(inputs: Mapping[str, Array], names: frozenset[str]) -> dict[
     return converted
 
 
+class _NeverRaised(Exception):
+    """Stands for ORT's EPFail where the installed ORT does not define it."""
+
+
 class OnnxRuntimeInstance:
     """One ONNX Runtime session; ``run`` is thread-safe as ORT sessions are."""
 
@@ -258,6 +262,14 @@ class OnnxRuntimeInstance:
             self._run_options.add_run_config_entry("memory.enable_memory_arena_shrinkage", shrinkage)
         # BYTES tensors arrive as bytes objects; ORT would store their repr ("b'..'"), so they become str.
         self._string_inputs = frozenset(arg.name for arg in session.get_inputs() if arg.type == "tensor(string)")
+        # The compiled session under ORT's Python wrapper: the wrapper's own checks (WebGPU graph capture,
+        # OrtValue ownership, input names, which the C++ session checks again) cost a quarter of a small model's
+        # run (docs/benchmarks.md). What they guard is kept: a feed that lacks a required input, and a run that
+        # fails with EPFail (the wrapper then falls back to other providers), go through the wrapper.
+        self._direct: Any = getattr(session, "_sess", None)
+        self._required = frozenset(arg.name for arg in session.get_inputs() if not arg.type.startswith("optional"))
+        self._ep_fail: type[BaseException] = getattr(getattr(getattr(ort, "capi", None), "_pybind_state", None),
+                                                     "EPFail", _NeverRaised)
 
     def run(self, inputs: Mapping[str, Array], output_names: Sequence[str]) -> dict[str, Array]:
         session = self._session
@@ -266,7 +278,15 @@ class OnnxRuntimeInstance:
         if self._string_inputs:
             inputs = _as_str_tensors(inputs, self._string_inputs)
         try:
-            results = session.run(output_names, inputs, self._run_options)
+            direct = self._direct
+            if direct is None or not output_names or not inputs.keys() >= self._required:
+                results = session.run(output_names, inputs, self._run_options)
+            else:
+                try:
+                    results = direct.run(output_names, inputs, self._run_options)
+                except self._ep_fail:
+                    results = session.run(output_names, inputs, self._run_options)  # its provider fallback
+                    self._direct = getattr(session, "_sess", None)  # the fallback built a new compiled session
         except Exception as e:  # translate ORT's errors at the boundary
             message = str(e)
             if "INVALID_ARGUMENT" in message or "Got invalid dimensions" in message:
@@ -280,4 +300,4 @@ class OnnxRuntimeInstance:
         return
 
     def close(self) -> None:
-        self._session = None
+        self._session = self._direct = None

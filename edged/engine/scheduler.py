@@ -107,18 +107,28 @@ class Scheduler:
         """`submit` for a single request, the path nearly every request takes (without the lists)."""
         item = self._queue.pending(request, plan, done)
         instance: ModelInstance | None = None
+        error: EdgedError | None = None
         with self._lock:
-            error = self._admit_locked(item)
-            if error is None:
-                if inline and not self._delay_ns and self._idle:
-                    instance = self._idle.pop()
-                    self._executing += 1
-                else:
-                    self._wake_worker_locked()
+            if (inline and self._idle and not self._queue.count and not self._delay_ns and self._order is None
+                    and not self._closed):
+                # Nothing waits and nothing orders responses: the request runs now, without the trip through
+                # the queue (it could only be taken straight back out, alone).
+                instance = self._idle.pop()
+                self._executing += 1
+                first = True
+            else:
+                first = False
+                error = self._admit_locked(item)
+                if error is None:
+                    if inline and not self._delay_ns and self._idle:
+                        instance = self._idle.pop()
+                        self._executing += 1
+                    else:
+                        self._wake_worker_locked()
         if error is not None:
             self._finish_error(item, error)
         elif instance is not None:
-            self._drain_inline(instance, (item,))
+            self._drain_inline(instance, (item,), [item] if first else None)
 
     def _admit_locked(self, item: Pending) -> EdgedError | None:
         if self._closed:
@@ -168,16 +178,22 @@ class Scheduler:
         return (time.perf_counter_ns() - min(started)) / 1e9 if started else 0.0
 
     # --- executors -----------------------------------------------------------------------------------------
-    def _drain_inline(self, instance: ModelInstance, own: Sequence[Pending]) -> None:
+    def _drain_inline(self, instance: ModelInstance, own: Sequence[Pending],
+                      first: list[Pending] | None = None) -> None:
+        """Execute ``first`` (never queued), then what the queue holds, within the inline share."""
         ran = extra = 0
         started = own[0].enqueued_ns  # queued just now, by this caller: no clock read for the start
         try:
+            if first is not None:
+                ran = 1
+                self._execute(instance, first)
             while True:
                 with self._lock:
                     mine_done = _all_finished(own)
-                    # its share (module docstring) spent? Its first batch always runs.
-                    if ran and (ran >= INLINE_MAX_BATCHES or extra >= INLINE_EXTRA_BATCHES
-                                or time.perf_counter_ns() - started >= INLINE_MAX_NS):
+                    # its share (module docstring) spent? Its first batch always runs. An empty queue needs no
+                    # look (the usual end of a lone request's drain).
+                    if not self._queue.count or (ran and (ran >= INLINE_MAX_BATCHES or extra >= INLINE_EXTRA_BATCHES
+                                                          or time.perf_counter_ns() - started >= INLINE_MAX_NS)):
                         batch: list[Pending] = []
                         expired: list[Pending] = []
                     else:
@@ -187,7 +203,8 @@ class Scheduler:
                             self._ensure_workers_locked()
                         self._idle.append(instance)
                         self._executing -= 1
-                        if self._queue.count or self._closed:  # else a woken worker finds nothing to do
+                        # wake a worker only if one sleeps and there is work for it (or to let it see the close)
+                        if self._closed or (self._queue.count and self._sleepers):
                             self._notify_locked()
                         instance = None  # type: ignore[assignment]
                 for item in expired:
@@ -287,7 +304,9 @@ class Scheduler:
             ran = time.perf_counter_ns()
             if len(batch) == 1:
                 item = batch[0]
-                responses = [self._response(item.request, outputs)]
+                request = item.request
+                responses: list[InferResponse] = [InferResponse(
+                    self._config.name, self._version, self._selected(request, outputs), request.id)]
                 total_batch = item.batch_size
             else:
                 total_batch = sum([item.batch_size for item in batch])
@@ -309,7 +328,7 @@ class Scheduler:
             return
         finished = time.perf_counter_ns()
         self._stats.record_batch(total_batch, merged - start, ran - merged, finished - ran, start, finished,
-                                 [item.enqueued_ns for item in batch])
+                                 [batch[0].enqueued_ns] if len(batch) == 1 else [item.enqueued_ns for item in batch])
         self._deliver(batch, responses)
 
     def _check_rows(self, outputs: dict[str, Array], rows: int) -> None:
@@ -321,10 +340,14 @@ class Scheduler:
                                       f"batch of {rows} rows; a model with dynamic batching must return one row "
                                       "per input row")
 
-    def _response(self, request: InferRequest, outputs: dict[str, Array]) -> InferResponse:
-        """The response to a request that ran alone: no slicing."""
-        wanted = [o.name for o in request.outputs] if request.outputs else self._output_names
-        return InferResponse(self._config.name, self._version, {name: outputs[name] for name in wanted}, request.id)
+    def _selected(self, request: InferRequest, outputs: dict[str, Array]) -> dict[str, Array]:
+        """The outputs a request that ran alone asked for: no slicing. A backend returns a new dict of the
+        outputs it was asked for; when those are all a request wants, that dict is its response's."""
+        if request.outputs:
+            return {o.name: outputs[o.name] for o in request.outputs}
+        if len(outputs) == len(self._output_names):
+            return outputs
+        return {name: outputs[name] for name in self._output_names}
 
     def _split(self, batch: list[Pending], outputs: dict[str, Array], total_batch: int) -> list[InferResponse]:
         if total_batch == len(batch):

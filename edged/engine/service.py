@@ -189,18 +189,27 @@ class InferenceService:
             served = self._registry.resolve(name, version)
         except EdgedError:
             return True  # the submit will fail fast anyway
+        return self._fast(served)
+
+    def _fast(self, served: ModelVersion) -> bool:
         p50 = served.exec_p50_us
         return p50 is not None and p50 <= self.settings.inline_execution_max_us
 
-    def submit(self, request: InferRequest, done: Done, inline: bool = True) -> None:
+    def submit(self, request: InferRequest, done: Done, inline: bool | None = True) -> None:
         """Queue ``request``; ``done`` gets the response or the error, possibly before submit returns.
 
-        Errors found before queueing (unknown model, bad input) are raised here, not passed to ``done``.
+        ``inline=None`` executes inline only what `should_inline` allows, deciding on the version it resolves
+        anyway (an event loop's path: one lookup, not two). Errors found before queueing (unknown model, bad
+        input) are raised here, not passed to ``done``.
         """
         if self._closed:
             raise Unavailable("the server is shutting down")
         # ModelVersion.submit refuses a version that is not READY, with the same message
-        self._registry.resolve(request.model, request.version).submit(request, done, inline)
+        served = self._registry.resolve(request.model, request.version)
+        if inline is None:
+            p50 = served.exec_p50_us  # _fast, without the call: this runs for every request
+            inline = p50 is not None and p50 <= self.settings.inline_execution_max_us
+        served.submit(request, done, inline)
 
     def submit_many(self, model: str, version: str, calls: Sequence[tuple[InferRequest, Done]],
                     inline: bool = True) -> None:

@@ -29,8 +29,11 @@ Array = np.ndarray[Any, Any]
 _LENGTH = struct.Struct("<I")
 # Tables built once so that the per-tensor work is a dict lookup: the little-endian dtype binary data of each
 # dtype is read as, and the KServe name of each numeric dtype in either byte order.
+# On a little-endian machine that is the native dtype object itself, not an equal copy: the engine's quick
+# input check compares dtypes by identity, and a copy sent every binary request to the full check.
 _WIRE_DTYPES: dict[np.dtype[Any], np.dtype[Any]] = {
-    dtype: dtype.newbyteorder("<") for dtype in KSERVE_TO_NUMPY.values()
+    dtype: dtype if sys.byteorder == "little" or dtype.byteorder == "|" else dtype.newbyteorder("<")
+    for dtype in KSERVE_TO_NUMPY.values()
 }
 _DATATYPE_NAMES: dict[np.dtype[Any], str] = {
     variant: name for name, dtype in KSERVE_TO_NUMPY.items() if dtype.kind not in "OSU"
@@ -323,7 +326,10 @@ def encode_response(response: ResponseLike, binary_outputs: Mapping[str, bool], 
         if name in placed:
             pass
         elif binary_outputs.get(name, binary_default):
-            raw = _to_binary(array)
+            kind = array.dtype
+            # _to_binary's common case inline: this runs for every output of every binary response
+            raw = (array.tobytes() if kind.byteorder in _LITTLE_ENDIAN_ORDERS and kind.kind not in "OSU"
+                   else _to_binary(array))
             entry["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)
         else:

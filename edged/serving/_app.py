@@ -19,9 +19,10 @@ from edged.serving._api_key import ApiKey
 from edged.serving._chat import ChatPath
 from edged.serving._generate import GeneratePath
 from edged.serving._handlers import Handlers, load_override
-from edged.serving._http import WANTED_HEADERS, Connection, Incoming, Slot
+from edged.serving._http import Connection
 from edged.serving._infer import InferPath
 from edged.serving._limits import BodyBudget, ConnectionLimit, model_body_bound
+from edged.serving._messages import WANTED_HEADERS, Incoming, Slot
 from edged.serving._openai import openai_error
 from edged.serving._response import Response, error_for, error_response, json_response, render
 from edged.serving._routes import SHARED_MEMORY_KINDS, SPECS, Kind, Route, RouteSpec, match
@@ -43,6 +44,11 @@ class _Target(NamedTuple):
     route: Route
     spec: RouteSpec
     lazy: bool  # a route that loads a lazily loaded model on first use
+    action: str  # what access control says the caller may not do; looked up once per URL (Kind hashes slowly)
+
+
+def _target(route: Route) -> _Target:
+    return _Target(route, SPECS[route.kind], route.kind in _LAZY_KINDS, _ACTIONS.get(route.kind, route.kind.value))
 
 
 class App:
@@ -90,7 +96,7 @@ class App:
             self._answer(connection, incoming, slot, error_response(503, "the server is shutting down", True))
             return
         if ((spec.permission != "open" or connection.kind == "tcp")
-                and not self._permitted(connection, incoming, slot, route, spec)):
+                and not self._permitted(connection, incoming, slot, target)):
             return
         if target.lazy and self.service.needs_load(route.model):
             self._in_executor(connection, incoming, slot, lambda: self.service.ensure_loaded(route.model),
@@ -108,7 +114,7 @@ class App:
                 return None  # dispatch answers it
             if route is None:
                 return None
-            target = _Target(route, SPECS[route.kind], route.kind in _LAZY_KINDS)
+            target = _target(route)
         route = target.route
         if route.kind is not Kind.INFER or self.service.needs_load(route.model):
             return None
@@ -131,7 +137,7 @@ class App:
         if route is None:
             self._answer(connection, incoming, slot, error_response(404, "Not Found"))
             return None
-        target = _Target(route, SPECS[route.kind], route.kind in _LAZY_KINDS)
+        target = _target(route)
         if len(self._targets) < _ROUTE_CACHE_SIZE:
             self._targets[incoming.url] = target
         return target
@@ -176,11 +182,10 @@ class App:
             return False
         return True
 
-    def _permitted(self, connection: Connection, incoming: Incoming, slot: Slot, route: Route,
-                   spec: RouteSpec) -> bool:
+    def _permitted(self, connection: Connection, incoming: Incoming, slot: Slot, target: _Target) -> bool:
         """Checked on every request, not once per connection: a user removed from a group loses access
         within the peer cache's lifetime, and TCP requests are judged by their own headers."""
-        action = _ACTIONS.get(route.kind, route.kind.value)
+        action, spec, route = target.action, target.spec, target.route
         try:
             if connection.kind == "tcp":
                 self.access.tcp.check(spec.category, spec.permission, incoming.headers, action)

@@ -16,7 +16,7 @@ from edged.engine import InferenceService
 from edged.errors import InvalidInput, ModelConfigError
 from edged.repository import model_config_from_json, model_config_to_json
 from edged.repository.model_config import ModelConfig
-from edged.serving._http import Incoming
+from edged.serving._messages import Incoming
 from edged.serving._metrics import render_metrics
 from edged.serving._response import PROMETHEUS, Response, error_response, json_response
 from edged.serving._routes import Kind, Route

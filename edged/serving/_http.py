@@ -19,66 +19,30 @@ import contextlib
 import logging
 import socket
 from collections import deque
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import httptools
 
-from edged.errors import InvalidInput
+from edged.protocol.shm_params import ShmReader
 from edged.serving._access import UNKNOWN_PEER, Peer, peer_of
 from edged.serving._limits import RETRY, over_limit_response, unread_bytes
+from edged.serving._messages import WANTED_HEADERS, Incoming, Reject, Slot, header_int
 from edged.serving._response import Response, error_response, render
 
 if TYPE_CHECKING:
     from edged.serving._app import App
+
+# Slot, Incoming and header_int live in _messages; the front ends import them from here as well.
+__all__ = ["LINGER_S", "MAX_PIPELINED", "WANTED_HEADERS", "Connection", "Incoming", "Slot", "header_int"]
 
 log = logging.getLogger(__name__)
 
 MAX_PIPELINED = 32  # responses owed on one connection before we stop reading from it
 LINGER_S = 1.0  # how long a closing connection waits for the client's FIN before it is closed anyway
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-# The only request headers anything reads; the others are counted against the size limit and dropped. Most
-# headers are dismissed by their length, without lowercasing them.
-WANTED_HEADERS = frozenset({b"content-length", b"expect", b"inference-header-content-length"})
 # Bodies declared larger than this are checked against the largest body the target model can take before a
 # byte of them is read; smaller ones cost too little to be worth the lookup.
 _BOUND_CHECK_BYTES = 1024 * 1024
-
-
-class Slot:
-    """A place in a connection's response order."""
-
-    __slots__ = ("cancel", "close", "data", "pending", "reserved")
-
-    def __init__(self) -> None:
-        self.data: bytes | None = None
-        self.close = False
-        self.reserved = 0  # bytes of the in-flight body budget this request holds until it is answered
-        # A streamed response (SSE): parts written before the slot reached the head of the line, and what to
-        # call when the client goes away before the last part (it cancels the generation behind the stream).
-        self.pending: list[bytes] = []
-        self.cancel: Callable[[], None] | None = None
-
-
-class Incoming:
-    """A complete request as the parser delivered it."""
-
-    __slots__ = ("body", "headers", "keep_alive", "method", "url")
-
-    def __init__(self, method: bytes, url: bytes, headers: dict[bytes, bytes], body: bytes | bytearray,
-                 keep_alive: bool) -> None:
-        self.method = method
-        self.url = url
-        self.headers = headers
-        self.body = body
-        self.keep_alive = keep_alive
-
-
-class _Reject(Exception):
-    def __init__(self, status: int, message: str, headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
-        super().__init__(message)
-        self.status = status
-        self.headers = headers
 
 
 class Connection(asyncio.Protocol):
@@ -86,6 +50,7 @@ class Connection(asyncio.Protocol):
         self.app = app
         self.kind = kind
         self.peer: Peer = UNKNOWN_PEER
+        self.shm_reader: ShmReader | None = None  # reads shared memory as this peer (set by the infer path)
         self.last_activity = 0.0
         self.request_started = 0.0  # loop time the current request's first byte came; 0 between requests
         self._loop = asyncio.get_running_loop()
@@ -108,6 +73,8 @@ class Connection(asyncio.Protocol):
         self._linger: asyncio.TimerHandle | None = None
         self._limits = app.limits
         self._max_header_bytes = app.limits.max_header_bytes
+        # bodies up to this size are within every limit but the in-flight budget (see _check_declared_length)
+        self._small_body = min(_BOUND_CHECK_BYTES, app.limits.max_body_bytes)
         self._wanted_headers = app.wanted_headers  # WANTED_HEADERS and those access control reads
         self._wanted_lengths = app.wanted_lengths
         self.feeding = False  # inside data_received: requests it completes are flushed when it returns
@@ -165,7 +132,7 @@ class Connection(asyncio.Protocol):
             self.reject(400, "protocol upgrades (Upgrade, CONNECT) are not supported")
         except httptools.HttpParserCallbackError as e:
             cause = e.__context__
-            if isinstance(cause, _Reject):
+            if isinstance(cause, Reject):
                 self.reject(cause.status, str(cause), cause.headers)
             else:
                 log.error("internal error while handling a request", exc_info=cause)
@@ -199,7 +166,9 @@ class Connection(asyncio.Protocol):
 
     def on_url(self, url: bytes) -> None:
         self._url += url
-        self._count_header_bytes(len(url))
+        self._header_bytes += len(url)
+        if self._header_bytes > self._max_header_bytes:
+            raise self._headers_too_large()
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_bytes += len(name) + len(value) + 4
@@ -218,20 +187,26 @@ class Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         version = self._parser.get_http_version()
         if version not in ("1.1", "1.0"):
-            raise _Reject(505, f"HTTP version {version} is not supported; use HTTP/1.1")
+            raise Reject(505, f"HTTP version {version} is not supported; use HTTP/1.1")
         headers = self._headers
         if not headers:
             return
         length = headers.get(b"content-length")
         if length is not None and length.isdigit():
-            self._check_declared_length(int(length))
+            declared = int(length)
+            budget = self.app.body_budget
+            if declared <= self._small_body and not self._reserved and budget.used + declared <= budget.limit:
+                budget.used += declared  # the common small body: BodyBudget.take without the call
+                self._reserved = declared
+            else:
+                self._check_declared_length(declared)
         if headers.get(b"expect", b"").lower() == b"100-continue" and not self._slots and self._transport:
             self._transport.write(_CONTINUE)
 
     def on_body(self, body: bytes) -> None:
         self._body_bytes += len(body)
         if self._body_bytes > self._limits.max_body_bytes:
-            raise _Reject(413, f"request body is larger than the limit of {self._limits.max_body_bytes} bytes")
+            raise Reject(413, f"request body is larger than the limit of {self._limits.max_body_bytes} bytes")
         if self._body_bytes > self._reserved:  # a chunked body, or one longer than declared
             self._reserve(self._body_bytes)
         if self._buffer is not None:
@@ -268,11 +243,11 @@ class Connection(asyncio.Protocol):
         more than the in-flight budget has left."""
         limit = self._limits.max_body_bytes
         if length > limit:
-            raise _Reject(413, f"request body of {length} bytes is larger than the limit of {limit} bytes")
+            raise Reject(413, f"request body of {length} bytes is larger than the limit of {limit} bytes")
         if length > _BOUND_CHECK_BYTES:
             bound = self.app.body_bound(self._url)
             if bound is not None and length > bound[1]:
-                raise _Reject(413, f"request body of {length} bytes is larger than model {bound[0]!r} can take: "
+                raise Reject(413, f"request body of {length} bytes is larger than model {bound[0]!r} can take: "
                                    f"its inputs at their largest need at most {bound[1]} bytes")
             self._reserve(length)
             self._buffer = bytearray()  # not bytearray(length): zeroing it all would stall the loop
@@ -282,7 +257,7 @@ class Connection(asyncio.Protocol):
     def _reserve(self, total: int) -> None:
         budget = self.app.body_budget
         if not budget.take(total - self._reserved):
-            raise _Reject(503, f"the server holds {budget.used} bytes of request bodies, its limit "
+            raise Reject(503, f"the server holds {budget.used} bytes of request bodies, its limit "
                                f"(server.max_inflight_body_bytes) is {budget.limit}: {total} more do not fit; "
                                "retry later", RETRY)
         self._reserved = total
@@ -310,21 +285,17 @@ class Connection(asyncio.Protocol):
         transport.write(over_limit_response(app.max_connections))
         self._close_gracefully()
 
-    def _count_header_bytes(self, count: int) -> None:
-        self._header_bytes += count
-        if self._header_bytes > self._max_header_bytes:
-            raise self._headers_too_large()
-
-    def _headers_too_large(self) -> _Reject:
-        return _Reject(431, f"request line and headers are larger than the limit of {self._max_header_bytes} "
+    def _headers_too_large(self) -> Reject:
+        return Reject(431, f"request line and headers are larger than the limit of {self._max_header_bytes} "
                             "bytes")
 
     # --- responses -----------------------------------------------------------------------------------------
     def respond(self, slot: Slot, data: bytes, close: bool = False) -> None:
         """Fill ``slot``; writes it, and any filled slots after it, once the slots before it are written."""
-        self.app.active -= 1
+        app = self.app
+        app.active -= 1
         if slot.reserved:
-            self.app.body_budget.release(slot.reserved)
+            app.body_budget.used -= slot.reserved  # BodyBudget.release without the call
             slot.reserved = 0
         slot.data = data
         slot.close = close
@@ -418,7 +389,6 @@ class Connection(asyncio.Protocol):
             self._reading_paused = False
             transport.resume_reading()
 
-
     def _update_reading(self) -> None:
         transport = self._transport
         if transport is None:
@@ -433,12 +403,3 @@ class Connection(asyncio.Protocol):
             self._reading_paused = False
             transport.resume_reading()
 
-
-def header_int(headers: dict[bytes, bytes], name: bytes) -> int | None:
-    """An integer header's value, None when absent; a malformed value is an InvalidInput."""
-    raw = headers.get(name)
-    if raw is None:
-        return None
-    if not raw.strip().isdigit():
-        raise InvalidInput(f"header {name.decode()} must be a non-negative integer, found {raw[:40]!r}")
-    return int(raw)

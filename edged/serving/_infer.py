@@ -25,10 +25,12 @@ from concurrent.futures import ThreadPoolExecutor
 from edged.engine import InferenceService, InferRequest, InferResponse, RequestedOutput
 from edged.errors import EdgedError, Unavailable
 from edged.protocol import DecodedRequest, decode_request, encode_response
+from edged.protocol.header_cache import HeaderCache
 from edged.protocol.shm_params import ShmReader
 from edged.serving._access import Peer
-from edged.serving._http import Connection, Incoming, Slot, header_int
+from edged.serving._http import Connection
 from edged.serving._limits import OFFLOAD_BYTES
+from edged.serving._messages import Incoming, Slot, header_int
 from edged.serving._response import error_for, render
 from edged.shm import TCP_CALLER, Caller, SharedMemoryRegistry, write_output
 
@@ -80,14 +82,17 @@ class InferPath:
         self._last_sent = 0.0
         self._gather_until = 0.0
         self._decoder = ThreadPoolExecutor(1, thread_name_prefix="edged-decode")
+        self._headers = HeaderCache(max_elements)
 
     def close(self) -> None:
         self._decoder.shutdown(wait=False, cancel_futures=True)
 
     def handle(self, connection: Connection, incoming: Incoming, slot: Slot, model: str, version: str) -> None:
         try:
-            header_length = header_int(incoming.headers, b"inference-header-content-length")
-            reader = self._reader(connection.peer)
+            raw_length = incoming.headers.get(b"inference-header-content-length")
+            header_length = (int(raw_length) if raw_length is not None and raw_length.isdigit()
+                             else header_int(incoming.headers, b"inference-header-content-length"))
+            reader = connection.shm_reader or self._reader(connection)
             if len(incoming.body) >= OFFLOAD_BYTES:
                 validator = self._service.version_info(model, version).validator
                 future = self.loop.run_in_executor(self._decoder, decode_request, incoming.body, header_length,
@@ -95,7 +100,7 @@ class InferPath:
                 future.add_done_callback(lambda done: self._decoded(connection, incoming, slot, model, version,
                                                                     done))
                 return
-            decoded = decode_request(incoming.body, header_length, self._max_elements, shm=reader)
+            decoded = self._headers.decode(incoming.body, header_length, reader)
         except EdgedError as e:
             connection.respond(slot, render(error_for(e), incoming.keep_alive), not incoming.keep_alive)
             return
@@ -125,10 +130,13 @@ class InferPath:
         if not connection.feeding and not self._scheduled:  # e.g. after a lazy load: no end_of_input follows
             self._schedule()
 
-    def _reader(self, peer: Peer) -> ShmReader:
-        """Reads a region on behalf of ``peer``; the caller (its groups) is looked up only when an input
-        names a region, through the access policy's peer cache."""
-        return lambda reference: self._shm.readable(reference, self._caller_of(peer))
+    def _reader(self, connection: Connection) -> ShmReader:
+        """Reads a region on behalf of the connection's peer; the caller (its groups) is looked up only when an
+        input names a region, through the access policy's peer cache. One per connection: its peer is fixed."""
+        peer = connection.peer
+        reader: ShmReader = lambda reference: self._shm.readable(reference, self._caller_of(peer))  # noqa: E731
+        connection.shm_reader = reader
+        return reader
 
     def end_of_input(self, connection: Connection) -> None:
         """``connection`` has parsed all it received: submit what it queued, now or in a flush."""
@@ -144,6 +152,10 @@ class InferPath:
             return
         if now < self._gather_until:
             self._schedule()
+        elif len(self._queued) == 1:  # _flush's lone-request case, without the call
+            call = self._queued[0]
+            self._queued = []
+            self._submit_one(call)
         else:
             self._flush()
 
@@ -170,8 +182,7 @@ class InferPath:
     def _submit_one(self, call: _Call) -> None:
         service = self._service
         try:
-            service.submit(call.request, call, inline=service.should_inline(call.request.model,
-                                                                            call.request.version))
+            service.submit(call.request, call, inline=None)  # inline if the model is fast (should_inline)
         except EdgedError as e:
             self.finish(call, e)
         except Exception as e:  # a flush runs outside any request's handler: nothing else would answer
@@ -188,30 +199,27 @@ class InferPath:
                 call.connection.fail(call.slot, e, call.keep_alive)
 
     def finish(self, call: _Call, result: InferResponse | EdgedError) -> None:
-        try:
-            self._finish(call, result)
-        except Exception as e:  # runs as a loop callback: an escaping error would leave the slot unanswered
-            call.connection.fail(call.slot, e, call.keep_alive)
-
-    def _finish(self, call: _Call, result: InferResponse | EdgedError) -> None:
         keep_alive = call.keep_alive
-        if isinstance(result, EdgedError):
-            call.connection.respond(call.slot, render(error_for(result), keep_alive), not keep_alive)
-            return
-        decoded = call.decoded
         try:
-            placed = self._place_outputs(call, result) if decoded.outputs else frozenset()
-            body, header_length = encode_response(result, decoded.binary_outputs, decoded.binary_default,
-                                                  placed=placed)
-        except EdgedError as e:
-            call.connection.respond(call.slot, render(error_for(e), keep_alive), not keep_alive)
-            return
-        tail = b"" if keep_alive else _CLOSE
-        if header_length is None:
-            head = _JSON_HEAD % (len(body), tail)
-        else:
-            head = _BINARY_HEAD % (len(body), header_length, tail)
-        call.connection.respond(call.slot, head + body, not keep_alive)
+            if isinstance(result, EdgedError):
+                call.connection.respond(call.slot, render(error_for(result), keep_alive), not keep_alive)
+                return
+            decoded = call.decoded
+            try:
+                placed = self._place_outputs(call, result) if decoded.outputs else frozenset()
+                body, header_length = encode_response(result, decoded.binary_outputs, decoded.binary_default,
+                                                      placed=placed)
+            except EdgedError as e:
+                call.connection.respond(call.slot, render(error_for(e), keep_alive), not keep_alive)
+                return
+            tail = b"" if keep_alive else _CLOSE
+            if header_length is None:
+                head = _JSON_HEAD % (len(body), tail)
+            else:
+                head = _BINARY_HEAD % (len(body), header_length, tail)
+            call.connection.respond(call.slot, head + body, not keep_alive)
+        except Exception as e:  # runs as a loop callback: an escaping error would leave the slot unanswered
+            call.connection.fail(call.slot, e, keep_alive)
 
     def _place_outputs(self, call: _Call, result: InferResponse) -> frozenset[str]:
         """Write the outputs that name a shared-memory region into it; their names (no data in the body)."""

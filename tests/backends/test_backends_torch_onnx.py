@@ -203,3 +203,21 @@ def test_bytes_inputs_reach_onnx_string_tensors_as_text(tmp_path: Path) -> None:
 def test_torch_failures_keep_their_family(error: Exception, family: type) -> None:
     translated = translate_failure(torch, error)
     assert type(translated) is family
+
+
+def test_onnx_feeds_the_python_wrapper_would_refuse_are_still_refused(tmp_path: Path) -> None:
+    # Runs go to the compiled session past ORT's Python wrapper; a feed without a required input still goes
+    # through the wrapper (which names the missing input) and an unknown name is still invalid input.
+    weights = mlp_weights(in_dim=4, hidden=8, out_dim=2)
+    add_model(tmp_path, "m", None, {1: weights})
+    instance = OnnxRuntimeBackend().load(tmp_path / "m" / "1" / "model.onnx", parse_model_config('name: "m"'), 0)
+    x = np.ones((1, 4), np.float32)
+    np.testing.assert_allclose(instance.run({"input": x}, ["output"])["output"], mlp_reference(weights, x),
+                               rtol=1e-5, atol=1e-6)
+    with pytest.raises(InferenceFailed, match=r"Required inputs .*input.* are missing"):
+        instance.run({}, ["output"])
+    with pytest.raises(InvalidInput, match="Invalid input name: bogus"):
+        instance.run({"input": x, "bogus": x}, ["output"])
+    instance.close()
+    with pytest.raises(InferenceFailed, match="closed"):
+        instance.run({"input": x}, ["output"])

@@ -1,0 +1,93 @@
+"""Binary infer requests whose JSON header was seen before skip parsing and checking it again.
+
+A client of the binary-data extension repeats one JSON header request after request (perf_analyzer and
+Triton's clients do; only the tensor bytes after it change), and parsing and checking that header is a good
+part of a small request's cost (docs/benchmarks.md). The first request with a header is decoded in full by
+`decode_request`; if all its inputs are numeric binary data (no shared memory, no BYTES, no JSON data), what
+the header says is kept as a `_Layout`, keyed by the header's exact bytes. Later requests with the same bytes
+only have their tensors viewed in place.
+
+Guarantees: a request decoded from the cache equals what `decode_request` returns for it (the same inputs,
+outputs, id and parameters, each request its own dicts); a body whose tensor bytes do not add up to what the
+header declares is decoded in full, so it gets the same error; nothing the data holds is checked here, since
+nothing about the data is (finiteness and value ranges are the engine's, after decoding). The cache is bounded
+by entries and by header size, and emptied when full, so a client that varies its header (a new "id" each
+time) costs a parse per request, as without it, and cannot grow memory.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+import orjson
+
+from edged.protocol.codec import DecodedRequest, OutputRequest, decode_request
+from edged.protocol.datatypes import KSERVE_TO_NUMPY
+from edged.protocol.shm_params import ShmReader
+
+MAX_ENTRIES = 64
+MAX_HEADER_BYTES = 4096  # headers of a few tensors are a few hundred bytes; larger ones are not kept
+
+
+class _Layout(NamedTuple):
+    inputs: tuple[tuple[str, np.dtype[Any], tuple[int, ...], int, int], ...]  # name, wire dtype, shape, count, size
+    data_bytes: int
+    outputs: tuple[OutputRequest, ...]
+    id: str
+    parameters: dict[str, Any]
+    priority: int
+    timeout_us: int
+    binary_outputs: dict[str, bool]
+    binary_default: bool
+
+
+class HeaderCache:
+    """Decodes infer request bodies like `decode_request`, remembering binary requests' headers."""
+
+    def __init__(self, max_elements: int) -> None:
+        self._max_elements = max_elements
+        self._layouts: dict[bytes, _Layout] = {}
+
+    def __len__(self) -> int:
+        return len(self._layouts)
+
+    def decode(self, body: bytes | bytearray, header_length: int | None,
+               shm: ShmReader | None = None) -> DecodedRequest:
+        if header_length is None or not 0 < header_length <= MAX_HEADER_BYTES or header_length > len(body):
+            return decode_request(body, header_length, self._max_elements, shm=shm)
+        header = bytes(body[:header_length])
+        layout = self._layouts.get(header)
+        if layout is None or layout.data_bytes != len(body) - header_length:
+            decoded = decode_request(body, header_length, self._max_elements, shm=shm)
+            if layout is None:
+                self._remember(header, decoded)
+            return decoded
+        inputs = {}
+        offset = header_length
+        for name, wire, shape, count, size in layout.inputs:
+            inputs[name] = np.frombuffer(body, wire, count, offset).reshape(shape)
+            offset += size
+        return DecodedRequest(inputs, layout.outputs, layout.id, dict(layout.parameters), layout.priority,
+                              layout.timeout_us, dict(layout.binary_outputs), layout.binary_default)
+
+    def _remember(self, header: bytes, decoded: DecodedRequest) -> None:
+        """Keep the layout of a request that decoded without error, if its inputs are all numeric binary."""
+        doc = orjson.loads(header)  # parsed and checked by decode_request already
+        entries = []
+        data_bytes = 0
+        for entry in doc["inputs"]:
+            params = entry.get("parameters")
+            dtype = KSERVE_TO_NUMPY.get(entry["datatype"])
+            if (not isinstance(params, dict) or params.keys() != {"binary_data_size"} or dtype is None
+                    or dtype.kind == "O"):
+                return  # shared memory, JSON data or BYTES: decoded in full every time
+            array = decoded.inputs[entry["name"]]
+            size = params["binary_data_size"]
+            entries.append((entry["name"], array.dtype, array.shape, array.size, size))
+            data_bytes += size
+        if len(self._layouts) >= MAX_ENTRIES:
+            self._layouts.clear()
+        self._layouts[header] = _Layout(tuple(entries), data_bytes, decoded.outputs, decoded.id,
+                                        dict(decoded.parameters), decoded.priority, decoded.timeout_us,
+                                        dict(decoded.binary_outputs), decoded.binary_default)

@@ -1,0 +1,64 @@
+"""What a connection hands the dispatcher and gets back: a parsed request and its place in the response order.
+
+An `Incoming` holds only the headers something reads (`WANTED_HEADERS`, plus those access control names); a
+`Slot` is filled exactly once, by whichever path answers the request, and written when every slot before it
+on its connection has been.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from edged.errors import InvalidInput
+
+# The only request headers anything reads; the others are counted against the size limit and dropped. Most
+# headers are dismissed by their length, without lowercasing them.
+WANTED_HEADERS = frozenset({b"content-length", b"expect", b"inference-header-content-length"})
+
+
+class Slot:
+    """A place in a connection's response order."""
+
+    __slots__ = ("cancel", "close", "data", "pending", "reserved")
+
+    def __init__(self) -> None:
+        self.data: bytes | None = None
+        self.close = False
+        self.reserved = 0  # bytes of the in-flight body budget this request holds until it is answered
+        # A streamed response (SSE): parts written before the slot reached the head of the line, and what to
+        # call when the client goes away before the last part (it cancels the generation behind the stream).
+        self.pending: list[bytes] = []
+        self.cancel: Callable[[], None] | None = None
+
+
+class Incoming:
+    """A complete request as the parser delivered it."""
+
+    __slots__ = ("body", "headers", "keep_alive", "method", "url")
+
+    def __init__(self, method: bytes, url: bytes, headers: dict[bytes, bytes], body: bytes | bytearray,
+                 keep_alive: bool) -> None:
+        self.method = method
+        self.url = url
+        self.headers = headers
+        self.body = body
+        self.keep_alive = keep_alive
+
+
+class Reject(Exception):
+    """Raised inside a parser callback: the connection answers ``status`` and closes."""
+
+    def __init__(self, status: int, message: str, headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+        super().__init__(message)
+        self.status = status
+        self.headers = headers
+
+
+def header_int(headers: dict[bytes, bytes], name: bytes) -> int | None:
+    """An integer header's value, None when absent; a malformed value is an InvalidInput."""
+    raw = headers.get(name)
+    if raw is None:
+        return None
+    if not raw.strip().isdigit():
+        raise InvalidInput(f"header {name.decode()} must be a non-negative integer, found {raw[:40]!r}")
+    return int(raw)

@@ -1,0 +1,117 @@
+"""The work one small binary infer request costs the event loop, counted (not timed) over a real Unix socket.
+
+Each point below once cost the loop measurable CPU per request (docs/benchmarks.md); counting the calls the
+loop thread makes for one request keeps them from creeping back: a lone request on an idle fast model runs on
+the loop thread (no hop), skips the queue, decodes a header it has seen before without parsing it, takes the
+engine's quick input check, calls the compiled ONNX Runtime session directly and is answered in one piece.
+"""
+
+from __future__ import annotations
+
+import collections
+import socket
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import RunningServer, make_server
+
+from edged.protocol import decode_response, encode_request
+
+
+class LoopCalls:
+    """Python and C calls made on the server's loop thread while ``recording`` is set."""
+
+    def __init__(self) -> None:
+        self.recording = False
+        self.loop_thread: int | None = None
+        self.python: collections.Counter[str] = collections.Counter()
+        self.builtin: collections.Counter[str] = collections.Counter()
+
+    def __call__(self, frame: FrameType, event: str, arg: Any) -> None:
+        if not self.recording or threading.get_ident() != self.loop_thread:
+            return
+        if event == "call":
+            code = frame.f_code
+            self.python[f"{Path(code.co_filename).name}:{code.co_name}"] += 1
+        elif event == "c_call":
+            self.builtin[getattr(arg, "__qualname__", str(arg))] += 1
+
+
+@pytest.fixture(scope="module")
+def counted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningServer, LoopCalls]]:
+    calls = LoopCalls()
+    threading.setprofile(calls)  # reaches the server's loop thread, which the server starts
+    try:
+        running = make_server(tmp_path_factory.mktemp("hot"))
+    finally:
+        threading.setprofile(None)  # type: ignore[arg-type]
+    calls.loop_thread = running._thread.ident
+    yield running, calls
+    running.stop()
+
+
+def _infer(sock: socket.socket, body: bytes, header_length: int) -> np.ndarray:
+    sock.sendall(b"POST /v2/models/tiny_mlp/infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/octet-stream\r\n"
+                 b"content-length: %d\r\ninference-header-content-length: %d\r\n\r\n" % (len(body), header_length)
+                 + body)
+    received = b""
+    while b"\r\n\r\n" not in received:
+        received += sock.recv(65536)
+    head, _, rest = received.partition(b"\r\n\r\n")
+    fields = dict(line.split(b": ", 1) for line in head.split(b"\r\n")[1:])
+    while len(rest) < int(fields[b"content-length"]):
+        rest += sock.recv(65536)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    _, outputs = decode_response(rest, int(fields[b"inference-header-content-length"]))
+    return outputs["output"]
+
+
+def test_a_repeated_small_binary_request_costs_the_loop_only_the_short_path(
+        counted: tuple[RunningServer, LoopCalls]) -> None:
+    running, calls = counted
+    rng = np.random.default_rng(0)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(10)
+        sock.connect(str(running.socket_path))
+        first = rng.random((1, 64), np.float32)
+        body, header_length = encode_request({"input": first})
+        assert header_length is not None
+        reference = _infer(sock, body, header_length)  # the first: its header is parsed and remembered
+        second = rng.random((1, 64), np.float32)
+        repeat, _ = encode_request({"input": second})
+        calls.recording = True
+        answer = _infer(sock, repeat, header_length)
+        calls.recording = False
+    assert answer.shape == reference.shape == (1, 10) and not np.array_equal(answer, reference)
+    python = calls.python
+    assert python["onnxruntime.py:run"] == 1, "the model did not run on the loop thread: a thread hop"
+    assert python["queue_policy.py:push"] == 0, "a lone request on an idle model went through the queue"
+    assert python["codec.py:_decode"] == 0, "a header seen before was parsed again"
+    assert python["validation.py:_check"] == 0, "the engine's quick input check missed (dtype identity)"
+    assert python["onnxruntime_inference_collection.py:run"] == 0, "ORT's Python wrapper ran"
+    assert python["registry.py:resolve"] == 1, "the model version was looked up more than once"
+    # uvloop's transport.write is compiled and invisible to the hook; the response is built and handed to it
+    # once (Connection.respond joins nothing for a single-part response)
+    assert python["_http.py:respond"] == 1 and calls.builtin["lock.__exit__"] <= 3
+    # All of it, as a ceiling with some room: the base of this change made 73 Python calls here, it makes 50.
+    assert sum(python.values()) <= 60, sorted(python.items())
+
+
+def test_the_profile_hook_sees_the_loop_thread() -> None:
+    # The counts above mean something only if a hook set with threading.setprofile reaches new threads.
+    seen: list[int] = []
+    hook = lambda frame, event, arg: seen.append(threading.get_ident())  # noqa: E731
+    threading.setprofile(hook)
+    try:
+        thread = threading.Thread(target=sys.getprofile)
+        thread.start()
+        thread.join()
+    finally:
+        threading.setprofile(None)  # type: ignore[arg-type]
+    assert thread.ident in seen
