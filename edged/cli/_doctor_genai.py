@@ -52,7 +52,7 @@ def judge_genai(facts: GenaiFacts, jetson: bool) -> Check:
     if len(distinct) > 1:
         return Check(NAME, "fail", f"{detail}: two ONNX Runtime libraries in one process: {', '.join(distinct)}",
                      "remove the copy outside the onnxruntime package (or its directory from LD_LIBRARY_PATH)")
-    if distinct and facts.ort_package_dir and not distinct[0].startswith(facts.ort_package_dir):
+    if distinct and facts.ort_package_dir and not Path(distinct[0]).is_relative_to(facts.ort_package_dir):
         return Check(NAME, "warn", f"{detail}: ORT GenAI loaded {distinct[0]}, not the onnxruntime package's "
                      f"library under {facts.ort_package_dir}", "remove the other copy from the library path")
     loaded = _LIBRARY.search(distinct[0]) if distinct else None
@@ -91,7 +91,14 @@ def genai_facts(og: object, maps: Path) -> GenaiFacts:
     providers = tuple(ort.get_available_providers()) if ort is not None else ()
     return GenaiFacts(str(getattr(og, "__version__", "?")), bool(cuda()) if callable(cuda) else False, requires,
                       distribution, metadata.version(distribution) if distribution else None, providers,
-                      str(Path(ort.__file__).parent) if ort is not None and ort.__file__ else None, libraries)
+                      _package_dir(ort), libraries)
+
+
+def _package_dir(ort: object) -> str | None:
+    """The onnxruntime package's folder with every symlink resolved, as /proc/self/maps names the library it
+    mapped: a virtual environment reached through a symlink must not look like a second copy."""
+    where = getattr(ort, "__file__", None) if ort is not None else None
+    return str(Path(where).resolve().parent) if where else None
 
 
 def _installed(distribution: str) -> bool:

@@ -30,6 +30,28 @@ def test_this_machines_packages_match_through_the_real_command() -> None:
     assert check_genai(jetson=False).status == "ok"
 
 
+def test_a_virtual_environment_reached_through_a_symlink_is_one_copy(tmp_path: Path) -> None:
+    """/proc/self/maps names the library by its resolved path; the onnxruntime package's folder seen through a
+    symlinked venv (a checkout whose .venv links to another) is the same copy, not a second one."""
+    pytest.importorskip("onnxruntime_genai")
+    venv = Path(sys.prefix)
+    if venv == Path(sys.base_prefix):
+        pytest.skip("needs the tests to run in a virtual environment")
+    link = tmp_path / "venv-link"
+    link.symlink_to(venv.resolve(), target_is_directory=True)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    result = subprocess.run([str(link / "bin" / "python"), "-m", "edged.cli.main", "doctor", "--json"],
+                            capture_output=True, text=True, env=env, timeout=120, check=False)
+    found = [c for c in json.loads(result.stdout) if c["name"] == "ONNX Runtime GenAI"]
+    assert len(found) == 1 and found[0]["status"] == "ok", found
+
+
+def test_a_folder_whose_name_only_starts_like_the_package_is_another_copy() -> None:
+    check = judge_genai(dataclasses.replace(GOOD, libraries=(f"{SITE}/onnxruntime_old/libonnxruntime.so.1.32.0",)),
+                        jetson=False)
+    assert check.status == "warn" and "not the onnxruntime package's library" in check.detail
+
+
 @pytest.mark.parametrize(("change", "status", "words"), [
     ({}, "ok", "onnxruntime-genai 0.18.0 over onnxruntime 1.32.0, CPU"),
     ({"ort_version": "1.30.1"}, "fail", "onnxruntime-genai requires onnxruntime>=1.31.0"),
