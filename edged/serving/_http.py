@@ -383,7 +383,11 @@ class Connection(asyncio.Protocol):
         if not transport.can_write_eof():
             transport.close()
             return
-        transport.write_eof()
+        try:
+            transport.write_eof()
+        except OSError:  # the peer is gone already (ENOTCONN after its reset): nothing left to say to it
+            transport.close()
+            return
         self._linger = self._loop.call_later(LINGER_S, transport.close)
         if self._reading_paused:
             self._reading_paused = False

@@ -96,20 +96,28 @@ def hang_up(server: harness.ThreadedServer, body: bytes, read_head: bool) -> byt
         return head
 
 
-def wait_for_cancelled(server: harness.ThreadedServer, count: float) -> dict[str, float]:
+def _outcome_of_a_hang_up(server: harness.ThreadedServer, stream: bool) -> str:
+    """Send the longest request the context allows and hang up at once; the outcome the server counted."""
+    before = generation_counts(server)
+    hang_up(server, orjson.dumps({**GOOD, "max_tokens": 230, "stream": stream}), read_head=False)
     deadline = time.monotonic() + 30  # a bound on waiting for the counters, not a timed assertion
-    while generation_counts(server).get("cancelled", 0) < count and time.monotonic() < deadline:
+    now = generation_counts(server)
+    while sum(now.values()) <= sum(before.values()) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return generation_counts(server)
+        now = generation_counts(server)
+    return "cancelled" if now.get("cancelled", 0) > before.get("cancelled", 0) else "not cancelled"
 
 
 def test_hang_up_cancels_the_generation(genai_server: harness.ThreadedServer) -> None:
-    before = generation_counts(genai_server).get("cancelled", 0)
-    # the longest answer the context allows: far more tokens than are generated before the hang-up is read
-    for stream in (True, False, True):
-        hang_up(genai_server, orjson.dumps({**GOOD, "max_tokens": 230, "stream": stream}), read_head=False)
-    counts = wait_for_cancelled(genai_server, before + 3)
-    assert counts["cancelled"] == before + 3, counts
+    # The tiny model writes 230 tokens in about 20 ms: on a loaded machine the event loop may see the hang-up only
+    # after the answer is complete. A broken cancel never cancels; a working one cancels within a few tries.
+    for stream in (True, False):
+        outcomes = []
+        for _ in range(6):
+            outcomes.append(_outcome_of_a_hang_up(genai_server, stream))
+            if outcomes[-1] == "cancelled":
+                break
+        assert outcomes[-1] == "cancelled", (stream, outcomes)
     reply = post(genai_server, GOOD)
     assert reply.status_code == 200 and reply.json()["choices"][0]["finish_reason"] in ("stop", "length")
 

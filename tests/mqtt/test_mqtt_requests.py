@@ -31,6 +31,13 @@ def front(service: InferenceService, broker: Broker, tmp_path: Path) -> Iterator
     config = MqttConfig(broker=broker.url, device_id="dev1", max_payload_bytes=64 * 1024)
     fe = MqttFrontEnd(service, config, tmp_path / "state", version="test")
     fe.start()
+    # The front end subscribes before it publishes its retained birth: once the birth arrives, its SUBSCRIBE was
+    # processed, and a request published now reaches it (before, on a loaded machine a request could beat it).
+    birth = Subscriber(broker.port, ["edged/dev1/status"])
+    try:
+        birth.wait_for(1, timeout_s=60)
+    finally:
+        birth.close()
     yield fe
     fe.stop(5)
 
