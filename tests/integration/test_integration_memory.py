@@ -24,7 +24,7 @@ from edged.client import ClientError, EdgedClient
 
 MIB = 1024 * 1024
 BIG_DIM = 3600  # 3600 x 3600 float32 weights: a model file of about 50 MB
-CYCLES = 50
+CYCLES = 30  # the in-process test (tests/memory) runs 50; through the daemon 30 keep CI inside its time
 RSS_GROWTH_LIMIT_KIB = 10 * 1024
 IDLE_RSS_LIMIT_KIB = 120 * 1024  # the target is < 80 MB; this bound only catches regressions
 TELEMETRY_OFF = '[telemetry]\nsource = "off"\n'
@@ -46,7 +46,7 @@ output [ {{ name: "output", data_type: TYPE_FP32, dims: [ 10 ] }} ]
 
 @pytest.mark.slow
 @pytest.mark.parametrize("allocator", ["system", "jemalloc", "tcmalloc"])
-def test_fifty_load_unload_cycles_of_a_50mb_model_grow_rss_by_less_than_10mb(
+def test_thirty_load_unload_cycles_of_a_50mb_model_grow_rss_by_less_than_10mb(
         allocator: str, big_repo: Path, tmp_path: Path) -> None:
     size_mb = (big_repo / "big" / "1" / "model.onnx").stat().st_size / MIB
     assert 45 < size_mb < 60
