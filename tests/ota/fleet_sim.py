@@ -144,6 +144,10 @@ check_interval_s = 86400
 jitter_s = 86400
 watch_s = {self.watch_s}
 min_requests = 0
+# The simulation is about waves, promote and zero failed requests, with every daemon of the fleet sharing two
+# cores: a one-second window's p99 then measures the neighbours' updates, and judged against the quiet baseline
+# it rolled a good model back (CI). The p99 verdict has its own tests (test_ota_watch.py); here only errors count.
+max_p99_ratio = 1000
 """
 
     def _start_all(self) -> float:
