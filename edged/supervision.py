@@ -173,3 +173,22 @@ class SupervisedThread:
             if self._stop.wait(delay):
                 return
             self.component.restarting()
+
+
+class SupervisedPool:
+    """``count`` supervised threads running the same ``work``: the workers of one queue, named ``name-<i>``."""
+
+    def __init__(self, name: str, count: int, work: Callable[[], None], component: Component) -> None:
+        self._threads = [SupervisedThread(f"{name}-{index}", work, component) for index in range(count)]
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self, timeout_s: float) -> None:
+        """No restarts from now on, then wait up to ``timeout_s`` in all; the owner has told the work to return
+        (closed its queue)."""
+        for thread in self._threads:
+            thread.stop()
+        for thread in self._threads:
+            thread.join(timeout_s / max(1, len(self._threads)))

@@ -34,7 +34,7 @@ from edged.mqtt._metrics import Metrics
 from edged.mqtt._msgid import Identity
 from edged.mqtt._queue import BoundedQueue
 from edged.mqtt._requests import Publisher
-from edged.supervision import HealthBoard, SupervisedThread
+from edged.supervision import HealthBoard, SupervisedPool
 
 log = logging.getLogger(__name__)
 QUEUED_PER_WORKER = 8
@@ -81,23 +81,17 @@ class ChatHandler:
         self._identify = identify
         self._queue: BoundedQueue[_Chat] = BoundedQueue(config.request_workers * QUEUED_PER_WORKER, "drop_oldest")
         self._health = (health or HealthBoard()).component("mqtt_chat")
-        self._threads: list[SupervisedThread] = []
+        self._workers = SupervisedPool("edged-mqtt-chat", config.request_workers, self._work, self._health)
         self._streams: set[GenerationStream] = set()  # generating now, cancelled on stop
 
     def start(self) -> None:
-        for index in range(self._config.request_workers):
-            thread = SupervisedThread(f"edged-mqtt-chat-{index}", self._work, self._health)
-            thread.start()
-            self._threads.append(thread)
+        self._workers.start()
 
     def stop(self, timeout_s: float) -> None:
         self._queue.close()
         for stream in list(self._streams):
             stream.cancel()
-        for thread in self._threads:
-            thread.stop()
-        for thread in self._threads:
-            thread.join(timeout_s / max(1, len(self._threads)))
+        self._workers.stop(timeout_s)
         left = self._queue.clear()
         if left:
             self._metrics.drop("shutdown", left)

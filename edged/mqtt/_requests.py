@@ -21,7 +21,7 @@ from edged.mqtt._msgid import Identity
 from edged.mqtt._queue import BoundedQueue
 from edged.mqtt._topics import check_topic_name
 from edged.mqtt._work import Job, finish, start
-from edged.supervision import HealthBoard, SupervisedThread
+from edged.supervision import HealthBoard, SupervisedPool
 
 log = logging.getLogger(__name__)
 MAX_ELEMENTS = 64 * 1024 * 1024
@@ -44,20 +44,14 @@ class RequestHandler:
         self._identify = identify
         self._queue: BoundedQueue[Job] = BoundedQueue(config.request_workers * 64, "drop_oldest")
         self._health = (health or HealthBoard()).component("mqtt_requests")
-        self._threads: list[SupervisedThread] = []
+        self._workers = SupervisedPool("edged-mqtt-request", config.request_workers, self._work, self._health)
 
     def start(self) -> None:
-        for index in range(self._config.request_workers):
-            thread = SupervisedThread(f"edged-mqtt-request-{index}", self._work, self._health)
-            thread.start()
-            self._threads.append(thread)
+        self._workers.start()
 
     def stop(self, timeout_s: float) -> None:
         self._queue.close()
-        for thread in self._threads:
-            thread.stop()
-        for thread in self._threads:
-            thread.join(timeout_s / max(1, len(self._threads)))
+        self._workers.stop(timeout_s)
         left = self._queue.clear()
         if left:
             self._metrics.drop("shutdown", left)

@@ -29,7 +29,7 @@ from edged.engine.generation_stream import Finished, GenerationStream, Started, 
 from edged.errors import EdgedError, InvalidInput
 from edged.serving._chat import generation_request
 from edged.serving._http import Connection, Incoming, Slot
-from edged.serving._openai import ChatRequest, parse_completion
+from edged.serving._openai import ChatRequest, completion_request
 from edged.serving._response import error_for, error_response, json_response, render
 
 GENERATE_PARAMETERS = frozenset({"max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream"})
@@ -73,7 +73,7 @@ def parse_generate(body: bytes | bytearray, model: str, stream_route: bool) -> G
         raise InvalidInput(f"parameter 'stream' is true: stream from POST /v2/models/{model}/generate_stream")
     # One set of rules for sampling parameters: the completion parser's, under the same names.
     completion = {"model": model, "prompt": text, **parameters, "stream": stream}
-    return GenerateRequest(parse_completion(orjson.dumps(completion)), outputs, stream_route)
+    return GenerateRequest(completion_request(completion), outputs, stream_route)
 
 
 def _object(body: bytes | bytearray) -> dict[str, Any]:

@@ -70,7 +70,13 @@ def parse_chat(body: bytes | bytearray) -> ChatRequest:
 def parse_completion(body: bytes | bytearray) -> ChatRequest:
     """A legacy ``/v1/completions`` request: a prompt string instead of messages, no chat template, and
     ``max_tokens`` 16 unless given, as OpenAI defines it."""
-    doc = _document(body, COMPLETION_PARAMS)
+    return completion_request(_object(body))
+
+
+def completion_request(doc: dict[str, Any]) -> ChatRequest:
+    """`parse_completion` of a document already decoded (Triton's generate extension builds one from its
+    parameters, so its sampling rules are the completion parser's without a JSON round trip)."""
+    _check_supported(doc, COMPLETION_PARAMS)
     prompt = doc.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1:
         prompt = prompt[0]
@@ -80,17 +86,26 @@ def parse_completion(body: bytes | bytearray) -> ChatRequest:
 
 
 def _document(body: bytes | bytearray, supported: frozenset[str]) -> dict[str, Any]:
+    doc = _object(body)
+    _check_supported(doc, supported)
+    return doc
+
+
+def _object(body: bytes | bytearray) -> dict[str, Any]:
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError as e:
         raise ParamError(f"the request body is not valid JSON: {e}", None) from e
     if not isinstance(doc, dict):
         raise ParamError(f"the request body must be a JSON object, found {type(doc).__name__}", None)
+    return doc
+
+
+def _check_supported(doc: dict[str, Any], supported: frozenset[str]) -> None:
     unknown = sorted(set(doc) - supported - IGNORED)
     if unknown:
         raise ParamError(f"unsupported parameter(s) {', '.join(unknown)}: edged supports "
                          f"{', '.join(sorted(supported))} (and ignores {', '.join(sorted(IGNORED))})", unknown[0])
-    return doc
 
 
 def _request(doc: dict[str, Any], messages: tuple[dict[str, Any], ...], prompt: str | None,

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from edged.daemon._health import supervised_task
-from edged.supervision import HealthBoard, SupervisedThread, backoff_s
+from edged.supervision import HealthBoard, SupervisedPool, SupervisedThread, backoff_s
 
 WAIT_S = 20.0
 
@@ -123,3 +123,28 @@ def test_cancelling_a_supervised_task_ends_it() -> None:
 
     asyncio.run(run())
     assert component.health.restarts == 0 and component.health.state == "ok"
+
+
+def test_a_pool_runs_its_workers_under_their_names_and_stop_waits_for_them() -> None:
+    board = HealthBoard()
+    release = threading.Event()
+    names: list[str] = []
+    lock = threading.Lock()
+
+    def work() -> None:
+        with lock:
+            names.append(threading.current_thread().name)
+        release.wait(30)  # the owner's signal to return, as a closed queue is for the MQTT workers
+
+    pool = SupervisedPool("edged-test-worker", 3, work, board.component("test_pool"))
+    pool.start()
+    deadline = threading.Event()
+    for _ in range(300):
+        with lock:
+            if len(names) == 3:
+                break
+        deadline.wait(0.01)
+    assert sorted(names) == ["edged-test-worker-0", "edged-test-worker-1", "edged-test-worker-2"]
+    release.set()
+    pool.stop(10)
+    assert not any(t.is_alive() for t in threading.enumerate() if t.name.startswith("edged-test-worker"))
