@@ -56,6 +56,14 @@ def cpu_seconds(pid: int, thread: int | None = None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def read_calls(pid: int) -> int:
+    """read() and recv() calls the process's loop thread made so far (syscr of /proc/PID/task/PID/io)."""
+    for line in Path(f"/proc/{pid}/task/{pid}/io").read_text().splitlines():
+        if line.startswith("syscr:"):
+            return int(line.split()[1])
+    raise SystemExit(f"no syscr in /proc/{pid}/task/{pid}/io")
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -100,8 +108,9 @@ def one(conn: http.client.HTTPConnection, body: bytes, headers: dict[str, str]) 
 
 
 def phase(servers: list[tuple[subprocess.Popen[bytes], http.client.HTTPConnection]], body: bytes,
-          headers: dict[str, str], seconds: float) -> list[tuple[float, float, float, int]]:
-    """(client p50 ms, server CPU ms per request, its loop thread's, requests) per server, requests alternating
+          headers: dict[str, str], seconds: float) -> list[tuple[float, float, float, float, int]]:
+    """(client p50 ms, server CPU ms per request, its loop thread's, its reads per request, requests) per
+    server, requests alternating
     between them. The model runs on the engine's worker and a body this large is decoded on the decoding thread:
     the loop thread's CPU is what reading, parsing, dispatching and answering cost."""
     for _ in range(5):
@@ -109,14 +118,17 @@ def phase(servers: list[tuple[subprocess.Popen[bytes], http.client.HTTPConnectio
             one(conn, body, headers)
     before = [cpu_seconds(process.pid) for process, _ in servers]
     loop_before = [cpu_seconds(process.pid, process.pid) for process, _ in servers]
+    reads_before = [read_calls(process.pid) for process, _ in servers]
     latencies: list[list[float]] = [[] for _ in servers]
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         for index, (_, conn) in enumerate(servers):
             latencies[index].append(one(conn, body, headers))
     return [(statistics.median(own), (cpu_seconds(process.pid) - cpu) * 1e3 / len(own),
-             (cpu_seconds(process.pid, process.pid) - loop) * 1e3 / len(own), len(own))
-            for (process, _), cpu, loop, own in zip(servers, before, loop_before, latencies, strict=True)]
+             (cpu_seconds(process.pid, process.pid) - loop) * 1e3 / len(own),
+             (read_calls(process.pid) - reads) / len(own), len(own))
+            for (process, _), cpu, loop, reads, own in zip(servers, before, loop_before, reads_before, latencies,
+                                                           strict=True)]
 
 
 def main() -> None:
@@ -140,9 +152,9 @@ def main() -> None:
                 results = phase([(process, conn) for (process, _, _), conn in zip(daemons, conns, strict=True)],
                                 body, headers,
                                 args.seconds)
-                cells = "  ".join(f"p50 {p50:6.2f} ms, CPU {cpu:6.2f} (loop {loop:5.2f}) ms/req"
-                                  for p50, cpu, loop, _ in results)
-                print(f"{number + 1:<6} {transport:<10} {cells}  ({results[0][3]} requests each)", flush=True)
+                cells = "  ".join(f"p50 {p50:6.2f} ms, CPU {cpu:6.2f} (loop {loop:5.2f}) ms/req, {reads:5.0f} reads"
+                                  for p50, cpu, loop, reads, _ in results)
+                print(f"{number + 1:<6} {transport:<10} {cells}  ({results[0][4]} requests each)", flush=True)
                 for conn in conns:
                     conn.close()
     finally:

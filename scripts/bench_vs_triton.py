@@ -10,12 +10,18 @@ wheel, see scripts/get_perf_analyzer.sh) measures them in alternation, batch 1, 
 - tiny_mlp over HTTP and over gRPC at each ``--concurrency``: target edged >= 1.5x Triton's infer/s with a
   lower p50;
 - camera_frame (a [1,1080,1920,3] UINT8 frame) over gRPC and HTTP with ``--shared-memory system``, concurrency
-  1, beside the in-process engine (``edged bench --transport inproc``, measured in each round): target edged's
-  p50 overhead over the engine at most half of Triton's overhead over the same engine figure.
+  1, beside edged's in-process engine: target edged's p50 overhead over the engine at most half of Triton's
+  overhead over the same engine figure. The engine (edged.bench._floor) runs in this script's process on the
+  daemon's own repository copy (same config, same session options), stays warm for the whole run, and is
+  measured for a window right before and right after each server, whose overhead in that round is its p50
+  minus the mean of the two; the report takes the medians of those per-round overheads. Each camera row also
+  has the server's CPU per inference (its processes from /proc, Triton's Python-backend stubs included) beside
+  the engine's, a figure that a shared machine's load moves far less than latency.
 
 The table shows the medians of the rounds; ``--json`` keeps every round.
 
     PYTHONPATH=$PWD .venv/bin/python scripts/bench_vs_triton.py [--concurrency 1 4] [--rounds 3]
+    PYTHONPATH=$PWD .venv/bin/python scripts/bench_vs_triton.py --no-tiny --rounds 12 --interval-ms 1000  # camera
 
 Needs: Debian's libb64-0d, pip access (first run: .cache/triton-venv and .cache/perf_analyzer are created).
 """
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import http.client
 import json
 import os
@@ -36,6 +43,8 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from edged.bench._floor import EngineFloor
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "models"
@@ -102,6 +111,8 @@ class Measurement:
     # mean latency outside the server's own compute (client send and receive, network, server queue), from
     # perf_analyzer's breakdown; Triton's compute includes its Python backend's round trip to the stub
     transport_us: float = 0.0
+    floor_us: float = 0.0  # camera rows: the engine's p50, mean of its windows just before and just after this one
+    cpu_us: float = 0.0  # camera rows: CPU per inference of the server's processes (the engine: of this process)
 
 
 @dataclass(frozen=True)
@@ -258,24 +269,48 @@ def measure(server: str, port: int, scenario: Scenario, interval_ms: int, work: 
                        float(row["p99 latency"]), transport)
 
 
-def measure_engine(repository: Path, model: str, interval_ms: int, work: Path) -> Measurement:
-    """edged's in-process engine on ``model`` (concurrency 1, callbacks), the floor both servers are held to."""
-    out = work / f"engine-{time.monotonic_ns()}.json"
-    command = [sys.executable, "-m", "edged", "bench", "--transport", "inproc", "--model", model,
-               "--model-repository", str(repository), "--duration", str(interval_ms / 1000), "--no-raw",
-               "--json", str(out)]
-    done = subprocess.run(command, env=edged_env(), capture_output=True, text=True, timeout=300, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"edged bench (in-process {model}) failed ({done.returncode}):\n{done.stderr[-2000:]}")
-    row = json.loads(out.read_text())[0]
-    return Measurement("engine", f"{model} in process", float(row["throughput"]), float(row["p50_us"]),
-                       float(row["p99_us"]))
+def measure_engine(floor: EngineFloor, scenario: Scenario, interval_ms: int) -> Measurement:
+    """edged's in-process engine (concurrency 1, callbacks), the floor both servers are held to."""
+    result, cpu_s = floor.measure(interval_ms / 1000)
+    return Measurement("engine", scenario.label, result.throughput, result.p50_us, result.p99_us, cpu_us=cpu_s * 1e6)
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and its children (Triton's Python-backend stubs)."""
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        if stat.parent.name == str(pid) or int(fields[1]) == pid:
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def inference_count(port: int, model: str) -> int:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", f"/v2/models/{model}/stats")
+        return int(json.loads(conn.getresponse().read())["model_stats"][0]["inference_count"])
+    finally:
+        conn.close()
+
+
+def measure_with_cpu(server: str, pid: int, ports: Ports, scenario: Scenario, interval_ms: int,
+                     work: Path) -> Measurement:
+    """`measure`, with the server's CPU per inference over perf_analyzer's run (its trials and warm-up)."""
+    cpu, count = process_cpu_s(pid), inference_count(ports.http, scenario.model)
+    m = measure(server, ports.of(scenario.protocol), scenario, interval_ms, work)
+    done = inference_count(ports.http, scenario.model) - count
+    return dataclasses.replace(m, cpu_us=(process_cpu_s(pid) - cpu) * 1e6 / max(1, done))
 
 
 def median_of(runs: list[Measurement]) -> Measurement:
     return Measurement(runs[0].server, runs[0].scenario, statistics.median(m.infer_per_s for m in runs),
                        statistics.median(m.p50_us for m in runs), statistics.median(m.p99_us for m in runs),
-                       statistics.median(m.transport_us for m in runs))
+                       statistics.median(m.transport_us for m in runs), statistics.median(m.floor_us for m in runs),
+                       statistics.median(m.cpu_us for m in runs))
 
 
 # --- report ------------------------------------------------------------------------------------------------
@@ -294,20 +329,26 @@ def report_throughput(results: dict[tuple[str, str], Measurement], scenarios: li
     return met
 
 
-def report_overhead(results: dict[tuple[str, str], Measurement], scenarios: list[Scenario]) -> bool:
+def report_overhead(runs: dict[tuple[str, str], list[Measurement]], scenarios: list[Scenario]) -> bool:
+    """Per server, the median over rounds of (its p50 - the floor measured around it), and their ratio."""
     met = True
     for scenario in scenarios:
-        engine = results[("engine", scenario.label)].p50_us
-        triton, edged = results[("triton", scenario.label)].p50_us, results[("edged", scenario.label)].p50_us
-        ratio = (edged - engine) / (triton - engine) if triton > engine else float("inf")
+        engine = median_of(runs[("engine", scenario.label)])
+        rows = {name: runs[(name, scenario.label)] for name in ("triton", "edged")}
+        over = {name: statistics.median(m.p50_us - m.floor_us for m in values) for name, values in rows.items()}
+        ratio = over["edged"] / over["triton"] if over["triton"] > 0 else float("inf")
         ok = ratio <= TARGET_OVERHEAD
         met = met and ok
-        print(f"{scenario.label:<24} engine p50 {engine:,.0f} us; triton p50 {triton:,.0f} (+{triton - engine:,.0f})"
-              f", edged p50 {edged:,.0f} (+{edged - engine:,.0f}): overhead ratio {ratio:.2f} "
-              f"(target <= {TARGET_OVERHEAD}) {'met' if ok else 'NOT met'}")
-        t, e = results[("triton", scenario.label)], results[("edged", scenario.label)]
-        print(f"{'':<24} mean time outside each server's compute (perf_analyzer's breakdown): triton "
-              f"{t.transport_us:,.0f} us, edged {e.transport_us:,.0f} us")
+        print(f"{scenario.label:<24} {len(rows['edged'])} rounds; engine p50 {engine.p50_us:,.0f} us (median of "
+              f"{len(runs[('engine', scenario.label)])} windows), CPU {engine.cpu_us:,.0f} us/inference")
+        for name, values in rows.items():
+            median = median_of(values)
+            print(f"{'':<24} {name}: p50 {median.p50_us:,.0f} us, overhead over the floor around it "
+                  f"{over[name]:+,.0f} us (rounds: {', '.join(f'{m.p50_us - m.floor_us:+.0f}' for m in values)}); "
+                  f"CPU {median.cpu_us:,.0f} us/inference ({median.cpu_us - engine.cpu_us:+,.0f} over the engine); "
+                  f"mean time outside its compute (perf_analyzer) {median.transport_us:,.0f} us")
+        print(f"{'':<24} overhead ratio edged / triton {ratio:.2f} (target <= {TARGET_OVERHEAD}) "
+              f"{'met' if ok else 'NOT met'}")
     return met
 
 
@@ -335,22 +376,35 @@ def scenarios_of(args: argparse.Namespace) -> tuple[list[Scenario], list[Scenari
     return tiny, camera
 
 
-def run_rounds(args: argparse.Namespace, scenarios: list[Scenario], ports: dict[str, Ports], engine_repo: Path,
-               work: Path) -> dict[tuple[str, str], list[Measurement]]:
+def run_rounds(args: argparse.Namespace, scenarios: list[Scenario], ports: dict[str, Ports], pids: dict[str, int],
+               floor: EngineFloor | None, work: Path) -> dict[tuple[str, str], list[Measurement]]:
     runs: dict[tuple[str, str], list[Measurement]] = {}
     for round_number in range(args.rounds):
         for scenario in scenarios:
-            if scenario.shm != "none":  # the floor, measured next to the servers it is compared with
-                m = measure_engine(engine_repo, scenario.model, args.interval_ms, work)
-                print(f"round {round_number + 1}: in-process engine {scenario.model}: p50 {m.p50_us:.0f} us",
-                      file=sys.stderr)
-                runs.setdefault(("engine", scenario.label), []).append(m)
-            for name in ("edged", "triton") if round_number % 2 else ("triton", "edged"):
-                m = measure(name, ports[name].of(scenario.protocol), scenario, args.interval_ms, work)
-                print(f"round {round_number + 1}: {name} {scenario.label}: {m.infer_per_s:,.0f} infer/s, "
-                      f"p50 {m.p50_us:.0f} us, p99 {m.p99_us:.0f} us", file=sys.stderr)
-                runs.setdefault((name, scenario.label), []).append(m)
+            order = ("edged", "triton") if round_number % 2 else ("triton", "edged")
+            if scenario.shm == "none" or floor is None:
+                for name in order:
+                    m = measure(name, ports[name].of(scenario.protocol), scenario, args.interval_ms, work)
+                    report_round(round_number, m, runs)
+                continue
+            # engine, server, engine, server, engine: each server between two windows of the floor
+            engine = [measure_engine(floor, scenario, args.interval_ms)]
+            report_round(round_number, engine[-1], runs)
+            for name in order:
+                m = measure_with_cpu(name, pids[name], ports[name], scenario, args.interval_ms, work)
+                engine.append(measure_engine(floor, scenario, args.interval_ms))
+                report_round(round_number, dataclasses.replace(m, floor_us=(engine[-2].p50_us + engine[-1].p50_us) / 2),
+                             runs)
+                report_round(round_number, engine[-1], runs)
     return runs
+
+
+def report_round(round_number: int, m: Measurement, runs: dict[tuple[str, str], list[Measurement]]) -> None:
+    floor = f", floor {m.floor_us:.0f} us" if m.floor_us else ""
+    cpu = f", CPU {m.cpu_us:.0f} us/inference" if m.cpu_us else ""
+    print(f"round {round_number + 1}: {m.server} {m.scenario}: {m.infer_per_s:,.0f} infer/s, p50 {m.p50_us:.0f} us, "
+          f"p99 {m.p99_us:.0f} us{floor}{cpu}", file=sys.stderr)
+    runs.setdefault((m.server, m.scenario), []).append(m)
 
 
 def main() -> int:
@@ -365,11 +419,17 @@ def main() -> int:
     logs = {name: work / f"{name}.log" for name in ports}
     processes = {"triton": start_triton(install, triton_repo, backends, ports["triton"], logs["triton"]),
                  "edged": start_edged(edged_repo, edged_config, work, logs["edged"])}
+    floor: EngineFloor | None = None
     try:
         for name, process in processes.items():
             wait_ready(name, process, ports[name].http, logs[name])
-        runs = run_rounds(args, tiny + camera, ports, edged_repo, work)
+        if camera:
+            floor = EngineFloor(edged_repo, "camera_frame")  # the daemon's repository copy: the same config
+        pids = {name: process.pid for name, process in processes.items()}
+        runs = run_rounds(args, tiny + camera, ports, pids, floor, work)
     finally:
+        if floor is not None:
+            floor.close()
         for process in processes.values():
             stop(process)
         if not args.keep:
@@ -378,7 +438,7 @@ def main() -> int:
     met = report_throughput(results, tiny)
     if camera:
         print()
-        met = report_overhead(results, camera) and met
+        met = report_overhead(runs, camera) and met
     if args.json is not None:
         args.json.write_text(json.dumps([asdict(m) for values in runs.values() for m in values], indent=2))
     return 0 if met else 1
