@@ -23,7 +23,7 @@ from modelgen import add_model, mlp_reference, mlp_weights
 
 from edged.config import ServerConfig
 from edged.protocol import decode_response
-from edged.serving._body_reader import LARGE_BODY_BYTES
+from edged.serving._body_reader import LARGE_BODY_BYTES, PREALLOCATE_BYTES
 
 OPEN_MLP = """name: "open_mlp"
 platform: "onnxruntime_onnx"
@@ -131,6 +131,17 @@ def test_bodies_around_the_threshold_arrive_intact(server: RunningServer, size: 
     body, header_length = binary_body(x, size)
     assert len(body) == size
     with connect(server, tcp) as sock:
+        sender = send_in_background(sock, request(body, header_length))
+        answer = outputs_of(Reader(sock).response())
+        sender.join()
+    assert np.allclose(answer, mlp_reference(WEIGHTS, x), atol=1e-4)
+
+
+def test_a_body_past_the_preallocated_size_grows_step_by_step_and_arrives_intact(server: RunningServer) -> None:
+    x = frame((PREALLOCATE_BYTES + 300_000) // 256, 9)
+    body, header_length = binary_body(x)
+    assert len(body) > PREALLOCATE_BYTES
+    with connect(server) as sock:
         sender = send_in_background(sock, request(body, header_length))
         answer = outputs_of(Reader(sock).response())
         sender.join()
