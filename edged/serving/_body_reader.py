@@ -35,14 +35,20 @@ class LargeBody:
     __slots__ = ("buffer", "filled", "length")
 
     def __init__(self, length: int) -> None:
-        # Zeroed at once up to PREALLOCATE_BYTES: malloc hands such a buffer back from memory the last bodies
-        # used, so the zeroing is cheap (0.4 ms for 6.2 MB) and the reads fault in no fresh pages.
-        self.buffer = bytearray(length) if length <= PREALLOCATE_BYTES else bytearray()
+        self.buffer = bytearray()  # allocated when the first byte of the body is there (_allocate)
         self.filled = 0
         self.length = length
 
+    def _allocate(self) -> None:
+        # Zeroed at once up to PREALLOCATE_BYTES: malloc hands such a buffer back from memory the last bodies
+        # used, so the zeroing is cheap (0.4 ms for 6.2 MB) and the reads fault in no fresh pages. Not at the
+        # head: a client that sends a head and waits holds in-flight budget, not memory.
+        if not self.buffer and self.length <= PREALLOCATE_BYTES:
+            self.buffer = bytearray(self.length)
+
     def add(self, data: bytes) -> None:
         """A piece the parser saw in the read that carried the head (at most one read's worth)."""
+        self._allocate()
         end = self.filled + len(data)
         if len(self.buffer) >= end:
             self.buffer[self.filled:end] = data
@@ -54,6 +60,8 @@ class LargeBody:
         """Where the next read goes. Past PREALLOCATE_BYTES the buffer grows a step at a time: malloc maps such a
         buffer fresh for every body, and zeroing it at once faults in every page in one loop callback (53 MB:
         40 ms on the build VM)."""
+        if not self.filled:
+            self._allocate()  # the transport asks for room once the socket is readable: the body has begun
         buffer = self.buffer
         if len(buffer) == self.filled:
             buffer += bytes(min(GROWTH_STEP, self.length - self.filled))  # bytes(n) is calloc'ed: no second pass

@@ -292,3 +292,31 @@ def test_a_six_megabyte_body_costs_the_parser_one_read_not_one_per_read(tmp_path
     # uvloop's 250 KB, ~1,160 of ~5.4 KiB from a client in another process (docs/benchmarks.md).
     assert calls["data_received"] == 1 and calls["on_body"] <= 1, calls.most_common(12)
     assert calls["buffer_updated"] >= 1, calls.most_common(12)
+
+
+def _rss_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS in /proc/self/status")
+
+
+def test_heads_that_declare_large_bodies_hold_budget_but_no_memory(tmp_path: Path) -> None:
+    declared, count = 15 << 20, 8  # 120 MiB declared, not one byte of body sent
+    server = _server(tmp_path, max_body_bytes=16 << 20, max_inflight_body_bytes=count * (16 << 20))
+    socks: list[socket.socket] = []
+    try:
+        before = _rss_bytes()  # the server runs in this process (a loop thread)
+        for _ in range(count):
+            sock = connect(server)
+            sock.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % (INFER, declared))
+            socks.append(sock)
+        polls = 1000
+        while held_body_bytes(server) < count * declared and polls:
+            polls -= 1
+        assert held_body_bytes(server) == count * declared  # each head reserved its length
+        assert _rss_bytes() - before < 32 << 20, "the bodies' buffers were allocated before their first byte"
+    finally:
+        for sock in socks:
+            sock.close()
+        server.stop()
