@@ -36,6 +36,7 @@ CONNECTION_WINDOW = 16 << 20
 MAX_HEADER_LIST = 64 << 10
 MAX_HEADER_BLOCK = 64 << 10
 MAX_UNREAD_CONTROL = 1024
+LINGER_S = 2.0
 RESET_BUDGET = 256  # client resets of streams still owed an answer, refilled one per answered stream
 _U32 = struct.Struct(">I")
 OUR_SETTINGS = {f.MAX_CONCURRENT_STREAMS: MAX_STREAMS, f.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
@@ -90,6 +91,7 @@ class H2Connection(asyncio.Protocol):
         self._reset_budget = RESET_BUDGET
         self._closing = False  # our GOAWAY is out: no new streams
         self._dead = False
+        self._linger: asyncio.TimerHandle | None = None
         self._ended: dict[int, None] = {}  # streams we ended lately: their DATA in flight is dropped quietly
 
     # --- asyncio.Protocol -----------------------------------------------------------------------------------
@@ -99,6 +101,8 @@ class H2Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._dead = True
+        if self._linger is not None:
+            self._linger.cancel()
         streams, self._streams = self._streams, {}
         for stream in streams.values():
             if stream.call is not None:
@@ -485,11 +489,18 @@ class H2Connection(asyncio.Protocol):
             self._transport.close()
 
     def fail(self, code: ErrorCode, message: str) -> None:
+        """End the connection with GOAWAY ``code``. Our side is shut first and what the peer still sends is
+        dropped for up to ``LINGER_S``: closing with unread bytes would reset the connection and could destroy
+        the GOAWAY before the peer reads it."""
         log.info("gRPC connection closed: %s (%s)", message, code.name)
-        if self._transport is not None and not self._dead:
-            self._transport.write(f.goaway(self._last_id, code, message.encode()[:200]))
-            self._dead = True
-            self._transport.close()
+        transport = self._transport
+        if transport is None or self._dead:
+            return
+        self._dead = True
+        transport.write(f.goaway(self._last_id, code, message.encode()[:200]))
+        if transport.can_write_eof():
+            transport.write_eof()
+        self._linger = asyncio.get_running_loop().call_later(LINGER_S, transport.abort)
 
     def abort(self) -> None:
         if self._transport is not None:
