@@ -40,9 +40,12 @@ without it; it costs a byte or two once.
 
 from __future__ import annotations
 
+from itertools import chain
+from typing import NoReturn
+
 from edged.errors import InvalidInput
 from edged.grpcapi import _huffman
-from edged.grpcapi._hpack_tables import STATIC_COUNT, STATIC_TABLE, DynamicTable
+from edged.grpcapi._hpack_tables import ENTRY_OVERHEAD, STATIC_COUNT, STATIC_TABLE, DynamicTable
 
 _INITIAL_TABLE_SIZE = 4096  # RFC 9113 §6.5.2: SETTINGS_HEADER_TABLE_SIZE's initial value
 _INTEGER_LIMIT = 1 << 32
@@ -50,6 +53,7 @@ _MAX_CONTINUATION_SHIFT = 35  # five continuation bytes: 35 bits, past the limit
 _CACHE_ENTRIES = 64
 _CACHE_BLOCK_BYTES = 1024
 _BY_INDEX: tuple[tuple[bytes, bytes] | None, ...] = (None, *STATIC_TABLE)
+_STATIC_BY_INDEX: tuple[tuple[bytes, bytes], ...] = ((b"", b""), *STATIC_TABLE)  # 0 is never looked up here
 _STATIC_EXACT = {entry: index for index, entry in reversed(list(enumerate(STATIC_TABLE, 1)))}
 _STATIC_NAME = {name: index for index, (name, _) in reversed(list(enumerate(STATIC_TABLE, 1)))}
 
@@ -142,20 +146,30 @@ class Decoder:
         return self._decode(data)
 
     def _decode(self, data: bytes) -> list[Header]:
-        pos = self._size_updates(data)
+        pos = 0
+        if self._update_required or (data and data[0] & 0xE0 == 0x20):
+            pos = self._size_updates(data)
         cacheable = pos == 0
         out: list[Header] = []
-        size = 0
+        static = _STATIC_BY_INDEX
+        dynamic = self._table.fields
         end = len(data)
         while pos < end:
             byte = data[pos]
-            if byte & 0x80:
+            if byte & 0x80:  # indexed field, the steady state: inlined, no call unless the index is long
                 index = byte & 0x7F
+                pos += 1
                 if index == 0x7F:
-                    index, pos = _integer(data, pos, 7)
+                    index, pos = _integer(data, pos - 1, 7)
+                if index > STATIC_COUNT:
+                    try:
+                        header = dynamic[index - STATIC_COUNT - 1]
+                    except IndexError:
+                        self._bad_index(index)
+                elif index:
+                    header = static[index]
                 else:
-                    pos += 1
-                header = self._entry(index)
+                    self._bad_index(index)
             elif byte & 0x40:
                 header, pos = self._literal(data, pos, 6)
                 if cacheable:
@@ -166,9 +180,11 @@ class Decoder:
                 raise HpackError(f"table size update at offset {pos}, after the block's first field (§4.2)")
             else:  # without indexing (0000) or never indexed (0001): both have a 4-bit prefix
                 header, pos = self._literal(data, pos, 4)
-            size += len(header[0]) + len(header[1]) + 32
-            self._check_list_size(size)
             out.append(header)
+        # Counted once at the end: until then the list holds references into the block and the table, so the
+        # memory it takes is bounded by the block's length whatever the sizes add up to.
+        size = ENTRY_OVERHEAD * len(out) + sum(map(len, chain.from_iterable(out)))
+        self._check_list_size(size)
         if cacheable and end <= _CACHE_BLOCK_BYTES:
             if len(self._cache) >= _CACHE_ENTRIES:
                 self._cache.clear()
@@ -192,10 +208,13 @@ class Decoder:
     def _entry(self, index: int) -> Header:
         header = _BY_INDEX[index] if index <= STATIC_COUNT else self._table.get(index - STATIC_COUNT - 1)
         if header is None:
-            if index == 0:
-                raise HpackError("index 0 names no header field (§6.1)")
-            raise HpackError(f"index {index} is outside the tables (1 to {STATIC_COUNT + len(self._table)})")
+            self._bad_index(index)
         return header
+
+    def _bad_index(self, index: int) -> NoReturn:
+        if index == 0:
+            raise HpackError("index 0 names no header field (§6.1)")
+        raise HpackError(f"index {index} is outside the tables (1 to {STATIC_COUNT + len(self._table)})")
 
     def _literal(self, data: bytes, pos: int, prefix_bits: int) -> tuple[Header, int]:
         index, pos = _integer(data, pos, prefix_bits)
@@ -208,7 +227,7 @@ class Decoder:
 
     def _check_list_size(self, size: int) -> None:
         if size > self.max_header_list_size:
-            raise HpackError(f"header list of {size} bytes or more exceeds the limit of "
+            raise HpackError(f"header list of {size} bytes exceeds the limit of "
                              f"{self.max_header_list_size} (name + value + 32 per field)")
 
 

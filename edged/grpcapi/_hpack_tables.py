@@ -41,29 +41,29 @@ class DynamicTable:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.size = 0
-        self._entries: deque[tuple[bytes, bytes]] = deque()
+        self.fields: deque[tuple[bytes, bytes]] = deque()  # newest first; the decoder reads it, never writes
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self.fields)
 
     def entries(self) -> list[tuple[bytes, bytes]]:
         """Newest first, as indexes 62, 63, ... address them."""
-        return list(self._entries)
+        return list(self.fields)
 
     def get(self, index: int) -> tuple[bytes, bytes] | None:
         """The entry at a dynamic index counted from 0 (HPACK index 62), or None past the end."""
-        if index < len(self._entries):
-            return self._entries[index]
+        if index < len(self.fields):
+            return self.fields[index]
         return None
 
     def add(self, name: bytes, value: bytes) -> None:
         size = entry_size(name, value)
         if size > self.capacity:
-            self._entries.clear()
+            self.fields.clear()
             self.size = 0
             return
         self._evict(self.capacity - size)
-        self._entries.appendleft((name, value))
+        self.fields.appendleft((name, value))
         self.size += size
 
     def resize(self, capacity: int) -> None:
@@ -72,5 +72,5 @@ class DynamicTable:
 
     def _evict(self, room: int) -> None:
         while self.size > room:
-            name, value = self._entries.pop()
+            name, value = self.fields.pop()
             self.size -= entry_size(name, value)
