@@ -2,10 +2,10 @@
 
 The decoder walks the code's binary tree a whole byte at a time, as nghttp2 does by nibbles: a state is an
 internal node of the tree (the bits read since the last emitted symbol), and ``_transitions()`` maps every
-(state, byte) pair to the next state and the symbols completed on the way. The table (256 states x 256 bytes)
-is built from ``CODES`` on the first Huffman-coded string, not at import. A string is accepted only if it never
-reaches EOS and ends at the root or on padding of at most 7 one-bits (RFC 7541 §5.2); anything else raises
-`HuffmanError`.
+(state, byte) pair to the next state and the symbols completed on the way. The table (256 states x 256 bytes,
+about 2 MB) is built from ``CODES`` on the first Huffman-coded string (tens of milliseconds), not at import.
+A string is accepted only if it never reaches EOS and ends at the root or on padding of at most 7 one-bits
+(RFC 7541 §5.2); anything else raises `HuffmanError`.
 """
 
 from __future__ import annotations
@@ -113,41 +113,44 @@ def _nibble_steps(nodes: list[list[int]]) -> list[tuple[int, bytes]]:
 
 
 @functools.lru_cache(maxsize=1)
-def _transitions() -> tuple[list[int], list[bytes], list[bool]]:
-    """For index ``state << 8 | byte``: the next state (``_FAIL`` if EOS is decoded) and the bytes emitted,
-    composed from two nibble steps (a sixteenth of the work of walking every byte bit by bit)."""
+def _transitions() -> tuple[list[int], list[bytes], list[bool], int]:
+    """For index ``state | byte``, states kept shifted left by 8: the next state and the bytes emitted, composed
+    from two nibble steps (a sixteenth of the work of walking every byte bit by bit). Decoding EOS leads to a
+    sink state (the last) that never leaves and never accepts, so the loop needs no test per byte."""
     nodes, accepting = _tree()
     steps = _nibble_steps(nodes)
+    sink = len(nodes)
+    shifted = [state << 8 for state in range(sink + 1)]  # one int object per state, shared by the table
+    interned: dict[bytes, bytes] = {}
     next_state: list[int] = []
     emitted: list[bytes] = []
-    for state in range(len(nodes)):
+    for state in range(sink):
         for high in range(16):
             middle, first = steps[state << 4 | high]
-            if middle < 0:
-                next_state.extend([_FAIL] * 16)
-                emitted.extend([b""] * 16)
-                continue
             for low in range(16):
-                node, second = steps[middle << 4 | low]
-                next_state.append(node)
-                emitted.append(first + second)
-    return next_state, emitted, accepting
+                node, second = steps[middle << 4 | low] if middle >= 0 else (_FAIL, b"")
+                next_state.append(shifted[sink if node < 0 else node])
+                out = first + second
+                emitted.append(interned.setdefault(out, out))
+    next_state.extend([shifted[sink]] * 256)
+    emitted.extend([b""] * 256)
+    return next_state, emitted, [*accepting, False], shifted[sink]
 
 
 def decode(data: bytes | memoryview) -> bytes:
     """The bytes a Huffman-coded string stands for; `HuffmanError` if it is malformed."""
-    next_state, emitted, accepting = _transitions()
+    next_state, emitted, accepting, sink = _transitions()
     state = 0
-    out = bytearray()
+    out = []
     for byte in data:
-        index = state << 8 | byte
+        index = state | byte
         state = next_state[index]
-        if state < 0:
-            raise HuffmanError("Huffman-coded string contains EOS")
-        out += emitted[index]
-    if not accepting[state]:
+        out.append(emitted[index])
+    if state == sink:
+        raise HuffmanError("Huffman-coded string contains EOS")
+    if not accepting[state >> 8]:
         raise HuffmanError("Huffman-coded string ends with padding that is not 1-7 one-bits (EOS's prefix)")
-    return bytes(out)
+    return b"".join(out)
 
 
 def encode(data: bytes) -> bytes:

@@ -11,9 +11,12 @@ import tracemalloc
 
 import hpack
 import pytest
+from hpack.huffman import HuffmanEncoder
+from hpack.huffman_constants import REQUEST_CODES, REQUEST_CODES_LENGTH
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from edged.grpcapi import _huffman
 from edged.grpcapi._hpack import Decoder, Encoder, HpackError
 from edged.grpcapi._hpack_tables import STATIC_TABLE
 
@@ -132,3 +135,13 @@ def _bounded_decode_raising(block: bytes) -> None:
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
         assert peak < 64 * 1024
+
+
+def test_every_huffman_code_decodes_alone_and_in_a_run() -> None:
+    reference = HuffmanEncoder(REQUEST_CODES, REQUEST_CODES_LENGTH)
+    every = bytes(range(256))
+    assert _huffman.decode(reference.encode(every)) == every
+    assert _huffman.decode(reference.encode(every[::-1] * 3)) == every[::-1] * 3
+    for byte in every:
+        assert _huffman.decode(reference.encode(bytes([byte]))) == bytes([byte])
+        assert _huffman.encode(bytes([byte])) == reference.encode(bytes([byte]))
