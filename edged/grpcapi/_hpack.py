@@ -20,8 +20,10 @@ Decoder guarantees:
   continuation bytes, a decoded list larger than ``max_header_list_size`` (name + value + 32 per field, as
   RFC 9113 counts SETTINGS_MAX_HEADER_LIST_SIZE). After an error the table is undefined: HTTP/2 makes it a
   connection error, so the connection and its Decoder go.
-- Memory is bounded by the block: a string's length is checked against the bytes left before it is read, and
-  decoded fields are counted against ``max_header_list_size`` as they are produced.
+- Memory is bounded by the block: a string's length is checked against the bytes left before it is read, a
+  Huffman string decodes to at most 8/5 of its length, and an indexed field is a reference to a table entry,
+  so the list is counted against ``max_header_list_size`` once, at the block's end.
+- One Decoder per connection, used from one thread (the event loop's): it keeps the connection's table.
 - The never-indexed flag (§6.2.3) is not reported: edged forwards no headers, so there is no hop to protect.
 - ``max_table_size`` is the limit in effect (HTTP/2's initial value is 4096, whatever we advertise, until the
   peer acknowledges our SETTINGS). Lowering it below the table's current size requires the peer to open its
