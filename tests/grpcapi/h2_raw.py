@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 import struct
 from dataclasses import dataclass
+from pathlib import Path
 
 from edged.grpcapi._hpack import Decoder
 
@@ -61,15 +62,22 @@ def message(body: bytes) -> bytes:
 
 
 class RawH2:
-    def __init__(self, address: str, receive_buffer: int | None = None) -> None:
-        host, port = address.rsplit(":", 1)
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    def __init__(self, address: str, receive_buffer: int | None = None, family: int = socket.AF_INET) -> None:
+        self.sock = socket.socket(family, socket.SOCK_STREAM)
         if receive_buffer is not None:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
         self.sock.settimeout(30)
-        self.sock.connect((host, int(port)))
+        if family == socket.AF_UNIX:
+            self.sock.connect(address)
+        else:
+            host, port = address.rsplit(":", 1)
+            self.sock.connect((host, int(port)))
         self._buffer = b""
         self.decoder = Decoder()
+
+    @classmethod
+    def unix(cls, path: Path) -> RawH2:
+        return cls(str(path), family=socket.AF_UNIX)
 
     def __enter__(self) -> RawH2:
         return self
