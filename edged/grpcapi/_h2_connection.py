@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 from collections.abc import Callable
-from typing import Protocol, cast
+from typing import cast
 
 from edged.grpcapi import _h2_frames as f
 from edged.grpcapi._h2_frames import ErrorCode, H2ConnectionError, H2StreamError
+from edged.grpcapi._h2_output import Call, H2Stream, Sender
 from edged.grpcapi._hpack import Decoder, HpackError
 
 log = logging.getLogger(__name__)
@@ -38,33 +38,12 @@ MAX_HEADER_BLOCK = 64 << 10
 MAX_UNREAD_CONTROL = 1024
 LINGER_S = 2.0
 RESET_BUDGET = 256  # client resets of streams still owed an answer, refilled one per answered stream
-_U32 = struct.Struct(">I")
 OUR_SETTINGS = {f.MAX_CONCURRENT_STREAMS: MAX_STREAMS, f.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
                 f.MAX_FRAME_SIZE: f.DEFAULT_FRAME_SIZE, f.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST,
                 f.ENABLE_PUSH: 0}
 
 
-class Call(Protocol):
-    """What a stream's application side (a gRPC call) receives from the connection."""
-
-    def data(self, chunk: memoryview, end_stream: bool) -> None: ...
-
-    def cancel(self) -> None: ...
-
-
 Opener = Callable[["H2Connection", int, list[tuple[bytes, bytes]], bool], "Call | None"]
-
-
-class _Stream:
-    __slots__ = ("call", "pending", "recv_unacked", "remote_closed", "send_window", "trailers")
-
-    def __init__(self, send_window: int) -> None:
-        self.call: Call | None = None
-        self.remote_closed = False
-        self.send_window = send_window
-        self.recv_unacked = 0
-        self.pending = bytearray()  # DATA payload waiting for window
-        self.trailers: bytes | None = None  # a header block to send once ``pending`` is out
 
 
 class H2Connection(asyncio.Protocol):
@@ -74,19 +53,17 @@ class H2Connection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._buffer = bytearray()
         self._need = len(f.PREFACE)
-        self._preface = True  # the preface and the peer's first SETTINGS are still to come
-        self._streams: dict[int, _Stream] = {}
+        self._need_preface = True
+        self._preface = True  # the peer's first frame, which must be SETTINGS, is still to come
+        self._streams: dict[int, H2Stream] = {}
         self._last_id = 0
         self._header_block: bytearray | None = None  # a header block waiting for CONTINUATION
         self._header_stream = 0
         self._header_end_stream = False
         self._decoder = Decoder(max_table_size=4096, max_header_list_size=MAX_HEADER_LIST)
-        self._table_update: bytes = b""  # announced at the start of our next header block
         self._peer_window = f.DEFAULT_WINDOW
-        self._peer_frame = f.DEFAULT_FRAME_SIZE
-        self._send_window = f.DEFAULT_WINDOW
+        self._sender = Sender()
         self._recv_unacked = 0
-        self._paused = False
         self._unread_control = 0
         self._reset_budget = RESET_BUDGET
         self._closing = False  # our GOAWAY is out: no new streams
@@ -110,10 +87,9 @@ class H2Connection(asyncio.Protocol):
         self._on_close(self)
 
     def pause_writing(self) -> None:
-        self._paused = True
+        self._sender.paused = True
 
     def resume_writing(self) -> None:
-        self._paused = False
         self._unread_control = 0
         self._flush()
 
@@ -141,16 +117,10 @@ class H2Connection(asyncio.Protocol):
     # --- parsing --------------------------------------------------------------------------------------------
     def _parse(self, data: bytes) -> int:
         pos = 0
-        if self._preface:
-            if len(data) < len(f.PREFACE):
-                if not f.PREFACE.startswith(data):
-                    raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "not an HTTP/2 connection preface "
-                                            "(edged's gRPC listener speaks HTTP/2 with prior knowledge only)")
-                self._need = len(f.PREFACE)
+        if self._need_preface:
+            if not f.check_preface(data):
                 return 0
-            if not data.startswith(f.PREFACE):
-                raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "not an HTTP/2 connection preface (edged's "
-                                        "gRPC listener speaks HTTP/2 with prior knowledge only)")
+            self._need_preface = False
             pos = len(f.PREFACE)
         view = memoryview(data)
         size = len(data)
@@ -225,7 +195,7 @@ class H2Connection(asyncio.Protocol):
             if stream_id > self._last_id:
                 raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, f"DATA on idle stream {stream_id}")
             raise H2StreamError(stream_id, ErrorCode.STREAM_CLOSED, f"DATA on closed stream {stream_id}")
-        payload = _unpad(flags, payload, stream_id)
+        payload = f.unpad(flags, payload, stream_id)
         end_stream = bool(flags & f.END_STREAM)
         stream.recv_unacked += length
         if stream.recv_unacked > STREAM_WINDOW:
@@ -241,7 +211,7 @@ class H2Connection(asyncio.Protocol):
     def _headers(self, flags: int, stream_id: int, payload: memoryview) -> None:
         if not stream_id:
             raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "HEADERS on stream 0")
-        payload = _unpad(flags, payload, stream_id)
+        payload = f.unpad(flags, payload, stream_id)
         if flags & f.PRIORITY_FLAG:
             if len(payload) < 5:
                 raise H2ConnectionError(ErrorCode.FRAME_SIZE_ERROR, "HEADERS too short for its priority")
@@ -288,20 +258,17 @@ class H2Connection(asyncio.Protocol):
             raise H2StreamError(stream_id, ErrorCode.REFUSED_STREAM, "the server is going away")
         if len(self._streams) >= MAX_STREAMS:
             raise H2StreamError(stream_id, ErrorCode.REFUSED_STREAM, f"more than {MAX_STREAMS} streams open")
-        stream = _Stream(self._peer_window)
-        stream.remote_closed = self._header_end_stream
+        stream = H2Stream(self._peer_window, self._header_end_stream)
         self._streams[stream_id] = stream
         stream.call = self._opener(self, stream_id, headers, self._header_end_stream)
 
     def _window_update(self, stream_id: int, payload: memoryview) -> None:
-        if len(payload) != 4:
-            raise H2ConnectionError(ErrorCode.FRAME_SIZE_ERROR, "WINDOW_UPDATE of a length other than 4")
-        increment = _U32.unpack_from(payload)[0] & 0x7FFFFFFF
+        increment = f.increment_of(payload)
         if not stream_id:
             if not increment:
                 raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "WINDOW_UPDATE of zero on the connection")
-            self._send_window += increment
-            if self._send_window > f.MAX_WINDOW:
+            self._sender.window += increment
+            if self._sender.window > f.MAX_WINDOW:
                 raise H2ConnectionError(ErrorCode.FLOW_CONTROL_ERROR, "the connection's window past 2^31-1")
             self._flush()
             return
@@ -333,23 +300,13 @@ class H2Connection(asyncio.Protocol):
         self._maybe_finish()
 
     def _settings(self, flags: int, stream_id: int, payload: memoryview) -> None:
-        if stream_id:
-            raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "SETTINGS on a stream")
-        if flags & f.ACK:
-            if payload:
-                raise H2ConnectionError(ErrorCode.FRAME_SIZE_ERROR, "SETTINGS ACK with a payload")
-            return
-        if len(payload) % 6:
-            raise H2ConnectionError(ErrorCode.FRAME_SIZE_ERROR, "SETTINGS of a length not a multiple of 6")
-        for offset in range(0, len(payload), 6):
-            key, value = struct.unpack_from(">HI", payload, offset)
+        for key, value in f.settings_of(flags, stream_id, payload):
             self._setting(key, value)
-        self._control(f.frame(f.SETTINGS, f.ACK, 0))
+        if not flags & f.ACK:
+            self._control(f.frame(f.SETTINGS, f.ACK, 0))
 
     def _setting(self, key: int, value: int) -> None:
         if key == f.INITIAL_WINDOW_SIZE:
-            if value > f.MAX_WINDOW:
-                raise H2ConnectionError(ErrorCode.FLOW_CONTROL_ERROR, f"SETTINGS_INITIAL_WINDOW_SIZE {value}")
             delta, self._peer_window = value - self._peer_window, value
             for stream in self._streams.values():
                 stream.send_window += delta
@@ -357,20 +314,12 @@ class H2Connection(asyncio.Protocol):
                     raise H2ConnectionError(ErrorCode.FLOW_CONTROL_ERROR, "a stream's window past 2^31-1")
             self._flush()
         elif key == f.MAX_FRAME_SIZE:
-            if not f.DEFAULT_FRAME_SIZE <= value <= f.MAX_FRAME_SIZE_LIMIT:
-                raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, f"SETTINGS_MAX_FRAME_SIZE {value}")
-            self._peer_frame = value
-        elif key == f.ENABLE_PUSH and value > 1:
-            raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, f"SETTINGS_ENABLE_PUSH {value}")
+            self._sender.frame_size = value
         elif key == f.HEADER_TABLE_SIZE:
-            self._table_update = f.table_size_update(0) if value < 4096 else b""
+            self._sender.table_update = f.table_size_update(0) if value < 4096 else b""
 
     def _ping(self, flags: int, stream_id: int, payload: memoryview) -> None:
-        if stream_id:
-            raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "PING on a stream")
-        if len(payload) != 8:
-            raise H2ConnectionError(ErrorCode.FRAME_SIZE_ERROR, "PING of a length other than 8")
-        if not flags & f.ACK:
+        if f.check_ping(flags, stream_id, payload):
             self._control(f.frame(f.PING, f.ACK, 0, bytes(payload)))
 
     # --- output ---------------------------------------------------------------------------------------------
@@ -381,11 +330,11 @@ class H2Connection(asyncio.Protocol):
             return  # reset by the client meanwhile
         out: list[bytes] = []
         if head is not None:
-            self._header_frames(out, stream_id, head, end_stream=False)
+            self._sender.header_frames(out, stream_id, head, end_stream=False)
         stream.pending += body
         if trailers is not None:
             stream.trailers = trailers
-        self._drain_stream(out, stream_id, stream)
+        self._drain(out, stream_id, stream)
         if out:
             self._write(b"".join(out))
 
@@ -395,48 +344,23 @@ class H2Connection(asyncio.Protocol):
         if stream is None:
             return
         out: list[bytes] = []
-        self._header_frames(out, stream_id, block, end_stream=True)
+        self._sender.header_frames(out, stream_id, block, end_stream=True)
         self._write(b"".join(out))
         self._closed(stream_id, stream)
 
-    def _header_frames(self, out: list[bytes], stream_id: int, block: bytes, end_stream: bool) -> None:
-        if self._table_update:
-            block, self._table_update = self._table_update + block, b""
-        limit = self._peer_frame
-        flags = f.END_STREAM if end_stream else 0
-        if len(block) <= limit:
-            out.append(f.frame(f.HEADERS, flags | f.END_HEADERS, stream_id, block))
-            return
-        out.append(f.frame(f.HEADERS, flags, stream_id, block[:limit]))
-        for start in range(limit, len(block), limit):
-            last = start + limit >= len(block)
-            out.append(f.frame(f.CONTINUATION, f.END_HEADERS if last else 0, stream_id, block[start:start + limit]))
-
-    def _drain_stream(self, out: list[bytes], stream_id: int, stream: _Stream) -> None:
-        pending = stream.pending
-        while pending and not self._paused:
-            size = min(len(pending), self._peer_frame, stream.send_window, self._send_window)
-            if size <= 0:
-                return
-            out.append(f.frame_header(f.DATA, 0, stream_id, size))
-            out.append(bytes(pending[:size]))
-            del pending[:size]
-            stream.send_window -= size
-            self._send_window -= size
-        if not pending and stream.trailers is not None:
-            trailers, stream.trailers = stream.trailers, None
-            self._header_frames(out, stream_id, trailers, end_stream=True)
+    def _drain(self, out: list[bytes], stream_id: int, stream: H2Stream) -> None:
+        if self._sender.drain(out, stream_id, stream):
             self._closed(stream_id, stream)
 
     def _flush(self) -> None:
         out: list[bytes] = []
         for stream_id, stream in list(self._streams.items()):
             if stream.pending or stream.trailers is not None:
-                self._drain_stream(out, stream_id, stream)
+                self._drain(out, stream_id, stream)
         if out:
             self._write(b"".join(out))
 
-    def _closed(self, stream_id: int, stream: _Stream) -> None:
+    def _closed(self, stream_id: int, stream: H2Stream) -> None:
         """We ended the stream: forget it, and stop a client that is still sending (RFC 9113 §8.1)."""
         self._streams.pop(stream_id, None)
         self._reset_budget = min(RESET_BUDGET, self._reset_budget + 1)
@@ -461,7 +385,7 @@ class H2Connection(asyncio.Protocol):
         self._maybe_finish()
 
     def _control(self, data: bytes) -> None:
-        if self._paused:
+        if self._sender.paused:
             self._unread_control += 1
             if self._unread_control > MAX_UNREAD_CONTROL:
                 raise H2ConnectionError(ErrorCode.ENHANCE_YOUR_CALM, "control frames the client does not read")
@@ -506,10 +430,3 @@ class H2Connection(asyncio.Protocol):
         if self._transport is not None:
             self._transport.abort()
 
-
-def _unpad(flags: int, payload: memoryview, stream_id: int) -> memoryview:
-    if not flags & f.PADDED:
-        return payload
-    if not payload or payload[0] >= len(payload):
-        raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, f"padding longer than the frame on stream {stream_id}")
-    return payload[1:len(payload) - payload[0]]

@@ -16,7 +16,8 @@ from enum import IntEnum
 from edged.errors import InvalidInput
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-HEADER = struct.Struct(">I B I")  # 24-bit length and type packed in the first word, flags, stream id
+HEADER = struct.Struct(">I B I")
+_SETTING = struct.Struct(">HI")  # 24-bit length and type packed in the first word, flags, stream id
 MAX_WINDOW = (1 << 31) - 1
 DEFAULT_WINDOW = 65535
 DEFAULT_FRAME_SIZE = 16384
@@ -92,6 +93,60 @@ def rst_stream(stream_id: int, code: ErrorCode) -> bytes:
 
 def goaway(last_stream_id: int, code: ErrorCode, debug: bytes = b"") -> bytes:
     return frame(GOAWAY, 0, 0, struct.pack(">II", last_stream_id, code) + debug)
+
+
+# --- checks of what the peer sends (RFC 9113 §6) --------------------------------------------------------------
+def check_preface(data: bytes) -> bool:
+    """True once ``data`` holds the whole client preface, False while it is a beginning of it."""
+    if data[:len(PREFACE)] != PREFACE[:len(data)]:
+        raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "not an HTTP/2 connection preface (edged's gRPC "
+                                "listener speaks HTTP/2 with prior knowledge only)")
+    return len(data) >= len(PREFACE)
+
+
+def increment_of(payload: memoryview) -> int:
+    if len(payload) != 4:
+        raise H2ConnectionError(ErrorCode.FRAME_SIZE_ERROR, "WINDOW_UPDATE of a length other than 4")
+    return int.from_bytes(payload, "big") & 0x7FFFFFFF
+
+
+def unpad(flags: int, payload: memoryview, stream_id: int) -> memoryview:
+    """The payload of a DATA or HEADERS frame without its padding."""
+    if not flags & PADDED:
+        return payload
+    if not payload or payload[0] >= len(payload):
+        raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, f"padding longer than the frame on stream {stream_id}")
+    return payload[1:len(payload) - payload[0]]
+
+
+def settings_of(flags: int, stream_id: int, payload: memoryview) -> list[tuple[int, int]]:
+    """A SETTINGS frame's (identifier, value) pairs, each value checked; none for an ACK."""
+    if stream_id:
+        raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "SETTINGS on a stream")
+    if flags & ACK:
+        if payload:
+            raise H2ConnectionError(ErrorCode.FRAME_SIZE_ERROR, "SETTINGS ACK with a payload")
+        return []
+    if len(payload) % 6:
+        raise H2ConnectionError(ErrorCode.FRAME_SIZE_ERROR, "SETTINGS of a length not a multiple of 6")
+    pairs = [_SETTING.unpack_from(payload, offset) for offset in range(0, len(payload), 6)]
+    for key, value in pairs:
+        if key == INITIAL_WINDOW_SIZE and value > MAX_WINDOW:
+            raise H2ConnectionError(ErrorCode.FLOW_CONTROL_ERROR, f"SETTINGS_INITIAL_WINDOW_SIZE {value}")
+        if key == MAX_FRAME_SIZE and not DEFAULT_FRAME_SIZE <= value <= MAX_FRAME_SIZE_LIMIT:
+            raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, f"SETTINGS_MAX_FRAME_SIZE {value}")
+        if key == ENABLE_PUSH and value > 1:
+            raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, f"SETTINGS_ENABLE_PUSH {value}")
+    return pairs
+
+
+def check_ping(flags: int, stream_id: int, payload: memoryview) -> bool:
+    """True when the PING wants an ACK."""
+    if stream_id:
+        raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "PING on a stream")
+    if len(payload) != 8:
+        raise H2ConnectionError(ErrorCode.FRAME_SIZE_ERROR, "PING of a length other than 8")
+    return not flags & ACK
 
 
 # --- HPACK without the dynamic table (RFC 7541 §6.1, §6.2.3) ---------------------------------------------------

@@ -5,6 +5,7 @@ the work the server does for it stays bounded, and a second client is served rig
 from __future__ import annotations
 
 import contextlib
+import socket
 import struct
 
 import numpy as np
@@ -223,3 +224,15 @@ def test_a_client_that_never_reads_holds_only_its_window_and_others_are_served(g
         _served(grpc_daemon)
         fields, _ = stalled.response(1)  # it can still read its answers later
         assert fields[b"grpc-status"] == b"0"
+
+
+def test_a_client_sending_one_byte_at_a_time_is_served(grpc_daemon: GrpcDaemon) -> None:
+    with RawH2(grpc_daemon.tcp) as client:
+        client.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # one segment per byte
+        opening = (PREFACE + frame(SETTINGS, 0, 0) + frame(HEADERS, END_HEADERS, 1, request_block("ModelInfer"))
+                   + frame(DATA, END_STREAM, 1, message(_infer_body())))
+        for index in range(len(opening)):
+            client.send(opening[index:index + 1])
+        fields, body = client.response(1)
+        assert fields[b"grpc-status"] == b"0"
+        assert list(pb.ModelInferResponse.FromString(body).outputs[0].shape) == [1, 10]
