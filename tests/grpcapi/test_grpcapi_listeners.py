@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -74,3 +76,22 @@ def test_tcp_restricted_with_only_a_grpc_listener_is_accepted_by_the_http_server
         asyncio.run(run())
     finally:
         sock.close()
+
+
+def test_the_grpc_front_end_runs_without_grpcio(tmp_path: Path) -> None:
+    # grpcio is a test dependency only (tritonclient.grpc): the daemon's front end must not import it
+    script = ("import asyncio, sys\n"
+              "sys.modules['grpc'] = None  # any import of grpcio now fails\n"
+              "from edged.config import ModelsConfig, ServerConfig\n"
+              "from edged.engine import InferenceService\n"
+              "from edged.grpcapi import GrpcServer\n"
+              "from edged.shm import SharedMemoryRegistry\n"
+              "async def main():\n"
+              f"    server = GrpcServer(InferenceService({str(tmp_path)!r}, ModelsConfig()),\n"
+              "                        ServerConfig(grpc_port=0), SharedMemoryRegistry())\n"
+              "    await server.start()\n"
+              "    print(server.addresses)\n"
+              "    await server.stop(0)\n"
+              "asyncio.run(main())\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0 and "127.0.0.1:" in done.stdout, done.stderr
