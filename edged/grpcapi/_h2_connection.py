@@ -69,6 +69,7 @@ class H2Connection(asyncio.Protocol):
         self._closing = False  # our GOAWAY is out: no new streams
         self._dead = False
         self._linger: asyncio.TimerHandle | None = None
+        self._cork: list[bytes] | None = None
         self._ended: dict[int, None] = {}  # streams we ended lately: their DATA in flight is dropped quietly
 
     # --- asyncio.Protocol -----------------------------------------------------------------------------------
@@ -103,11 +104,14 @@ class H2Connection(asyncio.Protocol):
                 return
             data = bytes(buffer)
             buffer.clear()
+        self._cork = []  # what answering these frames writes leaves in one write (one syscall) at the end
         try:
             pos = self._parse(data)
         except H2ConnectionError as e:
+            self._uncork()
             self.fail(e.code, str(e))
             return
+        self._uncork()
         if pos < len(data):
             buffer += data[pos:]
 
@@ -392,8 +396,15 @@ class H2Connection(asyncio.Protocol):
         self._write(data)
 
     def _write(self, data: bytes) -> None:
-        if self._transport is not None and not self._dead:
+        if self._cork is not None:
+            self._cork.append(data)
+        elif self._transport is not None and not self._dead:
             self._transport.write(data)
+
+    def _uncork(self) -> None:
+        out, self._cork = self._cork, None
+        if out:
+            self._write(b"".join(out))
 
     # --- ending ---------------------------------------------------------------------------------------------
     @property
@@ -409,6 +420,7 @@ class H2Connection(asyncio.Protocol):
 
     def _maybe_finish(self) -> None:
         if self._closing and not self._streams and self._transport is not None:
+            self._uncork()
             self._dead = True
             self._transport.close()
 
