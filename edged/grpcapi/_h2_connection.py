@@ -335,12 +335,11 @@ class H2Connection(asyncio.Protocol):
         out: list[bytes] = []
         if head is not None:
             self._sender.header_frames(out, stream_id, head, end_stream=False)
-        stream.pending += body
-        if trailers is not None:
-            stream.trailers = trailers
-        self._drain(out, stream_id, stream)
+        ended = self._sender.send(out, stream_id, stream, body, trailers)
         if out:
             self._write(b"".join(out))
+        if ended:  # after the write: closing the stream may close the connection (GOAWAY sent)
+            self._closed(stream_id, stream)
 
     def trailers_only(self, stream_id: int, block: bytes) -> None:
         """End ``stream_id`` with one HEADERS frame (a gRPC error before any response)."""
@@ -352,17 +351,14 @@ class H2Connection(asyncio.Protocol):
         self._write(b"".join(out))
         self._closed(stream_id, stream)
 
-    def _drain(self, out: list[bytes], stream_id: int, stream: H2Stream) -> None:
-        if self._sender.drain(out, stream_id, stream):
-            self._closed(stream_id, stream)
-
     def _flush(self) -> None:
         out: list[bytes] = []
-        for stream_id, stream in list(self._streams.items()):
-            if stream.pending or stream.trailers is not None:
-                self._drain(out, stream_id, stream)
+        ended = [(stream_id, stream) for stream_id, stream in list(self._streams.items())
+                 if (stream.pending or stream.trailers is not None) and self._sender.drain(out, stream_id, stream)]
         if out:
             self._write(b"".join(out))
+        for stream_id, stream in ended:
+            self._closed(stream_id, stream)
 
     def _closed(self, stream_id: int, stream: H2Stream) -> None:
         """We ended the stream: forget it, and stop a client that is still sending (RFC 9113 §8.1)."""

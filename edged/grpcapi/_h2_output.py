@@ -55,6 +55,22 @@ class Sender:
             last = start + limit >= len(block)
             out.append(f.frame(f.CONTINUATION, f.END_HEADERS if last else 0, stream_id, block[start:start + limit]))
 
+    def send(self, out: list[bytes], stream_id: int, stream: H2Stream, body: bytes, trailers: bytes | None) -> bool:
+        """Queue ``body`` (and ``trailers``) on ``stream`` and append what the windows allow; True once the
+        trailers are in. A body that fits at once is framed as it is, without a copy."""
+        size = len(body)
+        if (size and not stream.pending and not self.paused and size <= self.frame_size
+                and size <= stream.send_window and size <= self.window):
+            out.append(f.frame_header(f.DATA, 0, stream_id, size))
+            out.append(body)
+            stream.send_window -= size
+            self.window -= size
+        elif size:
+            stream.pending += body
+        if trailers is not None:
+            stream.trailers = trailers
+        return self.drain(out, stream_id, stream)
+
     def drain(self, out: list[bytes], stream_id: int, stream: H2Stream) -> bool:
         """Append what the windows allow of ``stream``'s output to ``out``; True once its trailers are in."""
         pending = stream.pending

@@ -61,6 +61,13 @@ def message(body: bytes) -> bytes:
     return b"\x00" + len(body).to_bytes(4, "big") + body
 
 
+def data_frames(stream: int, body: bytes, end_stream: bool = True) -> list[bytes]:
+    """``body`` as DATA frames of the default maximum size (16,384 bytes), the last one ending the stream."""
+    chunks = [body[start:start + 16384] for start in range(0, len(body), 16384)] or [b""]
+    return [frame(DATA, END_STREAM if end_stream and index == len(chunks) - 1 else 0, stream, chunk)
+            for index, chunk in enumerate(chunks)]
+
+
 class RawH2:
     def __init__(self, address: str, receive_buffer: int | None = None, family: int = socket.AF_INET) -> None:
         self.sock = socket.socket(family, socket.SOCK_STREAM)
@@ -124,8 +131,7 @@ class RawH2:
 
     def call(self, stream: int, method: str, body: bytes) -> tuple[dict[bytes, bytes], bytes]:
         """A complete unary call: (the response's headers and trailers merged, the message bytes)."""
-        self.send(frame(HEADERS, END_HEADERS, stream, request_block(method)),
-                  frame(DATA, END_STREAM, stream, message(body)))
+        self.send(frame(HEADERS, END_HEADERS, stream, request_block(method)), *data_frames(stream, message(body)))
         return self.response(stream)
 
     def response(self, stream: int, data: bytes = b"") -> tuple[dict[bytes, bytes], bytes]:

@@ -32,6 +32,7 @@ from h2_raw import (
     STREAM_CLOSED,
     WINDOW_UPDATE,
     RawH2,
+    data_frames,
     frame,
     message,
     request_block,
@@ -236,3 +237,29 @@ def test_a_client_sending_one_byte_at_a_time_is_served(grpc_daemon: GrpcDaemon) 
         fields, body = client.response(1)
         assert fields[b"grpc-status"] == b"0"
         assert list(pb.ModelInferResponse.FromString(body).outputs[0].shape) == [1, 10]
+
+
+def test_grpc_timeout_is_a_deadline(grpc_daemon: GrpcDaemon) -> None:
+    with RawH2(grpc_daemon.tcp) as client:
+        client.start()
+        client.send(frame(HEADERS, END_HEADERS, 1, request_block("ModelInfer", [(b"grpc-timeout", b"50m")])))
+        fields, _ = client.response(1)  # the body never comes: the deadline ends the call
+        assert fields[b"grpc-status"] == b"4" and b"deadline" in fields[b"grpc-message"]
+        client.send(frame(HEADERS, END_HEADERS, 3, request_block("ModelInfer", [(b"grpc-timeout", b"5x")])))
+        assert client.until(RST_STREAM, 3).code == PROTOCOL_ERROR  # not a timeout a client may send
+
+
+def test_a_call_reset_while_the_engine_works_on_it_costs_nothing_else(grpc_daemon: GrpcDaemon) -> None:
+    frame_ = np.zeros((1, 1080, 1920, 3), np.uint8)  # camera_frame runs on a worker thread, not inline
+    request = pb.ModelInferRequest(model_name="camera_frame")
+    request.inputs.add(name="frame", datatype="UINT8", shape=frame_.shape)
+    request.raw_input_contents.append(frame_.tobytes())
+    with RawH2(grpc_daemon.tcp) as client:
+        client.start()
+        client.send(frame(HEADERS, END_HEADERS, 1, request_block("ModelInfer")),
+                    *data_frames(1, message(request.SerializeToString())),
+                    frame(RST_STREAM, 0, 1, struct.pack(">I", 8)))
+        fields, body_ = client.call(3, "ModelInfer", request.SerializeToString())  # the same model, next call
+        assert fields[b"grpc-status"] == b"0" and pb.ModelInferResponse.FromString(body_).raw_output_contents
+    _served(grpc_daemon)
+    assert "Traceback" not in grpc_daemon.daemon.output()
