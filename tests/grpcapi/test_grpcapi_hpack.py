@@ -286,3 +286,10 @@ def test_returned_list_is_the_callers_own() -> None:
     first = decoder.decode(b"\x83\x86")
     first.append((b"x", b"y"))
     assert decoder.decode(b"\x83\x86") == [(b":method", b"POST"), (b":scheme", b"http")]
+
+
+def test_cached_block_is_refused_after_the_header_list_limit_is_lowered() -> None:
+    decoder = Decoder()
+    assert decoder.decode(b"\x83\x86") == [(b":method", b"POST"), (b":scheme", b"http")]  # 43 + 43 bytes
+    decoder.max_header_list_size = 85
+    _refused(b"\x83\x86", "header list of 86 bytes exceeds the limit of 85", decoder)
