@@ -12,6 +12,7 @@ API::
         Encoder()
         encode(headers) -> bytes
         set_max_table_size(n)               # the peer's SETTINGS_HEADER_TABLE_SIZE
+    warm_up()                               # builds the Huffman table now (tens of ms), e.g. at server start
 
 Decoder guarantees:
 - ``decode`` raises nothing but `HpackError` on any input: a truncated integer or string, an index that is 0
@@ -110,6 +111,12 @@ def _string(data: bytes, pos: int) -> tuple[bytes, int]:
         except _huffman.HuffmanError as e:
             raise HpackError(f"string at offset {pos}: {e}") from e
     return raw, end
+
+
+def warm_up() -> None:
+    """Builds the Huffman decoding table, which is otherwise built on the first Huffman-coded string: a server
+    calls it before it listens, so no request pays for it on the event loop."""
+    _huffman.decode(b"")
 
 
 class Decoder:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from edged.errors import InvalidInput
-from edged.grpcapi._hpack import Decoder, Encoder, HpackError
+from edged.grpcapi import _huffman
+from edged.grpcapi._hpack import Decoder, Encoder, HpackError, warm_up
 from edged.grpcapi._huffman import encode as huffman_encode
 
 Headers = list[tuple[bytes, bytes]]
@@ -286,3 +287,18 @@ def test_returned_list_is_the_callers_own() -> None:
     first = decoder.decode(b"\x83\x86")
     first.append((b"x", b"y"))
     assert decoder.decode(b"\x83\x86") == [(b":method", b"POST"), (b":scheme", b"http")]
+
+
+def test_cached_block_is_refused_after_the_header_list_limit_is_lowered() -> None:
+    decoder = Decoder()
+    assert decoder.decode(b"\x83\x86") == [(b":method", b"POST"), (b":scheme", b"http")]  # 43 + 43 bytes
+    decoder.max_header_list_size = 85
+    _refused(b"\x83\x86", "header list of 86 bytes exceeds the limit of 85", decoder)
+
+
+def test_warm_up_builds_the_huffman_table_once() -> None:
+    warm_up()
+    built = _huffman._transitions()
+    warm_up()
+    assert _huffman._transitions() is built
+    assert Decoder().decode(bytes.fromhex(C4[0])) == REQUESTS[0][0]

@@ -30,7 +30,7 @@ _header = st.one_of(st.sampled_from(STATIC_TABLE), st.tuples(_names, _values))
 _header_list = st.lists(_header, max_size=12)
 _sequence = st.lists(st.tuples(_header_list, st.booleans(), st.lists(st.booleans(), max_size=12)),
                      min_size=1, max_size=8)
-_SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+_SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @_SETTINGS
@@ -86,13 +86,13 @@ def _bounded_decode(decoder: Decoder, block: bytes) -> None:
     assert peak < 64 * 1024 + 16 * len(block)
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(block=st.binary(max_size=300))
 def test_random_bytes_raise_only_hpack_error_with_bounded_memory(block: bytes) -> None:
     _bounded_decode(Decoder(), block)
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(which=st.integers(0, len(_VALID) - 1), flips=st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)),
                                                               min_size=1, max_size=4),
        cut=st.integers(0, 10_000))
@@ -103,7 +103,7 @@ def test_mutated_valid_blocks_raise_only_hpack_error(which: int, flips: list[tup
     _bounded_decode(Decoder(), bytes(block[: len(block) - cut % 4]))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(blocks=st.lists(st.binary(max_size=60), min_size=2, max_size=10))
 def test_one_decoder_fed_random_blocks_raises_only_hpack_error(blocks: list[bytes]) -> None:
     decoder = Decoder(max_header_list_size=4096)
