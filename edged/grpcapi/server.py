@@ -40,6 +40,7 @@ from edged.access import BIND_UMASK, TcpRestrictions, is_loopback, remove_stale,
 from edged.config import ServerConfig
 from edged.engine import InferenceService
 from edged.errors import ConfigError, EdgedError
+from edged.grpcapi import _hpack as hpack
 from edged.grpcapi._grpc_stream import GrpcCall, open_call
 from edged.grpcapi._h2_connection import H2Connection
 from edged.grpcapi._infer import GrpcInfer
@@ -118,6 +119,7 @@ class GrpcServer:
         config = self._config
         loop = asyncio.get_running_loop()
         self._infer = GrpcInfer(self._service, self._shm, config.max_tensor_elements)
+        hpack.warm_up()  # before listening: the first request would pay for the Huffman table
         sockets: list[socket.socket] = []
         try:
             if config.grpc_port is not None:
