@@ -47,8 +47,9 @@ Opener = Callable[["H2Connection", int, list[tuple[bytes, bytes]], bool], "Call 
 
 
 class H2Connection(asyncio.Protocol):
-    def __init__(self, opener: Opener, on_close: Callable[[H2Connection], None]) -> None:
+    def __init__(self, opener: Opener, on_close: Callable[[H2Connection], None], refuse: bool = False) -> None:
         self._opener = opener
+        self._refuse = refuse  # over [server] max_connections: GOAWAY at once
         self._on_close = on_close
         self._transport: asyncio.Transport | None = None
         self._buffer = bytearray()
@@ -76,6 +77,8 @@ class H2Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # a stream server's transport
         self._transport.write(f.settings_frame(OUR_SETTINGS) + f.window_update(0, CONNECTION_WINDOW - f.DEFAULT_WINDOW))
+        if self._refuse:
+            self.fail(ErrorCode.ENHANCE_YOUR_CALM, "too many gRPC connections ([server] max_connections)")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._dead = True

@@ -19,6 +19,8 @@ Listeners and access control:
   ``[server.access]`` limits it to listed users.
 - Messages up to ``grpc_max_message_mb`` (a 6.2 MB 1080p frame fits the default); a larger one gets
   RESOURCE_EXHAUSTED from its length prefix, before its bytes are read.
+- At most ``[server] max_connections`` gRPC connections (counted apart from HTTP's): one more is answered
+  GOAWAY (ENHANCE_YOUR_CALM) and closed.
 - Stopping sends GOAWAY on every connection, lets calls in flight finish within the timeout, then closes.
 """
 
@@ -193,7 +195,8 @@ class GrpcServer:
         return sock
 
     def _connection(self) -> H2Connection:
-        conn = H2Connection(self._open, self._connections.discard)
+        conn = H2Connection(self._open, self._connections.discard,
+                            refuse=len(self._connections) >= self._config.max_connections)
         self._connections.add(conn)
         return conn
 
