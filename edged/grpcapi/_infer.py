@@ -17,7 +17,7 @@ import threading
 from collections.abc import AsyncIterator, Callable
 
 from edged.engine import InferenceService, InferResponse
-from edged.errors import EdgedError
+from edged.errors import EdgedError, InferenceFailed
 from edged.grpcapi._tensors import Decoded, decode_infer, encode_infer
 from edged.grpcapi.proto import grpc_service_pb2 as pb
 from edged.protocol.shm_params import ShmReference
@@ -77,6 +77,10 @@ class GrpcInfer:
             answer = encode_infer(result, decoded.outputs, self._write)
         except EdgedError as e:
             finish(e)
+            return
+        except Exception as e:  # a bug answers INTERNAL: this runs in a loop callback, nobody else would answer
+            log.exception("unexpected error encoding a gRPC response (model %s)", result.model)
+            finish(InferenceFailed(f"internal error: {e}"))
             return
         finish(answer)
 

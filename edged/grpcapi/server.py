@@ -341,6 +341,9 @@ def _expect_one(call: GrpcCall, start: Callable[[GrpcCall, bytes], None]) -> Non
             start(call, messages[0])
         except EdgedError as e:
             call.fail(code_for(e), str(e))
+        except Exception as e:  # a bug answers this call INTERNAL, never ends the connection's other streams
+            log.exception("unexpected error starting a gRPC call")
+            call.fail(Status.INTERNAL, f"internal error: {e}")
 
     call.on_message = on_message
     call.on_end = on_end
