@@ -25,6 +25,7 @@ from h2_raw import (
     PADDED,
     PING,
     PREFACE,
+    PRIORITY,
     PROTOCOL_ERROR,
     REFUSED_STREAM,
     RST_STREAM,
@@ -263,3 +264,17 @@ def test_a_call_reset_while_the_engine_works_on_it_costs_nothing_else(grpc_daemo
         assert fields[b"grpc-status"] == b"0" and pb.ModelInferResponse.FromString(body_).raw_output_contents
     _served(grpc_daemon)
     assert "Traceback" not in grpc_daemon.daemon.output()
+
+
+def test_padding_priority_and_unknown_frames_are_understood(grpc_daemon: GrpcDaemon) -> None:
+    with RawH2(grpc_daemon.tcp) as client:
+        client.start()
+        padded_block = b"\x03" + bytes(5) + request_block("ModelInfer") + b"pad"  # pad length, priority, block
+        body = message(_infer_body())
+        client.send(frame(0x20, 0, 0, b"an extension frame"),  # unknown type: ignored
+                    frame(HEADERS, END_HEADERS | PADDED | 0x20, 1, padded_block),
+                    frame(PRIORITY, 0, 1, bytes(5)),
+                    frame(DATA, END_STREAM | PADDED, 1, b"\x04" + body + b"\x00" * 4))
+        fields, answer = client.response(1)
+        assert fields[b"grpc-status"] == b"0"
+        assert list(pb.ModelInferResponse.FromString(answer).outputs[0].shape) == [1, 10]
