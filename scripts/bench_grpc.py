@@ -1,15 +1,23 @@
 """HTTP and gRPC side by side in one run, with perf_analyzer against one spawned daemon.
 
 Usage: python scripts/bench_grpc.py [PERF_ANALYZER]  (default .cache/perf_analyzer/perf_analyzer)
+       python scripts/bench_grpc.py --ab BASE_CHECKOUT [--rounds N] [PERF_ANALYZER]
 
 tiny_mlp at concurrency 1 and 4 over both protocols, then camera_frame ([1,1080,1920,3] UINT8) at concurrency 1
 with the frame in the message body and in system shared memory. Scenarios alternate (HTTP, gRPC, ...) so that
 machine load hits both alike. Prints one line per scenario: infer/s, p50 and p99 in microseconds.
+
+``--ab``: two daemons, one running BASE_CHECKOUT's edged and one this checkout's, both serving gRPC; for
+tiny_mlp c1 and c4 perf_analyzer ``-i grpc`` alternates between them, and each run reports the daemon's CPU
+per call: its user+system time from /proc/PID/stat over the model's inference_count (the statistics route),
+which machine load moves far less than infer/s.
 """
 
 from __future__ import annotations
 
 import csv
+import json
+import os
 import socket
 import subprocess
 import sys
@@ -55,8 +63,62 @@ def _run(perf: str, protocol: str, port: int, model: str, concurrency: int, shm:
             f"p50 {int(row['p50 latency']):7d} us  p99 {int(row['p99 latency']):7d} us")
 
 
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def _inferences(port: int) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/tiny_mlp/stats", timeout=10) as answer:
+        stats = json.loads(answer.read())
+    return int(stats["model_stats"][0]["inference_count"])
+
+
+def _start(checkout: Path, work: Path, name: str) -> tuple[subprocess.Popen[bytes], int, int]:
+    http, grpc = _free_port(), _free_port()
+    home = work / name
+    home.mkdir()
+    (home / "edged.toml").write_text(f'[server]\nhttp_port = {http}\ngrpc_port = {grpc}\n[telemetry]\n'
+                                     'source = "off"\n')
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    daemon = subprocess.Popen([sys.executable, "-m", "edged", "serve", "--config", str(home / "edged.toml"),
+                               "--socket", str(home / "edged.sock"), "--state-dir", str(home / "state")],
+                              env=env, cwd=checkout, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return daemon, http, grpc
+
+
+def ab(perf: str, base: Path, rounds: int) -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        daemons = {"base": _start(base, work, "base"), "new": _start(ROOT, work, "new")}
+        try:
+            for _, http, _ in daemons.values():
+                _wait_ready(http)
+            for round_ in range(rounds):
+                for concurrency in (1, 4):
+                    order = ("base", "new") if round_ % 2 == 0 else ("new", "base")
+                    for name in order:
+                        daemon, http, grpc = daemons[name]
+                        cpu, count = _cpu_s(daemon.pid), _inferences(http)
+                        line = _run(perf, "grpc", grpc, "tiny_mlp", concurrency, "none", work)
+                        per_call = (_cpu_s(daemon.pid) - cpu) / max(1, _inferences(http) - count) * 1e6
+                        print(f"round {round_ + 1} {name:4} {line}  daemon CPU {per_call:6.0f} us/call", flush=True)
+        finally:
+            for daemon, _, _ in daemons.values():
+                daemon.terminate()
+                daemon.wait(30)
+    return 0
+
+
 def main() -> int:
-    perf = sys.argv[1] if len(sys.argv) > 1 else str(ROOT / ".cache" / "perf_analyzer" / "perf_analyzer")
+    args = sys.argv[1:]
+    if args[:1] == ["--ab"]:
+        base = Path(args[1])
+        rounds = int(args[3]) if args[2:3] == ["--rounds"] else 2
+        rest = args[4:] if args[2:3] == ["--rounds"] else args[2:]
+        perf = rest[0] if rest else str(ROOT / ".cache" / "perf_analyzer" / "perf_analyzer")
+        return ab(perf, base, rounds)
+    perf = args[0] if args else str(ROOT / ".cache" / "perf_analyzer" / "perf_analyzer")
     http, grpc = _free_port(), _free_port()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

@@ -25,7 +25,7 @@ def _port(value: int | None) -> str | None:
 
 
 def _grpc_message_mb(value: int) -> str | None:
-    # grpcio takes a signed 32-bit byte count
+    # below the 4 GiB a gRPC length prefix can name, and within the signed 32-bit sizes gRPC clients take
     return None if 0 < value <= 2047 else "expected a size in MB between 1 and 2047"
 
 

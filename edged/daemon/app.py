@@ -413,12 +413,12 @@ def _repository(config: EdgedConfig, state_dir: Path) -> Path:
 
 
 def _grpc_server(service: InferenceService, config: EdgedConfig, shared_memory: SharedMemoryRegistry) -> Any:
-    """The gRPC front end, imported only when configured: grpcio is the optional ``grpc`` extra."""
+    """The gRPC front end, imported only when configured: its protobuf messages are the optional ``grpc`` extra."""
     try:
         from edged.grpcapi import GrpcServer
     except ImportError as e:
         raise ConfigError(f"server.grpc_port / server.grpc_socket are set but the gRPC front end cannot be "
-                          f"imported ({e}); install edged's grpc extra (grpcio, protobuf)") from e
+                          f"imported ({e}); install edged's grpc extra (protobuf)") from e
     return GrpcServer(service, config.server, shared_memory)
 
 

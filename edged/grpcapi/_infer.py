@@ -1,8 +1,9 @@
 """ModelInfer and ModelStreamInfer on the shared engine, as the HTTP infer path calls it.
 
 A request is decoded on the loop, submitted with ``InferenceService.submit`` (inline when the engine says the
-model is fast enough) and its done callback resolves an asyncio future, hopping back to the loop with
-``call_soon_threadsafe`` when it runs on a worker thread. A lazily loaded model is loaded in the executor
+model is fast enough) and its done callback encodes the response and hands it on (``begin``: the unary path,
+with no task or future), hopping back to the loop with ``call_soon_threadsafe`` when it runs on a worker
+thread. A lazily loaded model is loaded in the executor
 first. On a stream every request is served concurrently and its response (or its ``error_message``) is sent
 when it completes, so one bad request in the middle of a stream costs that request only; the stream ends when
 the client half-closes and every response has been sent.
@@ -13,17 +14,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from edged.engine import InferenceService, InferResponse
-from edged.errors import EdgedError
-from edged.grpcapi._tensors import decode_infer, encode_infer
+from edged.errors import EdgedError, InferenceFailed
+from edged.grpcapi._tensors import Decoded, decode_infer, encode_infer
 from edged.grpcapi.proto import grpc_service_pb2 as pb
 from edged.protocol.shm_params import ShmReference
 from edged.shm import TCP_CALLER, SharedMemoryRegistry
 
 log = logging.getLogger(__name__)
 _Result = InferResponse | EdgedError
+_Answer = pb.ModelInferResponse | EdgedError
 
 
 class GrpcInfer:
@@ -36,24 +38,51 @@ class GrpcInfer:
 
     async def infer(self, message: pb.ModelInferRequest) -> pb.ModelInferResponse:
         """The response, or an EdgedError raised for the caller to turn into a status."""
-        decoded = decode_infer(message, self._max_elements, self._read)
-        request = decoded.request
-        service = self._service
-        if service.needs_load(request.model):
-            await self._loop.run_in_executor(None, service.ensure_loaded, request.model)
-        future: asyncio.Future[_Result] = self._loop.create_future()
+        if self._service.needs_load(message.model_name):
+            await self._loop.run_in_executor(None, self._service.ensure_loaded, message.model_name)
+        future: asyncio.Future[_Answer] = self._loop.create_future()
+        self.begin(message, lambda answer: _resolve(future, answer))
+        answer = await future
+        if isinstance(answer, EdgedError):
+            raise answer
+        return answer
 
-        def done(result: _Result) -> None:
-            if threading.get_ident() == self._loop_thread:
-                _resolve(future, result)
-            else:
-                self._loop.call_soon_threadsafe(_resolve, future, result)
+    def begin(self, message: pb.ModelInferRequest, finish: Callable[[_Answer], None]) -> None:
+        """Submit ``message`` and have ``finish`` called on the loop with the response or the error: the unary
+        path, with no task and no future (the model is loaded: see ``needs_load``)."""
+        try:
+            decoded = decode_infer(message, self._max_elements, self._read)
+            request = decoded.request
+            service = self._service
+            loop_thread = self._loop_thread
 
-        service.submit(request, done, inline=service.should_inline(request.model, request.version))
-        result = await future
+            def done(result: _Result) -> None:
+                if threading.get_ident() == loop_thread:
+                    self._encode(result, decoded, finish)
+                else:
+                    self._loop.call_soon_threadsafe(self._encode, result, decoded, finish)
+
+            service.submit(request, done, inline=service.should_inline(request.model, request.version))
+        except EdgedError as e:
+            finish(e)
+
+    def needs_load(self, message: pb.ModelInferRequest) -> bool:
+        return self._service.needs_load(message.model_name)
+
+    def _encode(self, result: _Result, decoded: Decoded, finish: Callable[[_Answer], None]) -> None:
         if isinstance(result, EdgedError):
-            raise result
-        return encode_infer(result, decoded.outputs, self._write)
+            finish(result)
+            return
+        try:
+            answer = encode_infer(result, decoded.outputs, self._write)
+        except EdgedError as e:
+            finish(e)
+            return
+        except Exception as e:  # a bug answers INTERNAL: this runs in a loop callback, nobody else would answer
+            log.exception("unexpected error encoding a gRPC response (model %s)", result.model)
+            finish(InferenceFailed(f"internal error: {e}"))
+            return
+        finish(answer)
 
     async def stream(self, requests: AsyncIterator[pb.ModelInferRequest],
                      ) -> AsyncIterator[pb.ModelStreamInferResponse]:
@@ -102,6 +131,6 @@ class GrpcInfer:
         return self._shm.writable(reference, TCP_CALLER)
 
 
-def _resolve(future: asyncio.Future[_Result], result: _Result) -> None:
+def _resolve(future: asyncio.Future[_Answer], result: _Answer) -> None:
     if not future.done():  # the call was cancelled (client went away) while the engine worked
         future.set_result(result)

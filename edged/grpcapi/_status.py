@@ -2,12 +2,13 @@
 own: NOT_FOUND, INVALID_ARGUMENT, UNAVAILABLE (a full queue, a model not ready, a request that timed out in the
 queue), ALREADY_EXISTS (a region name taken), INTERNAL. Triton has no family for refused access; edged answers
 PERMISSION_DENIED, which tritonclient raises like any other error. Messages too large for
-``[server] grpc_max_message_mb`` get grpcio's own RESOURCE_EXHAUSTED before any handler runs.
+``[server] grpc_max_message_mb`` get RESOURCE_EXHAUSTED from the call layer (``_grpc_stream``) before any
+handler runs. The codes are gRPC's own numbers (doc/statuscodes.md of the gRPC project).
 """
 
 from __future__ import annotations
 
-import grpc
+from enum import IntEnum
 
 from edged.errors import (
     ConfigError,
@@ -23,23 +24,44 @@ from edged.errors import (
     Unavailable,
 )
 
+
+class Status(IntEnum):
+    OK = 0
+    CANCELLED = 1
+    UNKNOWN = 2
+    INVALID_ARGUMENT = 3
+    DEADLINE_EXCEEDED = 4
+    NOT_FOUND = 5
+    ALREADY_EXISTS = 6
+    PERMISSION_DENIED = 7
+    RESOURCE_EXHAUSTED = 8
+    FAILED_PRECONDITION = 9
+    ABORTED = 10
+    OUT_OF_RANGE = 11
+    UNIMPLEMENTED = 12
+    INTERNAL = 13
+    UNAVAILABLE = 14
+    DATA_LOSS = 15
+    UNAUTHENTICATED = 16
+
+
 # Most specific first: SharedMemoryInvalid and PayloadTooLarge are InvalidInput.
-_CODE_BY_FAMILY: tuple[tuple[type[EdgedError], grpc.StatusCode], ...] = (
-    (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
-    (ModelNotFound, grpc.StatusCode.NOT_FOUND),
-    (SharedMemoryNotFound, grpc.StatusCode.NOT_FOUND),
-    (SharedMemoryExists, grpc.StatusCode.ALREADY_EXISTS),
-    (InvalidInput, grpc.StatusCode.INVALID_ARGUMENT),
-    (ConfigError, grpc.StatusCode.INVALID_ARGUMENT),
-    (QueueFull, grpc.StatusCode.UNAVAILABLE),
-    (ModelNotReady, grpc.StatusCode.UNAVAILABLE),
-    (Unavailable, grpc.StatusCode.UNAVAILABLE),
-    (RequestTimeout, grpc.StatusCode.UNAVAILABLE),
+_CODE_BY_FAMILY: tuple[tuple[type[EdgedError], Status], ...] = (
+    (PermissionDenied, Status.PERMISSION_DENIED),
+    (ModelNotFound, Status.NOT_FOUND),
+    (SharedMemoryNotFound, Status.NOT_FOUND),
+    (SharedMemoryExists, Status.ALREADY_EXISTS),
+    (InvalidInput, Status.INVALID_ARGUMENT),
+    (ConfigError, Status.INVALID_ARGUMENT),
+    (QueueFull, Status.UNAVAILABLE),
+    (ModelNotReady, Status.UNAVAILABLE),
+    (Unavailable, Status.UNAVAILABLE),
+    (RequestTimeout, Status.UNAVAILABLE),
 )
 
 
-def code_for(error: EdgedError) -> grpc.StatusCode:
+def code_for(error: EdgedError) -> Status:
     for family, code in _CODE_BY_FAMILY:
         if isinstance(error, family):
             return code
-    return grpc.StatusCode.INTERNAL
+    return Status.INTERNAL

@@ -90,13 +90,17 @@ def _decode_input(tensor: pb.ModelInferRequest.InferInputTensor, raw: Sequence[b
     name = tensor.name
     dtype = numpy_for(tensor.datatype, name)
     shape = tuple(tensor.shape)
-    count = 1
+    count = span = 1
     for dim in shape:
         if dim < 0:
             raise InvalidInput(f"input {name!r}: shape {list(shape)} has a negative dimension")
         count *= dim
+        span *= max(dim, 1)  # numpy refuses a shape whose other dimensions overflow, even with a zero in it
     if count > max_elements:
         raise PayloadTooLarge(f"input {name!r} has {count} elements, more than the limit of {max_elements}")
+    if span > max_elements:
+        raise PayloadTooLarge(f"input {name!r}: shape {list(shape)} is empty, but its other dimensions make more "
+                              f"than the limit of {max_elements} elements")
     reference = shm_reference(parameters(tensor.parameters), name, "input") if tensor.parameters else None
     has_contents = tensor.HasField("contents")
     if reference is not None:

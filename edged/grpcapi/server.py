@@ -1,23 +1,27 @@
 """`GrpcServer`: Triton's ``inference.GRPCInferenceService`` (KServe v2 gRPC) on the daemon's event loop.
 
-Handlers are registered by method name with grpcio's generic handlers and the generated messages'
-``FromString``/``SerializeToString``; TraceSetting and LogSettings are not registered, so they answer
+edged serves gRPC itself: HTTP/2 with prior knowledge (``_h2_connection``), the gRPC call layer
+(``_grpc_stream``) and the handlers below, all on the daemon's loop with no thread or completion queue of a
+library in between (grpcio's server cost twice the CPU of the HTTP/1.1 path per call: docs/benchmarks.md).
+Handlers are found by method name in ``RPCS``; TraceSetting and LogSettings are not there, so they answer
 UNIMPLEMENTED as an RPC edged does not serve should. The engine and the shared-memory registry are the HTTP
-server's own (the daemon passes both), never a second backend.
+server's own (the daemon passes both), never a second backend. A unary ModelInfer runs with no task: decoded
+when its last DATA frame arrives, submitted, and answered from the engine's callback in one write.
 
 Listeners and access control:
 - ``[server] grpc_port``: loopback TCP on ``grpc_host`` (a non-loopback host only with
   ``http_allow_non_loopback``, the HTTP listener's opt-in).
-- ``[server] grpc_socket``: a Unix socket edged creates itself (grpcio cannot adopt a socket-activated
-  descriptor), bound under a 0o177 umask, then given ``socket_mode`` and ``socket_group``; it is absent while
-  the daemon restarts. grpcio gives a handler no peer credentials on a Unix socket (``context.peer()`` is
-  ``unix:PATH``; the auth context names the transport only), so SO_PEERCRED rules cannot apply: the socket's
-  mode and group decide who may connect, and every gRPC call, on either listener, is judged as a loopback
-  TCP request is, by ``[server.tcp_restricted]`` with gRPC metadata keys instead of headers. By default that
-  refuses model loading and unloading, every shared-memory call, and inference where ``[server.access]``
-  limits it to listed users.
-- Messages up to ``grpc_max_message_mb`` each way (grpcio's default receive limit, 4 MB, is below a 6.2 MB
-  1080p frame); larger ones get RESOURCE_EXHAUSTED from grpcio itself.
+- ``[server] grpc_socket``: a Unix socket edged creates itself, bound under a 0o177 umask, then given
+  ``socket_mode`` and ``socket_group``; it is absent while the daemon restarts. Peer credentials are not
+  consulted: the socket's mode and group decide who may connect, and every gRPC call, on either listener, is
+  judged as a loopback TCP request is, by ``[server.tcp_restricted]`` with gRPC metadata keys instead of
+  headers. By default that refuses model loading and unloading, every shared-memory call, and inference where
+  ``[server.access]`` limits it to listed users.
+- Messages up to ``grpc_max_message_mb`` (a 6.2 MB 1080p frame fits the default); a larger one gets
+  RESOURCE_EXHAUSTED from its length prefix, before its bytes are read.
+- At most ``[server] max_connections`` gRPC connections (counted apart from HTTP's): one more is answered
+  GOAWAY (ENHANCE_YOUR_CALM) and closed.
+- Stopping sends GOAWAY on every connection, lets calls in flight finish within the timeout, then closes.
 """
 
 from __future__ import annotations
@@ -26,26 +30,31 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+import socket
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import grpc
+from google.protobuf.message import DecodeError
 
 from edged.access import BIND_UMASK, TcpRestrictions, is_loopback, remove_stale, set_mode_and_group
 from edged.config import ServerConfig
 from edged.engine import InferenceService
 from edged.errors import ConfigError, EdgedError
+from edged.grpcapi import _hpack as hpack
+from edged.grpcapi._grpc_stream import GrpcCall, open_call
+from edged.grpcapi._h2_connection import H2Connection
 from edged.grpcapi._infer import GrpcInfer
 from edged.grpcapi._service import Service
-from edged.grpcapi._status import code_for
+from edged.grpcapi._status import Status, code_for
 from edged.grpcapi.proto import grpc_service_pb2 as pb
 from edged.shm import SharedMemoryRegistry
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "inference.GRPCInferenceService"
+_PREFIX = f"/{SERVICE_NAME}/".encode()
 _ACTIONS = {"RepositoryModelLoad": "load models", "RepositoryModelUnload": "unload models",
             "ModelInfer": "run inference", "ModelStreamInfer": "run inference"}
 
@@ -82,6 +91,9 @@ _BLOCKING = frozenset({"RepositoryModelLoad", "RepositoryModelUnload"})
 _LAZY = frozenset({"ModelMetadata", "ModelConfig"})
 
 
+_MB = 1024 * 1024
+
+
 class GrpcServer:
     def __init__(self, service: InferenceService, config: ServerConfig, shared_memory: SharedMemoryRegistry) -> None:
         self._service = service
@@ -93,7 +105,11 @@ class GrpcServer:
                                              listener="gRPC (TCP or its Unix socket)",
                                              elsewhere="or use the HTTP API on edged's Unix socket")
         self._calls = Service(service, shared_memory)
-        self._server: grpc.aio.Server | None = None
+        self._table: dict[str, Callable[[Any], Any]] = self._unary_table()
+        self._limit = config.grpc_max_message_mb * _MB
+        self._infer: GrpcInfer | None = None
+        self._servers: list[asyncio.Server] = []
+        self._connections: set[H2Connection] = set()
         self._socket: tuple[Path, int] | None = None  # the socket file this process bound, and its inode
         self.addresses: list[str] = []
 
@@ -103,26 +119,42 @@ class GrpcServer:
 
     async def start(self) -> None:
         config = self._config
-        limit = config.grpc_max_message_mb * 1024 * 1024
-        server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit),
-                                          ("grpc.max_send_message_length", limit),
-                                          ("grpc.so_reuseport", 0)])
-        server.add_generic_rpc_handlers((self._handlers(GrpcInfer(self._service, self._shm,
-                                                                  config.max_tensor_elements)),))
-        if config.grpc_port is not None:
-            self.addresses.append(self._add_tcp(server, config))
-        if config.grpc_socket is not None:
-            self.addresses.append(self._add_unix(server, Path(config.grpc_socket)))
-        await server.start()
-        self._server = server
+        loop = asyncio.get_running_loop()
+        self._infer = GrpcInfer(self._service, self._shm, config.max_tensor_elements)
+        hpack.warm_up()  # before listening: the first request would pay for the Huffman table
+        sockets: list[socket.socket] = []
+        try:
+            if config.grpc_port is not None:
+                sockets.append(self._tcp_socket(config))
+            if config.grpc_socket is not None:
+                sockets.append(self._unix_socket(Path(config.grpc_socket)))
+        except ConfigError:
+            for sock in sockets:
+                sock.close()
+            raise
+        for sock in sockets:
+            if sock.family == socket.AF_UNIX:
+                self._servers.append(await loop.create_unix_server(self._connection, sock=sock))
+                self.addresses.append(f"unix:{config.grpc_socket}")
+            else:
+                self._servers.append(await loop.create_server(self._connection, sock=sock))
+                self.addresses.append(f"{config.grpc_host}:{sock.getsockname()[1]}")
         log.info("serving KServe v2 gRPC on %s", ", ".join(self.addresses))
 
     async def stop(self, timeout_s: float) -> None:
         """Refuse new calls, let those in flight finish within ``timeout_s``, then remove the socket file."""
         self._calls.draining = True
-        if self._server is not None:
-            await self._server.stop(timeout_s)
-            self._server = None
+        loop = asyncio.get_running_loop()
+        for server in self._servers:
+            server.close()
+        for conn in list(self._connections):
+            conn.go_away()
+        deadline = loop.time() + timeout_s
+        while self._connections and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        for conn in list(self._connections):
+            conn.abort()
+        self._servers.clear()
         if self._socket is not None:
             path, inode = self._socket
             with contextlib.suppress(FileNotFoundError):
@@ -132,38 +164,46 @@ class GrpcServer:
 
     # --- listeners ------------------------------------------------------------------------------------------
     @staticmethod
-    def _add_tcp(server: grpc.aio.Server, config: ServerConfig) -> str:
+    def _tcp_socket(config: ServerConfig) -> socket.socket:
         host = config.grpc_host
         if not config.http_allow_non_loopback and not is_loopback(host):
             raise ConfigError(f"server.grpc_host {host!r} is not a loopback address; it listens on loopback only "
                               "unless server.http_allow_non_loopback = true")
-        target = f"[{host}]:{config.grpc_port}" if ":" in host else f"{host}:{config.grpc_port}"
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
         try:
-            port = server.add_insecure_port(target)
-        except RuntimeError as e:
-            raise ConfigError(f"cannot listen for gRPC on {target}: {e}") from e
-        return f"{host}:{port}"
+            return socket.create_server((host, config.grpc_port or 0), family=family)
+        except OSError as e:
+            raise ConfigError(f"cannot listen for gRPC on {host}:{config.grpc_port}: {e.strerror}") from e
 
-    def _add_unix(self, server: grpc.aio.Server, path: Path) -> str:
+    def _unix_socket(self, path: Path) -> socket.socket:
         remove_stale(path)
-        previous = os.umask(BIND_UMASK)  # grpcio binds inside add_insecure_port
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        previous = os.umask(BIND_UMASK)  # the file is created by bind: never world-writable, even briefly
         try:
-            server.add_insecure_port(f"unix:{path}")
-        except RuntimeError as e:
-            raise ConfigError(f"cannot listen for gRPC on Unix socket {path}: {e}") from e
+            sock.bind(str(path))
+        except OSError as e:
+            sock.close()
+            raise ConfigError(f"cannot listen for gRPC on Unix socket {path}: {e.strerror}") from e
         finally:
             os.umask(previous)
         try:
             set_mode_and_group(path, self._config.socket_mode, self._config.socket_group)
         except OSError as e:
+            sock.close()
             raise ConfigError(f"cannot set the mode or group of gRPC socket {path}: {e.strerror}") from e
         self._socket = (path, path.lstat().st_ino)
-        return f"unix:{path}"
+        return sock
+
+    def _connection(self) -> H2Connection:
+        conn = H2Connection(self._open, self._connections.discard,
+                            refuse=len(self._connections) >= self._config.max_connections)
+        self._connections.add(conn)
+        return conn
 
     # --- dispatch -------------------------------------------------------------------------------------------
-    def _handlers(self, infer: GrpcInfer) -> grpc.GenericRpcHandler:
+    def _unary_table(self) -> dict[str, Callable[[Any], Any]]:
         calls = self._calls
-        table: dict[str, Callable[[Any], Any]] = {
+        return {
             "ServerLive": calls.server_live, "ServerReady": calls.server_ready, "ModelReady": calls.model_ready,
             "ServerMetadata": calls.server_metadata, "ModelMetadata": calls.model_metadata,
             "ModelConfig": calls.model_config, "ModelStatistics": calls.model_statistics,
@@ -173,70 +213,152 @@ class GrpcServer:
             "CudaSharedMemoryStatus": calls.cuda_status, "CudaSharedMemoryRegister": calls.cuda_register,
             "CudaSharedMemoryUnregister": calls.cuda_unregister,
         }
-        handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
-        for name, call in table.items():
-            handlers[name] = grpc.unary_unary_rpc_method_handler(
-                self._unary(name, call), request_deserializer=RPCS[name].request.FromString,
-                response_serializer=_serialize)
-        handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
-            self._unary_async("ModelInfer", infer.infer), request_deserializer=pb.ModelInferRequest.FromString,
-            response_serializer=_serialize)
-        handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
-            self._streaming(infer), request_deserializer=pb.ModelInferRequest.FromString,
-            response_serializer=_serialize)
-        return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
 
-    def _unary(self, name: str, call: Callable[[Any], Any]) -> Callable[[Any, grpc.aio.ServicerContext[Any, Any]],
-                                                                         Awaitable[Any]]:
-        loop = asyncio.get_running_loop()
-        service = self._service
+    def _open(self, conn: H2Connection, stream_id: int, headers: list[tuple[bytes, bytes]],
+              end_stream: bool) -> GrpcCall | None:
+        call = open_call(conn, stream_id, headers, self._limit)
+        if call is None:
+            return None
+        path = call.request.path
+        name = path[len(_PREFIX):].decode("latin-1") if path.startswith(_PREFIX) else ""
+        if name not in RPCS:
+            call.fail(Status.UNIMPLEMENTED, f"method {path.decode('latin-1')!r} is not served by edged")
+            return call
+        try:
+            self._admit(name, call.request.metadata)
+        except EdgedError as e:
+            call.fail(code_for(e), str(e))
+            return call
+        if name == "ModelStreamInfer":
+            self._serve_stream(call)
+        else:
+            _expect_one(call, self._start_infer if name == "ModelInfer" else self._unary_starter(name))
+        if end_stream:
+            call.data(memoryview(b""), True)
+        return call
 
-        async def run(request: Any) -> Any:
-            if name in _LAZY and service.needs_load(request.name):
-                await loop.run_in_executor(None, service.ensure_loaded, request.name)
-            if name in _BLOCKING:
-                return await loop.run_in_executor(None, call, request)
-            return call(request)
-
-        return self._unary_async(name, run)
-
-    def _unary_async(self, name: str, call: Callable[[Any], Awaitable[Any]],
-                     ) -> Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]:
-        async def handle(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            try:
-                self._admit(name, context)
-                return await call(request)
-            except EdgedError as e:
-                await context.abort(code_for(e), str(e))
-            return None  # not reached: abort raises
-
-        return handle
-
-    def _streaming(self, infer: GrpcInfer) -> Callable[[AsyncIterator[Any], grpc.aio.ServicerContext[Any, Any]],
-                                                        AsyncIterator[Any]]:
-        async def handle(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext[Any, Any],
-                         ) -> AsyncIterator[Any]:
-            try:
-                self._admit("ModelStreamInfer", context)
-            except EdgedError as e:
-                await context.abort(code_for(e), str(e))
-            async for answer in infer.stream(requests):
-                yield answer
-
-        return handle
-
-    def _admit(self, name: str, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+    def _admit(self, name: str, metadata: dict[bytes, bytes]) -> None:
         """Raise PermissionDenied unless the call's category and metadata admit it; refuse while draining."""
         rpc = RPCS[name]
-        metadata = {key.encode("latin-1"): value.encode("latin-1") if isinstance(value, str) else value
-                    for key, value in (context.invocation_metadata() or ())}
         try:
             self._restrictions.check(rpc.category, rpc.permission, metadata, _ACTIONS.get(name, name))
         except EdgedError as e:
             log.warning("gRPC %s refused: %s", name, e)
             raise
 
+    def _start_infer(self, call: GrpcCall, data: bytes) -> None:
+        infer = self._infer
+        if infer is None:
+            raise RuntimeError("GrpcServer.start() has not run")
+        message = _parse(call, pb.ModelInferRequest, data)
+        if message is None:
+            return
+        if infer.needs_load(message):
+            call.task = asyncio.get_running_loop().create_task(self._run(call, infer.infer, message))
+        else:
+            infer.begin(message, lambda answer: _answer(call, answer))
 
-def _serialize(message: Any) -> bytes:
-    data: bytes = message.SerializeToString()
-    return data
+    def _unary_starter(self, name: str) -> Callable[[GrpcCall, bytes], None]:
+        function = self._table[name]
+        service = self._service
+
+        async def slow(request: Any) -> Any:
+            if name in _LAZY and service.needs_load(request.name):
+                await asyncio.get_running_loop().run_in_executor(None, service.ensure_loaded, request.name)
+            if name in _BLOCKING:
+                return await asyncio.get_running_loop().run_in_executor(None, function, request)
+            return function(request)
+
+        def start(call: GrpcCall, data: bytes) -> None:
+            request = _parse(call, RPCS[name].request, data)
+            if request is None:
+                return
+            if name in _BLOCKING or name in _LAZY:
+                call.task = asyncio.get_running_loop().create_task(self._run(call, slow, request))
+                return
+            try:
+                _answer(call, function(request))
+            except EdgedError as e:
+                call.fail(code_for(e), str(e))
+
+        return start
+
+    @staticmethod
+    async def _run(call: GrpcCall, function: Callable[[Any], Any], request: Any) -> None:
+        try:
+            _answer(call, await function(request))
+        except EdgedError as e:
+            call.fail(code_for(e), str(e))
+        except Exception as e:  # a bug answers INTERNAL, never a hung call
+            log.exception("unexpected error in a gRPC call")
+            call.fail(Status.INTERNAL, f"internal error: {e}")
+
+    def _serve_stream(self, call: GrpcCall) -> None:
+        infer = self._infer
+        if infer is None:
+            raise RuntimeError("GrpcServer.start() has not run")
+        requests: asyncio.Queue[pb.ModelInferRequest | None] = asyncio.Queue()
+
+        def on_message(data: bytes) -> None:
+            message = _parse(call, pb.ModelInferRequest, data)
+            if message is not None:
+                requests.put_nowait(message)
+
+        async def incoming() -> AsyncIterator[pb.ModelInferRequest]:
+            while (message := await requests.get()) is not None:
+                yield message
+
+        async def serve() -> None:
+            try:
+                async for answer in infer.stream(incoming()):
+                    call.send(answer.SerializeToString())
+                call.close()
+            except EdgedError as e:
+                call.fail(code_for(e), str(e))
+            except Exception as e:  # a bug answers INTERNAL, never a hung stream
+                log.exception("unexpected error in a gRPC stream")
+                call.fail(Status.INTERNAL, f"internal error: {e}")
+
+        call.on_message = on_message
+        call.on_end = lambda: requests.put_nowait(None)
+        call.task = asyncio.get_running_loop().create_task(serve())
+
+
+def _expect_one(call: GrpcCall, start: Callable[[GrpcCall, bytes], None]) -> None:
+    """A unary call: exactly one request message, served once the client has half-closed."""
+    messages: list[bytes] = []
+
+    def on_message(data: bytes) -> None:
+        if messages:
+            call.fail(Status.UNIMPLEMENTED, "more than one request message on a unary call")
+        messages.append(data)
+
+    def on_end() -> None:
+        if not messages:
+            call.fail(Status.UNIMPLEMENTED, "no request message on a unary call")
+            return
+        try:
+            start(call, messages[0])
+        except EdgedError as e:
+            call.fail(code_for(e), str(e))
+        except Exception as e:  # a bug answers this call INTERNAL, never ends the connection's other streams
+            log.exception("unexpected error starting a gRPC call")
+            call.fail(Status.INTERNAL, f"internal error: {e}")
+
+    call.on_message = on_message
+    call.on_end = on_end
+
+
+def _parse(call: GrpcCall, kind: Any, data: bytes) -> Any:
+    try:
+        return kind.FromString(data)
+    except DecodeError as e:
+        call.fail(Status.INVALID_ARGUMENT, f"the request is not a valid {kind.__name__} message: {e}")
+        return None
+
+
+def _answer(call: GrpcCall, answer: Any) -> None:
+    if isinstance(answer, EdgedError):
+        call.fail(code_for(answer), str(answer))
+    else:
+        call.reply(answer.SerializeToString())

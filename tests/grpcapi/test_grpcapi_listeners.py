@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
+from h2_raw import ENHANCE_YOUR_CALM, RawH2
 
 from edged.config import ModelsConfig, ServerConfig, parse_config
 from edged.engine import InferenceService
@@ -74,3 +78,61 @@ def test_tcp_restricted_with_only_a_grpc_listener_is_accepted_by_the_http_server
         asyncio.run(run())
     finally:
         sock.close()
+
+
+def test_the_grpc_front_end_runs_without_grpcio(tmp_path: Path) -> None:
+    # grpcio is a test dependency only (tritonclient.grpc): the daemon's front end must not import it
+    script = ("import asyncio, sys\n"
+              "sys.modules['grpc'] = None  # any import of grpcio now fails\n"
+              "from edged.config import ModelsConfig, ServerConfig\n"
+              "from edged.engine import InferenceService\n"
+              "from edged.grpcapi import GrpcServer\n"
+              "from edged.shm import SharedMemoryRegistry\n"
+              "async def main():\n"
+              f"    server = GrpcServer(InferenceService({str(tmp_path)!r}, ModelsConfig()),\n"
+              "                        ServerConfig(grpc_port=0), SharedMemoryRegistry())\n"
+              "    await server.start()\n"
+              "    print(server.addresses)\n"
+              "    await server.stop(0)\n"
+              "asyncio.run(main())\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0 and "127.0.0.1:" in done.stdout, done.stderr
+
+
+def test_connections_beyond_max_connections_get_goaway(tmp_path: Path) -> None:
+    path = tmp_path / "grpc.sock"
+
+    async def run() -> None:
+        server = GrpcServer(InferenceService(tmp_path, ModelsConfig()),
+                            ServerConfig(grpc_socket=str(path), max_connections=2), SharedMemoryRegistry())
+        await server.start()
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, _connect_three, path)
+        finally:
+            await server.stop(1)
+
+    asyncio.run(run())
+
+
+def _connect_three(path: Path) -> None:
+    first, second = RawH2.unix(path), RawH2.unix(path)
+    for client in (first, second):
+        client.start()
+        assert client.call(1, "ServerLive", b"")[0][b"grpc-status"] == b"0"
+    with RawH2.unix(path) as third:
+        third.start()
+        assert third.goaway().code == ENHANCE_YOUR_CALM
+    first.sock.close()
+    for _ in range(100):  # a slot is free again once the server has seen a connection go
+        with RawH2.unix(path) as fourth:
+            fourth.start()
+            try:
+                fields, _ = fourth.call(1, "ServerLive", b"")
+            except AssertionError:  # refused: the server has not yet seen the close
+                time.sleep(0.05)
+                continue
+            assert fields[b"grpc-status"] == b"0"
+            break
+    else:
+        raise AssertionError("no connection was accepted after one of the two closed")
+    second.sock.close()

@@ -52,6 +52,6 @@ def test_dev_serve_installs_every_extra_the_readme_commands_need() -> None:
     for command, requirement in (("edged top", "rich"), ("telemetry parse\\|summary\\|query\\|export\\|plot",
                                                            "matplotlib"), ("edged infer", "pillow"),
                                  ("edged fleet init", "tuf"), ("edged ota check", "tuf"),
-                                 ("POST /v1/chat/completions", "onnxruntime-genai"), ("--grpc-port", "grpcio")):
+                                 ("POST /v1/chat/completions", "onnxruntime-genai"), ("--grpc-port", "protobuf")):
         assert command in readme, command
         assert requirement in installed, f"{command} needs {requirement}, which ./dev serve does not install"

@@ -1,0 +1,229 @@
+"""One gRPC call on one HTTP/2 stream (the gRPC project's doc/PROTOCOL-HTTP2.md): request headers checked,
+length-prefixed messages cut out of the stream's DATA, the response written as HEADERS, DATA and trailers.
+
+Invariants:
+- A call ends exactly once (``done``): with trailers after its responses, trailers-only for an error before
+  any response, or silently when the client reset the stream. Anything that finishes later (the engine's
+  callback for a deadline-expired or cancelled call) is dropped.
+- A message's length prefix is judged before its bytes are buffered: past ``[server] grpc_max_message_mb`` the
+  call ends with RESOURCE_EXHAUSTED at once (a 4 GB prefix costs nothing); a compressed message (flag 1)
+  ends it with UNIMPLEMENTED, as grpcio's server answers an encoding it does not offer.
+- ``grpc-timeout`` becomes a deadline on the loop's clock: past it the call ends with DEADLINE_EXCEEDED and
+  its work is cancelled.
+- Malformed request headers (RFC 9113 §8.2-8.3: uppercase names, connection-specific fields, a ``te`` other
+  than ``trailers``, pseudo-headers missing, unknown or after regular ones) reset the stream (PROTOCOL_ERROR);
+  a request that is well-formed HTTP/2 but not gRPC gets an HTTP status (405, 415) as the protocol asks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from edged.grpcapi import _h2_frames as f
+from edged.grpcapi._h2_frames import ErrorCode, H2StreamError
+from edged.grpcapi._status import Status
+
+if TYPE_CHECKING:
+    from edged.grpcapi._h2_connection import H2Connection
+
+_HEAD = f.STATUS_200 + f.CONTENT_TYPE_GRPC
+_OK = f.literal(b"grpc-status", b"0")
+_PSEUDO = frozenset({b":method", b":scheme", b":path", b":authority"})
+_CONNECTION_SPECIFIC = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding",
+                                  b"upgrade"})
+_TIMEOUT_UNITS = {ord("H"): 3600.0, ord("M"): 60.0, ord("S"): 1.0, ord("m"): 1e-3, ord("u"): 1e-6, ord("n"): 1e-9}
+_UNRESERVED = frozenset(range(0x20, 0x7F)) - {ord("%")}
+
+
+class Request:
+    """A request's headers as the handlers need them."""
+
+    __slots__ = ("encoding", "metadata", "path", "timeout_s")
+
+    def __init__(self, headers: list[tuple[bytes, bytes]]) -> None:
+        pseudo: dict[bytes, bytes] = {}
+        metadata: dict[bytes, bytes] = {}
+        for name, value in headers:
+            if name[:1] == b":":
+                if metadata or name not in _PSEUDO or name in pseudo:
+                    raise ValueError(f"pseudo-header {name!r} unknown, repeated or after a regular header")
+                pseudo[name] = value
+            elif name.lower() != name or name in _CONNECTION_SPECIFIC:
+                raise ValueError(f"header {name!r} is uppercase or connection-specific")
+            elif name == b"te" and value != b"trailers":
+                raise ValueError(f"te {value!r} (only 'trailers' is allowed)")
+            else:
+                metadata[name] = value
+        if b":method" not in pseudo or b":path" not in pseudo or b":scheme" not in pseudo:
+            raise ValueError("a request without :method, :scheme or :path")
+        self.path = pseudo[b":path"]
+        self.metadata = metadata
+        self.timeout_s = parse_timeout(metadata.get(b"grpc-timeout"))
+        self.encoding = metadata.get(b"grpc-encoding", b"identity")
+        if pseudo[b":method"] != b"POST":
+            raise _HttpRefusal(b"405", f"method {pseudo[b':method']!r}: gRPC calls are POST")
+        content_type = metadata.get(b"content-type", b"")
+        if content_type != b"application/grpc" and not content_type.startswith((b"application/grpc+",
+                                                                                   b"application/grpc;")):
+            raise _HttpRefusal(b"415", f"content-type {content_type!r}: gRPC calls are application/grpc")
+
+
+class _HttpRefusal(Exception):
+    def __init__(self, status: bytes, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def parse_timeout(value: bytes | None) -> float | None:
+    """``grpc-timeout``: 1 to 8 digits and a unit (H M S m u n), as seconds."""
+    if value is None:
+        return None
+    if not 2 <= len(value) <= 9 or not value[:-1].isdigit() or value[-1] not in _TIMEOUT_UNITS:
+        raise ValueError(f"grpc-timeout {value!r} is not 1-8 digits and a unit of H, M, S, m, u or n")
+    return int(value[:-1]) * _TIMEOUT_UNITS[value[-1]]
+
+
+def status_block(code: Status, message: str, head: bool) -> bytes:
+    """Trailers (or, with ``head``, a trailers-only response) carrying ``code`` and a percent-encoded message."""
+    encoded = "".join(chr(b) if b in _UNRESERVED else f"%{b:02X}" for b in message.encode()).encode("ascii")
+    block = f.literal(b"grpc-status", str(int(code)).encode()) + f.literal(b"grpc-message", encoded)
+    return _HEAD + block if head else block
+
+
+class GrpcCall:
+    """The call side of one stream; ``on_message`` and ``on_end`` are set by the handler that serves it."""
+
+    __slots__ = ("_buffer", "_conn", "_deadline", "_limit", "_started", "done", "on_cancel", "on_end", "on_message",
+                 "request", "stream_id", "task")
+
+    def __init__(self, conn: H2Connection, stream_id: int, request: Request, limit: int) -> None:
+        self._conn = conn
+        self.stream_id = stream_id
+        self.request = request
+        self._limit = limit
+        self._buffer = bytearray()
+        self.done = False
+        self._started = False  # response headers sent
+        self.task: asyncio.Task[None] | None = None
+        self._deadline: asyncio.TimerHandle | None = None
+        self.on_message: Callable[[bytes], None] = _nothing
+        self.on_end: Callable[[], None] = _none
+        self.on_cancel: Callable[[], None] = _none
+        if request.timeout_s is not None:
+            self._deadline = asyncio.get_running_loop().call_later(request.timeout_s, self._expired)
+
+    # --- from the connection --------------------------------------------------------------------------------
+    def data(self, chunk: memoryview, end_stream: bool) -> None:
+        if self.done:
+            return
+        buffer = self._buffer
+        if chunk:
+            buffer += chunk
+        while len(buffer) >= 5:
+            length = int.from_bytes(buffer[1:5], "big")
+            if buffer[0]:
+                self.fail(Status.UNIMPLEMENTED, f"compressed messages (grpc-encoding "
+                          f"{self.request.encoding.decode('latin-1')!r}) are not supported: send identity")
+                return
+            if length > self._limit:
+                self.fail(Status.RESOURCE_EXHAUSTED, f"a message of {length} bytes, more than the limit of "
+                          f"{self._limit} bytes ([server] grpc_max_message_mb)")
+                return
+            if len(buffer) < 5 + length:
+                break
+            message = bytes(buffer[5:5 + length])
+            del buffer[:5 + length]
+            self.on_message(message)
+            if self.done:
+                return
+        if end_stream:
+            if buffer:
+                self.fail(Status.INTERNAL, f"the request ended inside a message ({len(buffer)} bytes of it)")
+                return
+            self.on_end()
+
+    def cancel(self) -> None:
+        """The client reset the stream (or the connection went): stop the work, answer nothing."""
+        if self.done:
+            return
+        self._finish()
+        self.on_cancel()
+        if self.task is not None:
+            self.task.cancel()
+
+    # --- from the handler -----------------------------------------------------------------------------------
+    def reply(self, message: bytes) -> None:
+        """The one response of a unary call, and OK: one write."""
+        if self.done:
+            return
+        self._finish()
+        self._conn.respond(self.stream_id, _HEAD, _frame_message(message), _OK)
+
+    def send(self, message: bytes) -> None:
+        """One response of a streaming call."""
+        if self.done:
+            return
+        head = None if self._started else _HEAD
+        self._started = True
+        self._conn.respond(self.stream_id, head, _frame_message(message), None)
+
+    def close(self) -> None:
+        """End a streaming call with OK."""
+        if self.done:
+            return
+        self._finish()
+        if self._started:
+            self._conn.respond(self.stream_id, None, b"", _OK)
+        else:
+            self._conn.trailers_only(self.stream_id, _HEAD + _OK)
+
+    def fail(self, code: Status, message: str) -> None:
+        if self.done:
+            return
+        self._finish()
+        if self.task is not None and self.task is not asyncio.current_task():
+            self.task.cancel()
+        if self._started:
+            self._conn.respond(self.stream_id, None, b"", status_block(code, message, head=False))
+        else:
+            self._conn.trailers_only(self.stream_id, status_block(code, message, head=True))
+
+    def _finish(self) -> None:
+        self.done = True
+        if self._deadline is not None:
+            self._deadline.cancel()
+
+    def _expired(self) -> None:
+        self._deadline = None
+        self.fail(Status.DEADLINE_EXCEEDED, f"the call's deadline ({self.request.timeout_s:g} s) passed")
+
+
+def open_call(conn: H2Connection, stream_id: int, headers: list[tuple[bytes, bytes]],
+              limit: int) -> GrpcCall | None:
+    """A call for a new stream, or None once the stream has been refused (malformed or not gRPC)."""
+    try:
+        request = Request(headers)
+    except _HttpRefusal as e:
+        conn.trailers_only(stream_id, _http_status(e.status))
+        return None
+    except ValueError as e:
+        raise H2StreamError(stream_id, ErrorCode.PROTOCOL_ERROR, str(e)) from e
+    return GrpcCall(conn, stream_id, request, limit)
+
+
+def _http_status(status: bytes) -> bytes:
+    return b"\x18" + bytes((len(status),)) + status  # :status (static index 8) as a literal never indexed
+
+
+def _frame_message(message: bytes) -> bytes:
+    return b"\x00" + len(message).to_bytes(4, "big") + message
+
+
+def _nothing(message: bytes) -> None:
+    pass
+
+
+def _none() -> None:
+    pass

@@ -1,0 +1,443 @@
+"""One HTTP/2 connection (RFC 9113, server side, prior knowledge over cleartext): an asyncio Protocol.
+
+Invariants:
+- Frames are parsed in place from the bytes received (``struct.unpack_from`` and memoryview slices); a partial
+  frame waits in one buffer until the bytes it needs have arrived.
+- A protocol violation of the connection ends it with one GOAWAY naming the error; one of a stream ends that
+  stream with RST_STREAM and the others go on. Nothing the peer sends after a GOAWAY of ours is read.
+- Work per frame is bounded: a header block (HEADERS + CONTINUATION) larger than ``MAX_HEADER_BLOCK`` ends the
+  connection (CVE-2024-27316), streams beyond MAX_CONCURRENT_STREAMS are refused, resets of streams still owed
+  an answer spend a budget that answered streams refill (rapid reset, CVE-2023-44487), and control frames
+  answered while the peer is not reading are counted until ``MAX_UNREAD_CONTROL`` ends the connection.
+- Our DATA never exceeds the peer's windows nor is written while the transport is paused: a response waits in
+  its stream until WINDOW_UPDATE or resume_writing, so a client that does not read holds at most what flow
+  control lets it.
+- Received DATA is handed to the stream's call as memoryviews valid only during the call (the call copies
+  what it keeps); windows are replenished once half of them is used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import cast
+
+from edged.grpcapi import _h2_frames as f
+from edged.grpcapi._h2_frames import ErrorCode, H2ConnectionError, H2StreamError
+from edged.grpcapi._h2_output import Call, H2Stream, Sender
+from edged.grpcapi._hpack import Decoder, HpackError
+
+log = logging.getLogger(__name__)
+
+MAX_STREAMS = 128
+STREAM_WINDOW = 8 << 20
+CONNECTION_WINDOW = 16 << 20
+MAX_HEADER_LIST = 64 << 10
+MAX_HEADER_BLOCK = 64 << 10
+MAX_UNREAD_CONTROL = 1024
+LINGER_S = 2.0
+RESET_BUDGET = 256  # client resets of streams still owed an answer, refilled one per answered stream
+OUR_SETTINGS = {f.MAX_CONCURRENT_STREAMS: MAX_STREAMS, f.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
+                f.MAX_FRAME_SIZE: f.DEFAULT_FRAME_SIZE, f.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST,
+                f.ENABLE_PUSH: 0}
+
+
+Opener = Callable[["H2Connection", int, list[tuple[bytes, bytes]], bool], "Call | None"]
+
+
+class H2Connection(asyncio.Protocol):
+    def __init__(self, opener: Opener, on_close: Callable[[H2Connection], None], refuse: bool = False) -> None:
+        self._opener = opener
+        self._refuse = refuse  # over [server] max_connections: GOAWAY at once
+        self._on_close = on_close
+        self._transport: asyncio.Transport | None = None
+        self._buffer = bytearray()
+        self._need = len(f.PREFACE)
+        self._need_preface = True
+        self._preface = True  # the peer's first frame, which must be SETTINGS, is still to come
+        self._streams: dict[int, H2Stream] = {}
+        self._last_id = 0
+        self._header_block: bytearray | None = None  # a header block waiting for CONTINUATION
+        self._header_stream = 0
+        self._header_end_stream = False
+        self._decoder = Decoder(max_table_size=4096, max_header_list_size=MAX_HEADER_LIST)
+        self._peer_window = f.DEFAULT_WINDOW
+        self._sender = Sender()
+        self._recv_unacked = 0
+        self._unread_control = 0
+        self._reset_budget = RESET_BUDGET
+        self._closing = False  # our GOAWAY is out: no new streams
+        self._dead = False
+        self._linger: asyncio.TimerHandle | None = None
+        self._cork: list[bytes] | None = None
+        self._ended: dict[int, None] = {}  # streams we ended lately: their DATA in flight is dropped quietly
+
+    # --- asyncio.Protocol -----------------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # a stream server's transport
+        self._transport.write(f.settings_frame(OUR_SETTINGS) + f.window_update(0, CONNECTION_WINDOW - f.DEFAULT_WINDOW))
+        if self._refuse:
+            self.fail(ErrorCode.ENHANCE_YOUR_CALM, "too many gRPC connections ([server] max_connections)")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._dead = True
+        if self._linger is not None:
+            self._linger.cancel()
+        streams, self._streams = self._streams, {}
+        for stream in streams.values():
+            if stream.call is not None:
+                stream.call.cancel()
+        self._on_close(self)
+
+    def pause_writing(self) -> None:
+        self._sender.paused = True
+
+    def resume_writing(self) -> None:
+        self._unread_control = 0
+        self._flush()
+
+    def data_received(self, data: bytes) -> None:
+        if self._dead:
+            return
+        buffer = self._buffer
+        if buffer:
+            buffer += data
+            if len(buffer) < self._need:
+                return
+            data = bytes(buffer)
+            buffer.clear()
+        self._cork = []  # what answering these frames writes leaves in one write (one syscall) at the end
+        try:
+            pos = self._parse(data)
+        except H2ConnectionError as e:
+            self._uncork()
+            self.fail(e.code, str(e))
+            return
+        self._uncork()
+        if pos < len(data):
+            buffer += data[pos:]
+
+    def eof_received(self) -> bool | None:
+        return None  # close our side too: HTTP/2 has no half-closed connection
+
+    # --- parsing --------------------------------------------------------------------------------------------
+    def _parse(self, data: bytes) -> int:
+        pos = 0
+        if self._need_preface:
+            if not f.check_preface(data):
+                return 0
+            self._need_preface = False
+            pos = len(f.PREFACE)
+        view = memoryview(data)
+        size = len(data)
+        while size - pos >= 9 and not self._dead:
+            word, flags, stream_id = f.HEADER.unpack_from(data, pos)
+            length = word >> 8
+            if length > f.DEFAULT_FRAME_SIZE:
+                raise H2ConnectionError(ErrorCode.FRAME_SIZE_ERROR, f"a frame of {length} bytes, more than our "
+                                        f"SETTINGS_MAX_FRAME_SIZE {f.DEFAULT_FRAME_SIZE}")
+            end = pos + 9 + length
+            if end > size:
+                self._need = end - pos
+                return pos
+            kind = word & 0xFF
+            stream_id &= 0x7FFFFFFF
+            if self._preface:
+                if kind != f.SETTINGS or flags & f.ACK:
+                    raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "the client's first frame is not SETTINGS")
+                self._preface = False
+            try:
+                self._frame(kind, flags, stream_id, view[pos + 9:end])
+            except H2StreamError as e:
+                self.reset(e.stream_id, e.code)
+            pos = end
+        self._need = 9
+        return pos
+
+    def _frame(self, kind: int, flags: int, stream_id: int, payload: memoryview) -> None:
+        if self._header_block is not None and kind != f.CONTINUATION:
+            raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "a header block not followed by its CONTINUATION")
+        if kind == f.DATA:
+            self._data(flags, stream_id, payload)
+        elif kind == f.HEADERS:
+            self._headers(flags, stream_id, payload)
+        elif kind == f.CONTINUATION:
+            self._continuation(flags, stream_id, payload)
+        elif kind == f.WINDOW_UPDATE:
+            self._window_update(stream_id, payload)
+        elif kind == f.RST_STREAM:
+            self._rst_stream(stream_id, payload)
+        elif kind == f.SETTINGS:
+            self._settings(flags, stream_id, payload)
+        elif kind == f.PING:
+            self._ping(flags, stream_id, payload)
+        elif kind == f.GOAWAY:
+            if stream_id:
+                raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "GOAWAY on a stream")
+            self.go_away()
+        elif kind == f.PRIORITY:
+            if not stream_id:
+                raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "PRIORITY on stream 0")
+            if len(payload) != 5:
+                raise H2StreamError(stream_id, ErrorCode.FRAME_SIZE_ERROR, "PRIORITY of a length other than 5")
+        elif kind == f.PUSH_PROMISE:
+            raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "PUSH_PROMISE from a client")
+        # other frame types are extensions: ignored (RFC 9113 §4.1)
+
+    def _data(self, flags: int, stream_id: int, payload: memoryview) -> None:
+        if not stream_id:
+            raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "DATA on stream 0")
+        length = len(payload)
+        self._recv_unacked += length
+        if self._recv_unacked > CONNECTION_WINDOW:
+            raise H2ConnectionError(ErrorCode.FLOW_CONTROL_ERROR, "DATA beyond the connection's window")
+        if self._recv_unacked >= CONNECTION_WINDOW // 2:
+            self._write(f.window_update(0, self._recv_unacked))
+            self._recv_unacked = 0
+        stream = self._streams.get(stream_id)
+        if stream is None and stream_id in self._ended:
+            return
+        if stream is None or stream.remote_closed:
+            if stream_id > self._last_id:
+                raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, f"DATA on idle stream {stream_id}")
+            raise H2StreamError(stream_id, ErrorCode.STREAM_CLOSED, f"DATA on closed stream {stream_id}")
+        payload = f.unpad(flags, payload, stream_id)
+        end_stream = bool(flags & f.END_STREAM)
+        stream.recv_unacked += length
+        if stream.recv_unacked > STREAM_WINDOW:
+            raise H2StreamError(stream_id, ErrorCode.FLOW_CONTROL_ERROR, "DATA beyond the stream's window")
+        if not end_stream and stream.recv_unacked >= STREAM_WINDOW // 2:
+            self._write(f.window_update(stream_id, stream.recv_unacked))
+            stream.recv_unacked = 0
+        if end_stream:
+            stream.remote_closed = True
+        if stream.call is not None:
+            stream.call.data(payload, end_stream)
+
+    def _headers(self, flags: int, stream_id: int, payload: memoryview) -> None:
+        if not stream_id:
+            raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "HEADERS on stream 0")
+        payload = f.unpad(flags, payload, stream_id)
+        if flags & f.PRIORITY_FLAG:
+            if len(payload) < 5:
+                raise H2ConnectionError(ErrorCode.FRAME_SIZE_ERROR, "HEADERS too short for its priority")
+            payload = payload[5:]
+        self._header_stream = stream_id
+        self._header_end_stream = bool(flags & f.END_STREAM)
+        if flags & f.END_HEADERS:
+            self._header_block = None
+            self._headers_complete(payload)
+        else:
+            self._header_block = bytearray(payload)
+
+    def _continuation(self, flags: int, stream_id: int, payload: memoryview) -> None:
+        block = self._header_block
+        if block is None or stream_id != self._header_stream:
+            raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, f"CONTINUATION on stream {stream_id} without "
+                                    "a header block open on it")
+        block += payload
+        if len(block) > MAX_HEADER_BLOCK:
+            raise H2ConnectionError(ErrorCode.ENHANCE_YOUR_CALM, f"a header block over {MAX_HEADER_BLOCK} bytes")
+        if flags & f.END_HEADERS:
+            self._header_block = None
+            self._headers_complete(memoryview(block))
+
+    def _headers_complete(self, block: memoryview) -> None:
+        stream_id = self._header_stream
+        try:
+            headers = self._decoder.decode(bytes(block))
+        except HpackError as e:
+            raise H2ConnectionError(ErrorCode.COMPRESSION_ERROR, f"HPACK: {e}") from e
+        stream = self._streams.get(stream_id)
+        if stream is not None:  # trailers from the client: they may only end the stream
+            if stream.remote_closed or not self._header_end_stream:
+                raise H2StreamError(stream_id, ErrorCode.PROTOCOL_ERROR, "a second HEADERS without END_STREAM")
+            stream.remote_closed = True
+            if stream.call is not None:
+                stream.call.data(memoryview(b""), True)
+            return
+        if stream_id % 2 == 0 or stream_id <= self._last_id:
+            raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, f"HEADERS opening stream {stream_id}: stream ids "
+                                    f"must be odd and increasing (last {self._last_id})")
+        self._last_id = stream_id
+        if self._closing:
+            raise H2StreamError(stream_id, ErrorCode.REFUSED_STREAM, "the server is going away")
+        if len(self._streams) >= MAX_STREAMS:
+            raise H2StreamError(stream_id, ErrorCode.REFUSED_STREAM, f"more than {MAX_STREAMS} streams open")
+        stream = H2Stream(self._peer_window, self._header_end_stream)
+        self._streams[stream_id] = stream
+        stream.call = self._opener(self, stream_id, headers, self._header_end_stream)
+
+    def _window_update(self, stream_id: int, payload: memoryview) -> None:
+        increment = f.increment_of(payload)
+        if not stream_id:
+            if not increment:
+                raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "WINDOW_UPDATE of zero on the connection")
+            self._sender.window += increment
+            if self._sender.window > f.MAX_WINDOW:
+                raise H2ConnectionError(ErrorCode.FLOW_CONTROL_ERROR, "the connection's window past 2^31-1")
+            self._flush()
+            return
+        if stream_id > self._last_id:
+            raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, f"WINDOW_UPDATE on idle stream {stream_id}")
+        stream = self._streams.get(stream_id)
+        if stream is None:
+            return  # closed: a late update is harmless
+        if not increment:
+            raise H2StreamError(stream_id, ErrorCode.PROTOCOL_ERROR, "WINDOW_UPDATE of zero")
+        stream.send_window += increment
+        if stream.send_window > f.MAX_WINDOW:
+            raise H2StreamError(stream_id, ErrorCode.FLOW_CONTROL_ERROR, "the stream's window past 2^31-1")
+        self._flush()
+
+    def _rst_stream(self, stream_id: int, payload: memoryview) -> None:
+        if len(payload) != 4:
+            raise H2ConnectionError(ErrorCode.FRAME_SIZE_ERROR, "RST_STREAM of a length other than 4")
+        if not stream_id or stream_id > self._last_id:
+            raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, f"RST_STREAM on idle stream {stream_id}")
+        stream = self._streams.pop(stream_id, None)
+        if stream is None:
+            return
+        if stream.call is not None:
+            stream.call.cancel()
+        self._reset_budget -= 1
+        if self._reset_budget <= 0:
+            raise H2ConnectionError(ErrorCode.ENHANCE_YOUR_CALM, "too many streams reset before their answer")
+        self._maybe_finish()
+
+    def _settings(self, flags: int, stream_id: int, payload: memoryview) -> None:
+        for key, value in f.settings_of(flags, stream_id, payload):
+            self._setting(key, value)
+        if not flags & f.ACK:
+            self._control(f.frame(f.SETTINGS, f.ACK, 0))
+
+    def _setting(self, key: int, value: int) -> None:
+        if key == f.INITIAL_WINDOW_SIZE:
+            delta, self._peer_window = value - self._peer_window, value
+            for stream in self._streams.values():
+                stream.send_window += delta
+                if stream.send_window > f.MAX_WINDOW:
+                    raise H2ConnectionError(ErrorCode.FLOW_CONTROL_ERROR, "a stream's window past 2^31-1")
+            self._flush()
+        elif key == f.MAX_FRAME_SIZE:
+            self._sender.frame_size = value
+        elif key == f.HEADER_TABLE_SIZE:
+            self._sender.table_update = f.table_size_update(0) if value < 4096 else b""
+
+    def _ping(self, flags: int, stream_id: int, payload: memoryview) -> None:
+        if f.check_ping(flags, stream_id, payload):
+            self._control(f.frame(f.PING, f.ACK, 0, bytes(payload)))
+
+    # --- output ---------------------------------------------------------------------------------------------
+    def respond(self, stream_id: int, head: bytes | None, body: bytes, trailers: bytes | None) -> None:
+        """Send response headers (if any), DATA, and trailers (if any: they end the stream) on ``stream_id``."""
+        stream = self._streams.get(stream_id)
+        if stream is None:
+            return  # reset by the client meanwhile
+        out: list[bytes] = []
+        if head is not None:
+            self._sender.header_frames(out, stream_id, head, end_stream=False)
+        ended = self._sender.send(out, stream_id, stream, body, trailers)
+        if out:
+            self._write(b"".join(out))
+        if ended:  # after the write: closing the stream may close the connection (GOAWAY sent)
+            self._closed(stream_id, stream)
+
+    def trailers_only(self, stream_id: int, block: bytes) -> None:
+        """End ``stream_id`` with one HEADERS frame (a gRPC error before any response)."""
+        stream = self._streams.get(stream_id)
+        if stream is None:
+            return
+        out: list[bytes] = []
+        self._sender.header_frames(out, stream_id, block, end_stream=True)
+        self._write(b"".join(out))
+        self._closed(stream_id, stream)
+
+    def _flush(self) -> None:
+        out: list[bytes] = []
+        ended = [(stream_id, stream) for stream_id, stream in list(self._streams.items())
+                 if (stream.pending or stream.trailers is not None) and self._sender.drain(out, stream_id, stream)]
+        if out:
+            self._write(b"".join(out))
+        for stream_id, stream in ended:
+            self._closed(stream_id, stream)
+
+    def _closed(self, stream_id: int, stream: H2Stream) -> None:
+        """We ended the stream: forget it, and stop a client that is still sending (RFC 9113 §8.1)."""
+        self._streams.pop(stream_id, None)
+        self._reset_budget = min(RESET_BUDGET, self._reset_budget + 1)
+        if not stream.remote_closed:
+            self._write(f.rst_stream(stream_id, ErrorCode.NO_ERROR))
+            self._remember(stream_id)
+        self._maybe_finish()
+
+    def _remember(self, stream_id: int) -> None:
+        self._ended[stream_id] = None
+        if len(self._ended) > MAX_STREAMS:
+            del self._ended[next(iter(self._ended))]
+
+    def reset(self, stream_id: int, code: ErrorCode) -> None:
+        """End one stream with RST_STREAM (its call is cancelled)."""
+        stream = self._streams.pop(stream_id, None)
+        if stream is not None:
+            self._remember(stream_id)
+            if stream.call is not None:
+                stream.call.cancel()
+        self._control(f.rst_stream(stream_id, code))
+        self._maybe_finish()
+
+    def _control(self, data: bytes) -> None:
+        if self._sender.paused:
+            self._unread_control += 1
+            if self._unread_control > MAX_UNREAD_CONTROL:
+                raise H2ConnectionError(ErrorCode.ENHANCE_YOUR_CALM, "control frames the client does not read")
+        self._write(data)
+
+    def _write(self, data: bytes) -> None:
+        if self._cork is not None:
+            self._cork.append(data)
+        elif self._transport is not None and not self._dead:
+            self._transport.write(data)
+
+    def _uncork(self) -> None:
+        out, self._cork = self._cork, None
+        if out:
+            self._write(b"".join(out))
+
+    # --- ending ---------------------------------------------------------------------------------------------
+    @property
+    def idle(self) -> bool:
+        return not self._streams
+
+    def go_away(self) -> None:
+        """Take no new streams, answer those open, then close (a server's stop, or the peer's GOAWAY)."""
+        if not self._closing:
+            self._closing = True
+            self._write(f.goaway(self._last_id, ErrorCode.NO_ERROR))
+        self._maybe_finish()
+
+    def _maybe_finish(self) -> None:
+        if self._closing and not self._streams and self._transport is not None:
+            self._uncork()
+            self._dead = True
+            self._transport.close()
+
+    def fail(self, code: ErrorCode, message: str) -> None:
+        """End the connection with GOAWAY ``code``. Our side is shut first and what the peer still sends is
+        dropped for up to ``LINGER_S``: closing with unread bytes would reset the connection and could destroy
+        the GOAWAY before the peer reads it."""
+        log.info("gRPC connection closed: %s (%s)", message, code.name)
+        transport = self._transport
+        if transport is None or self._dead:
+            return
+        self._dead = True
+        transport.write(f.goaway(self._last_id, code, message.encode()[:200]))
+        if transport.can_write_eof():
+            transport.write_eof()
+        self._linger = asyncio.get_running_loop().call_later(LINGER_S, transport.abort)
+
+    def abort(self) -> None:
+        if self._transport is not None:
+            self._transport.abort()
+

@@ -1,0 +1,101 @@
+"""The work one unary ModelInfer costs the event loop, counted (not timed) over a real Unix socket, as
+tests/serving/test_serving_hot_path.py counts it for HTTP: the request is parsed from its frames on the loop,
+the fast model runs inline, and the answer leaves in one write from the engine's callback: no task, no future,
+no thread hop (grpcio's server handed each call through four completions and its poller thread)."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import numpy as np
+import pytest
+import uvloop
+from h2_raw import DATA, END_HEADERS, END_STREAM, HEADERS, RawH2, frame, message, request_block
+
+from edged.config import ModelsConfig, ServerConfig
+from edged.engine import InferenceService
+from edged.grpcapi import GrpcServer
+from edged.grpcapi.proto import grpc_service_pb2 as pb
+from edged.shm import SharedMemoryRegistry
+
+MODELS = Path(__file__).resolve().parents[2] / "models"
+
+
+class LoopCalls:
+    """Python and C calls made on the server's loop thread while ``recording`` is set."""
+
+    def __init__(self) -> None:
+        self.recording = False
+        self.loop_thread: int | None = None
+        self.python: collections.Counter[str] = collections.Counter()
+        self.builtin: collections.Counter[str] = collections.Counter()
+
+    def __call__(self, frame_: FrameType, event: str, arg: Any) -> None:
+        if not self.recording or threading.get_ident() != self.loop_thread:
+            return
+        if event == "call":
+            self.python[f"{Path(frame_.f_code.co_filename).name}:{frame_.f_code.co_name}"] += 1
+        elif event == "c_call":
+            self.builtin[getattr(arg, "__qualname__", str(arg))] += 1
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, LoopCalls]]:
+    tmp = tmp_path_factory.mktemp("hot")
+    (tmp / "repo").mkdir()
+    (tmp / "repo" / "tiny_mlp").symlink_to(MODELS / "tiny_mlp")
+    service = InferenceService(tmp / "repo", ModelsConfig(control_mode="explicit", startup_models=("*",)))
+    service.start()
+    calls = LoopCalls()
+    loop = uvloop.new_event_loop()
+    threading.setprofile(calls)  # reaches the loop thread, started now
+    try:
+        thread = threading.Thread(target=loop.run_forever, daemon=True)
+        thread.start()
+    finally:
+        threading.setprofile(None)  # type: ignore[arg-type]
+    calls.loop_thread = thread.ident
+    path = tmp / "grpc.sock"
+    server = GrpcServer(service, ServerConfig(grpc_socket=str(path)), SharedMemoryRegistry())
+    asyncio.run_coroutine_threadsafe(server.start(), loop).result(10)
+    yield path, calls
+    asyncio.run_coroutine_threadsafe(server.stop(1), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+    service.close(2.0)
+
+
+def _infer_frames(stream: int, values: np.ndarray) -> bytes:
+    request = pb.ModelInferRequest(model_name="tiny_mlp")
+    request.inputs.add(name="input", datatype="FP32", shape=[1, 64])
+    request.raw_input_contents.append(values.tobytes())
+    return (frame(HEADERS, END_HEADERS, stream, request_block("ModelInfer"))
+            + frame(DATA, END_STREAM, stream, message(request.SerializeToString())))
+
+
+def test_a_unary_model_infer_costs_the_loop_only_the_short_path(served: tuple[Path, LoopCalls]) -> None:
+    path, calls = served
+    rng = np.random.default_rng(0)
+    with RawH2.unix(path) as client:
+        client.start()
+        client.send(_infer_frames(1, rng.random(64, np.float32)))
+        first = client.response(1)
+        calls.recording = True
+        client.send(_infer_frames(3, rng.random(64, np.float32)))
+        fields, body = client.response(3)
+        calls.recording = False
+    assert first[0][b"grpc-status"] == fields[b"grpc-status"] == b"0"
+    assert list(pb.ModelInferResponse.FromString(body).outputs[0].shape) == [1, 10]
+    python = calls.python
+    assert python["onnxruntime.py:run"] == 1, "the model did not run on the loop thread: a thread hop"
+    assert python["_h2_connection.py:respond"] == 1, "the answer did not leave in one piece"
+    assert calls.builtin["create_task"] == 0 and calls.builtin["create_future"] == 0, "a task or future per call"
+    assert python["_h2_connection.py:data_received"] == 1 and python["_hpack.py:decode"] == 1
+    # All of it (engine and codec included), as a ceiling with some room: this server makes 95 Python calls here.
+    assert sum(python.values()) <= 110, sorted(python.items())
