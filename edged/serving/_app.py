@@ -45,10 +45,12 @@ class _Target(NamedTuple):
     spec: RouteSpec
     lazy: bool  # a route that loads a lazily loaded model on first use
     action: str  # what access control says the caller may not do; looked up once per URL (Kind hashes slowly)
+    infer: bool  # an infer route: compared once per URL, since reading an Enum member through its class is slow
 
 
 def _target(route: Route) -> _Target:
-    return _Target(route, SPECS[route.kind], route.kind in _LAZY_KINDS, _ACTIONS.get(route.kind, route.kind.value))
+    return _Target(route, SPECS[route.kind], route.kind in _LAZY_KINDS, _ACTIONS.get(route.kind, route.kind.value),
+                   route.kind is Kind.INFER)
 
 
 class App:
@@ -109,7 +111,7 @@ class App:
             self._in_executor(connection, incoming, slot, lambda: self.service.ensure_loaded(route.model),
                               lambda _: self._route(connection, incoming, slot, route))
             return
-        if route.kind is Kind.INFER:
+        if target.infer:
             self.infer.handle(connection, incoming, slot, route.model, route.version)
         else:
             self._route(connection, incoming, slot, route)
