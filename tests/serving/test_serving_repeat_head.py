@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -198,6 +199,47 @@ def test_pipelined_and_split_repeats_are_answered_in_order(counted: tuple[Runnin
         for _, data, _ in requests[1:]:
             status, fields, reply = _read_response(sock, pending)
             assert status == 200 and np.allclose(_output(fields, reply), _reference(running, data))
+
+
+def _wait_for_reads(calls: LoopCalls, count: int) -> None:
+    """Until the server's loop has handled ``count`` reads since recording began (readiness, not timing)."""
+    deadline = time.monotonic() + 10
+    while calls.python["_http.py:data_received"] < count:
+        assert time.monotonic() < deadline, "the server did not read what was sent"
+        time.sleep(0.005)
+
+
+def test_a_repeated_head_that_arrives_alone_is_completed_by_its_body(
+        counted: tuple[RunningServer, LoopCalls]) -> None:
+    running, calls = counted
+    requests = [_body(seed) for seed in (20, 21, 22, 23)]
+    with _connect(running) as sock:
+        pending = bytearray()
+        body, header_length, _ = requests[0]
+        sock.sendall(_head(body, header_length) + body)
+        assert _read_response(sock, pending)[0] == 200
+        calls.python.clear()
+        calls.recording = True
+        body, _, data = requests[1]
+        sock.sendall(_head(body, header_length))
+        _wait_for_reads(calls, 1)
+        sock.sendall(body)
+        status, fields, reply = _read_response(sock, pending)
+        replayed = _parsed(calls) == 0
+        # the head alone again, then half its body, then the rest with the next whole request behind it
+        body, _, second = requests[2]
+        sock.sendall(_head(body, header_length))
+        _wait_for_reads(calls, 3)
+        sock.sendall(body[:40])
+        _wait_for_reads(calls, 4)
+        following, _, third = requests[3]
+        sock.sendall(body[40:] + _head(following, header_length) + following)
+        answers = [_read_response(sock, pending) for _ in range(2)]
+        calls.recording = False
+    assert replayed, "a repeated head that came before its body was parsed"
+    assert status == 200 and np.allclose(_output(fields, reply), _reference(running, data))
+    for (status, fields, reply), expected in zip(answers, (second, third), strict=True):
+        assert status == 200 and np.allclose(_output(fields, reply), _reference(running, expected))
 
 
 def test_a_smuggling_variant_of_a_remembered_head_is_refused(counted: tuple[RunningServer, LoopCalls]) -> None:
