@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import socket
 from typing import TYPE_CHECKING
 
@@ -73,7 +72,6 @@ class Connection(Responder, asyncio.Protocol):
         self._repeat: Repeat | None = None  # the last head that can be replayed without the parser (_repeat)
         self._in_message = False  # the parser has begun a request it has not completed
         self._head_alone = False  # a read held exactly the repeated head; its body is still to come
-        self._fd = -1  # the socket's descriptor, for _read_now
         self._begins = 0  # requests begun in the current data_received call
         self._learnable: tuple[bytes, bytes, dict[bytes, bytes], bytes | bytearray, bool] | None = None
 
@@ -85,8 +83,6 @@ class Connection(Responder, asyncio.Protocol):
             self._refuse_over_limit(transport)  # type: ignore[arg-type]
             return
         sock = transport.get_extra_info("socket")
-        with contextlib.suppress(OSError, AttributeError):
-            self._fd = sock.fileno()
         if self.kind == "uds":
             try:
                 self.peer = peer_of(sock)
@@ -99,7 +95,6 @@ class Connection(Responder, asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
-        self._fd = -1  # closed by the transport, and free to be reused by another socket
         self._closing = True
         if self._linger is not None:
             self._linger.cancel()
@@ -145,23 +140,8 @@ class Connection(Responder, asyncio.Protocol):
             if len(data) == repeat.head_length and data == repeat.head and self._reserve_small(repeat.length):
                 self._head_alone = True  # clients that send the head and the body apart (http.client)
                 self.request_started = self.last_activity
-                body = self._read_now(repeat.length)
-                if body:
-                    self.data_received(body)
                 return
         self._feed(data)
-
-    def _read_now(self, count: int) -> bytes:
-        """Up to ``count`` bytes the socket already holds, read now: the body of a head that came alone is
-        usually there by the time the head is handled, and reading it here saves a sleep in epoll and the
-        wake-up after it (a good part of a small request's CPU on a VM, docs/benchmarks.md). Safe because the
-        loop reads this socket only between callbacks, so nothing it reads later can come before these bytes."""
-        if self._fd < 0 or self._reading_paused:
-            return b""
-        try:
-            return os.read(self._fd, count)
-        except OSError:  # EAGAIN: not there yet; anything worse, the loop's own read meets and reports
-            return b""
 
     def _replay(self, repeat: Repeat, body: bytes) -> None:
         self.feeding = True
