@@ -31,7 +31,6 @@ class Repeat(NamedTuple):
     method: bytes
     url: bytes
     headers: dict[bytes, bytes]  # shared by the requests replayed from this head; nothing writes to them
-    keep_alive: bool
 
 
 def learn(data: bytes, method: bytes, url: bytes, headers: dict[bytes, bytes], body: bytes | bytearray,
@@ -52,4 +51,4 @@ def learn(data: bytes, method: bytes, url: bytes, headers: dict[bytes, bytes], b
         return None
     if head.count(b"\n") != head.count(b"\r\n"):  # a bare LF: the blank line might not be where we looked
         return None
-    return Repeat(head, head_length, len(data), len(body), method, url, headers, keep_alive)
+    return Repeat(head, head_length, len(data), len(body), method, url, headers)  # keep-alive, as learned
