@@ -110,6 +110,11 @@ def serve_edged(path: str) -> None:
     (repo / "tiny_mlp").symlink_to(ROOT / "models" / "tiny_mlp")
     service = InferenceService(repo, ModelsConfig())
     service.start()
+    version = service.version_info("tiny_mlp")
+    # a loaded machine can time the warm-up above inline_execution_max_us: then requests hop to a worker thread,
+    # and two servers compared side by side must both say the same here
+    print(f"tiny_mlp warm-up p50 {version.exec_p50_us} us, inline: {service.should_inline('tiny_mlp')}",
+          file=sys.stderr, flush=True)
     config = ServerConfig()
 
     async def main() -> None:

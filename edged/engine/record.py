@@ -22,7 +22,7 @@ class ModelRecord:
         self.versions: dict[int, ModelVersion] = {}
         # The default version (highest ready) with the dict it was chosen from: every request without a version
         # asks for it, so it is chosen once per change of the dict, not per request.
-        self._default: tuple[dict[int, ModelVersion], ModelVersion | None] = ({}, None)
+        self.chosen: tuple[dict[int, ModelVersion], ModelVersion | None] = ({}, None)
         self.failed: dict[int, ModelVersion] = {}  # versions whose last load failed, with the reason
         self.error = ""  # a failure before any version could be tried (bad config, missing runtime)
         self.fingerprint: Fingerprint = {}  # of the files the served versions were loaded from
@@ -33,13 +33,13 @@ class ModelRecord:
 
     def default_version(self) -> ModelVersion | None:
         """The highest ready version, or None."""
-        chosen_from, version = self._default
+        chosen_from, version = self.chosen
         if chosen_from is self.versions and version is not None and version.lifecycle.state is READY:
             return version
         versions = self.versions
         ready = [v for _, v in sorted(versions.items()) if v.lifecycle.state is READY]
         version = ready[-1] if ready else None
-        self._default = (versions, version)
+        self.chosen = (versions, version)
         return version
 
     def ready_versions(self) -> list[ModelVersion]:

@@ -21,6 +21,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,8 @@ class Registry:
         self._unload_timeout_s = unload_timeout_s
         self._records: dict[str, ModelRecord] = {}
         self._lazy: set[str] = set()
+        # read-only to others: the models a first request loads (front ends test it per request, without a call)
+        self.lazy: AbstractSet[str] = self._lazy
         self._unloaded: dict[str, str] = {}  # model name → why it is no longer loaded, for the index
         self._backends: dict[str, Backend] = {}
         self._lock = threading.RLock()
@@ -97,6 +100,9 @@ class Registry:
     def resolve(self, name: str, version: str) -> ModelVersion:
         record = self._records.get(name) or self.record(name)  # `record` only to raise the fitting error
         if not version:
+            chosen_from, served = record.chosen  # ModelRecord.default_version's cached answer, without the call
+            if chosen_from is record.versions and served is not None and served.lifecycle.state is READY:
+                return served
             served = record.default_version()
             if served is not None:
                 return served

@@ -105,9 +105,7 @@ class Scheduler:
 
     def submit_one(self, request: InferRequest, plan: InputPlan, done: Done, inline: bool) -> None:
         """`submit` for a single request, the path nearly every request takes (without the lists)."""
-        item = self._queue.pending(request, plan, done)
         instance: ModelInstance | None = None
-        error: EdgedError | None = None
         with self._lock:
             if (inline and self._idle and not self._queue.count and not self._delay_ns and self._order is None
                     and not self._closed):
@@ -115,20 +113,71 @@ class Scheduler:
                 # the queue (it could only be taken straight back out, alone).
                 instance = self._idle.pop()
                 self._executing += 1
-                first = True
-            else:
-                first = False
-                error = self._admit_locked(item)
-                if error is None:
-                    if inline and not self._delay_ns and self._idle:
-                        instance = self._idle.pop()
-                        self._executing += 1
-                    else:
-                        self._wake_worker_locked()
+        if instance is not None:
+            self._run_alone(instance, request, plan, done)
+            return
+        item = self._queue.pending(request, plan, done)
+        error: EdgedError | None = None
+        with self._lock:
+            error = self._admit_locked(item)
+            if error is None:
+                if inline and not self._delay_ns and self._idle:
+                    instance = self._idle.pop()
+                    self._executing += 1
+                else:
+                    self._wake_worker_locked()
         if error is not None:
             self._finish_error(item, error)
         elif instance is not None:
-            self._drain_inline(instance, (item,), [item] if first else None)
+            self._drain_inline(instance, (item,))
+
+    def _run_alone(self, instance: ModelInstance, request: InferRequest, plan: InputPlan, done: Done) -> None:
+        """What `_execute` and `_drain_inline` do for one request that never queued, in one straight line: this
+        is a lone request's whole engine path, so every call saved here is saved per request."""
+        start = time.perf_counter_ns()
+        key = id(instance)
+        try:
+            self.last_used = time.monotonic()
+            self._running_since[key] = start
+            batch_size, inputs, _ = plan
+            try:
+                merged = time.perf_counter_ns()
+                outputs = instance.run(inputs, self._output_names)
+                ran = time.perf_counter_ns()
+                if request.outputs or len(outputs) != len(self._output_names):
+                    outputs = self._selected(request, outputs)
+                result: InferResponse | EdgedError = InferResponse(self._config.name, self._version, outputs,
+                                                                   request.id)
+            except Exception as e:
+                if not isinstance(e, EdgedError):
+                    log.exception("model %s: backend raised an unexpected error", self._config.name)
+                result = e if isinstance(e, EdgedError) else InferenceFailed(f"model {self._config.name}: {e}")
+                self._stats.record_request(False, time.perf_counter_ns() - start, 0)
+            else:
+                self._stats.record_alone(batch_size, merged - start, ran - merged, start, time.perf_counter_ns())
+            finally:
+                self._running_since.pop(key, None)
+            try:
+                done(result)
+            except Exception:
+                log.exception("model %s: a completion callback raised", self._config.name)
+            with self._lock:
+                if not self._queue.count:
+                    self._idle.append(instance)
+                    self._executing -= 1
+                    if self._closed:
+                        self._notify_locked()
+                    return
+        except BaseException:
+            with self._lock:
+                self._idle.append(instance)
+                self._executing -= 1
+                self._notify_locked()
+            raise
+        # Requests queued behind this one while it ran: this caller serves them, as after any inline batch.
+        finished = self._queue.pending(request, plan, done)
+        finished.enqueued_ns, finished.request = start, None  # type: ignore[assignment]
+        self._drain_inline(instance, (finished,))
 
     def _admit_locked(self, item: Pending) -> EdgedError | None:
         if self._closed:
@@ -178,15 +227,11 @@ class Scheduler:
         return (time.perf_counter_ns() - min(started)) / 1e9 if started else 0.0
 
     # --- executors -----------------------------------------------------------------------------------------
-    def _drain_inline(self, instance: ModelInstance, own: Sequence[Pending],
-                      first: list[Pending] | None = None) -> None:
-        """Execute ``first`` (never queued), then what the queue holds, within the inline share."""
+    def _drain_inline(self, instance: ModelInstance, own: Sequence[Pending]) -> None:
+        """Execute what the queue holds, ``own`` first (queued), within the inline share."""
         ran = extra = 0
         started = own[0].enqueued_ns  # queued just now, by this caller: no clock read for the start
         try:
-            if first is not None:
-                ran = 1
-                self._execute(instance, first)
             while True:
                 with self._lock:
                     mine_done = _all_finished(own)

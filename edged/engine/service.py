@@ -33,6 +33,8 @@ from edged.repository.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
 
+_READY = ModelState.READY  # a module global: an Enum member read through its class costs ten times more
+
 # schedule_policy: the "priority" and "timeout" request parameters, applied by each model's queue policy
 # (engine/queue_policy.py): priority levels, timeouts that REJECT or DELAY.
 EXTENSIONS = ("classification", "model_repository", "model_configuration", "system_shared_memory",
@@ -53,6 +55,7 @@ class InferenceService:
                 return load_backend(name, extra)
         self._registry = Registry(repository, models, max_elements, backend_loader, memory, unload_timeout_s)
         self._closed = False
+        self.lazy_models = self._registry.lazy  # `needs_load` as a set, for paths that run per request
         self.generation = GenerationService(self)  # generative models: prompt in, a stream of text out
         # One submitter per event loop; a closed loop's entry goes away with the loop.
         self._submitters: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopSubmitter] = (
@@ -209,7 +212,12 @@ class InferenceService:
         if inline is None:
             p50 = served.exec_p50_us  # _fast, without the call: this runs for every request
             inline = p50 is not None and p50 <= self.settings.inline_execution_max_us
-        served.submit(request, done, inline)
+        scheduler = served.scheduler
+        if scheduler is None or request.outputs or served.lifecycle.state is not _READY:
+            served.submit(request, done, inline)  # refuses, or wraps done for classification
+            return
+        # ModelVersion.submit without the call: a request that names no outputs classifies nothing
+        scheduler.submit_one(request, served.validator.check(request), done, inline)
 
     def submit_many(self, model: str, version: str, calls: Sequence[tuple[InferRequest, Done]],
                     inline: bool = True) -> None:

@@ -80,6 +80,37 @@ class VersionStats:
                 for enqueued in enqueued_ns:
                     counts[bisect.bisect_left(_BUCKETS_NS, finished_ns - enqueued)] += 1
 
+    def record_alone(self, batch_size: int, input_ns: int, infer_ns: int, started_ns: int, finished_ns: int) -> None:
+        """`record_batch` for one request that ran the moment it arrived (no queue time), in one call: this
+        runs for every lone request, and the counters it leaves are the ones `record_batch` would."""
+        total_ns = finished_ns - started_ns
+        output_ns = total_ns - input_ns - infer_ns
+        bucket = bisect.bisect_left(_BUCKETS_NS, total_ns)
+        batch = self._batches.get(batch_size)
+        with self._lock:
+            if batch is None:
+                batch = self._batches.setdefault(batch_size, _BatchStat())
+            self.execution_count += 1
+            self.inference_count += batch_size
+            self.compute_input.count += 1
+            self.compute_input.ns += input_ns
+            self.compute_infer.count += 1
+            self.compute_infer.ns += infer_ns
+            self.compute_output.count += 1
+            self.compute_output.ns += output_ns
+            batch.compute_input.count += 1
+            batch.compute_input.ns += input_ns
+            batch.compute_infer.count += 1
+            batch.compute_infer.ns += infer_ns
+            batch.compute_output.count += 1
+            batch.compute_output.ns += output_ns
+            self.last_inference_ms = time.time_ns() // 1_000_000
+            self.success.count += 1
+            self.success.ns += total_ns
+            self.queue.count += 1
+            self.latency_sum_ns += total_ns
+            self.latency_counts[bucket] += 1
+
     def record_execution(self, batch_size: int, requests: int, input_ns: int, infer_ns: int,
                          output_ns: int) -> None:
         """One backend execution covering ``requests`` requests and ``batch_size`` inferences."""

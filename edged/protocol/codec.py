@@ -50,7 +50,7 @@ class OutputRequest:
     shm: ShmReference | None = None  # written into a shared-memory region instead of the response body
 
 
-@dataclass
+@dataclass(slots=True)
 class DecodedRequest:
     """The fields of an infer request; front ends turn them into the engine's InferRequest."""
 

@@ -45,10 +45,12 @@ class _Target(NamedTuple):
     spec: RouteSpec
     lazy: bool  # a route that loads a lazily loaded model on first use
     action: str  # what access control says the caller may not do; looked up once per URL (Kind hashes slowly)
+    infer: bool  # an infer route: compared once per URL, since reading an Enum member through its class is slow
 
 
 def _target(route: Route) -> _Target:
-    return _Target(route, SPECS[route.kind], route.kind in _LAZY_KINDS, _ACTIONS.get(route.kind, route.kind.value))
+    return _Target(route, SPECS[route.kind], route.kind in _LAZY_KINDS, _ACTIONS.get(route.kind, route.kind.value),
+                   route.kind is Kind.INFER)
 
 
 class App:
@@ -80,6 +82,7 @@ class App:
         self.generate = GeneratePath(service)
         self._loop = asyncio.get_running_loop()
         self._targets: dict[bytes, _Target] = {}
+        self._lazy_models = service.lazy_models
         self.daemon_actions = dict(daemon_actions or {})  # "ota/check" → blocking callable returning JSON
 
     def dispatch(self, connection: Connection, incoming: Incoming, slot: Slot) -> None:
@@ -95,14 +98,23 @@ class App:
         if self.draining:
             self._answer(connection, incoming, slot, error_response(503, "the server is shutting down", True))
             return
-        if ((spec.permission != "open" or connection.kind == "tcp")
-                and not self._permitted(connection, incoming, slot, target)):
-            return
-        if target.lazy and self.service.needs_load(route.model):
+        if spec.permission != "open" or connection.kind == "tcp":  # _permitted's success, without the call
+            try:
+                if connection.kind == "tcp":
+                    self.access.tcp.check(spec.category, spec.permission, incoming.headers, target.action)
+                else:
+                    self.access.check(connection.peer, spec.permission, target.action)
+            except EdgedError as e:
+                self._denied(connection, incoming, slot, target, e)
+                return
+        if target.lazy and route.model in self._lazy_models:
             self._in_executor(connection, incoming, slot, lambda: self.service.ensure_loaded(route.model),
                               lambda _: self._route(connection, incoming, slot, route))
             return
-        self._route(connection, incoming, slot, route)
+        if target.infer:
+            self.infer.handle(connection, incoming, slot, route.model, route.version)
+        else:
+            self._route(connection, incoming, slot, route)
 
     def body_bound(self, url: bytes) -> tuple[str, int] | None:
         """(model, the largest body its inputs can need) for an infer URL of a loaded model, else None."""
@@ -182,22 +194,14 @@ class App:
             return False
         return True
 
-    def _permitted(self, connection: Connection, incoming: Incoming, slot: Slot, target: _Target) -> bool:
-        """Checked on every request, not once per connection: a user removed from a group loses access
-        within the peer cache's lifetime, and TCP requests are judged by their own headers."""
-        action, spec, route = target.action, target.spec, target.route
-        try:
-            if connection.kind == "tcp":
-                self.access.tcp.check(spec.category, spec.permission, incoming.headers, action)
-            else:
-                self.access.check(connection.peer, spec.permission, action)
-        except EdgedError as e:
-            denied = self.handlers.denied
-            denied[action] = denied.get(action, 0) + 1
-            log.warning("%s (model %s)", e, route.model or "-")
-            self._answer(connection, incoming, slot, error_for(e))
-            return False
-        return True
+    def _denied(self, connection: Connection, incoming: Incoming, slot: Slot, target: _Target,
+                error: EdgedError) -> None:
+        """Access is checked on every request, not once per connection: a user removed from a group loses
+        access within the peer cache's lifetime, and TCP requests are judged by their own headers."""
+        denied = self.handlers.denied
+        denied[target.action] = denied.get(target.action, 0) + 1
+        log.warning("%s (model %s)", error, target.route.model or "-")
+        self._answer(connection, incoming, slot, error_for(error))
 
     def _repository_change(self, connection: Connection, incoming: Incoming, slot: Slot, route: Route) -> None:
         service = self.service

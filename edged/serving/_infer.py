@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from edged.engine import InferenceService, InferRequest, InferResponse, RequestedOutput
 from edged.errors import EdgedError, Unavailable
-from edged.protocol import DecodedRequest, decode_request, encode_response
+from edged.protocol import DecodedRequest, decode_request
 from edged.protocol.header_cache import HeaderCache
 from edged.protocol.shm_params import ShmReader
 from edged.serving._access import Peer
@@ -32,12 +32,9 @@ from edged.serving._http import Connection
 from edged.serving._limits import OFFLOAD_BYTES
 from edged.serving._messages import Incoming, Slot, header_int
 from edged.serving._response import error_for, render
+from edged.serving._response_heads import ResponseHeads
 from edged.shm import TCP_CALLER, Caller, SharedMemoryRegistry, write_output
 
-_JSON_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%s\r\n"
-_BINARY_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\ncontent-length: %d\r\n"
-                b"inference-header-content-length: %d\r\n%s\r\n")
-_CLOSE = b"connection: close\r\n"
 # Infer requests from two different connections this close together (loop time, which has millisecond
 # resolution) mean several clients are sending: gather requests in a call_soon flush for the next _HOLD_S.
 _OVERLAP_S = 0.002
@@ -59,11 +56,26 @@ class _Call:
         self.keep_alive = keep_alive
 
     def __call__(self, result: InferResponse | EdgedError) -> None:
+        """Answer the client; from a worker thread, by coming back here on the loop thread."""
         path = self.path
-        if threading.get_ident() == path.loop_thread:
-            path.finish(self, result)
-        else:
-            path.loop.call_soon_threadsafe(path.finish, self, result)
+        if threading.get_ident() != path.loop_thread:
+            path.loop.call_soon_threadsafe(self, result)
+            return
+        connection, slot, keep_alive = self.connection, self.slot, self.keep_alive
+        try:
+            if isinstance(result, EdgedError):
+                connection.respond(slot, render(error_for(result), keep_alive), not keep_alive)
+                return
+            decoded = self.decoded
+            try:
+                placed = path.place_outputs(self, result) if decoded.outputs else frozenset()
+                response = path.responses.encode(result, decoded, keep_alive, placed)
+            except EdgedError as e:
+                connection.respond(slot, render(error_for(e), keep_alive), not keep_alive)
+                return
+            connection.respond(slot, response, not keep_alive)
+        except Exception as e:  # runs as a loop callback: an escaping error would leave the slot unanswered
+            connection.fail(slot, e, keep_alive)
 
 
 class InferPath:
@@ -83,6 +95,7 @@ class InferPath:
         self._gather_until = 0.0
         self._decoder = ThreadPoolExecutor(1, thread_name_prefix="edged-decode")
         self._headers = HeaderCache(max_elements)
+        self.responses = ResponseHeads()
 
     def close(self) -> None:
         self._decoder.shutdown(wait=False, cancel_futures=True)
@@ -104,7 +117,15 @@ class InferPath:
         except EdgedError as e:
             connection.respond(slot, render(error_for(e), incoming.keep_alive), not incoming.keep_alive)
             return
-        self._queue(connection, incoming, slot, model, version, decoded)
+        if decoded.outputs:
+            self._queue(connection, incoming, slot, model, version, decoded)
+            return
+        # _queue without the call, for the request that names no outputs (it wants them all)
+        request = InferRequest(model, decoded.inputs, version, decoded.id, (), decoded.parameters,
+                               decoded.priority, decoded.timeout_us)
+        self._queued.append(_Call(self, connection, slot, request, decoded, incoming.keep_alive))
+        if not connection.feeding and not self._scheduled:
+            self._schedule()
 
     def _decoded(self, connection: Connection, incoming: Incoming, slot: Slot, model: str, version: str,
                  done: asyncio.Future[DecodedRequest]) -> None:
@@ -152,10 +173,15 @@ class InferPath:
             return
         if now < self._gather_until:
             self._schedule()
-        elif len(self._queued) == 1:  # _flush's lone-request case, without the call
+        elif len(self._queued) == 1:  # _flush's lone-request case, and _submit_one's, without the calls
             call = self._queued[0]
             self._queued = []
-            self._submit_one(call)
+            try:
+                self._service.submit(call.request, call, inline=None)  # inline if the model is fast
+            except EdgedError as e:
+                self.finish(call, e)
+            except Exception as e:
+                call.connection.fail(call.slot, e, call.keep_alive)
         else:
             self._flush()
 
@@ -199,29 +225,9 @@ class InferPath:
                 call.connection.fail(call.slot, e, call.keep_alive)
 
     def finish(self, call: _Call, result: InferResponse | EdgedError) -> None:
-        keep_alive = call.keep_alive
-        try:
-            if isinstance(result, EdgedError):
-                call.connection.respond(call.slot, render(error_for(result), keep_alive), not keep_alive)
-                return
-            decoded = call.decoded
-            try:
-                placed = self._place_outputs(call, result) if decoded.outputs else frozenset()
-                body, header_length = encode_response(result, decoded.binary_outputs, decoded.binary_default,
-                                                      placed=placed)
-            except EdgedError as e:
-                call.connection.respond(call.slot, render(error_for(e), keep_alive), not keep_alive)
-                return
-            tail = b"" if keep_alive else _CLOSE
-            if header_length is None:
-                head = _JSON_HEAD % (len(body), tail)
-            else:
-                head = _BINARY_HEAD % (len(body), header_length, tail)
-            call.connection.respond(call.slot, head + body, not keep_alive)
-        except Exception as e:  # runs as a loop callback: an escaping error would leave the slot unanswered
-            call.connection.fail(call.slot, e, keep_alive)
+        call(result)
 
-    def _place_outputs(self, call: _Call, result: InferResponse) -> frozenset[str]:
+    def place_outputs(self, call: _Call, result: InferResponse) -> frozenset[str]:
         """Write the outputs that name a shared-memory region into it; their names (no data in the body)."""
         placed = []
         for output in call.decoded.outputs:

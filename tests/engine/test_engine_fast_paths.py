@@ -286,3 +286,37 @@ def test_requests_during_reloads_and_unloads_get_their_versions_answer_or_a_clea
     workers = [thread.name for thread in threading.enumerate() if thread.name.startswith("edged-mlp-")]
     assert not workers, f"worker threads of unloaded versions still alive (asleep through their close): {workers}"
     assert answers["1"] and answers["2"], answers
+
+
+def test_a_request_run_alone_is_counted_as_a_batch_of_one_would_be() -> None:
+    alone, batch = VersionStats("m", "1"), VersionStats("m", "1")
+    for started, merged, ran, finished in ((1_000, 1_200, 31_200, 32_000), (50_000, 50_100, 2_050_100, 2_051_000)):
+        alone.record_alone(1, merged - started, ran - merged, started, finished)
+        batch.record_batch(1, merged - started, ran - merged, finished - ran, started, finished, [started])
+    documents = [stats.as_json() for stats in (alone, batch)]
+    for doc in documents:
+        doc.pop("last_inference")
+    assert documents[0] == documents[1]
+    assert alone.latency_histogram() == batch.latency_histogram()
+
+
+def test_lone_inline_requests_leave_exact_statistics(tmp_path: Path) -> None:
+    add_model(tmp_path, "mlp", 'name: "mlp"\nbackend: "onnxruntime"\nmax_batch_size: 8', {1: mlp_weights(seed=1)})
+    service = InferenceService(tmp_path, ModelsConfig(control_mode="explicit", startup_models=("mlp",),
+                                                      warmup=False))
+    service.start()
+    try:
+        for rows in (1, 2, 1, 3):
+            x = np.ones((rows, 64), np.float32)
+            assert service.infer(InferRequest("mlp", {"input": x})).outputs["output"].shape[0] == rows
+        doc = service.statistics("mlp")["model_stats"][0]
+        stats = doc["inference_stats"]
+        assert doc["inference_count"] == 7 and doc["execution_count"] == 4
+        for part in ("success", "queue", "compute_input", "compute_infer", "compute_output"):
+            assert stats[part]["count"] == 4, part
+        assert stats["compute_infer"]["ns"] > 0 and stats["fail"]["count"] == 0
+        assert {b["batch_size"]: b["compute_infer"]["count"] for b in doc["batch_stats"]} == {1: 2, 2: 1, 3: 1}
+        counts, _, total = service.loaded_versions()[0].stats.latency_histogram()
+        assert sum(counts) == total == 4
+    finally:
+        service.close()

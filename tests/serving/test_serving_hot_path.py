@@ -3,7 +3,9 @@
 Each point below once cost the loop measurable CPU per request (docs/benchmarks.md); counting the calls the
 loop thread makes for one request keeps them from creeping back: a lone request on an idle fast model runs on
 the loop thread (no hop), skips the queue, decodes a header it has seen before without parsing it, takes the
-engine's quick input check, calls the compiled ONNX Runtime session directly and is answered in one piece.
+engine's quick input check, calls the compiled ONNX Runtime session directly and is answered in one piece; a
+request head repeated on its connection skips the parser, a repeated response layout reuses its encoded head,
+and the engine runs a lone request straight through (no queue, no batch).
 """
 
 from __future__ import annotations
@@ -98,9 +100,12 @@ def test_a_repeated_small_binary_request_costs_the_loop_only_the_short_path(
     assert python["registry.py:resolve"] == 1, "the model version was looked up more than once"
     # uvloop's transport.write is compiled and invisible to the hook; the response is built and handed to it
     # once (Connection.respond joins nothing for a single-part response)
-    assert python["_http.py:respond"] == 1 and calls.builtin["lock.__exit__"] <= 3
-    # All of it, as a ceiling with some room: the base of this change made 73 Python calls here, it makes 50.
-    assert sum(python.values()) <= 60, sorted(python.items())
+    assert python["_responder.py:respond"] == 1 and calls.builtin["lock.__exit__"] <= 3
+    assert python["_http.py:on_message_begin"] == 0, "a head repeated on the connection was parsed again"
+    assert python["codec.py:encode_response"] == 0, "a repeated response layout was encoded again"
+    assert python["scheduler.py:_execute_batch"] == 0, "a lone request took the batch path"
+    # All of it, as a ceiling with a little room: dd4723b made 73 Python calls here, 833ddca 48, this 23.
+    assert sum(python.values()) <= 25, sorted(python.items())
 
 
 def test_the_profile_hook_sees_the_loop_thread() -> None:
