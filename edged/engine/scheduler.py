@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from edged.backends.base import ModelInstance
+from edged.engine.intake import Intake
 from edged.engine.ordering import ResponseOrder
 from edged.engine.queue_policy import Done, Pending, PriorityQueues
 from edged.engine.stats import VersionStats
@@ -52,8 +53,10 @@ WORKER_TIMER_SLACK_NS = 1000
 
 class Scheduler:
     def __init__(self, config: ModelConfig, version: str, instances: Sequence[ModelInstance],
-                 stats: VersionStats) -> None:
+                 stats: VersionStats, intake: Intake | None = None) -> None:
         self._config = config
+        self._intake = intake
+        self.holds = 0  # batches held past their delay for requests a front end was reading, counted by tests
         self._version = version
         self._stats = stats
         self._idle: list[ModelInstance] = list(instances)
@@ -242,9 +245,11 @@ class Scheduler:
                         return  # closed and drained
                     self._wait_locked()
                     continue
-                wait_s = self._batch_wait_locked()
+                wait_s, held = self._batch_wait_locked()
                 if wait_s > 0 and not self._closed:
                     self._wait_locked(wait_s)
+                    if held and self._intake is not None:
+                        self._intake.release(self._poke)
                     continue
                 instance = self._idle.pop()
                 self._executing += 1
@@ -263,18 +268,36 @@ class Scheduler:
         finally:
             self._lock.release()
 
-    def _batch_wait_locked(self) -> float:
-        """Seconds to keep waiting for a fuller batch (max_queue_delay_microseconds), or 0 to run now."""
+    def _batch_wait_locked(self) -> tuple[float, bool]:
+        """Seconds to keep waiting for a fuller batch, or 0 to run now; and whether the wait is an intake hold.
+
+        The wait is max_queue_delay_microseconds from the first queued request. Past it, the batch is held
+        only while a front end is reading requests it will submit together (`edged.engine.intake`), and at most
+        for the delay once more: a lone request waits its delay, never the hold."""
         if not self._delay_ns or not self._max_batch:
-            return 0.0
+            return 0.0, False
         level = self._queue.urgent()
         if level is None:
-            return 0.0
+            return 0.0, False
         target = self._preferred[-1] if self._preferred else self._max_batch
         if level.rows() >= target:
-            return 0.0
+            return 0.0, False
         remaining = level.first().enqueued_ns + self._delay_ns - time.perf_counter_ns()
-        return max(0.0, remaining / 1e9)
+        if remaining > 0:
+            return remaining / 1e9, False
+        intake = self._intake
+        if intake is None or not intake.is_open:
+            return 0.0, False
+        remaining += self._delay_ns
+        if remaining <= 0 or not intake.hold(self._poke):
+            return 0.0, False
+        self.holds += 1
+        return remaining / 1e9, True
+
+    def _poke(self) -> None:
+        """The intake closed: holding workers look at the queue again (every worker: any one may hold)."""
+        with self._lock:
+            self._notify_locked(everyone=True)
 
     # --- batch formation -----------------------------------------------------------------------------------
     def _take_batch_locked(self) -> tuple[list[Pending], list[Pending]]:
