@@ -65,6 +65,10 @@ class Scheduler:
         self._wake = threading.Condition(self._lock)  # workers wait here for work, and only workers
         self._sleepers = 0  # threads in self._wake.wait(); notifying nobody costs a microsecond, so we skip it
         self.wakeups = 0  # notifies of a sleeping worker: thread hand-offs, counted by tests
+        # Workers waiting out a batching delay (or an intake hold): they wake at its end by themselves, so a
+        # submit wakes nobody unless it fills the batch. Waking them per submit took the GIL from the event loop
+        # in the middle of reading the requests that were to join the batch.
+        self._delaying = 0
         # `close` waits here for the queue to drain. Its own condition: a notify meant for a worker must never
         # be spent on it, or queued requests wait with an idle instance and a sleeping worker.
         self._settled = threading.Condition(self._lock)
@@ -72,6 +76,7 @@ class Scheduler:
         self._executing = 0
         self._max_batch = config.max_batch_size if (batching and config.max_batch_size > 0) else 0
         self._preferred = tuple(sorted(batching.preferred_batch_size)) if batching else ()
+        self._target = self._preferred[-1] if self._preferred else self._max_batch  # rows that end a delay
         self._queue = PriorityQueues(batching, self._max_batch, self._preferred)
         self._order = ResponseOrder() if batching and batching.preserve_ordering else None
         self._delay_ns = batching.max_queue_delay_microseconds * 1000 if batching else 0
@@ -150,7 +155,7 @@ class Scheduler:
         after taking the GIL from the threads that have work."""
         if not self._workers:
             self._ensure_workers_locked()
-        if self._sleepers and self._idle:
+        if self._sleepers and self._idle and not (self._delaying and not self._batch_full_locked()):
             self.wakeups += 1
             self._wake.notify()
 
@@ -170,6 +175,11 @@ class Scheduler:
             self._wake.wait(timeout_s)
         finally:
             self._sleepers -= 1
+
+    @property
+    def delaying(self) -> int:
+        """Workers now waiting out a batching delay or an intake hold."""
+        return self._delaying
 
     @property
     def in_flight(self) -> int:
@@ -247,7 +257,11 @@ class Scheduler:
                     continue
                 wait_s, held = self._batch_wait_locked()
                 if wait_s > 0 and not self._closed:
-                    self._wait_locked(wait_s)
+                    self._delaying += 1
+                    try:
+                        self._wait_locked(wait_s)
+                    finally:
+                        self._delaying -= 1
                     if held and self._intake is not None:
                         self._intake.release(self._poke)
                     continue
@@ -279,8 +293,7 @@ class Scheduler:
         level = self._queue.urgent()
         if level is None:
             return 0.0, False
-        target = self._preferred[-1] if self._preferred else self._max_batch
-        if level.rows() >= target:
+        if level.rows() >= self._target:
             return 0.0, False
         remaining = level.first().enqueued_ns + self._delay_ns - time.perf_counter_ns()
         if remaining > 0:
@@ -293,6 +306,10 @@ class Scheduler:
             return 0.0, False
         self.holds += 1
         return remaining / 1e9, True
+
+    def _batch_full_locked(self) -> bool:
+        level = self._queue.urgent()
+        return level is not None and level.rows() >= self._target
 
     def _poke(self) -> None:
         """The intake closed: holding workers look at the queue again (every worker: any one may hold)."""

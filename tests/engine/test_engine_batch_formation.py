@@ -84,6 +84,29 @@ def test_sixteen_coroutines_awaiting_in_one_loop_turn_form_one_batch(tmp_path: P
         service.close()
 
 
+def test_submits_that_do_not_fill_the_batch_leave_the_worker_waiting_out_its_delay(tmp_path: Path) -> None:
+    service = serve(tmp_path, 1_000_000)
+    try:
+        results = Results()
+        scheduler = scheduler_of(service)
+        results.submit(service, 1)
+        for _ in range(30_000):
+            if scheduler.delaying:
+                break
+            threading.Event().wait(0.001)
+        assert scheduler.delaying == 1
+        wakeups = scheduler.wakeups
+        for _ in range(3):
+            results.submit(service, 2)  # 7 of 16 rows: the delay's end is the worker's to see, no wake-up
+        assert scheduler.wakeups == wakeups
+        results.submit(service, 9)  # 16 rows: the batch is full, the worker is woken to run it now
+        assert scheduler.wakeups == wakeups + 1
+        results.wait(16)
+        assert engine_fakes.CONCURRENCY["batches"] == [16]
+    finally:
+        service.close()
+
+
 def test_a_lone_request_runs_alone_once_its_delay_is_over_and_is_never_held(tmp_path: Path) -> None:
     service = serve(tmp_path, 50_000)
     try:
