@@ -134,6 +134,25 @@ def test_a_batch_whose_delay_ends_while_requests_are_being_read_waits_for_them(t
         service.close()
 
 
+def test_coroutines_queued_before_a_delay_ends_join_the_batch_it_holds(tmp_path: Path) -> None:
+    service = serve(tmp_path, 1_000_000)
+    results = Results()
+
+    async def main() -> list[InferResponse]:
+        results.submit(service, 1)  # from a thread's API: its delay starts now
+        tasks = [asyncio.ensure_future(service.infer_async(InferRequest(
+            "m", {"input": np.full((1, 4), float(i), np.float32)}))) for i in range(15)]
+        await asyncio.sleep(0)  # the tasks queue their requests; the loop turn's commit comes after this step
+        wait_for_hold(scheduler_of(service))  # blocks the loop past the first request's delay, the commit pending
+        return await asyncio.gather(*tasks)
+    try:
+        assert len(asyncio.run(main())) == 15
+        results.wait(1)
+        assert engine_fakes.CONCURRENCY["batches"] == [16]  # without the hold: [1, 15]
+    finally:
+        service.close()
+
+
 def test_closing_the_intake_releases_a_held_partial_batch(tmp_path: Path) -> None:
     service = serve(tmp_path, 1_000_000)
     try:
