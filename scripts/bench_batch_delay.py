@@ -12,10 +12,12 @@ overshoot, and tiny_b16_d<D> (max_batch_size 16) for each ``--delays`` D for the
   ``asyncio``: one process, 16 connections on loopback TCP, each sending its next request once its answer is in;
   ``pa``: perf_analyzer (C++, one process, 16 threads) over loopback TCP, ``--concurrency-range 16``.
 
-    PYTHONPATH=$PWD .venv/bin/python scripts/bench_batch_delay.py [--seconds 10] [--clients procs asyncio pa]
-        [--delays 200 1000 5000] [--skip-c1]
+    PYTHONPATH=$PWD .venv/bin/python scripts/bench_batch_delay.py [--seconds 10] [--clients procs asyncio burst pa]
+        [--delays 200 1000 5000] [--skip-c1] [--trees /tmp/base . --rounds 4]
 
-PYTHONPATH picks the edged tree the server runs, so two trees compare with the same script.
+``burst`` is the asyncio client in rounds: every connection sends at once, the next round when all answers are
+in (requests that arrive together, as the best case). ``--trees`` runs one server per edged checkout (its
+PYTHONPATH) and measures them in alternation, the order reversed every round, so the machine's drift hits both.
 """
 
 from __future__ import annotations
@@ -190,49 +192,69 @@ def _load(kind: str, path: str, port: int, model: str, seconds: float, concurren
                        check=True, stdout=subprocess.DEVNULL, timeout=120)
 
 
-def _lone(path: str, seconds: float) -> None:
+def _lone(path: str, seconds: float) -> dict[int, float]:
+    """Overshoot p50(D) - p50(D=0) - D by delay, one client alternating between the delays."""
     models = [f"tiny_d{delay}" for delay in LONE_DELAYS_US]
     lone = _clients(path, models, seconds, 1)[0]
     p50 = {model: statistics.median(values) for model, values in lone.items()}
-    base = p50["tiny_d0"]
-    for delay, model in zip(LONE_DELAYS_US, models, strict=True):
-        print(f"c=1  {model}: p50 {p50[model]:6.0f} us over {len(lone[model])} requests; "
-              f"overshoot p50 - p50(D=0) - D = {p50[model] - base - delay:5.0f} us", flush=True)
+    return {delay: p50[model] - p50["tiny_d0"] - delay for delay, model in zip(LONE_DELAYS_US, models, strict=True)}
+
+
+def _mean_batch(kind: str, server: tuple[str, int], delay: int, seconds: float, concurrency: int) -> float:
+    path, port = server
+    model = f"tiny_b16_d{delay}"
+    before = _counts(path, model)
+    _load(kind, path, port, model, seconds, concurrency)
+    after = _counts(path, model)
+    return (after[0] - before[0]) / max(1, after[1] - before[1])
+
+
+def _start(tree: str, delays: list[int]) -> tuple[subprocess.Popen[str], tuple[str, int]]:
+    path = str(Path(tempfile.mkdtemp()) / "edged.sock")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([sys.executable, __file__, "--serve", path, str(port), *map(str, delays)],
+                              stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": tree})
+    assert server.stdout is not None
+    if server.stdout.readline().strip() != "ready":
+        raise SystemExit(f"the server of {tree} did not start")
+    return server, (path, port)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--clients", nargs="+", choices=("procs", "asyncio", "burst", "pa"), default=["procs"])
+    parser.add_argument("--clients", nargs="*", choices=("procs", "asyncio", "burst", "pa"), default=["procs"])
     parser.add_argument("--delays", nargs="+", type=int, default=[200])
     parser.add_argument("--skip-c1", action="store_true")
+    parser.add_argument("--trees", nargs="+", default=[os.environ.get("PYTHONPATH", str(ROOT))],
+                        help="edged checkouts to compare, one server each, measured in alternation")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds over the trees, the order reversed each round")
     args = parser.parse_args()
-    path = str(Path(tempfile.mkdtemp()) / "edged.sock")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = subprocess.Popen([sys.executable, __file__, "--serve", path, str(port), *map(str, args.delays)],
-                              stdout=subprocess.PIPE, text=True)
+    started = [_start(tree, args.delays) for tree in args.trees]
+    servers = {tree: address for tree, (_, address) in zip(args.trees, started, strict=True)}
+    results: dict[tuple[str, str], list[float]] = {}
     try:
-        assert server.stdout is not None
-        if server.stdout.readline().strip() != "ready":
-            raise SystemExit("server did not start")
-        if not args.skip_c1:
-            _lone(path, args.seconds)
-        for kind in args.clients:
-            for delay in args.delays:
-                model = f"tiny_b16_d{delay}"
-                before = _counts(path, model)
-                _load(kind, path, port, model, args.seconds / 2, args.concurrency)
-                after = _counts(path, model)
-                requests, executions = after[0] - before[0], after[1] - before[1]
-                print(f"c={args.concurrency} {kind:7} D={delay:5} us: {requests} requests in {executions} "
-                      f"executions, mean batch {requests / max(1, executions):.1f}; load {os.getloadavg()[0]:.1f}",
-                      flush=True)
+        for round_index in range(args.rounds):
+            order = args.trees if round_index % 2 == 0 else args.trees[::-1]
+            for tree in order if not args.skip_c1 else []:
+                for delay, overshoot in _lone(servers[tree][0], args.seconds).items():
+                    results.setdefault((f"c=1 overshoot D={delay}", tree), []).append(overshoot)
+            for kind in args.clients:
+                for delay in args.delays:
+                    for tree in order:
+                        batch = _mean_batch(kind, servers[tree], delay, args.seconds / 2, args.concurrency)
+                        label = f"c={args.concurrency} {kind} D={delay} mean batch"
+                        results.setdefault((label, tree), []).append(batch)
+            print(f"round {round_index + 1} done, load {os.getloadavg()[0]:.1f}", flush=True)
     finally:
-        server.terminate()
-        server.wait()
+        for server, _ in started:
+            server.terminate()
+            server.wait()
+    for (label, tree), values in results.items():
+        print(f"{label:34} {tree}: " + " ".join(f"{value:.1f}" for value in values))
 
 
 if __name__ == "__main__":
