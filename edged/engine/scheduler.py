@@ -69,6 +69,7 @@ class Scheduler:
         # submit wakes nobody unless it fills the batch. Waking them per submit took the GIL from the event loop
         # in the middle of reading the requests that were to join the batch.
         self._delaying = 0
+        self._held_for = 0  # enqueued_ns of the first request of the batch last held for the intake
         # `close` waits here for the queue to drain. Its own condition: a notify meant for a worker must never
         # be spent on it, or queued requests wait with an idle instance and a sleeping worker.
         self._settled = threading.Condition(self._lock)
@@ -286,8 +287,8 @@ class Scheduler:
         """Seconds to keep waiting for a fuller batch, or 0 to run now; and whether the wait is an intake hold.
 
         The wait is max_queue_delay_microseconds from the first queued request. Past it, the batch is held
-        only while a front end is reading requests it will submit together (`edged.engine.intake`), and at most
-        for the delay once more: a lone request waits its delay, never the hold."""
+        only while a front end is reading requests it will submit together (`edged.engine.intake`), once, until
+        they are submitted and at most for the delay once more: a lone request waits its delay, never the hold."""
         if not self._delay_ns or not self._max_batch:
             return 0.0, False
         level = self._queue.urgent()
@@ -295,16 +296,19 @@ class Scheduler:
             return 0.0, False
         if level.rows() >= self._target:
             return 0.0, False
-        remaining = level.first().enqueued_ns + self._delay_ns - time.perf_counter_ns()
+        first = level.first().enqueued_ns
+        remaining = first + self._delay_ns - time.perf_counter_ns()
         if remaining > 0:
             return remaining / 1e9, False
         intake = self._intake
-        if intake is None or not intake.is_open:
+        # held once: for the requests being read now, not for the iterations after them
+        if intake is None or not intake.is_open or first == self._held_for:
             return 0.0, False
         remaining += self._delay_ns
         if remaining <= 0 or not intake.hold(self._poke):
             return 0.0, False
         self.holds += 1
+        self._held_for = first
         return remaining / 1e9, True
 
     def _batch_full_locked(self) -> bool:

@@ -170,6 +170,24 @@ def test_closing_the_intake_releases_a_held_partial_batch(tmp_path: Path) -> Non
         service.close()
 
 
+def test_a_batch_is_held_for_the_requests_being_read_not_for_later_iterations(tmp_path: Path) -> None:
+    service = serve(tmp_path, 1_000_000)
+    try:
+        results = Results()
+        service.intake.open()
+        results.submit(service, 3)
+        scheduler = scheduler_of(service)
+        wait_for_hold(scheduler)
+        service.intake.close()
+        service.intake.open()  # the loop's next iteration reads more: the batch held once runs now
+        results.wait(3)
+        assert engine_fakes.CONCURRENCY["batches"] == [3]
+        assert scheduler.holds == 1
+    finally:
+        service.intake.close()
+        service.close()
+
+
 def test_an_intake_that_never_closes_holds_a_batch_for_at_most_the_delay_once_more(tmp_path: Path) -> None:
     service = serve(tmp_path, 100_000)
     try:
