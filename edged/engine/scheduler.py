@@ -22,16 +22,14 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
-
-import numpy as np
 
 from edged.backends.base import ModelInstance
+from edged.engine.batch_rows import check_rows, concatenate, selected, split
 from edged.engine.intake import Intake
 from edged.engine.ordering import ResponseOrder
 from edged.engine.queue_policy import Done, Pending, PriorityQueues
 from edged.engine.stats import VersionStats
-from edged.engine.types import Array, InferRequest, InferResponse
+from edged.engine.types import InferRequest, InferResponse
 from edged.engine.validation import InputPlan
 from edged.errors import EdgedError, InferenceFailed, QueueFull, RequestTimeout, Unavailable
 from edged.repository.model_config import ModelConfig
@@ -342,7 +340,7 @@ class Scheduler:
 
     def _execute_batch(self, instance: ModelInstance, batch: list[Pending], start: int) -> None:
         try:
-            inputs = batch[0].inputs if len(batch) == 1 else _concatenate(batch)
+            inputs = batch[0].inputs if len(batch) == 1 else concatenate(batch)
             merged = time.perf_counter_ns()
             outputs = instance.run(inputs, self._output_names)
             ran = time.perf_counter_ns()
@@ -350,12 +348,12 @@ class Scheduler:
                 item = batch[0]
                 request = item.request
                 responses: list[InferResponse] = [InferResponse(
-                    self._config.name, self._version, self._selected(request, outputs), request.id)]
+                    self._config.name, self._version, selected(request, outputs, self._output_names), request.id)]
                 total_batch = item.batch_size
             else:
                 total_batch = sum([item.batch_size for item in batch])
-                self._check_rows(outputs, total_batch)
-                responses = self._split(batch, outputs, total_batch)
+                check_rows(self._config.name, outputs, total_batch)
+                responses = split(self._config.name, self._version, self._output_names, batch, outputs, total_batch)
         except Exception as e:
             if len(batch) > 1:  # find the culprit: each request alone, so only a bad one fails
                 if not self._told_batch_failure:
@@ -374,59 +372,6 @@ class Scheduler:
         self._stats.record_batch(total_batch, merged - start, ran - merged, finished - ran, start, finished,
                                  [batch[0].enqueued_ns] if len(batch) == 1 else [item.enqueued_ns for item in batch])
         self._deliver(batch, responses)
-
-    def _check_rows(self, outputs: dict[str, Array], rows: int) -> None:
-        """A batched model returns one output row per input row; anything else cannot be split by request."""
-        for name, array in outputs.items():
-            shape = getattr(array, "shape", ())
-            if not shape or shape[0] != rows:
-                raise InferenceFailed(f"model {self._config.name}: output {name!r} has shape {list(shape)} for a "
-                                      f"batch of {rows} rows; a model with dynamic batching must return one row "
-                                      "per input row")
-
-    def _selected(self, request: InferRequest, outputs: dict[str, Array]) -> dict[str, Array]:
-        """The outputs a request that ran alone asked for: no slicing. A backend returns a new dict of the
-        outputs it was asked for; when those are all a request wants, that dict is its response's."""
-        if request.outputs:
-            return {o.name: outputs[o.name] for o in request.outputs}
-        if len(outputs) == len(self._output_names):
-            return outputs
-        return {name: outputs[name] for name in self._output_names}
-
-    def _split(self, batch: list[Pending], outputs: dict[str, Array], total_batch: int) -> list[InferResponse]:
-        if total_batch == len(batch):
-            return self._split_rows(batch, outputs)
-        model, version, all_names = self._config.name, self._version, self._output_names
-        responses = []
-        offset = 0
-        for item in batch:
-            request = item.request
-            wanted = [o.name for o in request.outputs] or all_names
-            size = item.batch_size
-            selected = {name: outputs[name][offset:offset + size] for name in wanted}
-            offset += size
-            responses.append(InferResponse(model, version, selected, request.id))
-        return responses
-
-    def _split_rows(self, batch: list[Pending], outputs: dict[str, Array]) -> list[InferResponse]:
-        """The split when every request has batch size 1 (the usual case): each output is cut into its rows
-        by one call, not by a slice per request."""
-        model, version = self._config.name, self._version
-        rows = {name: list(array[:, None]) for name, array in outputs.items()}
-        all_names = self._output_names
-        only = all_names[0] if len(all_names) == 1 else ""  # one output: a dict display, not a comprehension
-        only_rows = rows[only] if only else []
-        responses = []
-        for index, item in enumerate(batch):
-            request = item.request
-            if request.outputs:
-                selected = {o.name: rows[o.name][index] for o in request.outputs}
-            elif only:
-                selected = {only: only_rows[index]}
-            else:
-                selected = {name: rows[name][index] for name in all_names}
-            responses.append(InferResponse(model, version, selected, request.id))
-        return responses
 
     def _finish_timeout(self, item: Pending) -> None:
         waited_us = (time.perf_counter_ns() - item.enqueued_ns) // 1000
@@ -485,7 +430,3 @@ def _all_finished(items: Sequence[Pending]) -> bool:
         return items[0].request is None
     return all(item.request is None for item in items)
 
-
-def _concatenate(batch: list[Pending]) -> dict[str, Any]:
-    names = batch[0].inputs.keys()
-    return {name: np.concatenate([item.inputs[name] for item in batch]) for name in names}
