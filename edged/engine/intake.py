@@ -4,8 +4,9 @@ A front end on an event loop parses the requests of one loop iteration one after
 together at the end of the iteration (edged.serving._infer). A worker whose batching delay expires in the
 middle of that iteration would take a partial batch and leave the requests being parsed to the next one. So
 the front end opens the intake when it starts holding requests back and closes it once it has submitted them;
-a worker whose delay has expired while the intake is open waits for the close (bounded by the scheduler: at
-most the delay once more), and the close wakes it.
+a worker whose delay has expired while the intake is open waits for the close, once per batch and at most
+the delay once more (the scheduler bounds it), and the close wakes it. One intake per service: it does not say
+which model the held requests are for, so a batch of another model may wait for that one flush too.
 
 Guarantees: `open` and `close` cost an attribute store and a check, with no lock, unless a worker is holding; a
 worker that registers as holding and then still sees the intake open is woken by the close that follows (it

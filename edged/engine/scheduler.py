@@ -7,6 +7,10 @@ busy executor picks its request up when its current batch ends. So an idle model
 block (an event loop with a slow model) or models with a queue delay use worker threads instead, one per
 instance, started on first need. A request that fails inside a batch is retried alone, so it fails alone.
 
+A batching delay (max_queue_delay_microseconds) counts from the first queued request; a worker waiting it out
+is woken early only by a submit that fills the batch. When it ends while a front end still holds requests it
+has read (`intake`), the batch waits for them once, for at most the delay again; a lone request never does.
+
 Inline work is bounded from the moment the caller takes the instance, whatever the priorities: at most
 INLINE_MAX_BATCHES batches and INLINE_MAX_NS, and INLINE_EXTRA_BATCHES once the caller's own requests are done;
 then the rest goes to the workers and the caller returns (its own requests, if overtaken, finish on a worker).
