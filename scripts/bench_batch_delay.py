@@ -1,11 +1,23 @@
-"""Measure what max_queue_delay_microseconds costs a lone request, and that batches still fill under load.
+"""Measure what max_queue_delay_microseconds costs a lone request, and how full batches get at concurrency 16.
 
-One edged HttpServer process on a Unix socket serves tiny_mlp three times, identical but for the batching delay
-(0, 100 and 200 µs). One client alternates between them request by request (concurrency 1, so drift in the
-machine's load hits all three alike) and reports each model's p50 latency and the overshoot: p50(D) - p50(0) - D.
-Then 16 client processes load the 200 µs model and the mean batch size is read from its statistics.
+One edged HttpServer process, on a Unix socket and loopback TCP, serves copies of tiny_mlp that differ only in
+their batching: tiny_d0, tiny_d100, tiny_d200 (max_batch_size 64, delays 0, 100, 200 µs) for the lone-request
+overshoot, and tiny_b16_d<D> (max_batch_size 16) for each ``--delays`` D for the batch sizes at concurrency 16.
 
-    PYTHONPATH=$PWD .venv/bin/python scripts/bench_batch_delay.py [--seconds 10] [--concurrency 16]
+- c=1: one client alternates between tiny_d0/100/200 request by request (so drift in the machine's load hits all
+  three alike) and reports each model's p50 latency and the overshoot: p50(D) - p50(0) - D.
+- c=16, for each client kind of ``--clients`` and each delay, the mean batch (inference_count /
+  execution_count from the model's statistics, over that run only):
+  ``procs``: 16 processes with ``http.client`` on the Unix socket (they need the same cores as the server);
+  ``asyncio``: one process, 16 connections on loopback TCP, each sending its next request once its answer is in;
+  ``pa``: perf_analyzer (C++, one process, 16 threads) over loopback TCP, ``--concurrency-range 16``.
+
+    PYTHONPATH=$PWD .venv/bin/python scripts/bench_batch_delay.py [--seconds 10] [--clients procs asyncio burst pa]
+        [--delays 200 1000 5000] [--skip-c1] [--trees /tmp/base . --rounds 4]
+
+``burst`` is the asyncio client in rounds: every connection sends at once, the next round when all answers are
+in (requests that arrive together, as the best case). ``--trees`` runs one server per edged checkout (its
+PYTHONPATH) and measures them in alternation, the order reversed every round, so the machine's drift hits both.
 """
 
 from __future__ import annotations
@@ -14,6 +26,7 @@ import argparse
 import asyncio
 import http.client
 import json
+import os
 import shutil
 import socket
 import statistics
@@ -24,7 +37,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DELAYS_US = (0, 100, 200)
+LONE_DELAYS_US = (0, 100, 200)
+PERF_ANALYZER = ROOT / ".cache" / "perf_analyzer" / "perf_analyzer"
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -64,7 +78,69 @@ def run_client(path: str, models: list[str], seconds: float) -> None:
     print(json.dumps({model: [v // 1000 for v in values] for model, values in latencies.items()}))
 
 
-def serve(path: str) -> None:
+# --- the asyncio client: one process, `concurrency` connections ------------------------------------------
+async def _one_connection(port: int, request: bytes, end: float, counts: list[int]) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    loop = asyncio.get_running_loop()
+    while loop.time() < end:
+        writer.write(request)
+        await _read_response(reader)
+        counts[0] += 1
+    writer.close()
+
+
+async def _read_response(reader: asyncio.StreamReader) -> None:
+    head = await reader.readuntil(b"\r\n\r\n")
+    if not head.startswith(b"HTTP/1.1 200"):
+        raise SystemExit(f"asyncio client: {head[:200]!r}")
+    length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
+    await reader.readexactly(length)
+
+
+async def _bursts(port: int, request: bytes, end: float, concurrency: int) -> int:
+    """Rounds: all connections send at once, the next round starts when every answer is in."""
+    connections = [await asyncio.open_connection("127.0.0.1", port) for _ in range(concurrency)]
+    loop = asyncio.get_running_loop()
+    count = 0
+    while loop.time() < end:
+        for _, writer in connections:
+            writer.write(request)
+        await asyncio.gather(*(_read_response(reader) for reader, _ in connections))
+        count += concurrency
+    return count
+
+
+async def _asyncio_clients(port: int, model: str, seconds: float, concurrency: int, burst: bool) -> int:
+    body, headers = _request()
+    head = f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: localhost\r\nContent-Length: {len(body)}\r\n"
+    head += "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+    request = head.encode() + b"\r\n" + body
+    end = asyncio.get_running_loop().time() + seconds
+    if burst:
+        return await _bursts(port, request, end, concurrency)
+    counts = [0]
+    await asyncio.gather(*(_one_connection(port, request, end, counts) for _ in range(concurrency)))
+    return counts[0]
+
+
+def run_asyncio_client(port: int, model: str, seconds: float, concurrency: int, burst: bool) -> None:
+    import uvloop
+    print(json.dumps(uvloop.run(_asyncio_clients(port, model, seconds, concurrency, burst))))
+
+
+# --- the server ----------------------------------------------------------------------------------------
+def _model(repo: Path, name: str, max_batch: int, delay_us: int) -> None:
+    source = (ROOT / "models" / "tiny_mlp" / "config.pbtxt").read_text()
+    (repo / name / "1").mkdir(parents=True)
+    # a copy: a model file symlinked from outside its model folder is refused (edged.repository.confine)
+    shutil.copyfile(ROOT / "models" / "tiny_mlp" / "1" / "model.onnx", repo / name / "1" / "model.onnx")
+    config = source.replace('"tiny_mlp"', f'"{name}"').replace("max_batch_size: 64", f"max_batch_size: {max_batch}")
+    config = config.replace("dynamic_batching { }", f"dynamic_batching {{ max_queue_delay_microseconds: {delay_us} }}")
+    (repo / name / "config.pbtxt").write_text(config)
+
+
+def serve(path: str, port: int, delays: list[int]) -> None:
     import uvloop
 
     from edged.config import ModelsConfig, ServerConfig
@@ -72,18 +148,13 @@ def serve(path: str) -> None:
     from edged.serving import HttpServer, open_listeners
 
     repo = Path(tempfile.mkdtemp())
-    source = (ROOT / "models" / "tiny_mlp" / "config.pbtxt").read_text()
-    for delay in DELAYS_US:
-        name = f"tiny_d{delay}"
-        (repo / name / "1").mkdir(parents=True)
-        # a copy: a model file symlinked from outside its model folder is refused (edged.repository.confine)
-        shutil.copyfile(ROOT / "models" / "tiny_mlp" / "1" / "model.onnx", repo / name / "1" / "model.onnx")
-        config = source.replace('"tiny_mlp"', f'"{name}"').replace(
-            "dynamic_batching { }", f"dynamic_batching {{ max_queue_delay_microseconds: {delay} }}")
-        (repo / name / "config.pbtxt").write_text(config)
+    for delay in LONE_DELAYS_US:
+        _model(repo, f"tiny_d{delay}", 64, delay)
+    for delay in delays:
+        _model(repo, f"tiny_b16_d{delay}", 16, delay)
     service = InferenceService(repo, ModelsConfig())
     service.start()
-    config = ServerConfig()
+    config = ServerConfig(http_port=port)
 
     async def main() -> None:
         listeners = open_listeners(config, Path(path), environ={})
@@ -94,53 +165,104 @@ def serve(path: str) -> None:
     uvloop.run(main())
 
 
+# --- the driver ----------------------------------------------------------------------------------------
 def _clients(path: str, models: list[str], seconds: float, count: int) -> list[dict[str, list[int]]]:
     procs = [subprocess.Popen([sys.executable, __file__, "--client", path, ",".join(models), str(seconds)],
                               stdout=subprocess.PIPE, text=True) for _ in range(count)]
     return [json.loads(proc.communicate()[0]) for proc in procs]
 
 
-def _batch_size(path: str, model: str) -> tuple[int, int]:
+def _counts(path: str, model: str) -> tuple[int, int]:
     conn = _UnixConnection(path)
     conn.request("GET", f"/v2/models/{model}/stats")
     stats = json.loads(conn.getresponse().read())["model_stats"][0]
     return stats["inference_count"], stats["execution_count"]
 
 
+def _load(kind: str, path: str, port: int, model: str, seconds: float, concurrency: int) -> None:
+    if kind == "procs":
+        _clients(path, [model], seconds, concurrency)
+    elif kind in ("asyncio", "burst"):
+        subprocess.run([sys.executable, __file__, "--asyncio-client", str(port), model, str(seconds),
+                        str(concurrency), kind], check=True, stdout=subprocess.DEVNULL)
+    else:
+        subprocess.run([str(PERF_ANALYZER), "-m", model, "-i", "http", "-u", f"127.0.0.1:{port}",
+                        "--concurrency-range", str(concurrency), "--measurement-interval",
+                        str(int(seconds * 1000)), "--stability-percentage", "1000", "--max-trials", "3"],
+                       check=True, stdout=subprocess.DEVNULL, timeout=120)
+
+
+def _lone(path: str, seconds: float) -> dict[int, float]:
+    """Overshoot p50(D) - p50(D=0) - D by delay, one client alternating between the delays."""
+    models = [f"tiny_d{delay}" for delay in LONE_DELAYS_US]
+    lone = _clients(path, models, seconds, 1)[0]
+    p50 = {model: statistics.median(values) for model, values in lone.items()}
+    return {delay: p50[model] - p50["tiny_d0"] - delay for delay, model in zip(LONE_DELAYS_US, models, strict=True)}
+
+
+def _mean_batch(kind: str, server: tuple[str, int], delay: int, seconds: float, concurrency: int) -> float:
+    path, port = server
+    model = f"tiny_b16_d{delay}"
+    before = _counts(path, model)
+    _load(kind, path, port, model, seconds, concurrency)
+    after = _counts(path, model)
+    return (after[0] - before[0]) / max(1, after[1] - before[1])
+
+
+def _start(tree: str, delays: list[int]) -> tuple[subprocess.Popen[str], tuple[str, int]]:
+    path = str(Path(tempfile.mkdtemp()) / "edged.sock")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([sys.executable, __file__, "--serve", path, str(port), *map(str, delays)],
+                              stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": tree})
+    assert server.stdout is not None
+    if server.stdout.readline().strip() != "ready":
+        raise SystemExit(f"the server of {tree} did not start")
+    return server, (path, port)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--clients", nargs="*", choices=("procs", "asyncio", "burst", "pa"), default=["procs"])
+    parser.add_argument("--delays", nargs="+", type=int, default=[200])
+    parser.add_argument("--skip-c1", action="store_true")
+    parser.add_argument("--trees", nargs="+", default=[os.environ.get("PYTHONPATH", str(ROOT))],
+                        help="edged checkouts to compare, one server each, measured in alternation")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds over the trees, the order reversed each round")
     args = parser.parse_args()
-    path = str(Path(tempfile.mkdtemp()) / "edged.sock")
-    server = subprocess.Popen([sys.executable, __file__, "--serve", path], stdout=subprocess.PIPE, text=True)
+    started = [_start(tree, args.delays) for tree in args.trees]
+    servers = {tree: address for tree, (_, address) in zip(args.trees, started, strict=True)}
+    results: dict[tuple[str, str], list[float]] = {}
     try:
-        assert server.stdout is not None
-        if server.stdout.readline().strip() != "ready":
-            raise SystemExit("server did not start")
-        models = [f"tiny_d{delay}" for delay in DELAYS_US]
-        lone = _clients(path, models, args.seconds, 1)[0]
-        p50 = {model: statistics.median(values) for model, values in lone.items()}
-        base = p50["tiny_d0"]
-        for delay, model in zip(DELAYS_US, models, strict=True):
-            print(f"c=1  {model}: p50 {p50[model]:6.0f} us over {len(lone[model])} requests; "
-                  f"overshoot p50 - p50(D=0) - D = {p50[model] - base - delay:5.0f} us")
-        loaded = models[-1]
-        before = _batch_size(path, loaded)
-        _clients(path, [loaded], args.seconds / 2, args.concurrency)
-        after = _batch_size(path, loaded)
-        requests, executions = after[0] - before[0], after[1] - before[1]
-        print(f"c={args.concurrency} {loaded}: {requests} requests in {executions} executions, mean batch "
-              f"{requests / max(1, executions):.1f}")
+        for round_index in range(args.rounds):
+            order = args.trees if round_index % 2 == 0 else args.trees[::-1]
+            for tree in order if not args.skip_c1 else []:
+                for delay, overshoot in _lone(servers[tree][0], args.seconds).items():
+                    results.setdefault((f"c=1 overshoot D={delay}", tree), []).append(overshoot)
+            for kind in args.clients:
+                for delay in args.delays:
+                    for tree in order:
+                        batch = _mean_batch(kind, servers[tree], delay, args.seconds / 2, args.concurrency)
+                        label = f"c={args.concurrency} {kind} D={delay} mean batch"
+                        results.setdefault((label, tree), []).append(batch)
+            print(f"round {round_index + 1} done, load {os.getloadavg()[0]:.1f}", flush=True)
     finally:
-        server.terminate()
-        server.wait()
+        for server, _ in started:
+            server.terminate()
+            server.wait()
+    for (label, tree), values in results.items():
+        print(f"{label:34} {tree}: " + " ".join(f"{value:.1f}" for value in values))
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--client":
         run_client(sys.argv[2], sys.argv[3].split(","), float(sys.argv[4]))
+    elif len(sys.argv) > 1 and sys.argv[1] == "--asyncio-client":
+        run_asyncio_client(int(sys.argv[2]), sys.argv[3], float(sys.argv[4]), int(sys.argv[5]), sys.argv[6] == "burst")
     elif len(sys.argv) > 1 and sys.argv[1] == "--serve":
-        serve(sys.argv[2])
+        serve(sys.argv[2], int(sys.argv[3]), [int(value) for value in sys.argv[4:]])
     else:
         main()

@@ -2,7 +2,9 @@
 
 Every request awaited during one turn of the loop is queued in a single group commit (one `submit_many` per
 model version), so concurrent coroutines batch without a thread hand-off per request — the cost that keeps
-thread-per-request callers from batching well in a GIL-bound process (docs/benchmarks.md).
+thread-per-request callers from batching well in a GIL-bound process (docs/benchmarks.md). The service's
+intake is open from the first such request to the commit, so a batch whose delay ends meanwhile waits for
+them (edged.engine.intake).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class LoopSubmitter:
         future: asyncio.Future[InferResponse] = self.loop.create_future()
         pending = self._pending
         if not pending:
+            self._service.intake.open()
             self.loop.call_soon(self._flush)
         key = (request.model, request.version)
         calls = pending.get(key)
@@ -59,8 +62,11 @@ class LoopSubmitter:
     def _flush(self) -> None:
         pending, self._pending = self._pending, {}
         service = self._service
-        for (model, version), calls in pending.items():
-            service.submit_many(model, version, calls, inline=service.should_inline(model, version))
+        try:
+            for (model, version), calls in pending.items():
+                service.submit_many(model, version, calls, inline=service.should_inline(model, version))
+        finally:
+            service.intake.close()
 
 
 def _settle(future: asyncio.Future[InferResponse], result: InferResponse | EdgedError) -> None:

@@ -29,6 +29,7 @@ from edged.backends import Backend
 from edged.config import ModelsConfig
 from edged.engine.admission import Admission
 from edged.engine.completion import complete_config
+from edged.engine.intake import Intake
 from edged.engine.lifecycle import ModelState
 from edged.engine.memory_governor import MemoryGovernor
 from edged.engine.record import ModelRecord, index_entries
@@ -62,8 +63,9 @@ READY = ModelState.READY
 class Registry:
     def __init__(self, root: Path, settings: ModelsConfig, max_elements: int,
                  backend_loader: Callable[[str], Backend], memory: MemoryGovernor | None,
-                 unload_timeout_s: float) -> None:
+                 unload_timeout_s: float, intake: Intake | None = None) -> None:
         self._root = root
+        self._intake = intake  # handed to each version's scheduler (edged.engine.intake)
         self._settings = settings
         self._max_elements = max_elements
         self._backend_loader = backend_loader
@@ -284,7 +286,7 @@ class Registry:
         with self._lock:
             config, backend = self._prepare(name, model_dir)
             check_config_files(config, model_dir, [number])
-            version = ModelVersion(config, number, model_dir, self._max_elements)
+            version = ModelVersion(config, number, model_dir, self._max_elements, self._intake)
             self._admission.load_detached(version, backend)
             return version
 
@@ -301,7 +303,7 @@ class Registry:
         for number in wanted:
             if number in unchanged:
                 continue
-            version = ModelVersion(config, number, model_dir, self._max_elements)
+            version = ModelVersion(config, number, model_dir, self._max_elements, self._intake)
             try:
                 self._admission.load_version(record, version, backend)
             except EdgedError as e:

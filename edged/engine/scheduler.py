@@ -7,6 +7,10 @@ busy executor picks its request up when its current batch ends. So an idle model
 block (an event loop with a slow model) or models with a queue delay use worker threads instead, one per
 instance, started on first need. A request that fails inside a batch is retried alone, so it fails alone.
 
+A batching delay (max_queue_delay_microseconds) counts from the first queued request; a worker waiting it out
+is woken early only by a submit that fills the batch. When it ends while a front end still holds requests it
+has read (`intake`), the batch waits for them once, for at most the delay again; a lone request never does.
+
 Inline work is bounded from the moment the caller takes the instance, whatever the priorities: at most
 INLINE_MAX_BATCHES batches and INLINE_MAX_NS, and INLINE_EXTRA_BATCHES once the caller's own requests are done;
 then the rest goes to the workers and the caller returns (its own requests, if overtaken, finish on a worker).
@@ -22,15 +26,14 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
-
-import numpy as np
 
 from edged.backends.base import ModelInstance
+from edged.engine.batch_rows import check_rows, concatenate, selected, split
+from edged.engine.intake import Intake
 from edged.engine.ordering import ResponseOrder
 from edged.engine.queue_policy import Done, Pending, PriorityQueues
 from edged.engine.stats import VersionStats
-from edged.engine.types import Array, InferRequest, InferResponse
+from edged.engine.types import InferRequest, InferResponse
 from edged.engine.validation import InputPlan
 from edged.errors import EdgedError, InferenceFailed, QueueFull, RequestTimeout, Unavailable
 from edged.repository.model_config import ModelConfig
@@ -52,8 +55,10 @@ WORKER_TIMER_SLACK_NS = 1000
 
 class Scheduler:
     def __init__(self, config: ModelConfig, version: str, instances: Sequence[ModelInstance],
-                 stats: VersionStats) -> None:
+                 stats: VersionStats, intake: Intake | None = None) -> None:
         self._config = config
+        self._intake = intake
+        self.holds = 0  # batches held past their delay for requests a front end was reading, counted by tests
         self._version = version
         self._stats = stats
         self._idle: list[ModelInstance] = list(instances)
@@ -62,6 +67,11 @@ class Scheduler:
         self._wake = threading.Condition(self._lock)  # workers wait here for work, and only workers
         self._sleepers = 0  # threads in self._wake.wait(); notifying nobody costs a microsecond, so we skip it
         self.wakeups = 0  # notifies of a sleeping worker: thread hand-offs, counted by tests
+        # Workers waiting out a batching delay (or an intake hold): they wake at its end by themselves, so a
+        # submit wakes nobody unless it fills the batch. Waking them per submit took the GIL from the event loop
+        # in the middle of reading the requests that were to join the batch.
+        self._delaying = 0
+        self._held_for = 0  # enqueued_ns of the first request of the batch last held for the intake
         # `close` waits here for the queue to drain. Its own condition: a notify meant for a worker must never
         # be spent on it, or queued requests wait with an idle instance and a sleeping worker.
         self._settled = threading.Condition(self._lock)
@@ -69,6 +79,7 @@ class Scheduler:
         self._executing = 0
         self._max_batch = config.max_batch_size if (batching and config.max_batch_size > 0) else 0
         self._preferred = tuple(sorted(batching.preferred_batch_size)) if batching else ()
+        self._target = self._preferred[-1] if self._preferred else self._max_batch  # rows that end a delay
         self._queue = PriorityQueues(batching, self._max_batch, self._preferred)
         self._order = ResponseOrder() if batching and batching.preserve_ordering else None
         self._delay_ns = batching.max_queue_delay_microseconds * 1000 if batching else 0
@@ -196,7 +207,7 @@ class Scheduler:
         after taking the GIL from the threads that have work."""
         if not self._workers:
             self._ensure_workers_locked()
-        if self._sleepers and self._idle:
+        if self._sleepers and self._idle and not (self._delaying and not self._batch_full_locked()):
             self.wakeups += 1
             self._wake.notify()
 
@@ -216,6 +227,11 @@ class Scheduler:
             self._wake.wait(timeout_s)
         finally:
             self._sleepers -= 1
+
+    @property
+    def delaying(self) -> int:
+        """Workers now waiting out a batching delay or an intake hold."""
+        return self._delaying
 
     @property
     def in_flight(self) -> int:
@@ -287,9 +303,15 @@ class Scheduler:
                         return  # closed and drained
                     self._wait_locked()
                     continue
-                wait_s = self._batch_wait_locked()
+                wait_s, held = self._batch_wait_locked()
                 if wait_s > 0 and not self._closed:
-                    self._wait_locked(wait_s)
+                    self._delaying += 1
+                    try:
+                        self._wait_locked(wait_s)
+                    finally:
+                        self._delaying -= 1
+                    if held and self._intake is not None:
+                        self._intake.release(self._poke)
                     continue
                 instance = self._idle.pop()
                 self._executing += 1
@@ -308,18 +330,42 @@ class Scheduler:
         finally:
             self._lock.release()
 
-    def _batch_wait_locked(self) -> float:
-        """Seconds to keep waiting for a fuller batch (max_queue_delay_microseconds), or 0 to run now."""
+    def _batch_wait_locked(self) -> tuple[float, bool]:
+        """Seconds to keep waiting for a fuller batch, or 0 to run now; and whether the wait is an intake hold.
+
+        The wait is max_queue_delay_microseconds from the first queued request. Past it, the batch is held
+        only while a front end is reading requests it will submit together (`edged.engine.intake`), once, until
+        they are submitted and at most for the delay once more: a lone request waits its delay, never the hold."""
         if not self._delay_ns or not self._max_batch:
-            return 0.0
+            return 0.0, False
         level = self._queue.urgent()
         if level is None:
-            return 0.0
-        target = self._preferred[-1] if self._preferred else self._max_batch
-        if level.rows() >= target:
-            return 0.0
-        remaining = level.first().enqueued_ns + self._delay_ns - time.perf_counter_ns()
-        return max(0.0, remaining / 1e9)
+            return 0.0, False
+        if level.rows() >= self._target:
+            return 0.0, False
+        first = level.first().enqueued_ns
+        remaining = first + self._delay_ns - time.perf_counter_ns()
+        if remaining > 0:
+            return remaining / 1e9, False
+        intake = self._intake
+        # held once: for the requests being read now, not for the iterations after them
+        if intake is None or not intake.is_open or first == self._held_for:
+            return 0.0, False
+        remaining += self._delay_ns
+        if remaining <= 0 or not intake.hold(self._poke):
+            return 0.0, False
+        self.holds += 1
+        self._held_for = first
+        return remaining / 1e9, True
+
+    def _batch_full_locked(self) -> bool:
+        level = self._queue.urgent()
+        return level is not None and level.rows() >= self._target
+
+    def _poke(self) -> None:
+        """The intake closed: holding workers look at the queue again (every worker: any one may hold)."""
+        with self._lock:
+            self._notify_locked(everyone=True)
 
     # --- batch formation -----------------------------------------------------------------------------------
     def _take_batch_locked(self) -> tuple[list[Pending], list[Pending]]:
@@ -343,7 +389,7 @@ class Scheduler:
 
     def _execute_batch(self, instance: ModelInstance, batch: list[Pending], start: int) -> None:
         try:
-            inputs = batch[0].inputs if len(batch) == 1 else _concatenate(batch)
+            inputs = batch[0].inputs if len(batch) == 1 else concatenate(batch)
             merged = time.perf_counter_ns()
             outputs = instance.run(inputs, self._output_names)
             ran = time.perf_counter_ns()
@@ -351,12 +397,12 @@ class Scheduler:
                 item = batch[0]
                 request = item.request
                 responses: list[InferResponse] = [InferResponse(
-                    self._config.name, self._version, self._selected(request, outputs), request.id)]
+                    self._config.name, self._version, selected(request, outputs, self._output_names), request.id)]
                 total_batch = item.batch_size
             else:
                 total_batch = sum([item.batch_size for item in batch])
-                self._check_rows(outputs, total_batch)
-                responses = self._split(batch, outputs, total_batch)
+                check_rows(self._config.name, outputs, total_batch)
+                responses = split(self._config.name, self._version, self._output_names, batch, outputs, total_batch)
         except Exception as e:
             if len(batch) > 1:  # find the culprit: each request alone, so only a bad one fails
                 if not self._told_batch_failure:
@@ -375,59 +421,6 @@ class Scheduler:
         self._stats.record_batch(total_batch, merged - start, ran - merged, finished - ran, start, finished,
                                  [batch[0].enqueued_ns] if len(batch) == 1 else [item.enqueued_ns for item in batch])
         self._deliver(batch, responses)
-
-    def _check_rows(self, outputs: dict[str, Array], rows: int) -> None:
-        """A batched model returns one output row per input row; anything else cannot be split by request."""
-        for name, array in outputs.items():
-            shape = getattr(array, "shape", ())
-            if not shape or shape[0] != rows:
-                raise InferenceFailed(f"model {self._config.name}: output {name!r} has shape {list(shape)} for a "
-                                      f"batch of {rows} rows; a model with dynamic batching must return one row "
-                                      "per input row")
-
-    def _selected(self, request: InferRequest, outputs: dict[str, Array]) -> dict[str, Array]:
-        """The outputs a request that ran alone asked for: no slicing. A backend returns a new dict of the
-        outputs it was asked for; when those are all a request wants, that dict is its response's."""
-        if request.outputs:
-            return {o.name: outputs[o.name] for o in request.outputs}
-        if len(outputs) == len(self._output_names):
-            return outputs
-        return {name: outputs[name] for name in self._output_names}
-
-    def _split(self, batch: list[Pending], outputs: dict[str, Array], total_batch: int) -> list[InferResponse]:
-        if total_batch == len(batch):
-            return self._split_rows(batch, outputs)
-        model, version, all_names = self._config.name, self._version, self._output_names
-        responses = []
-        offset = 0
-        for item in batch:
-            request = item.request
-            wanted = [o.name for o in request.outputs] or all_names
-            size = item.batch_size
-            selected = {name: outputs[name][offset:offset + size] for name in wanted}
-            offset += size
-            responses.append(InferResponse(model, version, selected, request.id))
-        return responses
-
-    def _split_rows(self, batch: list[Pending], outputs: dict[str, Array]) -> list[InferResponse]:
-        """The split when every request has batch size 1 (the usual case): each output is cut into its rows
-        by one call, not by a slice per request."""
-        model, version = self._config.name, self._version
-        rows = {name: list(array[:, None]) for name, array in outputs.items()}
-        all_names = self._output_names
-        only = all_names[0] if len(all_names) == 1 else ""  # one output: a dict display, not a comprehension
-        only_rows = rows[only] if only else []
-        responses = []
-        for index, item in enumerate(batch):
-            request = item.request
-            if request.outputs:
-                selected = {o.name: rows[o.name][index] for o in request.outputs}
-            elif only:
-                selected = {only: only_rows[index]}
-            else:
-                selected = {name: rows[name][index] for name in all_names}
-            responses.append(InferResponse(model, version, selected, request.id))
-        return responses
 
     def _finish_timeout(self, item: Pending) -> None:
         waited_us = (time.perf_counter_ns() - item.enqueued_ns) // 1000
@@ -486,7 +479,3 @@ def _all_finished(items: Sequence[Pending]) -> bool:
         return items[0].request is None
     return all(item.request is None for item in items)
 
-
-def _concatenate(batch: list[Pending]) -> dict[str, Any]:
-    names = batch[0].inputs.keys()
-    return {name: np.concatenate([item.inputs[name] for item in batch]) for name in names}

@@ -20,6 +20,7 @@ from edged.backends import Backend, load_backend
 from edged.config import ModelsConfig
 from edged.engine.aio import LoopSubmitter
 from edged.engine.generation import GenerationService
+from edged.engine.intake import Intake
 from edged.engine.lifecycle import ModelState
 from edged.engine.memory_governor import MemoryGovernor
 from edged.engine.metadata import model_metadata
@@ -53,7 +54,10 @@ class InferenceService:
 
             def backend_loader(name: str) -> Backend:
                 return load_backend(name, extra)
-        self._registry = Registry(repository, models, max_elements, backend_loader, memory, unload_timeout_s)
+        # A front end that submits an event-loop iteration's requests together opens it while it reads them.
+        self.intake = Intake()
+        self._registry = Registry(repository, models, max_elements, backend_loader, memory, unload_timeout_s,
+                                  self.intake)
         self._closed = False
         self.lazy_models = self._registry.lazy  # `needs_load` as a set, for paths that run per request
         self.generation = GenerationService(self)  # generative models: prompt in, a stream of text out

@@ -11,6 +11,7 @@ from typing import Any
 
 from edged.backends import Backend, ModelInstance
 from edged.engine.classification import classify, load_labels
+from edged.engine.intake import Intake
 from edged.engine.lifecycle import Lifecycle, ModelState
 from edged.engine.scheduler import Done, Scheduler
 from edged.engine.stats import VersionStats
@@ -25,8 +26,10 @@ log = logging.getLogger(__name__)
 
 
 class ModelVersion:
-    def __init__(self, config: ModelConfig, version: int, model_dir: Path, max_elements: int) -> None:
+    def __init__(self, config: ModelConfig, version: int, model_dir: Path, max_elements: int,
+                 intake: Intake | None = None) -> None:
         self.config = config
+        self._intake = intake
         self.version = version
         self.version_str = str(version)
         self.model_dir = model_dir
@@ -67,7 +70,7 @@ class ModelVersion:
             runtime_config = with_confined_parameters(self.config, self.model_dir)
             for index in range(self.config.instance_count):
                 self.instances.append(backend.load(self.path, runtime_config, index))
-            self.scheduler = Scheduler(self.config, self.version_str, self.instances, self.stats)
+            self.scheduler = Scheduler(self.config, self.version_str, self.instances, self.stats, self._intake)
             if warmup:
                 self._warm_up()
         except EdgedError as e:

@@ -187,12 +187,20 @@ class InferPath:
 
     def _schedule(self) -> None:
         self._scheduled = True
+        self._service.intake.open()  # a batch whose delay ends before the flush waits for it (engine.intake)
         self.loop.call_soon(self._flush)
 
     def _flush(self) -> None:
-        self._scheduled = False
+        scheduled, self._scheduled = self._scheduled, False
         calls = self._queued
         self._queued = []
+        try:
+            self._submit_calls(calls)
+        finally:
+            if scheduled:  # end_of_input also flushes directly, without having opened the intake
+                self._service.intake.close()
+
+    def _submit_calls(self, calls: list[_Call]) -> None:
         if len(calls) == 1:
             self._submit_one(calls[0])
             return

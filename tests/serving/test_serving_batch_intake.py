@@ -1,0 +1,68 @@
+"""Batch formation over the socket API: 16 connections that send at once, to a model with a batching delay,
+get one batch of 16 (the loop submits what it reads together, the scheduler waits out the delay), and the
+service's intake (edged.engine.intake), open while the loop holds requests back, is closed once they are
+submitted, so no later batch waits on it."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+from pathlib import Path
+
+import numpy as np
+from conftest import MODELS, RunningServer
+
+from edged.config import ServerConfig
+from edged.protocol import encode_request
+
+CLIENTS = 16
+
+
+def delay_model(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    (repo / "tiny_d" / "1").mkdir(parents=True)
+    shutil.copyfile(MODELS / "tiny_mlp" / "1" / "model.onnx", repo / "tiny_d" / "1" / "model.onnx")
+    config = (MODELS / "tiny_mlp" / "config.pbtxt").read_text().replace('"tiny_mlp"', '"tiny_d"')
+    # a 2 s delay: the batch runs once it holds 16 rows, long before; only arrivals spread over 2 s could split it
+    config = config.replace("max_batch_size: 64", f"max_batch_size: {CLIENTS}").replace(
+        "dynamic_batching { }", "dynamic_batching { max_queue_delay_microseconds: 2000000 }")
+    (repo / "tiny_d" / "config.pbtxt").write_text(config)
+    return repo
+
+
+def raw_request() -> bytes:
+    body, header_length = encode_request({"input": np.ones((1, 64), np.float32)})
+    head = (f"POST /v2/models/tiny_d/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+            f"Inference-Header-Content-Length: {header_length}\r\nContent-Type: application/octet-stream\r\n\r\n")
+    return head.encode() + body
+
+
+def read_status(sock: socket.socket) -> bytes:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, "the server closed the connection"
+        data += chunk
+    return data.split(b"\r\n", 1)[0]
+
+
+def test_sixteen_connections_sending_at_once_form_one_batch_and_leave_the_intake_closed(tmp_path: Path) -> None:
+    running = RunningServer(delay_model(tmp_path), ServerConfig(), tmp_path / "edged.sock")
+    sockets = []
+    try:
+        for _ in range(CLIENTS):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(30)
+            sock.connect(str(tmp_path / "edged.sock"))
+            sockets.append(sock)
+        request = raw_request()
+        for sock in sockets:
+            sock.sendall(request)
+        assert [read_status(sock) for sock in sockets] == [b"HTTP/1.1 200 OK"] * CLIENTS
+        stats = running.service.statistics("tiny_d")["model_stats"][0]
+        assert (stats["inference_count"], stats["execution_count"]) == (CLIENTS, 1)
+        assert not running.service.intake.is_open
+    finally:
+        for sock in sockets:
+            sock.close()
+        running.stop()
