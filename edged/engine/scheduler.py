@@ -156,7 +156,7 @@ class Scheduler:
                 outputs = instance.run(inputs, self._output_names)
                 ran = time.perf_counter_ns()
                 if request.outputs or len(outputs) != len(self._output_names):
-                    outputs = self._selected(request, outputs)
+                    outputs = selected(request, outputs, self._output_names)
                 result: InferResponse | EdgedError = InferResponse(self._config.name, self._version, outputs,
                                                                    request.id)
             except Exception as e:
