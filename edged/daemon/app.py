@@ -132,7 +132,7 @@ class Daemon:
             how = "inherited from systemd" if listener.inherited else "opened"
             print(f"edged {__version__}: listening on {listener.kind}:{listener.address} ({how})", flush=True)
         if self.grpc is not None:
-            await self.grpc.start()
+            await self.grpc.start(self.server.body_budget)  # one in-flight limit for both front ends
             for address in self.grpc.addresses:
                 print(f"edged {__version__}: listening on grpc:{address} (opened)", flush=True)
         await self._load_models()

@@ -12,6 +12,9 @@ Invariants:
 - Our DATA never exceeds the peer's windows nor is written while the transport is paused: a response waits in
   its stream until WINDOW_UPDATE or resume_writing, so a client that does not read holds at most what flow
   control lets it.
+- A connection with no stream open that sends no frame for ``[server] idle_timeout_s`` is sent GOAWAY
+  (NO_ERROR) and closed; a call whose message stops arriving is ended by its call (``sweep``, from the
+  server's sweeper, on the loop's clock).
 - Received DATA is handed to the stream's call as memoryviews valid only during the call (the call copies
   what it keeps); windows are replenished once half of them is used.
 """
@@ -72,10 +75,14 @@ class H2Connection(asyncio.Protocol):
         self._linger: asyncio.TimerHandle | None = None
         self._cork: list[bytes] | None = None
         self._ended: dict[int, None] = {}  # streams we ended lately: their DATA in flight is dropped quietly
+        self.now: Callable[[], float] = _no_clock  # the loop's clock, once connected
+        self._last_frame = 0.0  # when bytes last arrived
 
     # --- asyncio.Protocol -----------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # a stream server's transport
+        self.now = asyncio.get_running_loop().time
+        self._last_frame = self.now()
         self._transport.write(f.settings_frame(OUR_SETTINGS) + f.window_update(0, CONNECTION_WINDOW - f.DEFAULT_WINDOW))
         if self._refuse:
             self.fail(ErrorCode.ENHANCE_YOUR_CALM, "too many gRPC connections ([server] max_connections)")
@@ -100,6 +107,7 @@ class H2Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._dead:
             return
+        self._last_frame = self.now()
         buffer = self._buffer
         if buffer:
             buffer += data
@@ -410,6 +418,20 @@ class H2Connection(asyncio.Protocol):
     def idle(self) -> bool:
         return not self._streams
 
+    def sweep(self, now: float, idle_timeout_s: float) -> None:
+        """Close the connection if idle past ``idle_timeout_s``; let each call end itself if its message stalled."""
+        if self._dead:
+            return
+        if not self._streams:
+            if now - self._last_frame > idle_timeout_s:
+                log.info("gRPC connection closed: no stream and no frame for %g s ([server] idle_timeout_s)",
+                         idle_timeout_s)
+                self.go_away()
+            return
+        for stream in list(self._streams.values()):
+            if stream.call is not None:
+                stream.call.expire(now)
+
     def go_away(self) -> None:
         """Take no new streams, answer those open, then close (a server's stop, or the peer's GOAWAY)."""
         if not self._closing:
@@ -441,3 +463,6 @@ class H2Connection(asyncio.Protocol):
         if self._transport is not None:
             self._transport.abort()
 
+
+def _no_clock() -> float:
+    raise RuntimeError("the connection's clock is read before connection_made")

@@ -20,6 +20,8 @@ class Call(Protocol):
 
     def cancel(self) -> None: ...
 
+    def expire(self, now: float) -> None: ...
+
 
 class H2Stream:
     __slots__ = ("call", "pending", "recv_unacked", "remote_closed", "send_window", "trailers")
