@@ -339,6 +339,7 @@ class Daemon:
             "device_id": self.identity.device_id, "device_id_source": self.identity.source,
             "http_port": self.config.server.http_port,
             "grpc_listeners": list(self.grpc.addresses) if self.grpc is not None else [],
+            "grpc": self.grpc.status() if self.grpc is not None else None,
             "model_repository": str(self.repository),
             "model_control_mode": self.config.models.control_mode,
             "models": self.service.repository_index(),

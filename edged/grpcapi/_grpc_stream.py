@@ -142,8 +142,9 @@ def status_block(code: Status, message: str, head: bool) -> bytes:
 class GrpcCall:
     """The call side of one stream; ``on_message`` and ``on_end`` are set by the handler that serves it."""
 
-    __slots__ = ("_buffer", "_conn", "_deadline", "_limits", "_partial_since", "_reserved", "_started", "done",
-                 "on_cancel", "on_end", "on_message", "request", "stream_id", "task")
+    __slots__ = ("_buffer", "_conn", "_deadline", "_end_seen", "_held", "_limits", "_partial_since", "_reserved",
+                 "_started", "done", "on_cancel", "on_drained", "on_end", "on_message", "request", "stream_id",
+                 "task")
 
     def __init__(self, conn: H2Connection, stream_id: int, request: Request, limits: CallLimits) -> None:
         self._conn = conn
@@ -152,6 +153,8 @@ class GrpcCall:
         self._limits = limits
         self._reserved = 0  # budget bytes held for the message being received
         self._partial_since: float | None = None  # when the prefix of the message being received arrived
+        self._held = False  # the handler takes no request messages for now
+        self._end_seen = False  # the client half-closed (maybe while held: acted on when resumed)
         self._buffer = bytearray()
         self.done = False
         self._started = False  # response headers sent
@@ -160,6 +163,7 @@ class GrpcCall:
         self.on_message: Callable[[bytes], None] = _nothing
         self.on_end: Callable[[], None] = _none
         self.on_cancel: Callable[[], None] = _none
+        self.on_drained: Callable[[], None] = _none
         if request.timeout_s is not None:
             self._deadline = asyncio.get_running_loop().call_later(request.timeout_s, self._expired)
 
@@ -170,32 +174,66 @@ class GrpcCall:
         buffer = self._buffer
         if chunk:
             buffer += chunk
-        while len(buffer) >= 5:
-            length = int.from_bytes(buffer[1:5], "big")
-            if buffer[0]:
-                self.fail(Status.UNIMPLEMENTED, f"compressed messages (grpc-encoding "
-                          f"{self.request.encoding.decode('latin-1')!r}) are not supported: send identity")
-                return
-            if length > self._limits.message_bytes:
-                self.fail(Status.RESOURCE_EXHAUSTED, f"a message of {length} bytes, more than the limit of "
-                          f"{self._limits.message_bytes} bytes ([server] grpc_max_message_mb)")
-                return
-            if len(buffer) < 5 + length:
-                if not self._reserved and not self._reserve(length):
-                    return
-                break
-            message = bytes(buffer[5:5 + length])
-            del buffer[:5 + length]
-            if self._reserved:
-                self._release()
-            self.on_message(message)
-            if self.done:
-                return
-        if end_stream:
+        self._end_seen = self._end_seen or end_stream
+        if self._held:
+            return  # kept, unparsed, until the handler takes input again; the windows bound it
+        pos = self._cut(buffer)
+        if self.done:
+            return
+        if pos:
+            del buffer[:pos]  # once per DATA frame, not per message: a held stream's backlog is cut in one pass
+        if self._end_seen and not self._held:
             if buffer:
                 self.fail(Status.INTERNAL, f"the request ended inside a message ({len(buffer)} bytes of it)")
                 return
             self.on_end()
+
+    def _cut(self, buffer: bytearray) -> int:
+        """Hand the whole messages in ``buffer`` to ``on_message`` while the handler takes them; the bytes used."""
+        pos = 0
+        while len(buffer) - pos >= 5 and not self._held:
+            length = int.from_bytes(buffer[pos + 1:pos + 5], "big")
+            if buffer[pos]:
+                self.fail(Status.UNIMPLEMENTED, f"compressed messages (grpc-encoding "
+                          f"{self.request.encoding.decode('latin-1')!r}) are not supported: send identity")
+                return pos
+            if length > self._limits.message_bytes:
+                self.fail(Status.RESOURCE_EXHAUSTED, f"a message of {length} bytes, more than the limit of "
+                          f"{self._limits.message_bytes} bytes ([server] grpc_max_message_mb)")
+                return pos
+            if len(buffer) - pos < 5 + length:
+                if not self._reserved:
+                    self._reserve(length)
+                return pos
+            message = bytes(buffer[pos + 5:pos + 5 + length])
+            pos += 5 + length
+            if self._reserved:
+                self._release()
+            self.on_message(message)
+            if self.done:
+                return pos
+        return pos
+
+    def hold_input(self, held: bool) -> None:
+        """Stop (``held``) or resume taking request messages: the handler's back-pressure on a streaming call.
+        While held, DATA is kept unparsed and the connection grants the client no window for it."""
+        if self.done or held == self._held:
+            return
+        self._held = held
+        self._conn.hold(self.stream_id, held)
+        if not held:
+            if self._partial_since is not None:  # its sender was stalled by us, not by itself
+                self._partial_since = self._conn.now()
+            self.data(memoryview(b""), self._end_seen)
+
+    @property
+    def output_waiting(self) -> bool:
+        return self._conn.output_waiting(self.stream_id)
+
+    def drained(self) -> None:
+        """The connection sent all of this call's pending response bytes."""
+        if not self.done:
+            self.on_drained()
 
     def _reserve(self, length: int) -> bool:
         """Hold ``length`` bytes of the budget for a message that is arriving; False once the call is failed."""
@@ -218,7 +256,7 @@ class GrpcCall:
         """End the call if its message has been arriving for longer than ``[server] request_timeout_s``."""
         since = self._partial_since
         timeout = self._limits.request_timeout_s
-        if since is not None and not self.done and now - since > timeout:
+        if since is not None and not self.done and not self._held and now - since > timeout:
             self.fail(Status.DEADLINE_EXCEEDED, f"the request message did not arrive completely within {timeout:g} s "
                       "([server] request_timeout_s)")
 

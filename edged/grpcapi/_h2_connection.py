@@ -16,7 +16,9 @@ Invariants:
   (NO_ERROR) and closed; a call whose message stops arriving is ended by its call (``sweep``, from the
   server's sweeper, on the loop's clock).
 - Received DATA is handed to the stream's call as memoryviews valid only during the call (the call copies
-  what it keeps); windows are replenished once half of them is used.
+  what it keeps); windows are replenished once half of them is used, except while a call holds its input
+  (``hold``): then neither its stream's nor the connection's window is granted, so a client that writes
+  faster than it is answered waits in its flow control and what it can make edged hold is its windows.
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ class H2Connection(asyncio.Protocol):
         self._ended: dict[int, None] = {}  # streams we ended lately: their DATA in flight is dropped quietly
         self.now: Callable[[], float] = _no_clock  # the loop's clock, once connected
         self._last_frame = 0.0  # when bytes last arrived
+        self._held = 0  # streams whose calls hold their input
 
     # --- asyncio.Protocol -----------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -200,7 +203,7 @@ class H2Connection(asyncio.Protocol):
         self._recv_unacked += length
         if self._recv_unacked > CONNECTION_WINDOW:
             raise H2ConnectionError(ErrorCode.FLOW_CONTROL_ERROR, "DATA beyond the connection's window")
-        if self._recv_unacked >= CONNECTION_WINDOW // 2:
+        if self._recv_unacked >= CONNECTION_WINDOW // 2 and not self._held:
             self._write(f.window_update(0, self._recv_unacked))
             self._recv_unacked = 0
         stream = self._streams.get(stream_id)
@@ -215,7 +218,7 @@ class H2Connection(asyncio.Protocol):
         stream.recv_unacked += length
         if stream.recv_unacked > STREAM_WINDOW:
             raise H2StreamError(stream_id, ErrorCode.FLOW_CONTROL_ERROR, "DATA beyond the stream's window")
-        if not end_stream and stream.recv_unacked >= STREAM_WINDOW // 2:
+        if not end_stream and not stream.held and stream.recv_unacked >= STREAM_WINDOW // 2:
             self._write(f.window_update(stream_id, stream.recv_unacked))
             stream.recv_unacked = 0
         if end_stream:
@@ -304,7 +307,7 @@ class H2Connection(asyncio.Protocol):
             raise H2ConnectionError(ErrorCode.FRAME_SIZE_ERROR, "RST_STREAM of a length other than 4")
         if not stream_id or stream_id > self._last_id:
             raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, f"RST_STREAM on idle stream {stream_id}")
-        stream = self._streams.pop(stream_id, None)
+        stream = self._forget(stream_id)
         if stream is None:
             return
         if stream.call is not None:
@@ -362,23 +365,58 @@ class H2Connection(asyncio.Protocol):
         self._write(b"".join(out))
         self._closed(stream_id, stream)
 
+    def hold(self, stream_id: int, held: bool) -> None:
+        """Stop (``held``) or resume granting window for ``stream_id``'s input, and the connection's with it."""
+        stream = self._streams.get(stream_id)
+        if stream is None or stream.held == held:
+            return
+        stream.held = held
+        self._held += 1 if held else -1
+        if held:
+            return
+        if stream.recv_unacked and not stream.remote_closed:
+            self._write(f.window_update(stream_id, stream.recv_unacked))
+            stream.recv_unacked = 0
+        if not self._held and self._recv_unacked:
+            self._write(f.window_update(0, self._recv_unacked))
+            self._recv_unacked = 0
+
+    def output_waiting(self, stream_id: int) -> bool:
+        """Whether ``stream_id`` has response bytes the client's window or its reading has not let out."""
+        stream = self._streams.get(stream_id)
+        return stream is not None and bool(stream.pending)
+
     def _flush(self) -> None:
         out: list[bytes] = []
-        ended = [(stream_id, stream) for stream_id, stream in list(self._streams.items())
-                 if (stream.pending or stream.trailers is not None) and self._sender.drain(out, stream_id, stream)]
+        waiting = [(stream_id, stream) for stream_id, stream in list(self._streams.items())
+                   if stream.pending or stream.trailers is not None]
+        ended = [(stream_id, stream) for stream_id, stream in waiting if self._sender.drain(out, stream_id, stream)]
         if out:
             self._write(b"".join(out))
         for stream_id, stream in ended:
             self._closed(stream_id, stream)
+        for _, stream in waiting:
+            if stream.held and not stream.pending and stream.call is not None:
+                stream.call.drained()
 
     def _closed(self, stream_id: int, stream: H2Stream) -> None:
         """We ended the stream: forget it, and stop a client that is still sending (RFC 9113 §8.1)."""
-        self._streams.pop(stream_id, None)
+        self._forget(stream_id)
         self._reset_budget = min(RESET_BUDGET, self._reset_budget + 1)
         if not stream.remote_closed:
             self._write(f.rst_stream(stream_id, ErrorCode.NO_ERROR))
             self._remember(stream_id)
         self._maybe_finish()
+
+    def _forget(self, stream_id: int) -> H2Stream | None:
+        stream = self._streams.pop(stream_id, None)
+        if stream is not None and stream.held:
+            stream.held = False
+            self._held -= 1
+            if not self._held and self._recv_unacked:
+                self._write(f.window_update(0, self._recv_unacked))
+                self._recv_unacked = 0
+        return stream
 
     def _remember(self, stream_id: int) -> None:
         self._ended[stream_id] = None
@@ -387,7 +425,7 @@ class H2Connection(asyncio.Protocol):
 
     def reset(self, stream_id: int, code: ErrorCode) -> None:
         """End one stream with RST_STREAM (its call is cancelled)."""
-        stream = self._streams.pop(stream_id, None)
+        stream = self._forget(stream_id)
         if stream is not None:
             self._remember(stream_id)
             if stream.call is not None:

@@ -96,6 +96,11 @@ _LAZY = frozenset({"ModelMetadata", "ModelConfig"})
 
 
 _MB = 1024 * 1024
+# Requests of one ModelStreamInfer taken and not yet answered out to the client. Past it the stream's input is
+# held (no window granted: a fast client waits in its flow control) until half are answered. Fixed rather than
+# a multiple of max_batch_size: each request of a stream may name another model. 64 fills the largest batch
+# edged's models configure with room for the next, and beyond a batch more queued requests add latency only.
+STREAM_IN_FLIGHT = 64
 
 
 class GrpcServer:
@@ -113,6 +118,7 @@ class GrpcServer:
         self._limits = CallLimits(config.grpc_max_message_mb * _MB, OwnBudget(config.max_inflight_body_bytes),
                                   config.request_timeout_s)
         self._sweeper: asyncio.Task[None] | None = None
+        self._stream_peak = 0  # the most requests one ModelStreamInfer has had in flight at once
         self._infer: GrpcInfer | None = None
         self._servers: list[asyncio.Server] = []
         self._connections: set[H2Connection] = set()
@@ -126,6 +132,11 @@ class GrpcServer:
     @property
     def body_budget(self) -> Budget:
         return self._limits.budget
+
+    def status(self) -> dict[str, Any]:
+        """For the daemon's status document: listeners, connections and the stream bound with its high mark."""
+        return {"listeners": list(self.addresses), "connections": len(self._connections),
+                "stream_in_flight_limit": STREAM_IN_FLIGHT, "stream_in_flight_peak": self._stream_peak}
 
     async def start(self, body_budget: Budget | None = None) -> None:
         """Listen; ``body_budget`` is the HTTP server's, for one in-flight limit across both front ends."""
@@ -331,11 +342,29 @@ class GrpcServer:
         if infer is None:
             raise RuntimeError("GrpcServer.start() has not run")
         requests: asyncio.Queue[pb.ModelInferRequest | None] = asyncio.Queue()
+        in_flight = 0
 
         def on_message(data: bytes) -> None:
+            nonlocal in_flight
             message = _parse(call, pb.ModelInferRequest, data)
             if message is not None:
                 requests.put_nowait(message)
+                in_flight += 1
+                self._stream_peak = max(self._stream_peak, in_flight)
+                if in_flight >= STREAM_IN_FLIGHT:
+                    call.hold_input(True)
+
+        def maybe_resume() -> None:
+            if in_flight <= STREAM_IN_FLIGHT // 2 and not call.output_waiting:
+                call.hold_input(False)
+
+        def answered() -> None:
+            nonlocal in_flight
+            in_flight -= 1
+            if call.output_waiting:  # the client does not read: take nothing more until it has
+                call.hold_input(True)
+            else:
+                maybe_resume()
 
         async def incoming() -> AsyncIterator[pb.ModelInferRequest]:
             while (message := await requests.get()) is not None:
@@ -345,6 +374,7 @@ class GrpcServer:
             try:
                 async for answer in infer.stream(incoming()):
                     call.send(answer.SerializeToString())
+                    answered()
                 call.close()
             except EdgedError as e:
                 call.fail(code_for(e), str(e))
@@ -353,6 +383,7 @@ class GrpcServer:
                 call.fail(Status.INTERNAL, f"internal error: {e}")
 
         call.on_message = on_message
+        call.on_drained = maybe_resume
         call.on_end = lambda: requests.put_nowait(None)
         call.task = asyncio.get_running_loop().create_task(serve())
 

@@ -4,15 +4,32 @@ and a connection with nothing open meets ``idle_timeout_s``."""
 
 from __future__ import annotations
 
+import struct
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import pytest
-from h2_raw import END_HEADERS, END_STREAM, GOAWAY, HEADERS, RST_STREAM, RawH2, data_frames, frame, request_block
+from h2_raw import (
+    DATA,
+    END_HEADERS,
+    END_STREAM,
+    GOAWAY,
+    HEADERS,
+    RST_STREAM,
+    WINDOW_UPDATE,
+    RawH2,
+    data_frames,
+    frame,
+    message,
+    request_block,
+)
 from integration.edged_daemon import DaemonProcess, config_with_fakes, start_daemon
 
+from edged.grpcapi._h2_connection import CONNECTION_WINDOW, STREAM_WINDOW
 from edged.grpcapi.proto import grpc_service_pb2 as pb
+from edged.grpcapi.server import STREAM_IN_FLIGHT
 
 BUDGET = 4 << 20  # [server] max_inflight_body_bytes
 DECLARED = 1536 << 10  # each attacking stream's message: two fit in the budget, a third does not
@@ -33,10 +50,10 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DaemonPro
         process.stop()
 
 
-def _status(process: DaemonProcess) -> dict[str, Any]:
+def _status(process: DaemonProcess, section: str = "limits") -> dict[str, Any]:
     client = process.client()  # a fresh connection: the 2 s idle timeout closes kept ones
     try:
-        doc: dict[str, Any] = client.status()["limits"]
+        doc: dict[str, Any] = client.status()[section]
         return doc
     finally:
         client.close()
@@ -126,3 +143,51 @@ def test_a_connection_with_a_call_in_progress_is_not_idle(daemon: tuple[DaemonPr
         time.sleep(3)  # past idle_timeout_s: a waiting stream keeps its connection (no timing is asserted)
         fields, _ = client.call(3, "ServerLive", pb.ServerLiveRequest().SerializeToString())
         assert fields[b"grpc-status"] == b"0"
+
+
+def _stream_requests(count: int) -> bytes:
+    request = pb.ModelInferRequest(model_name="tiny_mlp")
+    request.inputs.add(name="input", datatype="FP32", shape=[1, 64])
+    request.raw_input_contents.append(np.ones(64, np.float32).tobytes())
+    return message(request.SerializeToString()) * count
+
+
+def _read_answers(client: RawH2, stream: int) -> tuple[list[pb.ModelStreamInferResponse], dict[bytes, bytes]]:
+    """Read the stream to its end, granting the server window for what is read; its answers and trailers."""
+    data, answers, fields, unacked = b"", [], {}, 0
+    while True:
+        got = client.read()
+        if got is None:
+            raise AssertionError(f"the connection closed after {len(answers)} answers")
+        if got.kind == DATA and got.stream == stream:
+            data += got.payload
+            unacked += len(got.payload)
+            if unacked >= 1 << 15:
+                client.send(*(frame(WINDOW_UPDATE, 0, sid, struct.pack(">I", unacked)) for sid in (0, stream)))
+                unacked = 0
+            while len(data) >= 5 and len(data) >= 5 + (length := int.from_bytes(data[1:5], "big")):
+                answers.append(pb.ModelStreamInferResponse.FromString(data[5:5 + length]))
+                data = data[5 + length:]
+        elif got.kind == HEADERS and got.stream == stream:
+            fields.update(client.decoder.decode(got.payload))
+            if got.flags & END_STREAM:
+                return answers, fields
+
+
+def test_a_stream_client_that_does_not_read_is_held_at_the_bound_and_then_gets_every_answer(
+        daemon: tuple[DaemonProcess, str]) -> None:
+    process, address = daemon
+    count = 10_000
+    body = _stream_requests(count)
+    assert len(body) <= min(STREAM_WINDOW, CONNECTION_WINDOW)  # all of it within the windows granted at once
+    with RawH2(address) as client:
+        client.start()
+        client.send(frame(HEADERS, END_HEADERS, 1, request_block("ModelStreamInfer")), *data_frames(1, body))
+        # nothing is read yet: the answers fill the client's 64 KB window and the daemon stops taking requests
+        _wait(lambda: _status(process, "grpc")["stream_in_flight_peak"] >= STREAM_IN_FLIGHT,
+              "the stream's requests in flight at the bound")
+        answers, fields = _read_answers(client, 1)
+    assert fields[b"grpc-status"] == b"0"
+    assert len(answers) == count and not any(answer.error_message for answer in answers)
+    grpc = _status(process, "grpc")
+    assert grpc["stream_in_flight_peak"] == grpc["stream_in_flight_limit"] == STREAM_IN_FLIGHT
