@@ -13,7 +13,8 @@ Invariants:
   message is whole or the call ends: a prefix that does not fit ends the call with RESOURCE_EXHAUSTED, so
   many streams each sending part of a large message hold at most that budget together.
 - A message whose bytes stop arriving ends its call with DEADLINE_EXCEEDED ``[server] request_timeout_s`` after
-  its prefix (the daemon's sweeper calls ``expire``): a status and message every gRPC client shows, where an
+  its prefix, as does a unary call not half-closed that long after it opened (the server's sweeper calls
+  ``expire``): a status and message every gRPC client shows, where an
   RST_STREAM would read as a bare CANCELLED or INTERNAL.
 - ``grpc-timeout`` becomes a deadline on the loop's clock: past it the call ends with DEADLINE_EXCEEDED and
   its work is cancelled.
@@ -142,9 +143,9 @@ def status_block(code: Status, message: str, head: bool) -> bytes:
 class GrpcCall:
     """The call side of one stream; ``on_message`` and ``on_end`` are set by the handler that serves it."""
 
-    __slots__ = ("_buffer", "_conn", "_deadline", "_end_seen", "_held", "_limits", "_partial_since", "_reserved",
-                 "_started", "done", "on_cancel", "on_drained", "on_end", "on_message", "request", "stream_id",
-                 "task")
+    __slots__ = ("_buffer", "_conn", "_deadline", "_end_seen", "_held", "_limits", "_open_since", "_partial_since",
+                 "_reserved", "_started", "done", "on_cancel", "on_drained", "on_end", "on_message", "request",
+                 "stream_id", "task")
 
     def __init__(self, conn: H2Connection, stream_id: int, request: Request, limits: CallLimits) -> None:
         self._conn = conn
@@ -154,6 +155,7 @@ class GrpcCall:
         self._reserved = 0  # budget bytes held for the message being received
         self._partial_since: float | None = None  # when the prefix of the message being received arrived
         self._held = False  # the handler takes no request messages for now
+        self._open_since: float | None = None  # a unary call's start, until the client half-closes
         self._end_seen = False  # the client half-closed (maybe while held: acted on when resumed)
         self._buffer = bytearray()
         self.done = False
@@ -174,7 +176,9 @@ class GrpcCall:
         buffer = self._buffer
         if chunk:
             buffer += chunk
-        self._end_seen = self._end_seen or end_stream
+        if end_stream:
+            self._end_seen = True
+            self._open_since = None
         if self._held:
             return  # kept, unparsed, until the handler takes input again; the windows bound it
         pos = self._cut(buffer)
@@ -252,12 +256,18 @@ class GrpcCall:
         self._reserved = 0
         self._partial_since = None
 
+    def expect_whole_request(self) -> None:
+        """A unary call: its request (message and half-close) must all arrive within ``request_timeout_s``,
+        as an HTTP request must, so a stream opened and left silent does not hold its slot for ever."""
+        if not self._end_seen:
+            self._open_since = self._conn.now()
+
     def expire(self, now: float) -> None:
-        """End the call if its message has been arriving for longer than ``[server] request_timeout_s``."""
-        since = self._partial_since
+        """End the call if its request has been arriving for longer than ``[server] request_timeout_s``."""
+        since = self._partial_since if self._partial_since is not None else self._open_since
         timeout = self._limits.request_timeout_s
         if since is not None and not self.done and not self._held and now - since > timeout:
-            self.fail(Status.DEADLINE_EXCEEDED, f"the request message did not arrive completely within {timeout:g} s "
+            self.fail(Status.DEADLINE_EXCEEDED, f"the request did not arrive completely within {timeout:g} s "
                       "([server] request_timeout_s)")
 
     def cancel(self) -> None:

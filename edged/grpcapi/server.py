@@ -411,6 +411,7 @@ def _expect_one(call: GrpcCall, start: Callable[[GrpcCall, bytes], None]) -> Non
 
     call.on_message = on_message
     call.on_end = on_end
+    call.expect_whole_request()
 
 
 def _parse(call: GrpcCall, kind: Any, data: bytes) -> Any:

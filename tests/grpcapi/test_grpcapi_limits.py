@@ -125,6 +125,18 @@ def test_a_message_that_stops_arriving_meets_the_request_timeout(daemon: tuple[D
         _wait(lambda: _status(process)["inflight_body_bytes"] == 0, "the stalled message's budget released")
 
 
+def test_a_unary_call_left_open_meets_the_request_timeout(daemon: tuple[DaemonProcess, str]) -> None:
+    _, address = daemon
+    with RawH2(address) as client:
+        client.start()
+        client.send(frame(HEADERS, END_HEADERS, 1, request_block("ModelInfer")))  # and never a message
+        request = message(pb.ServerLiveRequest().SerializeToString())
+        client.send(frame(HEADERS, END_HEADERS, 3, request_block("ServerLive")), *data_frames(3, request, False))
+        ended = _trailers(client, {1, 3})  # the second: its message whole, never half-closed
+        for fields in ended.values():
+            assert fields[b"grpc-status"] == DEADLINE_EXCEEDED and b"request_timeout_s" in fields[b"grpc-message"]
+
+
 def test_an_idle_connection_is_sent_goaway_and_closed(daemon: tuple[DaemonProcess, str]) -> None:
     _, address = daemon
     with RawH2(address) as client:
