@@ -16,9 +16,8 @@ Invariants:
   (NO_ERROR) and closed; a call whose message stops arriving is ended by its call (``sweep``, from the
   server's sweeper, on the loop's clock).
 - Received DATA is handed to the stream's call as memoryviews valid only during the call (the call copies
-  what it keeps); windows are replenished once half of them is used, except while a call holds its input
-  (``hold``): then neither its stream's nor the connection's window is granted, so a client that writes
-  faster than it is answered waits in its flow control and what it can make edged hold is its windows.
+  what it keeps); windows are replenished as ``_h2_inflow`` says: none while a call holds its input
+  (``hold``), so a client that writes faster than it is answered waits in its flow control.
 """
 
 from __future__ import annotations
@@ -30,14 +29,13 @@ from typing import cast
 
 from edged.grpcapi import _h2_frames as f
 from edged.grpcapi._h2_frames import ErrorCode, H2ConnectionError, H2StreamError
+from edged.grpcapi._h2_inflow import CONNECTION_WINDOW, STREAM_WINDOW, Inflow
 from edged.grpcapi._h2_output import Call, H2Stream, Sender
 from edged.grpcapi._hpack import Decoder, HpackError
 
 log = logging.getLogger(__name__)
 
 MAX_STREAMS = 128
-STREAM_WINDOW = 8 << 20
-CONNECTION_WINDOW = 16 << 20
 MAX_HEADER_LIST = 64 << 10
 MAX_HEADER_BLOCK = 64 << 10
 MAX_UNREAD_CONTROL = 1024
@@ -69,7 +67,7 @@ class H2Connection(asyncio.Protocol):
         self._decoder = Decoder(max_table_size=4096, max_header_list_size=MAX_HEADER_LIST)
         self._peer_window = f.DEFAULT_WINDOW
         self._sender = Sender()
-        self._recv_unacked = 0
+        self._inflow = Inflow()
         self._unread_control = 0
         self._reset_budget = RESET_BUDGET
         self._closing = False  # our GOAWAY is out: no new streams
@@ -79,7 +77,6 @@ class H2Connection(asyncio.Protocol):
         self._ended: dict[int, None] = {}  # streams we ended lately: their DATA in flight is dropped quietly
         self.now: Callable[[], float] = _no_clock  # the loop's clock, once connected
         self._last_frame = 0.0  # when bytes last arrived
-        self._held = 0  # streams whose calls hold their input
 
     # --- asyncio.Protocol -----------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -200,12 +197,8 @@ class H2Connection(asyncio.Protocol):
         if not stream_id:
             raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "DATA on stream 0")
         length = len(payload)
-        self._recv_unacked += length
-        if self._recv_unacked > CONNECTION_WINDOW:
-            raise H2ConnectionError(ErrorCode.FLOW_CONTROL_ERROR, "DATA beyond the connection's window")
-        if self._recv_unacked >= CONNECTION_WINDOW // 2 and not self._held:
-            self._write(f.window_update(0, self._recv_unacked))
-            self._recv_unacked = 0
+        if update := self._inflow.connection(length):
+            self._write(update)
         stream = self._streams.get(stream_id)
         if stream is None and stream_id in self._ended:
             return
@@ -215,12 +208,8 @@ class H2Connection(asyncio.Protocol):
             raise H2StreamError(stream_id, ErrorCode.STREAM_CLOSED, f"DATA on closed stream {stream_id}")
         payload = f.unpad(flags, payload, stream_id)
         end_stream = bool(flags & f.END_STREAM)
-        stream.recv_unacked += length
-        if stream.recv_unacked > STREAM_WINDOW:
-            raise H2StreamError(stream_id, ErrorCode.FLOW_CONTROL_ERROR, "DATA beyond the stream's window")
-        if not end_stream and not stream.held and stream.recv_unacked >= STREAM_WINDOW // 2:
-            self._write(f.window_update(stream_id, stream.recv_unacked))
-            stream.recv_unacked = 0
+        if update := self._inflow.stream(stream_id, stream, length, end_stream):
+            self._write(update)
         if end_stream:
             stream.remote_closed = True
         if stream.call is not None:
@@ -368,18 +357,8 @@ class H2Connection(asyncio.Protocol):
     def hold(self, stream_id: int, held: bool) -> None:
         """Stop (``held``) or resume granting window for ``stream_id``'s input, and the connection's with it."""
         stream = self._streams.get(stream_id)
-        if stream is None or stream.held == held:
-            return
-        stream.held = held
-        self._held += 1 if held else -1
-        if held:
-            return
-        if stream.recv_unacked and not stream.remote_closed:
-            self._write(f.window_update(stream_id, stream.recv_unacked))
-            stream.recv_unacked = 0
-        if not self._held and self._recv_unacked:
-            self._write(f.window_update(0, self._recv_unacked))
-            self._recv_unacked = 0
+        if stream is not None and (update := self._inflow.hold(stream_id, stream, held)):
+            self._write(update)
 
     def output_waiting(self, stream_id: int) -> bool:
         """Whether ``stream_id`` has response bytes the client's window or its reading has not let out."""
@@ -410,12 +389,8 @@ class H2Connection(asyncio.Protocol):
 
     def _forget(self, stream_id: int) -> H2Stream | None:
         stream = self._streams.pop(stream_id, None)
-        if stream is not None and stream.held:
-            stream.held = False
-            self._held -= 1
-            if not self._held and self._recv_unacked:
-                self._write(f.window_update(0, self._recv_unacked))
-                self._recv_unacked = 0
+        if stream is not None and (update := self._inflow.forget(stream)):
+            self._write(update)
         return stream
 
     def _remember(self, stream_id: int) -> None:

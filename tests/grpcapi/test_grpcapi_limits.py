@@ -27,7 +27,7 @@ from h2_raw import (
 )
 from integration.edged_daemon import DaemonProcess, config_with_fakes, start_daemon
 
-from edged.grpcapi._h2_connection import CONNECTION_WINDOW, STREAM_WINDOW
+from edged.grpcapi._h2_inflow import CONNECTION_WINDOW, STREAM_WINDOW
 from edged.grpcapi.proto import grpc_service_pb2 as pb
 from edged.grpcapi.server import STREAM_IN_FLIGHT
 
