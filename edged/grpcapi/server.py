@@ -23,6 +23,7 @@ Listeners and access control:
   server (``[server] max_inflight_body_bytes``, one budget for both front ends); past it a call gets
   RESOURCE_EXHAUSTED. A message whose bytes stop arriving meets ``request_timeout_s`` (DEADLINE_EXCEEDED), a
   connection with no stream and no frame meets ``idle_timeout_s`` (GOAWAY, then closed).
+- A ModelStreamInfer takes at most 64 requests in flight, by back-pressure (``_stream_infer``).
 - At most ``[server] max_connections`` gRPC connections (counted apart from HTTP's): one more is answered
   GOAWAY (ENHANCE_YOUR_CALM) and closed.
 - Stopping sends GOAWAY on every connection, lets calls in flight finish within the timeout, then closes.
@@ -35,12 +36,10 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-from google.protobuf.message import DecodeError
 
 from edged.access import BIND_UMASK, TcpRestrictions, is_loopback, remove_stale, set_mode_and_group
 from edged.config import ServerConfig
@@ -52,6 +51,7 @@ from edged.grpcapi._h2_connection import H2Connection
 from edged.grpcapi._infer import GrpcInfer
 from edged.grpcapi._service import Service
 from edged.grpcapi._status import Status, code_for
+from edged.grpcapi._stream_infer import STREAM_IN_FLIGHT, StreamCall, StreamStats, parse
 from edged.grpcapi.proto import grpc_service_pb2 as pb
 from edged.shm import SharedMemoryRegistry
 
@@ -96,11 +96,6 @@ _LAZY = frozenset({"ModelMetadata", "ModelConfig"})
 
 
 _MB = 1024 * 1024
-# Requests of one ModelStreamInfer taken and not yet answered out to the client. Past it the stream's input is
-# held (no window granted: a fast client waits in its flow control) until half are answered. Fixed rather than
-# a multiple of max_batch_size: each request of a stream may name another model. 64 fills the largest batch
-# edged's models configure with room for the next, and beyond a batch more queued requests add latency only.
-STREAM_IN_FLIGHT = 64
 
 
 class GrpcServer:
@@ -118,7 +113,7 @@ class GrpcServer:
         self._limits = CallLimits(config.grpc_max_message_mb * _MB, OwnBudget(config.max_inflight_body_bytes),
                                   config.request_timeout_s)
         self._sweeper: asyncio.Task[None] | None = None
-        self._stream_peak = 0  # the most requests one ModelStreamInfer has had in flight at once
+        self._streams = StreamStats()
         self._infer: GrpcInfer | None = None
         self._servers: list[asyncio.Server] = []
         self._connections: set[H2Connection] = set()
@@ -136,7 +131,7 @@ class GrpcServer:
     def status(self) -> dict[str, Any]:
         """For the daemon's status document: listeners, connections and the stream bound with its high mark."""
         return {"listeners": list(self.addresses), "connections": len(self._connections),
-                "stream_in_flight_limit": STREAM_IN_FLIGHT, "stream_in_flight_peak": self._stream_peak}
+                "stream_in_flight_limit": STREAM_IN_FLIGHT, "stream_in_flight_peak": self._streams.peak}
 
     async def start(self, body_budget: Budget | None = None) -> None:
         """Listen; ``body_budget`` is the HTTP server's, for one in-flight limit across both front ends."""
@@ -274,7 +269,9 @@ class GrpcServer:
             call.fail(code_for(e), str(e))
             return call
         if name == "ModelStreamInfer":
-            self._serve_stream(call)
+            if self._infer is None:
+                raise RuntimeError("GrpcServer.start() has not run")
+            StreamCall(call, self._infer, self._streams)
         else:
             _expect_one(call, self._start_infer if name == "ModelInfer" else self._unary_starter(name))
         if end_stream:
@@ -294,7 +291,7 @@ class GrpcServer:
         infer = self._infer
         if infer is None:
             raise RuntimeError("GrpcServer.start() has not run")
-        message = _parse(call, pb.ModelInferRequest, data)
+        message = parse(call, pb.ModelInferRequest, data)
         if message is None:
             return
         if infer.needs_load(message):
@@ -314,7 +311,7 @@ class GrpcServer:
             return function(request)
 
         def start(call: GrpcCall, data: bytes) -> None:
-            request = _parse(call, RPCS[name].request, data)
+            request = parse(call, RPCS[name].request, data)
             if request is None:
                 return
             if name in _BLOCKING or name in _LAZY:
@@ -336,56 +333,6 @@ class GrpcServer:
         except Exception as e:  # a bug answers INTERNAL, never a hung call
             log.exception("unexpected error in a gRPC call")
             call.fail(Status.INTERNAL, f"internal error: {e}")
-
-    def _serve_stream(self, call: GrpcCall) -> None:
-        infer = self._infer
-        if infer is None:
-            raise RuntimeError("GrpcServer.start() has not run")
-        requests: asyncio.Queue[pb.ModelInferRequest | None] = asyncio.Queue()
-        in_flight = 0
-
-        def on_message(data: bytes) -> None:
-            nonlocal in_flight
-            message = _parse(call, pb.ModelInferRequest, data)
-            if message is not None:
-                requests.put_nowait(message)
-                in_flight += 1
-                self._stream_peak = max(self._stream_peak, in_flight)
-                if in_flight >= STREAM_IN_FLIGHT:
-                    call.hold_input(True)
-
-        def maybe_resume() -> None:
-            if in_flight <= STREAM_IN_FLIGHT // 2 and not call.output_waiting:
-                call.hold_input(False)
-
-        def answered() -> None:
-            nonlocal in_flight
-            in_flight -= 1
-            if call.output_waiting:  # the client does not read: take nothing more until it has
-                call.hold_input(True)
-            else:
-                maybe_resume()
-
-        async def incoming() -> AsyncIterator[pb.ModelInferRequest]:
-            while (message := await requests.get()) is not None:
-                yield message
-
-        async def serve() -> None:
-            try:
-                async for answer in infer.stream(incoming()):
-                    call.send(answer.SerializeToString())
-                    answered()
-                call.close()
-            except EdgedError as e:
-                call.fail(code_for(e), str(e))
-            except Exception as e:  # a bug answers INTERNAL, never a hung stream
-                log.exception("unexpected error in a gRPC stream")
-                call.fail(Status.INTERNAL, f"internal error: {e}")
-
-        call.on_message = on_message
-        call.on_drained = maybe_resume
-        call.on_end = lambda: requests.put_nowait(None)
-        call.task = asyncio.get_running_loop().create_task(serve())
 
 
 def _expect_one(call: GrpcCall, start: Callable[[GrpcCall, bytes], None]) -> None:
@@ -412,14 +359,6 @@ def _expect_one(call: GrpcCall, start: Callable[[GrpcCall, bytes], None]) -> Non
     call.on_message = on_message
     call.on_end = on_end
     call.expect_whole_request()
-
-
-def _parse(call: GrpcCall, kind: Any, data: bytes) -> Any:
-    try:
-        return kind.FromString(data)
-    except DecodeError as e:
-        call.fail(Status.INVALID_ARGUMENT, f"the request is not a valid {kind.__name__} message: {e}")
-        return None
 
 
 def _answer(call: GrpcCall, answer: Any) -> None:

@@ -28,8 +28,8 @@ from h2_raw import (
 from integration.edged_daemon import DaemonProcess, config_with_fakes, start_daemon
 
 from edged.grpcapi._h2_inflow import CONNECTION_WINDOW, STREAM_WINDOW
+from edged.grpcapi._stream_infer import STREAM_IN_FLIGHT
 from edged.grpcapi.proto import grpc_service_pb2 as pb
-from edged.grpcapi.server import STREAM_IN_FLIGHT
 
 BUDGET = 4 << 20  # [server] max_inflight_body_bytes
 DECLARED = 1536 << 10  # each attacking stream's message: two fit in the budget, a third does not
