@@ -143,9 +143,9 @@ def status_block(code: Status, message: str, head: bool) -> bytes:
 class GrpcCall:
     """The call side of one stream; ``on_message`` and ``on_end`` are set by the handler that serves it."""
 
-    __slots__ = ("_buffer", "_conn", "_deadline", "_end_seen", "_held", "_limits", "_open_since", "_partial_since",
-                 "_reserved", "_started", "done", "on_cancel", "on_drained", "on_end", "on_message", "request",
-                 "stream_id", "task")
+    __slots__ = ("_buffer", "_conn", "_deadline", "_end_seen", "_held", "_input_over", "_limits", "_open_since",
+                 "_partial_since", "_reserved", "_started", "done", "on_cancel", "on_drained", "on_end", "on_message",
+                 "request", "stream_id", "task")
 
     def __init__(self, conn: H2Connection, stream_id: int, request: Request, limits: CallLimits) -> None:
         self._conn = conn
@@ -157,6 +157,7 @@ class GrpcCall:
         self._held = False  # the handler takes no request messages for now
         self._open_since: float | None = None  # a unary call's start, until the client half-closes
         self._end_seen = False  # the client half-closed (maybe while held: acted on when resumed)
+        self._input_over = False  # on_end has run: no more input to hold or resume
         self._buffer = bytearray()
         self.done = False
         self._started = False  # response headers sent
@@ -186,7 +187,8 @@ class GrpcCall:
             return
         if pos:
             del buffer[:pos]  # once per DATA frame, not per message: a held stream's backlog is cut in one pass
-        if self._end_seen and not self._held:
+        if self._end_seen and not self._held and not self._input_over:
+            self._input_over = True
             if buffer:
                 self.fail(Status.INTERNAL, f"the request ended inside a message ({len(buffer)} bytes of it)")
                 return
@@ -221,7 +223,7 @@ class GrpcCall:
     def hold_input(self, held: bool) -> None:
         """Stop (``held``) or resume taking request messages: the handler's back-pressure on a streaming call.
         While held, DATA is kept unparsed and the connection grants the client no window for it."""
-        if self.done or held == self._held:
+        if self.done or held == self._held or self._input_over:
             return
         self._held = held
         self._conn.hold(self.stream_id, held)
