@@ -4,6 +4,7 @@ and a connection with nothing open meets ``idle_timeout_s``."""
 
 from __future__ import annotations
 
+import queue
 import struct
 import time
 from collections.abc import Callable, Iterator
@@ -11,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import tritonclient.grpc as triton_grpc
 from h2_raw import (
     DATA,
     END_HEADERS,
@@ -203,3 +205,25 @@ def test_a_stream_client_that_does_not_read_is_held_at_the_bound_and_then_gets_e
     assert len(answers) == count and not any(answer.error_message for answer in answers)
     grpc = _status(process, "grpc")
     assert grpc["stream_in_flight_peak"] == grpc["stream_in_flight_limit"] == STREAM_IN_FLIGHT
+
+
+def test_tritonclient_writing_a_stream_as_fast_as_it_can_gets_every_answer_within_the_bound(
+        daemon: tuple[DaemonProcess, str]) -> None:
+    """grpcio's own flow control meets the held windows: the client waits and nothing is refused or lost."""
+    process, address = daemon
+    count = 3000
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    tensor = triton_grpc.InferInput("input", [1, 64], "FP32")
+    tensor.set_data_from_numpy(np.ones((1, 64), np.float32))
+    client = triton_grpc.InferenceServerClient(address)
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        for index in range(count):
+            client.async_stream_infer("tiny_mlp", [tensor], request_id=str(index))
+        got = [answers.get(timeout=60) for _ in range(count)]
+    finally:
+        client.stop_stream()
+        client.close()
+    assert [error for _, error in got if error is not None] == []
+    assert sorted(int(result.get_response().id) for result, _ in got) == list(range(count))
+    assert _status(process, "grpc")["stream_in_flight_peak"] <= STREAM_IN_FLIGHT
