@@ -2,7 +2,7 @@
 socket): Triton's restricted API categories.
 
 Any local user can open a loopback port, so over TCP a request is judged by its route's category
-(`edged.serving._routes.SPECS`, `edged.grpcapi._rpcs.RPCS`) and its headers (gRPC: metadata keys) only:
+(`edged.serving._routes.SPECS`, `edged.grpcapi.server.RPCS`) and its headers (gRPC: metadata keys) only:
 
 - a category with a ``[server.tcp_restricted]`` key is served only to requests carrying that header with
   that value (compared in constant time), as Triton's ``--http-restricted-api`` does;

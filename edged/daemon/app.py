@@ -132,7 +132,7 @@ class Daemon:
             how = "inherited from systemd" if listener.inherited else "opened"
             print(f"edged {__version__}: listening on {listener.kind}:{listener.address} ({how})", flush=True)
         if self.grpc is not None:
-            await self.grpc.start()
+            await self.grpc.start(self.server.body_budget)  # one in-flight limit for both front ends
             for address in self.grpc.addresses:
                 print(f"edged {__version__}: listening on grpc:{address} (opened)", flush=True)
         await self._load_models()
@@ -339,6 +339,7 @@ class Daemon:
             "device_id": self.identity.device_id, "device_id_source": self.identity.source,
             "http_port": self.config.server.http_port,
             "grpc_listeners": list(self.grpc.addresses) if self.grpc is not None else [],
+            "grpc": self.grpc.status() if self.grpc is not None else None,
             "model_repository": str(self.repository),
             "model_control_mode": self.config.models.control_mode,
             "models": self.service.repository_index(),

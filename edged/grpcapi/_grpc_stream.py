@@ -8,6 +8,14 @@ Invariants:
 - A message's length prefix is judged before its bytes are buffered: past ``[server] grpc_max_message_mb`` the
   call ends with RESOURCE_EXHAUSTED at once (a 4 GB prefix costs nothing); a compressed message (flag 1)
   ends it with UNIMPLEMENTED, as grpcio's server answers an encoding it does not offer.
+- Bytes of a request message still arriving are reserved, from its length prefix, in the in-flight body budget
+  the daemon shares between its front ends (``[server] max_inflight_body_bytes``) and released once the
+  message is whole or the call ends: a prefix that does not fit ends the call with RESOURCE_EXHAUSTED, so
+  many streams each sending part of a large message hold at most that budget together.
+- A message whose bytes stop arriving ends its call with DEADLINE_EXCEEDED ``[server] request_timeout_s`` after
+  its prefix, as does a unary call not half-closed that long after it opened (the server's sweeper calls
+  ``expire``): a status and message every gRPC client shows, where an
+  RST_STREAM would read as a bare CANCELLED or INTERNAL.
 - ``grpc-timeout`` becomes a deadline on the loop's clock: past it the call ends with DEADLINE_EXCEEDED and
   its work is cancelled.
 - Malformed request headers (RFC 9113 §8.2-8.3: uppercase names, connection-specific fields, a ``te`` other
@@ -19,7 +27,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 from edged.grpcapi import _h2_frames as f
 from edged.grpcapi._h2_frames import ErrorCode, H2StreamError
@@ -35,6 +44,45 @@ _CONNECTION_SPECIFIC = frozenset({b"connection", b"keep-alive", b"proxy-connecti
                                   b"upgrade"})
 _TIMEOUT_UNITS = {ord("H"): 3600.0, ord("M"): 60.0, ord("S"): 1.0, ord("m"): 1e-3, ord("u"): 1e-6, ord("n"): 1e-9}
 _UNRESERVED = frozenset(range(0x20, 0x7F)) - {ord("%")}
+
+
+class Budget(Protocol):
+    """Bytes of request bodies and messages held at once (the HTTP server's ``BodyBudget`` is one)."""
+
+    limit: int
+    used: int
+
+    def take(self, count: int) -> bool: ...
+
+    def release(self, count: int) -> None: ...
+
+
+class OwnBudget:
+    """A budget of the gRPC server's own, where no HTTP server shares one (a GrpcServer run alone)."""
+
+    __slots__ = ("limit", "refused", "used")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self.refused = 0
+
+    def take(self, count: int) -> bool:
+        if self.used + count > self.limit:
+            self.refused += 1
+            return False
+        self.used += count
+        return True
+
+    def release(self, count: int) -> None:
+        self.used -= count
+
+
+@dataclass(frozen=True)
+class CallLimits:
+    message_bytes: int  # [server] grpc_max_message_mb
+    budget: Budget  # [server] max_inflight_body_bytes, shared with the HTTP server
+    request_timeout_s: float  # [server] request_timeout_s: a message's bytes must all arrive within it
 
 
 class Request:
@@ -95,14 +143,21 @@ def status_block(code: Status, message: str, head: bool) -> bytes:
 class GrpcCall:
     """The call side of one stream; ``on_message`` and ``on_end`` are set by the handler that serves it."""
 
-    __slots__ = ("_buffer", "_conn", "_deadline", "_limit", "_started", "done", "on_cancel", "on_end", "on_message",
+    __slots__ = ("_buffer", "_conn", "_deadline", "_end_seen", "_held", "_input_over", "_limits", "_open_since",
+                 "_partial_since", "_reserved", "_started", "done", "on_cancel", "on_drained", "on_end", "on_message",
                  "request", "stream_id", "task")
 
-    def __init__(self, conn: H2Connection, stream_id: int, request: Request, limit: int) -> None:
+    def __init__(self, conn: H2Connection, stream_id: int, request: Request, limits: CallLimits) -> None:
         self._conn = conn
         self.stream_id = stream_id
         self.request = request
-        self._limit = limit
+        self._limits = limits
+        self._reserved = 0  # budget bytes held for the message being received
+        self._partial_since: float | None = None  # when the prefix of the message being received arrived
+        self._held = False  # the handler takes no request messages for now
+        self._open_since: float | None = None  # a unary call's start, until the client half-closes
+        self._end_seen = False  # the client half-closed (maybe while held: acted on when resumed)
+        self._input_over = False  # on_end has run: no more input to hold or resume
         self._buffer = bytearray()
         self.done = False
         self._started = False  # response headers sent
@@ -111,6 +166,7 @@ class GrpcCall:
         self.on_message: Callable[[bytes], None] = _nothing
         self.on_end: Callable[[], None] = _none
         self.on_cancel: Callable[[], None] = _none
+        self.on_drained: Callable[[], None] = _none
         if request.timeout_s is not None:
             self._deadline = asyncio.get_running_loop().call_later(request.timeout_s, self._expired)
 
@@ -121,28 +177,100 @@ class GrpcCall:
         buffer = self._buffer
         if chunk:
             buffer += chunk
-        while len(buffer) >= 5:
-            length = int.from_bytes(buffer[1:5], "big")
-            if buffer[0]:
-                self.fail(Status.UNIMPLEMENTED, f"compressed messages (grpc-encoding "
-                          f"{self.request.encoding.decode('latin-1')!r}) are not supported: send identity")
-                return
-            if length > self._limit:
-                self.fail(Status.RESOURCE_EXHAUSTED, f"a message of {length} bytes, more than the limit of "
-                          f"{self._limit} bytes ([server] grpc_max_message_mb)")
-                return
-            if len(buffer) < 5 + length:
-                break
-            message = bytes(buffer[5:5 + length])
-            del buffer[:5 + length]
-            self.on_message(message)
-            if self.done:
-                return
         if end_stream:
+            self._end_seen = True
+            self._open_since = None
+        if self._held:
+            return  # kept, unparsed, until the handler takes input again; the windows bound it
+        pos = self._cut(buffer)
+        if self.done:
+            return
+        if pos:
+            del buffer[:pos]  # once per DATA frame, not per message: a held stream's backlog is cut in one pass
+        if self._end_seen and not self._held and not self._input_over:
+            self._input_over = True
             if buffer:
                 self.fail(Status.INTERNAL, f"the request ended inside a message ({len(buffer)} bytes of it)")
                 return
             self.on_end()
+
+    def _cut(self, buffer: bytearray) -> int:
+        """Hand the whole messages in ``buffer`` to ``on_message`` while the handler takes them; the bytes used."""
+        pos = 0
+        while len(buffer) - pos >= 5 and not self._held:
+            length = int.from_bytes(buffer[pos + 1:pos + 5], "big")
+            if buffer[pos]:
+                self.fail(Status.UNIMPLEMENTED, f"compressed messages (grpc-encoding "
+                          f"{self.request.encoding.decode('latin-1')!r}) are not supported: send identity")
+                return pos
+            if length > self._limits.message_bytes:
+                self.fail(Status.RESOURCE_EXHAUSTED, f"a message of {length} bytes, more than the limit of "
+                          f"{self._limits.message_bytes} bytes ([server] grpc_max_message_mb)")
+                return pos
+            if len(buffer) - pos < 5 + length:
+                if not self._reserved:
+                    self._reserve(length)
+                return pos
+            message = bytes(buffer[pos + 5:pos + 5 + length])
+            pos += 5 + length
+            if self._reserved:
+                self._release()
+            self.on_message(message)
+            if self.done:
+                return pos
+        return pos
+
+    def hold_input(self, held: bool) -> None:
+        """Stop (``held``) or resume taking request messages: the handler's back-pressure on a streaming call.
+        While held, DATA is kept unparsed and the connection grants the client no window for it."""
+        if self.done or held == self._held or self._input_over:
+            return
+        self._held = held
+        self._conn.hold(self.stream_id, held)
+        if not held:
+            if self._partial_since is not None:  # its sender was stalled by us, not by itself
+                self._partial_since = self._conn.now()
+            self.data(memoryview(b""), self._end_seen)
+
+    @property
+    def output_waiting(self) -> bool:
+        return self._conn.output_waiting(self.stream_id)
+
+    def drained(self) -> None:
+        """The connection sent all of this call's pending response bytes."""
+        if not self.done:
+            self.on_drained()
+
+    def _reserve(self, length: int) -> bool:
+        """Hold ``length`` bytes of the budget for a message that is arriving; False once the call is failed."""
+        budget = self._limits.budget
+        if not budget.take(length):
+            self.fail(Status.RESOURCE_EXHAUSTED, f"a message of {length} bytes does not fit: request messages and "
+                      f"bodies held at once are limited to {budget.limit} bytes ([server] max_inflight_body_bytes) "
+                      f"and {budget.used} are held; retry later")
+            return False
+        self._reserved = length
+        self._partial_since = self._conn.now()
+        return True
+
+    def _release(self) -> None:
+        self._limits.budget.release(self._reserved)
+        self._reserved = 0
+        self._partial_since = None
+
+    def expect_whole_request(self) -> None:
+        """A unary call: its request (message and half-close) must all arrive within ``request_timeout_s``,
+        as an HTTP request must, so a stream opened and left silent does not hold its slot for ever."""
+        if not self._end_seen:
+            self._open_since = self._conn.now()
+
+    def expire(self, now: float) -> None:
+        """End the call if its request has been arriving for longer than ``[server] request_timeout_s``."""
+        since = self._partial_since if self._partial_since is not None else self._open_since
+        timeout = self._limits.request_timeout_s
+        if since is not None and not self.done and not self._held and now - since > timeout:
+            self.fail(Status.DEADLINE_EXCEEDED, f"the request did not arrive completely within {timeout:g} s "
+                      "([server] request_timeout_s)")
 
     def cancel(self) -> None:
         """The client reset the stream (or the connection went): stop the work, answer nothing."""
@@ -192,6 +320,8 @@ class GrpcCall:
 
     def _finish(self) -> None:
         self.done = True
+        if self._reserved:
+            self._release()
         if self._deadline is not None:
             self._deadline.cancel()
 
@@ -201,7 +331,7 @@ class GrpcCall:
 
 
 def open_call(conn: H2Connection, stream_id: int, headers: list[tuple[bytes, bytes]],
-              limit: int) -> GrpcCall | None:
+              limits: CallLimits) -> GrpcCall | None:
     """A call for a new stream, or None once the stream has been refused (malformed or not gRPC)."""
     try:
         request = Request(headers)
@@ -210,7 +340,7 @@ def open_call(conn: H2Connection, stream_id: int, headers: list[tuple[bytes, byt
         return None
     except ValueError as e:
         raise H2StreamError(stream_id, ErrorCode.PROTOCOL_ERROR, str(e)) from e
-    return GrpcCall(conn, stream_id, request, limit)
+    return GrpcCall(conn, stream_id, request, limits)
 
 
 def _http_status(status: bytes) -> bytes:

@@ -12,8 +12,12 @@ Invariants:
 - Our DATA never exceeds the peer's windows nor is written while the transport is paused: a response waits in
   its stream until WINDOW_UPDATE or resume_writing, so a client that does not read holds at most what flow
   control lets it.
+- A connection with no stream open that sends no frame for ``[server] idle_timeout_s`` is sent GOAWAY
+  (NO_ERROR) and closed; a call whose message stops arriving is ended by its call (``sweep``, from the
+  server's sweeper, on the loop's clock).
 - Received DATA is handed to the stream's call as memoryviews valid only during the call (the call copies
-  what it keeps); windows are replenished once half of them is used.
+  what it keeps); windows are replenished as ``_h2_inflow`` says: none while a call holds its input
+  (``hold``), so a client that writes faster than it is answered waits in its flow control.
 """
 
 from __future__ import annotations
@@ -25,14 +29,13 @@ from typing import cast
 
 from edged.grpcapi import _h2_frames as f
 from edged.grpcapi._h2_frames import ErrorCode, H2ConnectionError, H2StreamError
+from edged.grpcapi._h2_inflow import CONNECTION_WINDOW, STREAM_WINDOW, Inflow
 from edged.grpcapi._h2_output import Call, H2Stream, Sender
 from edged.grpcapi._hpack import Decoder, HpackError
 
 log = logging.getLogger(__name__)
 
 MAX_STREAMS = 128
-STREAM_WINDOW = 8 << 20
-CONNECTION_WINDOW = 16 << 20
 MAX_HEADER_LIST = 64 << 10
 MAX_HEADER_BLOCK = 64 << 10
 MAX_UNREAD_CONTROL = 1024
@@ -64,7 +67,7 @@ class H2Connection(asyncio.Protocol):
         self._decoder = Decoder(max_table_size=4096, max_header_list_size=MAX_HEADER_LIST)
         self._peer_window = f.DEFAULT_WINDOW
         self._sender = Sender()
-        self._recv_unacked = 0
+        self._inflow = Inflow()
         self._unread_control = 0
         self._reset_budget = RESET_BUDGET
         self._closing = False  # our GOAWAY is out: no new streams
@@ -72,10 +75,14 @@ class H2Connection(asyncio.Protocol):
         self._linger: asyncio.TimerHandle | None = None
         self._cork: list[bytes] | None = None
         self._ended: dict[int, None] = {}  # streams we ended lately: their DATA in flight is dropped quietly
+        self.now: Callable[[], float] = _no_clock  # the loop's clock, once connected
+        self._last_frame = 0.0  # when bytes last arrived
 
     # --- asyncio.Protocol -----------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # a stream server's transport
+        self.now = asyncio.get_running_loop().time
+        self._last_frame = self.now()
         self._transport.write(f.settings_frame(OUR_SETTINGS) + f.window_update(0, CONNECTION_WINDOW - f.DEFAULT_WINDOW))
         if self._refuse:
             self.fail(ErrorCode.ENHANCE_YOUR_CALM, "too many gRPC connections ([server] max_connections)")
@@ -100,6 +107,7 @@ class H2Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._dead:
             return
+        self._last_frame = self.now()
         buffer = self._buffer
         if buffer:
             buffer += data
@@ -189,12 +197,8 @@ class H2Connection(asyncio.Protocol):
         if not stream_id:
             raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "DATA on stream 0")
         length = len(payload)
-        self._recv_unacked += length
-        if self._recv_unacked > CONNECTION_WINDOW:
-            raise H2ConnectionError(ErrorCode.FLOW_CONTROL_ERROR, "DATA beyond the connection's window")
-        if self._recv_unacked >= CONNECTION_WINDOW // 2:
-            self._write(f.window_update(0, self._recv_unacked))
-            self._recv_unacked = 0
+        if update := self._inflow.connection(length):
+            self._write(update)
         stream = self._streams.get(stream_id)
         if stream is None and stream_id in self._ended:
             return
@@ -204,12 +208,8 @@ class H2Connection(asyncio.Protocol):
             raise H2StreamError(stream_id, ErrorCode.STREAM_CLOSED, f"DATA on closed stream {stream_id}")
         payload = f.unpad(flags, payload, stream_id)
         end_stream = bool(flags & f.END_STREAM)
-        stream.recv_unacked += length
-        if stream.recv_unacked > STREAM_WINDOW:
-            raise H2StreamError(stream_id, ErrorCode.FLOW_CONTROL_ERROR, "DATA beyond the stream's window")
-        if not end_stream and stream.recv_unacked >= STREAM_WINDOW // 2:
-            self._write(f.window_update(stream_id, stream.recv_unacked))
-            stream.recv_unacked = 0
+        if update := self._inflow.stream(stream_id, stream, length, end_stream):
+            self._write(update)
         if end_stream:
             stream.remote_closed = True
         if stream.call is not None:
@@ -296,7 +296,7 @@ class H2Connection(asyncio.Protocol):
             raise H2ConnectionError(ErrorCode.FRAME_SIZE_ERROR, "RST_STREAM of a length other than 4")
         if not stream_id or stream_id > self._last_id:
             raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, f"RST_STREAM on idle stream {stream_id}")
-        stream = self._streams.pop(stream_id, None)
+        stream = self._forget(stream_id)
         if stream is None:
             return
         if stream.call is not None:
@@ -354,23 +354,44 @@ class H2Connection(asyncio.Protocol):
         self._write(b"".join(out))
         self._closed(stream_id, stream)
 
+    def hold(self, stream_id: int, held: bool) -> None:
+        """Stop (``held``) or resume granting window for ``stream_id``'s input, and the connection's with it."""
+        stream = self._streams.get(stream_id)
+        if stream is not None and (update := self._inflow.hold(stream_id, stream, held)):
+            self._write(update)
+
+    def output_waiting(self, stream_id: int) -> bool:
+        """Whether ``stream_id`` has response bytes the client's window or its reading has not let out."""
+        stream = self._streams.get(stream_id)
+        return stream is not None and bool(stream.pending)
+
     def _flush(self) -> None:
         out: list[bytes] = []
-        ended = [(stream_id, stream) for stream_id, stream in list(self._streams.items())
-                 if (stream.pending or stream.trailers is not None) and self._sender.drain(out, stream_id, stream)]
+        waiting = [(stream_id, stream) for stream_id, stream in list(self._streams.items())
+                   if stream.pending or stream.trailers is not None]
+        ended = [(stream_id, stream) for stream_id, stream in waiting if self._sender.drain(out, stream_id, stream)]
         if out:
             self._write(b"".join(out))
         for stream_id, stream in ended:
             self._closed(stream_id, stream)
+        for _, stream in waiting:
+            if stream.held and not stream.pending and stream.call is not None:
+                stream.call.drained()
 
     def _closed(self, stream_id: int, stream: H2Stream) -> None:
         """We ended the stream: forget it, and stop a client that is still sending (RFC 9113 §8.1)."""
-        self._streams.pop(stream_id, None)
+        self._forget(stream_id)
         self._reset_budget = min(RESET_BUDGET, self._reset_budget + 1)
         if not stream.remote_closed:
             self._write(f.rst_stream(stream_id, ErrorCode.NO_ERROR))
             self._remember(stream_id)
         self._maybe_finish()
+
+    def _forget(self, stream_id: int) -> H2Stream | None:
+        stream = self._streams.pop(stream_id, None)
+        if stream is not None and (update := self._inflow.forget(stream)):
+            self._write(update)
+        return stream
 
     def _remember(self, stream_id: int) -> None:
         self._ended[stream_id] = None
@@ -379,7 +400,7 @@ class H2Connection(asyncio.Protocol):
 
     def reset(self, stream_id: int, code: ErrorCode) -> None:
         """End one stream with RST_STREAM (its call is cancelled)."""
-        stream = self._streams.pop(stream_id, None)
+        stream = self._forget(stream_id)
         if stream is not None:
             self._remember(stream_id)
             if stream.call is not None:
@@ -409,6 +430,20 @@ class H2Connection(asyncio.Protocol):
     @property
     def idle(self) -> bool:
         return not self._streams
+
+    def sweep(self, now: float, idle_timeout_s: float) -> None:
+        """Close the connection if idle past ``idle_timeout_s``; let each call end itself if its message stalled."""
+        if self._dead:
+            return
+        if not self._streams:
+            if now - self._last_frame > idle_timeout_s:
+                log.info("gRPC connection closed: no stream and no frame for %g s ([server] idle_timeout_s)",
+                         idle_timeout_s)
+                self.go_away()
+            return
+        for stream in list(self._streams.values()):
+            if stream.call is not None:
+                stream.call.expire(now)
 
     def go_away(self) -> None:
         """Take no new streams, answer those open, then close (a server's stop, or the peer's GOAWAY)."""
@@ -441,3 +476,6 @@ class H2Connection(asyncio.Protocol):
         if self._transport is not None:
             self._transport.abort()
 
+
+def _no_clock() -> float:
+    raise RuntimeError("the connection's clock is read before connection_made")

@@ -20,15 +20,20 @@ class Call(Protocol):
 
     def cancel(self) -> None: ...
 
+    def expire(self, now: float) -> None: ...
+
+    def drained(self) -> None: ...
+
 
 class H2Stream:
-    __slots__ = ("call", "pending", "recv_unacked", "remote_closed", "send_window", "trailers")
+    __slots__ = ("call", "held", "pending", "recv_unacked", "remote_closed", "send_window", "trailers")
 
     def __init__(self, send_window: int, remote_closed: bool) -> None:
         self.call: Call | None = None
         self.remote_closed = remote_closed
         self.send_window = send_window
         self.recv_unacked = 0
+        self.held = False  # its call takes no more input for now: no WINDOW_UPDATE is granted for it
         self.pending = bytearray()  # DATA payload waiting for window
         self.trailers: bytes | None = None  # a header block to send once ``pending`` is out
 

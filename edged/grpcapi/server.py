@@ -19,6 +19,11 @@ Listeners and access control:
   ``[server.access]`` limits it to listed users.
 - Messages up to ``grpc_max_message_mb`` (a 6.2 MB 1080p frame fits the default); a larger one gets
   RESOURCE_EXHAUSTED from its length prefix, before its bytes are read.
+- Request messages being received are charged to the in-flight body budget the daemon shares with the HTTP
+  server (``[server] max_inflight_body_bytes``, one budget for both front ends); past it a call gets
+  RESOURCE_EXHAUSTED. A message whose bytes stop arriving meets ``request_timeout_s`` (DEADLINE_EXCEEDED), a
+  connection with no stream and no frame meets ``idle_timeout_s`` (GOAWAY, then closed).
+- A ModelStreamInfer takes at most 64 requests in flight, by back-pressure (``_stream_infer``).
 - At most ``[server] max_connections`` gRPC connections (counted apart from HTTP's): one more is answered
   GOAWAY (ENHANCE_YOUR_CALM) and closed.
 - Stopping sends GOAWAY on every connection, lets calls in flight finish within the timeout, then closes.
@@ -31,23 +36,22 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-from google.protobuf.message import DecodeError
 
 from edged.access import BIND_UMASK, TcpRestrictions, is_loopback, remove_stale, set_mode_and_group
 from edged.config import ServerConfig
 from edged.engine import InferenceService
 from edged.errors import ConfigError, EdgedError
 from edged.grpcapi import _hpack as hpack
-from edged.grpcapi._grpc_stream import GrpcCall, open_call
+from edged.grpcapi._grpc_stream import Budget, CallLimits, GrpcCall, OwnBudget, open_call
 from edged.grpcapi._h2_connection import H2Connection
 from edged.grpcapi._infer import GrpcInfer
 from edged.grpcapi._service import Service
 from edged.grpcapi._status import Status, code_for
+from edged.grpcapi._stream_infer import STREAM_IN_FLIGHT, StreamCall, StreamStats, parse
 from edged.grpcapi.proto import grpc_service_pb2 as pb
 from edged.shm import SharedMemoryRegistry
 
@@ -106,7 +110,10 @@ class GrpcServer:
                                              elsewhere="or use the HTTP API on edged's Unix socket")
         self._calls = Service(service, shared_memory)
         self._table: dict[str, Callable[[Any], Any]] = self._unary_table()
-        self._limit = config.grpc_max_message_mb * _MB
+        self._limits = CallLimits(config.grpc_max_message_mb * _MB, OwnBudget(config.max_inflight_body_bytes),
+                                  config.request_timeout_s)
+        self._sweeper: asyncio.Task[None] | None = None
+        self._streams = StreamStats()
         self._infer: GrpcInfer | None = None
         self._servers: list[asyncio.Server] = []
         self._connections: set[H2Connection] = set()
@@ -117,9 +124,21 @@ class GrpcServer:
     def configured(self) -> bool:
         return self._config.grpc_port is not None or self._config.grpc_socket is not None
 
-    async def start(self) -> None:
+    @property
+    def body_budget(self) -> Budget:
+        return self._limits.budget
+
+    def status(self) -> dict[str, Any]:
+        """For the daemon's status document: listeners, connections and the stream bound with its high mark."""
+        return {"listeners": list(self.addresses), "connections": len(self._connections),
+                "stream_in_flight_limit": STREAM_IN_FLIGHT, "stream_in_flight_peak": self._streams.peak}
+
+    async def start(self, body_budget: Budget | None = None) -> None:
+        """Listen; ``body_budget`` is the HTTP server's, for one in-flight limit across both front ends."""
         config = self._config
         loop = asyncio.get_running_loop()
+        if body_budget is not None:
+            self._limits = CallLimits(self._limits.message_bytes, body_budget, config.request_timeout_s)
         self._infer = GrpcInfer(self._service, self._shm, config.max_tensor_elements)
         hpack.warm_up()  # before listening: the first request would pay for the Huffman table
         sockets: list[socket.socket] = []
@@ -139,6 +158,7 @@ class GrpcServer:
             else:
                 self._servers.append(await loop.create_server(self._connection, sock=sock))
                 self.addresses.append(f"{config.grpc_host}:{sock.getsockname()[1]}")
+        self._sweeper = loop.create_task(self._sweep())
         log.info("serving KServe v2 gRPC on %s", ", ".join(self.addresses))
 
     async def stop(self, timeout_s: float) -> None:
@@ -154,6 +174,11 @@ class GrpcServer:
             await asyncio.sleep(0.02)
         for conn in list(self._connections):
             conn.abort()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+            self._sweeper = None
         self._servers.clear()
         if self._socket is not None:
             path, inode = self._socket
@@ -161,6 +186,20 @@ class GrpcServer:
                 if path.lstat().st_ino == inode:  # unless another process has replaced it since
                     path.unlink()
             self._socket = None
+
+    async def _sweep(self) -> None:
+        """Idle connections and stalled messages, checked a few times per timeout on the loop's clock."""
+        config = self._config
+        interval = max(0.05, min(1.0, config.idle_timeout_s / 4, config.request_timeout_s / 4))
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(interval)
+            now = loop.time()
+            for conn in list(self._connections):
+                try:
+                    conn.sweep(now, config.idle_timeout_s)
+                except Exception:  # one connection's bug must not stop the sweeping of the others
+                    log.exception("unexpected error sweeping a gRPC connection")
 
     # --- listeners ------------------------------------------------------------------------------------------
     @staticmethod
@@ -216,7 +255,7 @@ class GrpcServer:
 
     def _open(self, conn: H2Connection, stream_id: int, headers: list[tuple[bytes, bytes]],
               end_stream: bool) -> GrpcCall | None:
-        call = open_call(conn, stream_id, headers, self._limit)
+        call = open_call(conn, stream_id, headers, self._limits)
         if call is None:
             return None
         path = call.request.path
@@ -230,7 +269,9 @@ class GrpcServer:
             call.fail(code_for(e), str(e))
             return call
         if name == "ModelStreamInfer":
-            self._serve_stream(call)
+            if self._infer is None:
+                raise RuntimeError("GrpcServer.start() has not run")
+            StreamCall(call, self._infer, self._streams)
         else:
             _expect_one(call, self._start_infer if name == "ModelInfer" else self._unary_starter(name))
         if end_stream:
@@ -250,7 +291,7 @@ class GrpcServer:
         infer = self._infer
         if infer is None:
             raise RuntimeError("GrpcServer.start() has not run")
-        message = _parse(call, pb.ModelInferRequest, data)
+        message = parse(call, pb.ModelInferRequest, data)
         if message is None:
             return
         if infer.needs_load(message):
@@ -270,7 +311,7 @@ class GrpcServer:
             return function(request)
 
         def start(call: GrpcCall, data: bytes) -> None:
-            request = _parse(call, RPCS[name].request, data)
+            request = parse(call, RPCS[name].request, data)
             if request is None:
                 return
             if name in _BLOCKING or name in _LAZY:
@@ -292,36 +333,6 @@ class GrpcServer:
         except Exception as e:  # a bug answers INTERNAL, never a hung call
             log.exception("unexpected error in a gRPC call")
             call.fail(Status.INTERNAL, f"internal error: {e}")
-
-    def _serve_stream(self, call: GrpcCall) -> None:
-        infer = self._infer
-        if infer is None:
-            raise RuntimeError("GrpcServer.start() has not run")
-        requests: asyncio.Queue[pb.ModelInferRequest | None] = asyncio.Queue()
-
-        def on_message(data: bytes) -> None:
-            message = _parse(call, pb.ModelInferRequest, data)
-            if message is not None:
-                requests.put_nowait(message)
-
-        async def incoming() -> AsyncIterator[pb.ModelInferRequest]:
-            while (message := await requests.get()) is not None:
-                yield message
-
-        async def serve() -> None:
-            try:
-                async for answer in infer.stream(incoming()):
-                    call.send(answer.SerializeToString())
-                call.close()
-            except EdgedError as e:
-                call.fail(code_for(e), str(e))
-            except Exception as e:  # a bug answers INTERNAL, never a hung stream
-                log.exception("unexpected error in a gRPC stream")
-                call.fail(Status.INTERNAL, f"internal error: {e}")
-
-        call.on_message = on_message
-        call.on_end = lambda: requests.put_nowait(None)
-        call.task = asyncio.get_running_loop().create_task(serve())
 
 
 def _expect_one(call: GrpcCall, start: Callable[[GrpcCall, bytes], None]) -> None:
@@ -347,14 +358,7 @@ def _expect_one(call: GrpcCall, start: Callable[[GrpcCall, bytes], None]) -> Non
 
     call.on_message = on_message
     call.on_end = on_end
-
-
-def _parse(call: GrpcCall, kind: Any, data: bytes) -> Any:
-    try:
-        return kind.FromString(data)
-    except DecodeError as e:
-        call.fail(Status.INVALID_ARGUMENT, f"the request is not a valid {kind.__name__} message: {e}")
-        return None
+    call.expect_whole_request()
 
 
 def _answer(call: GrpcCall, answer: Any) -> None:

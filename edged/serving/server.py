@@ -24,7 +24,7 @@ from edged.serving._api_key import api_key_for
 from edged.serving._app import App
 from edged.serving._handlers import Handlers
 from edged.serving._http import Connection
-from edged.serving._limits import connection_limit
+from edged.serving._limits import BodyBudget, connection_limit
 from edged.serving._openapi import openapi_document
 from edged.shm import SharedMemoryRegistry, ShmLimits
 
@@ -62,6 +62,13 @@ class HttpServer:
     @property
     def active_requests(self) -> int:
         return self._app.active if self._app is not None else 0
+
+    @property
+    def body_budget(self) -> BodyBudget:
+        """The in-flight body budget, which the daemon shares with the gRPC front end (after ``start``)."""
+        if self._app is None:
+            raise RuntimeError("HttpServer.start() has not run")
+        return self._app.body_budget
 
     @property
     def connection_count(self) -> int:

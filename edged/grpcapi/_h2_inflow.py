@@ -1,0 +1,76 @@
+"""Our receive windows on one HTTP/2 connection: what the peer may still send, and when edged grants more.
+
+Invariants: the peer never has more than ``CONNECTION_WINDOW`` unacknowledged on the connection nor
+``STREAM_WINDOW`` on a stream (past either is its flow-control error); a window is granted back once half of it
+is used, except while a stream is held (its call takes no more input): then neither that stream's window nor
+the connection's is granted, so a client writing faster than edged answers waits in its own flow control.
+Each method returns the WINDOW_UPDATE frames to write (``b""`` for none); the connection writes them.
+"""
+
+from __future__ import annotations
+
+from edged.grpcapi import _h2_frames as f
+from edged.grpcapi._h2_frames import ErrorCode, H2ConnectionError, H2StreamError
+from edged.grpcapi._h2_output import H2Stream
+
+STREAM_WINDOW = 8 << 20
+CONNECTION_WINDOW = 16 << 20
+
+
+class Inflow:
+    __slots__ = ("held", "unacked")
+
+    def __init__(self) -> None:
+        self.unacked = 0  # connection bytes received and not granted back
+        self.held = 0  # streams held
+
+    def connection(self, length: int) -> bytes:
+        """``length`` bytes of DATA arrived on the connection."""
+        self.unacked += length
+        if self.unacked > CONNECTION_WINDOW:
+            raise H2ConnectionError(ErrorCode.FLOW_CONTROL_ERROR, "DATA beyond the connection's window")
+        if self.unacked >= CONNECTION_WINDOW // 2 and not self.held:
+            return self._grant()
+        return b""
+
+    @staticmethod
+    def stream(stream_id: int, stream: H2Stream, length: int, end_stream: bool) -> bytes:
+        """``length`` bytes of DATA arrived on ``stream``."""
+        stream.recv_unacked += length
+        if stream.recv_unacked > STREAM_WINDOW:
+            raise H2StreamError(stream_id, ErrorCode.FLOW_CONTROL_ERROR, "DATA beyond the stream's window")
+        if not end_stream and not stream.held and stream.recv_unacked >= STREAM_WINDOW // 2:
+            update = f.window_update(stream_id, stream.recv_unacked)
+            stream.recv_unacked = 0
+            return update
+        return b""
+
+    def hold(self, stream_id: int, stream: H2Stream, held: bool) -> bytes:
+        """Hold or release ``stream``; released, what it and the connection used is granted back."""
+        if stream.held == held:
+            return b""
+        stream.held = held
+        self.held += 1 if held else -1
+        if held:
+            return b""
+        update = b""
+        if stream.recv_unacked and not stream.remote_closed:
+            update = f.window_update(stream_id, stream.recv_unacked)
+            stream.recv_unacked = 0
+        return update + self._release()
+
+    def forget(self, stream: H2Stream) -> bytes:
+        """``stream`` ended: it is held no more."""
+        if not stream.held:
+            return b""
+        stream.held = False
+        self.held -= 1
+        return self._release()
+
+    def _release(self) -> bytes:
+        return self._grant() if not self.held and self.unacked else b""
+
+    def _grant(self) -> bytes:
+        update = f.window_update(0, self.unacked)
+        self.unacked = 0
+        return update
