@@ -37,7 +37,9 @@ def unpack(tarball: Path, where: Path) -> Path:
 
 
 def sh(script: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, **OFFLINE}
+    # Without the test run's PYTHONPATH: a checkout on it holds edged.egg-info once build-tarball has built the
+    # wheel there, and pip in install.sh then takes edged as installed and leaves it out of the release.
+    env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"} | OFFLINE
     result = subprocess.run([str(script), *args], capture_output=True, text=True, env=env, timeout=300,
                             check=False)
     if check:

@@ -4,6 +4,7 @@ memory, and no region left behind."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -21,4 +22,6 @@ def test_uds_bench_over_shared_memory_answers_every_request_and_cleans_up(tmp_pa
     assert [(row["transport"], row["concurrency"]) for row in rows] == [("uds+shm", 1), ("uds+shm", 2)]
     for row in rows:
         assert row["requests"] > 0 and row["errors"] == 0
-    assert set(Path("/dev/shm").iterdir()) == before
+    # A parallel run's other worker makes and removes regions of its own meanwhile: the bench's regions carry the
+    # pid of the process that runs it, this one.
+    assert [p.name for p in set(Path("/dev/shm").iterdir()) - before if str(os.getpid()) in p.name] == []

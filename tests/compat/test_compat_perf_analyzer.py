@@ -17,6 +17,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PERF_ANALYZER = Path(os.environ.get("EDGED_PERF_ANALYZER", ROOT / ".cache" / "perf_analyzer" / "perf_analyzer"))
 
+# perf_analyzer ends a run at its first three windows in a row within --stability-percentage of each other; more
+# trials cost nothing when the machine is quiet and let a loaded one (the suite's other worker, other builds)
+# reach three such windows instead of failing with "Failed to obtain stable measurement".
+MAX_TRIALS = "10"
+
 pytestmark = pytest.mark.skipif(
     not PERF_ANALYZER.exists(),
     reason=f"perf_analyzer not found at {PERF_ANALYZER}; run scripts/get_perf_analyzer.sh to fetch it")
@@ -26,7 +31,7 @@ def run_perf_analyzer(port: int, csv_path: Path, concurrency: int) -> subprocess
     return subprocess.run(
         [str(PERF_ANALYZER), "-m", "tiny_mlp", "-i", "http", "-u", f"127.0.0.1:{port}",
          "--concurrency-range", str(concurrency), "--measurement-interval", "1000",
-         "--stability-percentage", "1000", "--max-trials", "3", "--percentile", "99", "-f", str(csv_path)],
+         "--stability-percentage", "1000", "--max-trials", MAX_TRIALS, "--percentile", "99", "-f", str(csv_path)],
         check=False, capture_output=True, text=True, timeout=60)
 
 
@@ -68,7 +73,7 @@ def test_perf_analyzer_with_system_shared_memory(shm_tcp_server, tmp_path: Path,
         [str(PERF_ANALYZER), "-m", model, "-i", "http", "-u", f"127.0.0.1:{shm_tcp_server.port}",
          "--shared-memory", "system", "--output-shared-memory-size", "4096", "-H", "edged-key:perf-shm-key",
          "--concurrency-range", "1", "--measurement-interval", "1500", "--stability-percentage", "1000",
-         "--max-trials", "3", "-f", str(csv_path)],
+         "--max-trials", MAX_TRIALS, "-f", str(csv_path)],
         check=False, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     row = next(csv.DictReader(csv_path.open()))

@@ -18,10 +18,9 @@ def files_naming(tree: Path, text: str) -> list[str]:
     return [str(p) for p in tree.rglob("*") if p.is_file() and not p.is_symlink() and needle in p.read_bytes()]
 
 
-def test_staged_image_runs_at_its_real_path_and_names_no_staging_path(tarballs: tuple[Path, Path],
-                                                                      tmp_path: Path) -> None:
-    root = tmp_path / "image|a&b\\1"  # sed's delimiter, its "whole match" and a back-reference in one name
-    sh(unpack(tarballs[0], tmp_path / "pkg") / "install.sh", "--root", str(root))
+def test_staged_image_runs_at_its_real_path_and_names_no_staging_path(installed: Path) -> None:
+    root = installed  # its name holds sed's delimiter, its "whole match" and a back-reference
+    assert "|" in root.name and "&" in root.name and "\\1" in root.name
     assert files_naming(root / "opt/edged", str(root)) == []
     assert files_naming(root / "opt/edged", "/releases/.partial-0.1.0") == []
     shebang = (root / "opt/edged/current/bin/edged").read_text().splitlines()[0]
@@ -69,10 +68,8 @@ def test_rollback_reinstalls_the_units_of_the_release_it_returns_to(tarballs: tu
     assert not list(installed.parent.glob("*.new"))
 
 
-def test_every_documentation_path_of_the_installed_units_exists(tarballs: tuple[Path, Path],
-                                                                tmp_path: Path) -> None:
-    root = tmp_path / "root"
-    sh(unpack(tarballs[0], tmp_path / "pkg") / "install.sh", "--root", str(root))
+def test_every_documentation_path_of_the_installed_units_exists(installed: Path) -> None:
+    root = installed
     documented = []
     for name in ("edged.service", "edged.socket", "edged-update.service", "edged-update.path"):
         text = (root / "etc/systemd/system" / name).read_text()

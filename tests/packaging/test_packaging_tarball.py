@@ -197,9 +197,8 @@ def wait_for_silence(notify: NotifyReader, since: float, limit_s: float) -> floa
 
 
 def test_installed_daemon_speaks_sd_notify_serves_and_stops_pinging_when_the_engine_hangs(
-        tarballs: tuple[Path, Path], tmp_path: Path, notify: NotifyReader) -> None:
-    root = tmp_path / "root"
-    sh(unpack(tarballs[0], tmp_path / "pkg") / "install.sh", "--root", str(root))
+        installed: Path, tmp_path: Path, notify: NotifyReader) -> None:
+    root = installed
     sock = tmp_path / "edged.sock"
     command = [*exec_start(root), "--config", str(daemon_config(tmp_path)), "--socket", str(sock),
                "--state-dir", str(tmp_path / "state")]

@@ -133,12 +133,14 @@ def test_dump_round_trips_awkward_scalars() -> None:
 
 def test_parses_a_thousand_configs_per_second() -> None:
     texts = [p.read_text() for p in sorted(FIXTURES.glob("*.pbtxt"))]
-    start = time.perf_counter()
+    # The CPU time of this process, not the wall clock: the suite's other worker and other builds on the machine
+    # stretched the wall time past the budget (2.24 s for 1000) while the parser itself was as fast as ever.
+    start = time.process_time()
     count = 0
     while count < 1000:
         for text in texts:
             parse(text)
             count += 1
-    elapsed = time.perf_counter() - start
-    # Budget of 1 ms a config, loose enough for a shared 2-core machine.
+    elapsed = time.process_time() - start
+    # Budget of 1 ms a config, loose enough for a slow 2-core machine.
     assert elapsed < count / 1000 * 1.0 * 2, f"{count} configs took {elapsed:.2f} s"
