@@ -4,6 +4,7 @@ its batches inline wakes no engine worker, even once the workers exist and sleep
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +28,9 @@ def test_inline_batches_wake_no_sleeping_worker(tmp_path: Path) -> None:
         assert first.wait(60)
         scheduler = service.version_info("mlp").scheduler
         assert scheduler is not None
-        before = scheduler.wakeups
+        # The worker that ran the first request notifies its peers after its callback has returned, in the same
+        # critical section that ends its execution: read the count once that section is over, not at first.set().
+        before = _wakeups_once_idle(scheduler)
         results: list[InferResponse | EdgedError] = []
         for _ in range(CALLS):
             service.submit_many("mlp", "", [(request, results.append), (request, results.append)], inline=True)
@@ -36,3 +39,13 @@ def test_inline_batches_wake_no_sleeping_worker(tmp_path: Path) -> None:
         assert scheduler.wakeups - before == 0  # before: one notify of a sleeping worker per call
     finally:
         service.close()
+
+
+def _wakeups_once_idle(scheduler) -> int:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + 60
+    while True:
+        with scheduler._lock:
+            if scheduler.in_flight == 0:
+                return int(scheduler.wakeups)
+        assert time.monotonic() < deadline, "the first request's worker never finished"
+        time.sleep(0.001)
