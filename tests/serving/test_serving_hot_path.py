@@ -103,7 +103,7 @@ def test_a_repeated_small_binary_request_costs_the_loop_only_the_short_path(
     assert python["_responder.py:respond"] == 1 and calls.builtin["lock.__exit__"] <= 3
     assert python["_http.py:on_message_begin"] == 0, "a head repeated on the connection was parsed again"
     assert python["codec.py:encode_response"] == 0, "a repeated response layout was encoded again"
-    assert python["scheduler.py:_execute_batch"] == 0, "a lone request took the batch path"
+    assert python["batch_execution.py:_execute_batch"] == 0, "a lone request took the batch path"
     # All of it, as a ceiling with a little room: dd4723b made 73 Python calls here, 833ddca 48, this 23.
     assert sum(python.values()) <= 25, sorted(python.items())
 
