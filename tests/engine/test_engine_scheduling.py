@@ -17,7 +17,8 @@ from modelgen import add_model, mlp_weights
 
 from edged.config import ModelsConfig
 from edged.engine import InferenceService, InferRequest, InferResponse
-from edged.engine.scheduler import INLINE_MAX_BATCHES, WORKER_TIMER_SLACK_NS
+from edged.engine.scheduler import INLINE_MAX_BATCHES
+from edged.engine.worker_pool import WORKER_TIMER_SLACK_NS
 from edged.errors import EdgedError, QueueFull, RequestTimeout
 
 WEIGHTS = mlp_weights(in_dim=4, hidden=8, out_dim=2)

@@ -25,6 +25,8 @@ from conftest import RunningServer, make_server
 
 from edged.protocol import decode_response, encode_request
 
+_SCHEDULER_MODULES = {"scheduler.py", "worker_pool.py", "batch_execution.py"}
+
 
 class LoopCalls:
     """Python and C calls made on the server's loop thread while ``recording`` is set."""
@@ -103,7 +105,11 @@ def test_a_repeated_small_binary_request_costs_the_loop_only_the_short_path(
     assert python["_responder.py:respond"] == 1 and calls.builtin["lock.__exit__"] <= 3
     assert python["_http.py:on_message_begin"] == 0, "a head repeated on the connection was parsed again"
     assert python["codec.py:encode_response"] == 0, "a repeated response layout was encoded again"
-    assert python["scheduler.py:_execute_batch"] == 0, "a lone request took the batch path"
+    assert python["batch_execution.py:_execute_batch"] == 0, "a lone request took the batch path"
+    # the scheduler is split in three modules (batch_execution, worker_pool, scheduler): a lone request's engine
+    # path stays two straight calls, with no hop into the queue's or the workers' side
+    engine = sorted(name for name in python if name.split(":")[0] in _SCHEDULER_MODULES)
+    assert engine == ["scheduler.py:_run_alone", "scheduler.py:submit_one"], engine
     # All of it, as a ceiling with a little room: dd4723b made 73 Python calls here, 833ddca 48, this 23.
     assert sum(python.values()) <= 25, sorted(python.items())
 

@@ -1,0 +1,235 @@
+"""The scheduler's shared state and its worker threads: who sleeps, who is woken, how long a batch waits.
+
+One lock guards the queue, the idle instances and the counters below; `edged.engine.scheduler` submits and runs
+work inline under the same lock, and this module owns everything that happens on a worker thread. Workers are
+started on first need, one per instance, and a worker is woken only when an instance is free for it: while all
+are busy, whoever finishes takes the queue, and a worker woken then would only take the GIL from the threads that
+have work. `close` has its own condition, so a notify meant for a worker is never spent on it.
+
+A batching delay (max_queue_delay_microseconds) counts from the first queued request; a worker waiting it out
+is woken early only by a submit that fills the batch. When it ends while a front end still holds requests it
+has read (`intake`), the batch waits for them once, for at most the delay again; a lone request never does.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import sys
+import threading
+import time
+from collections.abc import Sequence
+
+from edged.backends.base import ModelInstance
+from edged.engine.batch_execution import BatchExecution
+from edged.engine.intake import Intake
+from edged.engine.queue_policy import Pending, PriorityQueues
+from edged.engine.stats import VersionStats
+from edged.errors import Unavailable
+from edged.repository.model_config import ModelConfig
+
+log = logging.getLogger(__name__)
+
+__all__ = ["WORKER_TIMER_SLACK_NS", "WorkerPool"]
+
+# Linux rounds a thread's timed waits up by its timer slack (50 µs by default); a worker waiting out a batching
+# delay of 100 µs must wake on time, so workers ask for 1 µs.
+_PR_SET_TIMERSLACK = 29
+WORKER_TIMER_SLACK_NS = 1000
+
+
+class WorkerPool(BatchExecution):
+    """The queue, the idle instances and the workers that run what no submitter runs inline."""
+
+    def __init__(self, config: ModelConfig, version: str, instances: Sequence[ModelInstance],
+                 stats: VersionStats, intake: Intake | None) -> None:
+        super().__init__(config, version, stats)
+        self._intake = intake
+        self.holds = 0  # batches held past their delay for requests a front end was reading, counted by tests
+        self._idle: list[ModelInstance] = list(instances)
+        self._instance_count = len(instances)
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)  # workers wait here for work, and only workers
+        self._sleepers = 0  # threads in self._wake.wait(); notifying nobody costs a microsecond, so we skip it
+        self.wakeups = 0  # notifies of a sleeping worker: thread hand-offs, counted by tests
+        # Workers waiting out a batching delay (or an intake hold): they wake at its end by themselves, so a
+        # submit wakes nobody unless it fills the batch. Waking them per submit took the GIL from the event loop
+        # in the middle of reading the requests that were to join the batch.
+        self._delaying = 0
+        self._held_for = 0  # enqueued_ns of the first request of the batch last held for the intake
+        # `close` waits here for the queue to drain. Its own condition: a notify meant for a worker must never
+        # be spent on it, or queued requests wait with an idle instance and a sleeping worker.
+        self._settled = threading.Condition(self._lock)
+        batching = config.dynamic_batching
+        self._executing = 0
+        self._max_batch = config.max_batch_size if (batching and config.max_batch_size > 0) else 0
+        self._preferred = tuple(sorted(batching.preferred_batch_size)) if batching else ()
+        self._target = self._preferred[-1] if self._preferred else self._max_batch  # rows that end a delay
+        self._queue = PriorityQueues(batching, self._max_batch, self._preferred)
+        self._delay_ns = batching.max_queue_delay_microseconds * 1000 if batching else 0
+        self._workers: list[threading.Thread] = []
+        self._closed = False
+
+    @property
+    def delaying(self) -> int:
+        """Workers now waiting out a batching delay or an intake hold."""
+        return self._delaying
+
+    @property
+    def in_flight(self) -> int:
+        return self._queue.count + self._executing
+
+    # --- waking and waiting --------------------------------------------------------------------------------
+    def _wake_worker_locked(self) -> None:
+        """Queued work that no caller runs: make sure workers exist, and wake one only if an instance is free for
+        it. While all are busy, whoever finishes takes the queue; a worker woken now would only go back to sleep,
+        after taking the GIL from the threads that have work."""
+        if not self._workers:
+            self._ensure_workers_locked()
+        if self._sleepers and self._idle and not (self._delaying and not self._batch_full_locked()):
+            self.wakeups += 1
+            self._wake.notify()
+
+    def _notify_locked(self, everyone: bool = False) -> None:
+        if self._sleepers:
+            self.wakeups += 1
+            if everyone or self._closed:  # closing: each worker must see it, not just one
+                self._wake.notify_all()
+            else:
+                self._wake.notify()
+        if self._closed:  # an execution ended or work moved: `close` may be waiting for the queue to drain
+            self._settled.notify_all()
+
+    def _wait_locked(self, timeout_s: float | None = None) -> None:
+        self._sleepers += 1
+        try:
+            self._wake.wait(timeout_s)
+        finally:
+            self._sleepers -= 1
+
+    # --- workers -------------------------------------------------------------------------------------------
+    def _ensure_workers_locked(self, closing: bool = False) -> None:
+        if self._workers or (self._closed and not closing):
+            return
+        for index in range(self._instance_count):
+            thread = threading.Thread(target=self._worker, name=f"edged-{self._config.name}-{index}",
+                                      daemon=True)
+            self._workers.append(thread)
+            thread.start()
+
+    def _worker(self) -> None:
+        _precise_timers()
+        self._lock.acquire()
+        try:
+            while True:
+                if not (self._queue.count and self._idle):
+                    if self._closed and not self._queue.count:
+                        return  # closed and drained
+                    self._wait_locked()
+                    continue
+                wait_s, held = self._batch_wait_locked()
+                if wait_s > 0 and not self._closed:
+                    self._delaying += 1
+                    try:
+                        self._wait_locked(wait_s)
+                    finally:
+                        self._delaying -= 1
+                    if held and self._intake is not None:
+                        self._intake.release(self._poke)
+                    continue
+                instance = self._idle.pop()
+                self._executing += 1
+                batch, expired = self._take_batch_locked()
+                self._lock.release()
+                try:
+                    for item in expired:
+                        self._finish_timeout(item)
+                    if batch:
+                        self._execute(instance, batch)
+                finally:
+                    self._lock.acquire()
+                    self._idle.append(instance)
+                    self._executing -= 1
+                    self._notify_locked(everyone=True)
+        finally:
+            self._lock.release()
+
+    # --- the batching delay and the intake hold ------------------------------------------------------------
+    def _batch_wait_locked(self) -> tuple[float, bool]:
+        """Seconds to keep waiting for a fuller batch, or 0 to run now; and whether the wait is an intake hold.
+
+        The wait is max_queue_delay_microseconds from the first queued request. Past it, the batch is held
+        only while a front end is reading requests it will submit together (`edged.engine.intake`), once, until
+        they are submitted and at most for the delay once more: a lone request waits its delay, never the hold."""
+        if not self._delay_ns or not self._max_batch:
+            return 0.0, False
+        level = self._queue.urgent()
+        if level is None:
+            return 0.0, False
+        if level.rows() >= self._target:
+            return 0.0, False
+        first = level.first().enqueued_ns
+        remaining = first + self._delay_ns - time.perf_counter_ns()
+        if remaining > 0:
+            return remaining / 1e9, False
+        intake = self._intake
+        # held once: for the requests being read now, not for the iterations after them
+        if intake is None or not intake.is_open or first == self._held_for:
+            return 0.0, False
+        remaining += self._delay_ns
+        if remaining <= 0 or not intake.hold(self._poke):
+            return 0.0, False
+        self.holds += 1
+        self._held_for = first
+        return remaining / 1e9, True
+
+    def _batch_full_locked(self) -> bool:
+        level = self._queue.urgent()
+        return level is not None and level.rows() >= self._target
+
+    def _poke(self) -> None:
+        """The intake closed: holding workers look at the queue again (every worker: any one may hold)."""
+        with self._lock:
+            self._notify_locked(everyone=True)
+
+    # --- batch formation -----------------------------------------------------------------------------------
+    def _take_batch_locked(self) -> tuple[list[Pending], list[Pending]]:
+        queue = self._queue
+        expired: list[Pending] = []
+        if queue.next_deadline_ns:  # the clock is read only when some queued request has a deadline
+            now = time.perf_counter_ns()
+            if queue.next_deadline_ns < now:
+                expired = queue.expire(now)
+        return queue.take(), expired
+
+    # --- shutdown ------------------------------------------------------------------------------------------
+    def close(self, timeout_s: float) -> bool:
+        """Refuse new requests, let queued ones finish within ``timeout_s``; True if all finished."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            self._closed = True
+            if self._queue.count:
+                self._ensure_workers_locked(closing=True)
+            self._notify_locked(everyone=True)
+            while self._queue.count + self._executing and time.monotonic() < deadline:
+                self._settled.wait(min(0.05, max(0.0, deadline - time.monotonic())))
+            leftover = self._queue.drain()
+            clean = not leftover and not self._executing
+            self._wake.notify_all()  # closed and empty: every sleeping worker leaves now (joined below)
+        for item in leftover:
+            self._finish_error(item, Unavailable(f"model {self._config.name} unloaded before the request ran"))
+        for thread in self._workers:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        return clean
+
+
+def _precise_timers() -> None:
+    """Set the calling thread's timer slack to WORKER_TIMER_SLACK_NS (Linux; elsewhere waits stay as they are)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_TIMERSLACK, WORKER_TIMER_SLACK_NS, 0, 0, 0) != 0:
+            log.debug("prctl(PR_SET_TIMERSLACK) failed: errno %d", ctypes.get_errno())
+    except (OSError, AttributeError) as e:
+        log.debug("cannot set the timer slack: %s", e)
