@@ -5,8 +5,10 @@ as differences across the calls each test makes, so the tests do not depend on e
 
 from __future__ import annotations
 
+import asyncio
 import struct
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +17,7 @@ from grpcapi_daemon import GrpcDaemon
 from h2_raw import (
     DATA,
     END_HEADERS,
+    ENHANCE_YOUR_CALM,
     HEADERS,
     PREFACE,
     PROTOCOL_ERROR,
@@ -31,13 +34,22 @@ from integration.edged_daemon import DaemonProcess, config_with_fakes, start_dae
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
+from edged.config import ModelsConfig, ServerConfig
+from edged.engine import InferenceService
+from edged.grpcapi import GrpcServer
+from edged.shm import SharedMemoryRegistry
+
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
 def _samples(daemon: DaemonProcess) -> Samples:
-    """Every sample of /metrics by name and labels; the parser raises on any line that is not exposition text."""
+    return _parsed(daemon.client().metrics())
+
+
+def _parsed(text: str) -> Samples:
+    """Every sample by name and labels; the parser raises on any line that is not exposition text."""
     return {(sample.name, frozenset(sample.labels.items())): sample.value
-            for family in text_string_to_metric_families(daemon.client().metrics()) for sample in family.samples}
+            for family in text_string_to_metric_families(text) for sample in family.samples}
 
 
 def _get(samples: Samples, name: str, **labels: str) -> float:
@@ -119,3 +131,39 @@ def test_without_grpc_configured_metrics_has_no_grpc_family(http_only: DaemonPro
     names = {name for name, _ in _samples(http_only)}
     assert "edged_http_connections" in names
     assert not {name for name in names if name.startswith("edged_grpc_")}
+
+
+def test_a_connection_past_max_connections_is_counted_refused_not_as_a_protocol_error(tmp_path: Path) -> None:
+    path = tmp_path / "grpc.sock"
+
+    async def run() -> tuple[Samples, Samples]:
+        server = GrpcServer(InferenceService(tmp_path, ModelsConfig()),
+                            ServerConfig(grpc_socket=str(path), max_connections=1), SharedMemoryRegistry())
+        await server.start()
+        loop = asyncio.get_running_loop()
+        try:
+            with RawH2.unix(path) as first:
+                await loop.run_in_executor(None, _served, first)
+                one = _parsed(server.prometheus_lines())  # on the loop, as the daemon renders it
+                await loop.run_in_executor(None, _refused, path)
+                return one, _parsed(server.prometheus_lines())
+        finally:
+            await server.stop(1)
+
+    one, after = asyncio.run(run())
+    assert _get(one, "edged_grpc_connections") == 1
+    assert _get(one, "edged_grpc_connections_refused_total") == 0
+    assert _get(after, "edged_grpc_connections_refused_total") == 1
+    assert _errors(after, "ENHANCE_YOUR_CALM") == 0  # the refusal's GOAWAY is counted once, as a refusal
+    assert _calls(after, "ServerLive", "OK") == 1
+
+
+def _served(client: RawH2) -> None:
+    client.start()
+    assert client.call(1, "ServerLive", b"")[0][b"grpc-status"] == b"0"
+
+
+def _refused(path: Path) -> None:
+    with RawH2.unix(path) as second:
+        second.start()
+        assert second.goaway().code == ENHANCE_YOUR_CALM
