@@ -1,5 +1,8 @@
 """One HTTP/2 connection (RFC 9113, server side, prior knowledge over cleartext): an asyncio Protocol.
 
+This module is the hot half (bytes to frames, streams opened, fed and answered); the cold half it inherits,
+with the connection's state, is ``_h2_control`` (the peer's control frames, flood guards, GOAWAY, sweeping).
+
 Invariants:
 - Frames are parsed in place from the bytes received (``struct.unpack_from`` and memoryview slices); a partial
   frame waits in one buffer until the bytes it needs have arrived.

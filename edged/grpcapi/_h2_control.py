@@ -161,17 +161,17 @@ class H2Control(asyncio.Protocol):
 
     def reset(self, stream_id: int, code: ErrorCode) -> None:
         """End one stream with RST_STREAM (its call is cancelled)."""
-        counts = self._counts
-        if code == ErrorCode.REFUSED_STREAM:
-            counts.streams_refused += 1
-        else:
-            counts.errors[code] = counts.errors.get(code, 0) + 1
         stream = self._forget(stream_id)
         if stream is not None:
             self._remember(stream_id)
             if stream.call is not None:
                 stream.call.cancel()
-        self._control(f.rst_stream(stream_id, code))
+        self._control(f.rst_stream(stream_id, code))  # counted once sent: a flood guard may end all instead
+        counts = self._counts
+        if code == ErrorCode.REFUSED_STREAM:
+            counts.streams_refused += 1
+        else:
+            counts.errors[code] = counts.errors.get(code, 0) + 1
         self._maybe_finish()
 
     def _control(self, data: bytes) -> None:

@@ -27,6 +27,7 @@ Listeners and access control:
 - At most ``[server] max_connections`` gRPC connections (counted apart from HTTP's): one more is answered
   GOAWAY (ENHANCE_YOUR_CALM) and closed.
 - Stopping sends GOAWAY on every connection, lets calls in flight finish within the timeout, then closes.
+- ``prometheus_lines`` renders the ``edged_grpc_*`` families (``_metrics``); the daemon adds them to ``/metrics``.
 """
 
 from __future__ import annotations

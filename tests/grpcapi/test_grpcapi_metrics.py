@@ -6,9 +6,11 @@ as differences across the calls each test makes, so the tests do not depend on e
 from __future__ import annotations
 
 import asyncio
+import queue
 import struct
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -82,11 +84,21 @@ def test_tritonclient_calls_are_counted_by_rpc_and_status(grpc_daemon: GrpcDaemo
     with pytest.raises(InferenceServerException) as unimplemented:
         client.get_trace_settings()  # TraceSetting: an RPC of Triton's that edged does not serve
     assert unimplemented.value.status() == "StatusCode.UNIMPLEMENTED"
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        for _ in range(2):
+            client.async_stream_infer("tiny_mlp", [_input(64)])
+        assert [answers.get(timeout=30)[1] for _ in range(2)] == [None, None]
+    finally:
+        client.stop_stream()  # returns once the stream has ended: its OK trailers have arrived
     after = _samples(grpc_daemon.daemon)
     assert _calls(after, "ModelInfer", "OK") - _calls(before, "ModelInfer", "OK") == 3
     assert _calls(after, "ServerLive", "OK") - _calls(before, "ServerLive", "OK") == 1
     assert _calls(after, "ModelInfer", "INVALID_ARGUMENT") - _calls(before, "ModelInfer", "INVALID_ARGUMENT") == 1
     assert _calls(after, "unknown", "UNIMPLEMENTED") - _calls(before, "unknown", "UNIMPLEMENTED") == 1
+    # a stream is one call, however many requests it carried
+    assert _calls(after, "ModelStreamInfer", "OK") - _calls(before, "ModelStreamInfer", "OK") == 1
     assert not any(name == "edged_grpc_calls_total" and dict(labels)["method"] in ("TraceSetting", "")
                    for name, labels in after), "a method served by no RPC got its own label"
     assert _get(after, "edged_grpc_connections") >= 1  # tritonclient's channel stays open
