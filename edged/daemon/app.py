@@ -374,6 +374,8 @@ class Daemon:
         lines = [self.memory_metrics(), render_health(self.health)]
         if self.mqtt is not None:
             lines.append(self.mqtt.prometheus_lines())
+        if self.grpc is not None:  # composed here: serving renders /metrics and never imports grpcapi
+            lines.append(self.grpc.prometheus_lines())
         if self.ota is not None:
             from edged.ota import ota_metrics
 

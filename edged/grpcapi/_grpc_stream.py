@@ -145,10 +145,12 @@ class GrpcCall:
 
     __slots__ = ("_buffer", "_conn", "_deadline", "_end_seen", "_held", "_input_over", "_limits", "_open_since",
                  "_partial_since", "_reserved", "_started", "done", "on_cancel", "on_drained", "on_end", "on_message",
-                 "request", "stream_id", "task")
+                 "request", "stream_id", "tally", "task")
 
-    def __init__(self, conn: H2Connection, stream_id: int, request: Request, limits: CallLimits) -> None:
+    def __init__(self, conn: H2Connection, stream_id: int, request: Request, limits: CallLimits,
+                 tally: dict[Status, int]) -> None:
         self._conn = conn
+        self.tally = tally  # how calls of this RPC ended, by status (``GrpcMetrics.calls``): counted in _finish
         self.stream_id = stream_id
         self.request = request
         self._limits = limits
@@ -276,7 +278,7 @@ class GrpcCall:
         """The client reset the stream (or the connection went): stop the work, answer nothing."""
         if self.done:
             return
-        self._finish()
+        self._finish(Status.CANCELLED)
         self.on_cancel()
         if self.task is not None:
             self.task.cancel()
@@ -286,7 +288,7 @@ class GrpcCall:
         """The one response of a unary call, and OK: one write."""
         if self.done:
             return
-        self._finish()
+        self._finish(Status.OK)
         self._conn.respond(self.stream_id, _HEAD, _frame_message(message), _OK)
 
     def send(self, message: bytes) -> None:
@@ -301,7 +303,7 @@ class GrpcCall:
         """End a streaming call with OK."""
         if self.done:
             return
-        self._finish()
+        self._finish(Status.OK)
         if self._started:
             self._conn.respond(self.stream_id, None, b"", _OK)
         else:
@@ -310,7 +312,7 @@ class GrpcCall:
     def fail(self, code: Status, message: str) -> None:
         if self.done:
             return
-        self._finish()
+        self._finish(code)
         if self.task is not None and self.task is not asyncio.current_task():
             self.task.cancel()
         if self._started:
@@ -318,8 +320,10 @@ class GrpcCall:
         else:
             self._conn.trailers_only(self.stream_id, status_block(code, message, head=True))
 
-    def _finish(self) -> None:
+    def _finish(self, code: Status) -> None:
         self.done = True
+        tally = self.tally
+        tally[code] = tally.get(code, 0) + 1
         if self._reserved:
             self._release()
         if self._deadline is not None:
@@ -330,8 +334,8 @@ class GrpcCall:
         self.fail(Status.DEADLINE_EXCEEDED, f"the call's deadline ({self.request.timeout_s:g} s) passed")
 
 
-def open_call(conn: H2Connection, stream_id: int, headers: list[tuple[bytes, bytes]],
-              limits: CallLimits) -> GrpcCall | None:
+def open_call(conn: H2Connection, stream_id: int, headers: list[tuple[bytes, bytes]], limits: CallLimits,
+              tally: dict[Status, int]) -> GrpcCall | None:
     """A call for a new stream, or None once the stream has been refused (malformed or not gRPC)."""
     try:
         request = Request(headers)
@@ -340,7 +344,7 @@ def open_call(conn: H2Connection, stream_id: int, headers: list[tuple[bytes, byt
         return None
     except ValueError as e:
         raise H2StreamError(stream_id, ErrorCode.PROTOCOL_ERROR, str(e)) from e
-    return GrpcCall(conn, stream_id, request, limits)
+    return GrpcCall(conn, stream_id, request, limits, tally)
 
 
 def _http_status(status: bytes) -> bytes:

@@ -1,5 +1,8 @@
 """One HTTP/2 connection (RFC 9113, server side, prior knowledge over cleartext): an asyncio Protocol.
 
+This module is the hot half (bytes to frames, streams opened, fed and answered); the cold half it inherits,
+with the connection's state, is ``_h2_control`` (the peer's control frames, flood guards, GOAWAY, sweeping).
+
 Invariants:
 - Frames are parsed in place from the bytes received (``struct.unpack_from`` and memoryview slices); a partial
   frame waits in one buffer until the bytes it needs have arrived.
@@ -23,60 +26,41 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable
 from typing import cast
 
 from edged.grpcapi import _h2_frames as f
+from edged.grpcapi._h2_control import (
+    MAX_HEADER_BLOCK,
+    MAX_HEADER_LIST,
+    MAX_STREAMS,
+    OUR_SETTINGS,
+    H2Control,
+    H2Counts,
+)
 from edged.grpcapi._h2_frames import ErrorCode, H2ConnectionError, H2StreamError
-from edged.grpcapi._h2_inflow import CONNECTION_WINDOW, STREAM_WINDOW, Inflow
-from edged.grpcapi._h2_output import Call, H2Stream, Sender
+from edged.grpcapi._h2_inflow import CONNECTION_WINDOW
+from edged.grpcapi._h2_output import Call, H2Stream
 from edged.grpcapi._hpack import Decoder, HpackError
-
-log = logging.getLogger(__name__)
-
-MAX_STREAMS = 128
-MAX_HEADER_LIST = 64 << 10
-MAX_HEADER_BLOCK = 64 << 10
-MAX_UNREAD_CONTROL = 1024
-LINGER_S = 2.0
-RESET_BUDGET = 256  # client resets of streams still owed an answer, refilled one per answered stream
-OUR_SETTINGS = {f.MAX_CONCURRENT_STREAMS: MAX_STREAMS, f.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
-                f.MAX_FRAME_SIZE: f.DEFAULT_FRAME_SIZE, f.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST,
-                f.ENABLE_PUSH: 0}
-
 
 Opener = Callable[["H2Connection", int, list[tuple[bytes, bytes]], bool], "Call | None"]
 
 
-class H2Connection(asyncio.Protocol):
-    def __init__(self, opener: Opener, on_close: Callable[[H2Connection], None], refuse: bool = False) -> None:
+class H2Connection(H2Control):
+    def __init__(self, opener: Opener, on_close: Callable[[H2Connection], None], counts: H2Counts,
+                 refuse: bool = False) -> None:
+        super().__init__(counts)
         self._opener = opener
         self._refuse = refuse  # over [server] max_connections: GOAWAY at once
         self._on_close = on_close
-        self._transport: asyncio.Transport | None = None
         self._buffer = bytearray()
         self._need = len(f.PREFACE)
         self._need_preface = True
         self._preface = True  # the peer's first frame, which must be SETTINGS, is still to come
-        self._streams: dict[int, H2Stream] = {}
-        self._last_id = 0
         self._header_block: bytearray | None = None  # a header block waiting for CONTINUATION
         self._header_stream = 0
         self._header_end_stream = False
         self._decoder = Decoder(max_table_size=4096, max_header_list_size=MAX_HEADER_LIST)
-        self._peer_window = f.DEFAULT_WINDOW
-        self._sender = Sender()
-        self._inflow = Inflow()
-        self._unread_control = 0
-        self._reset_budget = RESET_BUDGET
-        self._closing = False  # our GOAWAY is out: no new streams
-        self._dead = False
-        self._linger: asyncio.TimerHandle | None = None
-        self._cork: list[bytes] | None = None
-        self._ended: dict[int, None] = {}  # streams we ended lately: their DATA in flight is dropped quietly
-        self.now: Callable[[], float] = _no_clock  # the loop's clock, once connected
-        self._last_frame = 0.0  # when bytes last arrived
 
     # --- asyncio.Protocol -----------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -120,6 +104,8 @@ class H2Connection(asyncio.Protocol):
             pos = self._parse(data)
         except H2ConnectionError as e:
             self._uncork()
+            errors = self._counts.errors  # here, not in fail: a refused connection's GOAWAY is no peer's error
+            errors[e.code] = errors.get(e.code, 0) + 1
             self.fail(e.code, str(e))
             return
         self._uncork()
@@ -269,66 +255,6 @@ class H2Connection(asyncio.Protocol):
         self._streams[stream_id] = stream
         stream.call = self._opener(self, stream_id, headers, self._header_end_stream)
 
-    def _window_update(self, stream_id: int, payload: memoryview) -> None:
-        increment = f.increment_of(payload)
-        if not stream_id:
-            if not increment:
-                raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "WINDOW_UPDATE of zero on the connection")
-            self._sender.window += increment
-            if self._sender.window > f.MAX_WINDOW:
-                raise H2ConnectionError(ErrorCode.FLOW_CONTROL_ERROR, "the connection's window past 2^31-1")
-            self._flush()
-            return
-        if stream_id > self._last_id:
-            raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, f"WINDOW_UPDATE on idle stream {stream_id}")
-        stream = self._streams.get(stream_id)
-        if stream is None:
-            return  # closed: a late update is harmless
-        if not increment:
-            raise H2StreamError(stream_id, ErrorCode.PROTOCOL_ERROR, "WINDOW_UPDATE of zero")
-        stream.send_window += increment
-        if stream.send_window > f.MAX_WINDOW:
-            raise H2StreamError(stream_id, ErrorCode.FLOW_CONTROL_ERROR, "the stream's window past 2^31-1")
-        self._flush()
-
-    def _rst_stream(self, stream_id: int, payload: memoryview) -> None:
-        if len(payload) != 4:
-            raise H2ConnectionError(ErrorCode.FRAME_SIZE_ERROR, "RST_STREAM of a length other than 4")
-        if not stream_id or stream_id > self._last_id:
-            raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, f"RST_STREAM on idle stream {stream_id}")
-        stream = self._forget(stream_id)
-        if stream is None:
-            return
-        if stream.call is not None:
-            stream.call.cancel()
-        self._reset_budget -= 1
-        if self._reset_budget <= 0:
-            raise H2ConnectionError(ErrorCode.ENHANCE_YOUR_CALM, "too many streams reset before their answer")
-        self._maybe_finish()
-
-    def _settings(self, flags: int, stream_id: int, payload: memoryview) -> None:
-        for key, value in f.settings_of(flags, stream_id, payload):
-            self._setting(key, value)
-        if not flags & f.ACK:
-            self._control(f.frame(f.SETTINGS, f.ACK, 0))
-
-    def _setting(self, key: int, value: int) -> None:
-        if key == f.INITIAL_WINDOW_SIZE:
-            delta, self._peer_window = value - self._peer_window, value
-            for stream in self._streams.values():
-                stream.send_window += delta
-                if stream.send_window > f.MAX_WINDOW:
-                    raise H2ConnectionError(ErrorCode.FLOW_CONTROL_ERROR, "a stream's window past 2^31-1")
-            self._flush()
-        elif key == f.MAX_FRAME_SIZE:
-            self._sender.frame_size = value
-        elif key == f.HEADER_TABLE_SIZE:
-            self._sender.table_update = f.table_size_update(0) if value < 4096 else b""
-
-    def _ping(self, flags: int, stream_id: int, payload: memoryview) -> None:
-        if f.check_ping(flags, stream_id, payload):
-            self._control(f.frame(f.PING, f.ACK, 0, bytes(payload)))
-
     # --- output ---------------------------------------------------------------------------------------------
     def respond(self, stream_id: int, head: bytes | None, body: bytes, trailers: bytes | None) -> None:
         """Send response headers (if any), DATA, and trailers (if any: they end the stream) on ``stream_id``."""
@@ -364,118 +290,3 @@ class H2Connection(asyncio.Protocol):
         """Whether ``stream_id`` has response bytes the client's window or its reading has not let out."""
         stream = self._streams.get(stream_id)
         return stream is not None and bool(stream.pending)
-
-    def _flush(self) -> None:
-        out: list[bytes] = []
-        waiting = [(stream_id, stream) for stream_id, stream in list(self._streams.items())
-                   if stream.pending or stream.trailers is not None]
-        ended = [(stream_id, stream) for stream_id, stream in waiting if self._sender.drain(out, stream_id, stream)]
-        if out:
-            self._write(b"".join(out))
-        for stream_id, stream in ended:
-            self._closed(stream_id, stream)
-        for _, stream in waiting:
-            if stream.held and not stream.pending and stream.call is not None:
-                stream.call.drained()
-
-    def _closed(self, stream_id: int, stream: H2Stream) -> None:
-        """We ended the stream: forget it, and stop a client that is still sending (RFC 9113 §8.1)."""
-        self._forget(stream_id)
-        self._reset_budget = min(RESET_BUDGET, self._reset_budget + 1)
-        if not stream.remote_closed:
-            self._write(f.rst_stream(stream_id, ErrorCode.NO_ERROR))
-            self._remember(stream_id)
-        self._maybe_finish()
-
-    def _forget(self, stream_id: int) -> H2Stream | None:
-        stream = self._streams.pop(stream_id, None)
-        if stream is not None and (update := self._inflow.forget(stream)):
-            self._write(update)
-        return stream
-
-    def _remember(self, stream_id: int) -> None:
-        self._ended[stream_id] = None
-        if len(self._ended) > MAX_STREAMS:
-            del self._ended[next(iter(self._ended))]
-
-    def reset(self, stream_id: int, code: ErrorCode) -> None:
-        """End one stream with RST_STREAM (its call is cancelled)."""
-        stream = self._forget(stream_id)
-        if stream is not None:
-            self._remember(stream_id)
-            if stream.call is not None:
-                stream.call.cancel()
-        self._control(f.rst_stream(stream_id, code))
-        self._maybe_finish()
-
-    def _control(self, data: bytes) -> None:
-        if self._sender.paused:
-            self._unread_control += 1
-            if self._unread_control > MAX_UNREAD_CONTROL:
-                raise H2ConnectionError(ErrorCode.ENHANCE_YOUR_CALM, "control frames the client does not read")
-        self._write(data)
-
-    def _write(self, data: bytes) -> None:
-        if self._cork is not None:
-            self._cork.append(data)
-        elif self._transport is not None and not self._dead:
-            self._transport.write(data)
-
-    def _uncork(self) -> None:
-        out, self._cork = self._cork, None
-        if out:
-            self._write(b"".join(out))
-
-    # --- ending ---------------------------------------------------------------------------------------------
-    @property
-    def idle(self) -> bool:
-        return not self._streams
-
-    def sweep(self, now: float, idle_timeout_s: float) -> None:
-        """Close the connection if idle past ``idle_timeout_s``; let each call end itself if its message stalled."""
-        if self._dead:
-            return
-        if not self._streams:
-            if now - self._last_frame > idle_timeout_s:
-                log.info("gRPC connection closed: no stream and no frame for %g s ([server] idle_timeout_s)",
-                         idle_timeout_s)
-                self.go_away()
-            return
-        for stream in list(self._streams.values()):
-            if stream.call is not None:
-                stream.call.expire(now)
-
-    def go_away(self) -> None:
-        """Take no new streams, answer those open, then close (a server's stop, or the peer's GOAWAY)."""
-        if not self._closing:
-            self._closing = True
-            self._write(f.goaway(self._last_id, ErrorCode.NO_ERROR))
-        self._maybe_finish()
-
-    def _maybe_finish(self) -> None:
-        if self._closing and not self._streams and self._transport is not None:
-            self._uncork()
-            self._dead = True
-            self._transport.close()
-
-    def fail(self, code: ErrorCode, message: str) -> None:
-        """End the connection with GOAWAY ``code``. Our side is shut first and what the peer still sends is
-        dropped for up to ``LINGER_S``: closing with unread bytes would reset the connection and could destroy
-        the GOAWAY before the peer reads it."""
-        log.info("gRPC connection closed: %s (%s)", message, code.name)
-        transport = self._transport
-        if transport is None or self._dead:
-            return
-        self._dead = True
-        transport.write(f.goaway(self._last_id, code, message.encode()[:200]))
-        if transport.can_write_eof():
-            transport.write_eof()
-        self._linger = asyncio.get_running_loop().call_later(LINGER_S, transport.abort)
-
-    def abort(self) -> None:
-        if self._transport is not None:
-            self._transport.abort()
-
-
-def _no_clock() -> float:
-    raise RuntimeError("the connection's clock is read before connection_made")

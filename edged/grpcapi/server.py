@@ -27,6 +27,7 @@ Listeners and access control:
 - At most ``[server] max_connections`` gRPC connections (counted apart from HTTP's): one more is answered
   GOAWAY (ENHANCE_YOUR_CALM) and closed.
 - Stopping sends GOAWAY on every connection, lets calls in flight finish within the timeout, then closes.
+- ``prometheus_lines`` renders the ``edged_grpc_*`` families (``_metrics``); the daemon adds them to ``/metrics``.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from edged.grpcapi import _hpack as hpack
 from edged.grpcapi._grpc_stream import Budget, CallLimits, GrpcCall, OwnBudget, open_call
 from edged.grpcapi._h2_connection import H2Connection
 from edged.grpcapi._infer import GrpcInfer
+from edged.grpcapi._metrics import UNKNOWN, GrpcMetrics
 from edged.grpcapi._service import Service
 from edged.grpcapi._status import Status, code_for
 from edged.grpcapi._stream_infer import STREAM_IN_FLIGHT, StreamCall, StreamStats, parse
@@ -114,6 +116,7 @@ class GrpcServer:
                                   config.request_timeout_s)
         self._sweeper: asyncio.Task[None] | None = None
         self._streams = StreamStats()
+        self._metrics = GrpcMetrics(RPCS)
         self._infer: GrpcInfer | None = None
         self._servers: list[asyncio.Server] = []
         self._connections: set[H2Connection] = set()
@@ -132,6 +135,10 @@ class GrpcServer:
         """For the daemon's status document: listeners, connections and the stream bound with its high mark."""
         return {"listeners": list(self.addresses), "connections": len(self._connections),
                 "stream_in_flight_limit": STREAM_IN_FLIGHT, "stream_in_flight_peak": self._streams.peak}
+
+    def prometheus_lines(self) -> str:
+        """The ``edged_grpc_*`` families, for the daemon to add to ``/metrics`` (front ends never import each other)."""
+        return self._metrics.render(len(self._connections))
 
     async def start(self, body_budget: Budget | None = None) -> None:
         """Listen; ``body_budget`` is the HTTP server's, for one in-flight limit across both front ends."""
@@ -234,8 +241,10 @@ class GrpcServer:
         return sock
 
     def _connection(self) -> H2Connection:
-        conn = H2Connection(self._open, self._connections.discard,
-                            refuse=len(self._connections) >= self._config.max_connections)
+        refuse = len(self._connections) >= self._config.max_connections
+        if refuse:
+            self._metrics.connections_refused += 1
+        conn = H2Connection(self._open, self._connections.discard, self._metrics.h2, refuse=refuse)
         self._connections.add(conn)
         return conn
 
@@ -255,7 +264,8 @@ class GrpcServer:
 
     def _open(self, conn: H2Connection, stream_id: int, headers: list[tuple[bytes, bytes]],
               end_stream: bool) -> GrpcCall | None:
-        call = open_call(conn, stream_id, headers, self._limits)
+        calls = self._metrics.calls
+        call = open_call(conn, stream_id, headers, self._limits, calls[UNKNOWN])
         if call is None:
             return None
         path = call.request.path
@@ -263,6 +273,7 @@ class GrpcServer:
         if name not in RPCS:
             call.fail(Status.UNIMPLEMENTED, f"method {path.decode('latin-1')!r} is not served by edged")
             return call
+        call.tally = calls[name]
         try:
             self._admit(name, call.request.metadata)
         except EdgedError as e:
