@@ -28,8 +28,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
+from edged.access import BodyBudget
 from edged.grpcapi import _h2_frames as f
 from edged.grpcapi._h2_frames import ErrorCode, H2StreamError
 from edged.grpcapi._status import Status
@@ -46,42 +47,10 @@ _TIMEOUT_UNITS = {ord("H"): 3600.0, ord("M"): 60.0, ord("S"): 1.0, ord("m"): 1e-
 _UNRESERVED = frozenset(range(0x20, 0x7F)) - {ord("%")}
 
 
-class Budget(Protocol):
-    """Bytes of request bodies and messages held at once (the HTTP server's ``BodyBudget`` is one)."""
-
-    limit: int
-    used: int
-
-    def take(self, count: int) -> bool: ...
-
-    def release(self, count: int) -> None: ...
-
-
-class OwnBudget:
-    """A budget of the gRPC server's own, where no HTTP server shares one (a GrpcServer run alone)."""
-
-    __slots__ = ("limit", "refused", "used")
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
-        self.refused = 0
-
-    def take(self, count: int) -> bool:
-        if self.used + count > self.limit:
-            self.refused += 1
-            return False
-        self.used += count
-        return True
-
-    def release(self, count: int) -> None:
-        self.used -= count
-
-
 @dataclass(frozen=True)
 class CallLimits:
     message_bytes: int  # [server] grpc_max_message_mb
-    budget: Budget  # [server] max_inflight_body_bytes, shared with the HTTP server
+    budget: BodyBudget  # [server] max_inflight_body_bytes, shared with the HTTP server
     request_timeout_s: float  # [server] request_timeout_s: a message's bytes must all arrive within it
 
 

@@ -42,12 +42,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edged.access import BIND_UMASK, TcpRestrictions, is_loopback, remove_stale, set_mode_and_group
+from edged.access import BIND_UMASK, BodyBudget, TcpRestrictions, is_loopback, remove_stale, set_mode_and_group
 from edged.config import ServerConfig
 from edged.engine import InferenceService
 from edged.errors import ConfigError, EdgedError
 from edged.grpcapi import _hpack as hpack
-from edged.grpcapi._grpc_stream import Budget, CallLimits, GrpcCall, OwnBudget, open_call
+from edged.grpcapi._grpc_stream import CallLimits, GrpcCall, open_call
 from edged.grpcapi._h2_connection import H2Connection
 from edged.grpcapi._infer import GrpcInfer
 from edged.grpcapi._metrics import UNKNOWN, GrpcMetrics
@@ -112,7 +112,7 @@ class GrpcServer:
                                              elsewhere="or use the HTTP API on edged's Unix socket")
         self._calls = Service(service, shared_memory)
         self._table: dict[str, Callable[[Any], Any]] = self._unary_table()
-        self._limits = CallLimits(config.grpc_max_message_mb * _MB, OwnBudget(config.max_inflight_body_bytes),
+        self._limits = CallLimits(config.grpc_max_message_mb * _MB, BodyBudget(config.max_inflight_body_bytes),
                                   config.request_timeout_s)
         self._sweeper: asyncio.Task[None] | None = None
         self._streams = StreamStats()
@@ -128,7 +128,7 @@ class GrpcServer:
         return self._config.grpc_port is not None or self._config.grpc_socket is not None
 
     @property
-    def body_budget(self) -> Budget:
+    def body_budget(self) -> BodyBudget:
         return self._limits.budget
 
     def status(self) -> dict[str, Any]:
@@ -140,7 +140,7 @@ class GrpcServer:
         """The ``edged_grpc_*`` families, for the daemon to add to ``/metrics`` (front ends never import each other)."""
         return self._metrics.render(len(self._connections))
 
-    async def start(self, body_budget: Budget | None = None) -> None:
+    async def start(self, body_budget: BodyBudget | None = None) -> None:
         """Listen; ``body_budget`` is the HTTP server's, for one in-flight limit across both front ends."""
         config = self._config
         loop = asyncio.get_running_loop()

@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 
 import httptools
 
+from edged.access import BodyBudget
 from edged.config import ServerConfig
 from edged.engine import InferenceService
 from edged.errors import EdgedError, InvalidInput
@@ -21,7 +22,7 @@ from edged.serving._generate import GeneratePath
 from edged.serving._handlers import Handlers, load_override
 from edged.serving._http import Connection
 from edged.serving._infer import InferPath
-from edged.serving._limits import BodyBudget, ConnectionLimit, model_body_bound
+from edged.serving._limits import ConnectionLimit, model_body_bound
 from edged.serving._messages import WANTED_HEADERS, Incoming, Slot
 from edged.serving._openai import openai_error
 from edged.serving._response import Response, error_for, error_response, json_response, render

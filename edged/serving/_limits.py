@@ -91,27 +91,6 @@ def _open_descriptors() -> int:
         return 64  # no /proc: assume a daemon's usual start-up set
 
 
-class BodyBudget:
-    """Bytes of request bodies held by all connections together; taken before reading, released on answer."""
-
-    __slots__ = ("limit", "refused", "used")
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
-        self.refused = 0
-
-    def take(self, count: int) -> bool:
-        if self.used + count > self.limit:
-            self.refused += 1
-            return False
-        self.used += count
-        return True
-
-    def release(self, count: int) -> None:
-        self.used -= count
-
-
 def model_body_bound(config: ModelConfig) -> int | None:
     """The largest infer body the model's inputs can need (JSON or binary); None when its dims are open.
 

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from edged.access import BodyBudget
 from edged.config import ServerConfig
 from edged.engine import InferenceService
 from edged.errors import ConfigError
@@ -24,7 +25,7 @@ from edged.serving._api_key import api_key_for
 from edged.serving._app import App
 from edged.serving._handlers import Handlers
 from edged.serving._http import Connection
-from edged.serving._limits import BodyBudget, connection_limit
+from edged.serving._limits import connection_limit
 from edged.serving._openapi import openapi_document
 from edged.shm import SharedMemoryRegistry, ShmLimits
 
