@@ -31,15 +31,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from edged.access import BodyBudget
-from edged.grpcapi import _h2_frames as f
+from edged.grpcapi import _hpack as hpack
 from edged.grpcapi._h2_frames import ErrorCode, H2StreamError
 from edged.grpcapi._status import Status
 
 if TYPE_CHECKING:
     from edged.grpcapi._h2_connection import H2Connection
 
-_HEAD = f.STATUS_200 + f.CONTENT_TYPE_GRPC
-_OK = f.literal(b"grpc-status", b"0")
+_HEAD = hpack.STATUS_200 + hpack.CONTENT_TYPE_GRPC
+_OK = hpack.literal(b"grpc-status", b"0")
 _PSEUDO = frozenset({b":method", b":scheme", b":path", b":authority"})
 _CONNECTION_SPECIFIC = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding",
                                   b"upgrade"})
@@ -105,7 +105,7 @@ def parse_timeout(value: bytes | None) -> float | None:
 def status_block(code: Status, message: str, head: bool) -> bytes:
     """Trailers (or, with ``head``, a trailers-only response) carrying ``code`` and a percent-encoded message."""
     encoded = "".join(chr(b) if b in _UNRESERVED else f"%{b:02X}" for b in message.encode()).encode("ascii")
-    block = f.literal(b"grpc-status", str(int(code)).encode()) + f.literal(b"grpc-message", encoded)
+    block = hpack.literal(b"grpc-status", str(int(code)).encode()) + hpack.literal(b"grpc-message", encoded)
     return _HEAD + block if head else block
 
 
@@ -317,7 +317,7 @@ def open_call(conn: H2Connection, stream_id: int, headers: list[tuple[bytes, byt
 
 
 def _http_status(status: bytes) -> bytes:
-    return b"\x18" + bytes((len(status),)) + status  # :status (static index 8) as a literal never indexed
+    return hpack.literal_static_name(8, status)  # :status
 
 
 def _frame_message(message: bytes) -> bytes:

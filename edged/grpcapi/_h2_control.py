@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable
 
 from edged.grpcapi import _h2_frames as f
+from edged.grpcapi import _hpack as hpack
 from edged.grpcapi._h2_frames import ErrorCode, H2ConnectionError, H2StreamError
 from edged.grpcapi._h2_inflow import STREAM_WINDOW, Inflow
 from edged.grpcapi._h2_output import H2Stream, Sender
@@ -119,7 +120,7 @@ class H2Control(asyncio.Protocol):
         elif key == f.MAX_FRAME_SIZE:
             self._sender.frame_size = value
         elif key == f.HEADER_TABLE_SIZE:
-            self._sender.table_update = f.table_size_update(0) if value < 4096 else b""
+            self._sender.table_update = hpack.table_size_update(0) if value < 4096 else b""
 
     def _ping(self, flags: int, stream_id: int, payload: memoryview) -> None:
         if f.check_ping(flags, stream_id, payload):

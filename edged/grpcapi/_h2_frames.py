@@ -2,10 +2,7 @@
 
 Frames are read in place from the connection's buffer (``edged.grpcapi._h2_connection``) and written here as
 ``bytes`` with one ``struct.pack`` for the 9-byte header: no frame objects on the hot path. The header blocks
-edged sends are encoded without the HPACK dynamic table (static-table indexes and literals never indexed), so
-the peer's SETTINGS_HEADER_TABLE_SIZE is honoured by never using more than zero bytes of it; a change of that
-setting is still announced with a dynamic table size update at the start of the next block (RFC 7541 §4.2),
-because decoders such as nghttp2's insist on one after a reduction.
+they carry are encoded by ``edged.grpcapi._hpack`` without the dynamic table.
 """
 
 from __future__ import annotations
@@ -147,30 +144,3 @@ def check_ping(flags: int, stream_id: int, payload: memoryview) -> bool:
     if len(payload) != 8:
         raise H2ConnectionError(ErrorCode.FRAME_SIZE_ERROR, "PING of a length other than 8")
     return not flags & ACK
-
-
-# --- HPACK without the dynamic table (RFC 7541 §6.1, §6.2.3) ---------------------------------------------------
-def _integer(value: int, prefix_bits: int, first: int) -> bytes:
-    limit = (1 << prefix_bits) - 1
-    if value < limit:
-        return bytes((first | value,))
-    out = bytearray((first | limit,))
-    value -= limit
-    while value >= 128:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def literal(name: bytes, value: bytes) -> bytes:
-    """A header field as a literal never indexed with a literal name (no Huffman coding)."""
-    return b"\x10" + _integer(len(name), 7, 0) + name + _integer(len(value), 7, 0) + value
-
-
-def table_size_update(size: int) -> bytes:
-    return _integer(size, 5, 0x20)
-
-
-STATUS_200 = b"\x88"  # :status 200, static table index 8
-CONTENT_TYPE_GRPC = b"\x1f\x10" + _integer(16, 7, 0) + b"application/grpc"  # name: static index 31

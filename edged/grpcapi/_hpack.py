@@ -257,6 +257,26 @@ def _encode_string(value: bytes) -> bytes:
     return _encode_integer(len(value), 7, 0x00) + value
 
 
+def literal(name: bytes, value: bytes) -> bytes:
+    """A header field as a literal never indexed with a literal name (§6.2.3, no Huffman coding)."""
+    return b"\x10" + _encode_string(name) + _encode_string(value)
+
+
+def literal_static_name(index: int, value: bytes) -> bytes:
+    """A header field as a literal never indexed whose name is the static table's entry ``index``."""
+    return _encode_integer(index, 4, 0x10) + _encode_string(value)
+
+
+def table_size_update(size: int) -> bytes:
+    """A dynamic table size update (§6.3), due at the start of the block after the peer lowers the table."""
+    return _encode_integer(size, 5, 0x20)
+
+
+# The server's response head, built once: ``:status 200`` (static index 8) and content-type (static name 31).
+STATUS_200 = _encode_integer(8, 7, 0x80)
+CONTENT_TYPE_GRPC = literal_static_name(31, b"application/grpc")
+
+
 def _encode_field(name: bytes, value: bytes) -> bytes:
     index = _STATIC_EXACT.get((name, value))
     if index is not None:
@@ -290,6 +310,6 @@ class Encoder:
                     self._cache.clear()
                 self._cache[key] = block
         if self._pending_update is not None:
-            block = _encode_integer(self._pending_update, 5, 0x20) + block
+            block = table_size_update(self._pending_update) + block
             self._pending_update = None
         return block
