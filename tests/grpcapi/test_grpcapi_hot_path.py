@@ -6,17 +6,15 @@ no thread hop (grpcio's server handed each call through four completions and its
 from __future__ import annotations
 
 import asyncio
-import collections
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from types import FrameType
-from typing import Any
 
 import numpy as np
 import pytest
 import uvloop
 from h2_raw import DATA, END_HEADERS, END_STREAM, HEADERS, RawH2, frame, message, request_block
+from loop_calls import LoopCalls
 
 from edged.config import ModelsConfig, ServerConfig
 from edged.engine import InferenceService
@@ -25,24 +23,6 @@ from edged.grpcapi.proto import grpc_service_pb2 as pb
 from edged.shm import SharedMemoryRegistry
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
-
-
-class LoopCalls:
-    """Python and C calls made on the server's loop thread while ``recording`` is set."""
-
-    def __init__(self) -> None:
-        self.recording = False
-        self.loop_thread: int | None = None
-        self.python: collections.Counter[str] = collections.Counter()
-        self.builtin: collections.Counter[str] = collections.Counter()
-
-    def __call__(self, frame_: FrameType, event: str, arg: Any) -> None:
-        if not self.recording or threading.get_ident() != self.loop_thread:
-            return
-        if event == "call":
-            self.python[f"{Path(frame_.f_code.co_filename).name}:{frame_.f_code.co_name}"] += 1
-        elif event == "c_call":
-            self.builtin[getattr(arg, "__qualname__", str(arg))] += 1
 
 
 @pytest.fixture(scope="module")

@@ -10,41 +10,19 @@ and the engine runs a lone request straight through (no queue, no batch).
 
 from __future__ import annotations
 
-import collections
 import socket
 import sys
 import threading
 from collections.abc import Iterator
-from pathlib import Path
-from types import FrameType
-from typing import Any
 
 import numpy as np
 import pytest
 from conftest import RunningServer, make_server
+from loop_calls import LoopCalls
 
 from edged.protocol import decode_response, encode_request
 
 _SCHEDULER_MODULES = {"scheduler.py", "worker_pool.py", "batch_execution.py"}
-
-
-class LoopCalls:
-    """Python and C calls made on the server's loop thread while ``recording`` is set."""
-
-    def __init__(self) -> None:
-        self.recording = False
-        self.loop_thread: int | None = None
-        self.python: collections.Counter[str] = collections.Counter()
-        self.builtin: collections.Counter[str] = collections.Counter()
-
-    def __call__(self, frame: FrameType, event: str, arg: Any) -> None:
-        if not self.recording or threading.get_ident() != self.loop_thread:
-            return
-        if event == "call":
-            code = frame.f_code
-            self.python[f"{Path(code.co_filename).name}:{code.co_name}"] += 1
-        elif event == "c_call":
-            self.builtin[getattr(arg, "__qualname__", str(arg))] += 1
 
 
 @pytest.fixture(scope="module")
