@@ -95,6 +95,12 @@ class ServerConfig:
     openai_api_key: str | None = field(default=None, metadata={"check": _api_key})
     openai_api_key_file: str | None = None
 
+    @property
+    def sweep_interval_s(self) -> float:
+        """How often the front ends look for idle connections and stalled requests: a few times per timeout, so
+        either fires within a quarter of its value late, never more often than 20 times a second."""
+        return max(0.05, min(1.0, self.idle_timeout_s / 4, self.request_timeout_s / 4))
+
     def __post_init__(self) -> None:
         if self.openai_api_key is not None and self.openai_api_key_file is not None:
             raise ValueError("set server.openai_api_key or server.openai_api_key_file, not both")

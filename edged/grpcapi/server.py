@@ -197,7 +197,7 @@ class GrpcServer:
     async def _sweep(self) -> None:
         """Idle connections and stalled messages, checked a few times per timeout on the loop's clock."""
         config = self._config
-        interval = max(0.05, min(1.0, config.idle_timeout_s / 4, config.request_timeout_s / 4))
+        interval = config.sweep_interval_s
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(interval)

@@ -139,7 +139,7 @@ class HttpServer:
 
     async def _sweep(self) -> None:
         config = self._config
-        interval = max(0.05, min(1.0, config.idle_timeout_s / 4, config.request_timeout_s / 4))
+        interval = config.sweep_interval_s
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(interval)
