@@ -1,5 +1,5 @@
-"""Access control where there are no peer credentials (loopback TCP for HTTP and gRPC, and the gRPC Unix
-socket): Triton's restricted API categories.
+"""Access control where there are no peer credentials (loopback TCP, for HTTP and gRPC): Triton's restricted
+API categories. Unix-socket callers of either front end are judged by their credentials instead (`PeerPolicy`).
 
 Any local user can open a loopback port, so over TCP a request is judged by its route's category
 (`edged.serving._routes.SPECS`, `edged.grpcapi.server.RPCS`) and its headers (gRPC: metadata keys) only:

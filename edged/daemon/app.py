@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from edged import __version__
+from edged.access import GRPC_NAME, activated_sockets
 from edged.clock import DeviceClock, state_file_in
 from edged.config import EdgedConfig, load_config, resolve_device_identity, resolve_state_dir
 from edged.daemon._health import health_status, render_health, supervised_task
@@ -124,17 +125,24 @@ class Daemon:
         loop.add_signal_handler(signal.SIGHUP, lambda: self._spawn(self._reload()))
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._record_start()
-        listeners = open_listeners(self.config.server, self.socket_path, self.environ)
+        activated = activated_sockets(self.environ)  # read once: each front end takes the sockets named for it
+        if activated.grpc and self.grpc is None:
+            for _, sock in activated.grpc:
+                sock.close()
+            raise ConfigError(f"systemd passed a gRPC socket ({GRPC_NAME!r}, edged-grpc.socket) but gRPC is off: "
+                              'set server.grpc_socket = "/run/edged/grpc.sock", or disable edged-grpc.socket')
+        listeners = open_listeners(self.config.server, self.socket_path, self.environ, activated)
         self._socket_files = [(Path(item.address), Path(item.address).stat().st_ino) for item in listeners
                               if item.kind == "uds" and not item.inherited]
         await self.server.start([listener.socket for listener in listeners])
         for listener in listeners:
             how = "inherited from systemd" if listener.inherited else "opened"
             print(f"edged {__version__}: listening on {listener.kind}:{listener.address} ({how})", flush=True)
-        if self.grpc is not None:
-            await self.grpc.start(self.server.body_budget)  # one in-flight limit for both front ends
+        if self.grpc is not None:  # one in-flight limit for both front ends
+            await self.grpc.start(self.server.body_budget, activated.grpc)
             for address in self.grpc.addresses:
-                print(f"edged {__version__}: listening on grpc:{address} (opened)", flush=True)
+                how = "inherited from systemd" if address in self.grpc.inherited else "opened"
+                print(f"edged {__version__}: listening on grpc:{address} ({how})", flush=True)
         await self._load_models()
         if self.telemetry is not None:
             self.telemetry.start()

@@ -14,6 +14,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+from edged.access import UNKNOWN_PEER, Peer, peer_of
 from edged.grpcapi import _h2_frames as f
 from edged.grpcapi import _hpack as hpack
 from edged.grpcapi._h2_frames import ErrorCode, H2ConnectionError, H2StreamError
@@ -64,6 +65,19 @@ class H2Control(asyncio.Protocol):
         self._ended: dict[int, None] = {}  # streams we ended lately: their DATA in flight is dropped quietly
         self.now: Callable[[], float] = _no_clock  # the loop's clock, once connected
         self._last_frame = 0.0  # when bytes last arrived
+        self._peer: Peer | None = None  # a Unix-socket peer's credentials, once read
+
+    def peer_credentials(self) -> Peer:
+        """The Unix-socket peer (SO_PEERCRED), read once per connection, on demand: the kernel keeps the
+        credentials of the process that connected, so reading them later reads those of connect time."""
+        if self._peer is None:
+            sock = self._transport.get_extra_info("socket") if self._transport is not None else None
+            try:
+                self._peer = peer_of(sock)
+            except (OSError, AttributeError):
+                log.warning("could not read the peer credentials of a gRPC Unix-socket client")
+                self._peer = UNKNOWN_PEER
+        return self._peer
 
     # --- control frames from the peer -----------------------------------------------------------------------
     def _window_update(self, stream_id: int, payload: memoryview) -> None:

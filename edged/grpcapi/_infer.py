@@ -21,15 +21,21 @@ from edged.errors import EdgedError, InferenceFailed
 from edged.grpcapi._tensors import Decoded, decode_infer, encode_infer
 from edged.grpcapi.proto import grpc_service_pb2 as pb
 from edged.protocol.shm_params import ShmReference
-from edged.shm import TCP_CALLER, SharedMemoryRegistry
+from edged.shm import TCP_CALLER, Caller, SharedMemoryRegistry
 
 log = logging.getLogger(__name__)
 _Result = InferResponse | EdgedError
 _Answer = pb.ModelInferResponse | EdgedError
 
 
+def _tcp_caller() -> Caller:
+    return TCP_CALLER
+
+
 class GrpcInfer:
-    def __init__(self, service: InferenceService, shared_memory: SharedMemoryRegistry, max_elements: int) -> None:
+    def __init__(self, service: InferenceService, shared_memory: SharedMemoryRegistry, max_elements: int,
+                 caller: Callable[[], Caller] = _tcp_caller) -> None:
+        self._caller = caller  # who shared memory is read and written as (per use: groups from the peer cache)
         self._service = service
         self._shm = shared_memory
         self._max_elements = max_elements
@@ -125,10 +131,10 @@ class GrpcInfer:
             return pb.ModelStreamInferResponse(error_message=f"internal error: {e}")
 
     def _read(self, reference: ShmReference) -> memoryview:
-        return self._shm.readable(reference, TCP_CALLER)
+        return self._shm.readable(reference, self._caller())
 
     def _write(self, reference: ShmReference) -> memoryview:
-        return self._shm.writable(reference, TCP_CALLER)
+        return self._shm.writable(reference, self._caller())
 
 
 def _resolve(future: asyncio.Future[_Answer], result: _Answer) -> None:

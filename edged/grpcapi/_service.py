@@ -18,10 +18,8 @@ from edged.errors import InvalidInput, ModelConfigError, SharedMemoryNotFound
 from edged.grpcapi.proto import grpc_service_pb2 as pb
 from edged.repository import model_config_from_json, model_config_to_json
 from edged.repository.model_config import ModelConfig
-from edged.shm import TCP_CALLER, SharedMemoryRegistry
+from edged.shm import Caller, SharedMemoryRegistry
 
-# Over gRPC there is no peer identity (see edged.grpcapi.server): regions are used as a TCP caller would.
-_CALLER = TCP_CALLER
 _CUDA_REFUSED = ("failed to register CUDA shared memory region: '{}', GPUs not supported (CUDA IPC does not exist "
                  "on Jetson's integrated GPU; use system shared memory)")
 
@@ -85,7 +83,10 @@ class Service:
     def unload(self, request: pb.RepositoryModelUnloadRequest) -> pb.RepositoryModelUnloadResponse:
         """Blocking: called in the executor."""
         _check_repository(request.repository_name)
-        unsupported = sorted(request.parameters)
+        # tritonclient sends unload_dependents (false by default) with every unload; edged serves no ensembles,
+        # so a model has no dependents and either value unloads just the model
+        unsupported = sorted(key for key, value in request.parameters.items()
+                             if key != "unload_dependents" or value.WhichOneof("parameter_choice") != "bool_param")
         if unsupported:
             raise InvalidInput(f"unload request for model {request.model_name}: unsupported parameters "
                                f"{unsupported}")
@@ -93,23 +94,26 @@ class Service:
         return pb.RepositoryModelUnloadResponse()
 
     # --- system shared memory (the HTTP API's registry) and CUDA shared memory (not offered) ----------------
-    def shm_status(self, request: pb.SystemSharedMemoryStatusRequest) -> pb.SystemSharedMemoryStatusResponse:
+    # Each takes the caller (edged.grpcapi._access): the Unix-socket peer, whose regions only it may use, or TCP's.
+    def shm_status(self, request: pb.SystemSharedMemoryStatusRequest,
+                   caller: Caller) -> pb.SystemSharedMemoryStatusResponse:
         response = pb.SystemSharedMemoryStatusResponse()
-        for region in self._shm.status(request.name, _CALLER):
+        for region in self._shm.status(request.name, caller):
             entry = response.regions[str(region["name"])]
             _parse(region, entry)
         return response
 
-    def shm_register(self, request: pb.SystemSharedMemoryRegisterRequest) -> pb.SystemSharedMemoryRegisterResponse:
-        self._shm.register(request.name, request.key, request.offset, request.byte_size, _CALLER)
+    def shm_register(self, request: pb.SystemSharedMemoryRegisterRequest,
+                     caller: Caller) -> pb.SystemSharedMemoryRegisterResponse:
+        self._shm.register(request.name, request.key, request.offset, request.byte_size, caller)
         return pb.SystemSharedMemoryRegisterResponse()
 
     def shm_unregister(self, request: pb.SystemSharedMemoryUnregisterRequest,
-                       ) -> pb.SystemSharedMemoryUnregisterResponse:
+                       caller: Caller) -> pb.SystemSharedMemoryUnregisterResponse:
         if request.name:
-            self._shm.unregister(request.name, _CALLER)
+            self._shm.unregister(request.name, caller)
         else:
-            self._shm.unregister_all(_CALLER)
+            self._shm.unregister_all(caller)
         return pb.SystemSharedMemoryUnregisterResponse()
 
     def cuda_status(self, request: pb.CudaSharedMemoryStatusRequest) -> pb.CudaSharedMemoryStatusResponse:

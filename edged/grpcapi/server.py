@@ -8,15 +8,14 @@ UNIMPLEMENTED as an RPC edged does not serve should. The engine and the shared-m
 server's own (the daemon passes both), never a second backend. A unary ModelInfer runs with no task: decoded
 when its last DATA frame arrives, submitted, and answered from the engine's callback in one write.
 
-Listeners and access control:
-- ``[server] grpc_port``: loopback TCP on ``grpc_host`` (a non-loopback host only with
-  ``http_allow_non_loopback``, the HTTP listener's opt-in).
-- ``[server] grpc_socket``: a Unix socket edged creates itself, bound under a 0o177 umask, then given
-  ``socket_mode`` and ``socket_group``; it is absent while the daemon restarts. Peer credentials are not
-  consulted: the socket's mode and group decide who may connect, and every gRPC call, on either listener, is
-  judged as a loopback TCP request is, by ``[server.tcp_restricted]`` with gRPC metadata keys instead of
-  headers. By default that refuses model loading and unloading, every shared-memory call, and inference where
-  ``[server.access]`` limits it to listed users.
+Listeners (``_listeners``) and access control (``_access``):
+- ``[server] grpc_port``: loopback TCP on ``grpc_host``; ``[server] grpc_socket``: a Unix socket, adopted
+  from systemd (``edged-grpc.socket``, descriptor name ``grpc``) or created by edged.
+- On the Unix socket a call is judged as the HTTP Unix socket judges a request: by the peer's credentials
+  (SO_PEERCRED, once per connection) and ``[server.access]``, and shared memory is used as that peer (its
+  owner and group checks). Over TCP a call is judged by ``[server.tcp_restricted]`` with gRPC metadata keys
+  instead of headers; by default that refuses model loading and unloading, every shared-memory call, and
+  inference where ``[server.access]`` limits it to listed users.
 - Messages up to ``grpc_max_message_mb`` (a 6.2 MB 1080p frame fits the default); a larger one gets
   RESOURCE_EXHAUSTED from its length prefix, before its bytes are read.
 - Request messages being received are charged to the in-flight body budget the daemon shares with the HTTP
@@ -35,27 +34,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from edged.access import BIND_UMASK, BodyBudget, TcpRestrictions, is_loopback, remove_stale, set_mode_and_group
+from edged.access import BodyBudget, Peer
 from edged.config import ServerConfig
 from edged.engine import InferenceService
-from edged.errors import ConfigError, EdgedError
+from edged.errors import EdgedError
 from edged.grpcapi import _hpack as hpack
+from edged.grpcapi._access import GrpcAccess
 from edged.grpcapi._grpc_stream import CallLimits, GrpcCall, open_call
 from edged.grpcapi._h2_connection import H2Connection
 from edged.grpcapi._infer import GrpcInfer
+from edged.grpcapi._listeners import GrpcListener, open_grpc_listeners
 from edged.grpcapi._metrics import UNKNOWN, GrpcMetrics
 from edged.grpcapi._service import Service
 from edged.grpcapi._status import Status, code_for
 from edged.grpcapi._stream_infer import STREAM_IN_FLIGHT, StreamCall, StreamStats, parse
 from edged.grpcapi.proto import grpc_service_pb2 as pb
-from edged.shm import SharedMemoryRegistry
+from edged.shm import Caller, SharedMemoryRegistry
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +92,7 @@ RPCS: dict[str, Rpc] = {
     "ModelStreamInfer": Rpc(pb.ModelInferRequest, "inference", "infer"),
 }
 _BLOCKING = frozenset({"RepositoryModelLoad", "RepositoryModelUnload"})
+_SHM = frozenset({"SystemSharedMemoryStatus", "SystemSharedMemoryRegister", "SystemSharedMemoryUnregister"})
 # RPCs that load a lazily loaded model ([models] load = "lazy") on first use, as the HTTP routes do
 _LAZY = frozenset({"ModelMetadata", "ModelConfig"})
 
@@ -105,13 +105,9 @@ class GrpcServer:
         self._service = service
         self._config = config
         self._shm = shared_memory
-        access = config.access
-        self._restrictions = TcpRestrictions(config.tcp_restricted,
-                                             infer_open=not access.infer_users and not access.infer_groups,
-                                             listener="gRPC (TCP or its Unix socket)",
-                                             elsewhere="or use the HTTP API on edged's Unix socket")
+        self._access = GrpcAccess(config)
         self._calls = Service(service, shared_memory)
-        self._table: dict[str, Callable[[Any], Any]] = self._unary_table()
+        self._table: dict[str, Callable[..., Any]] = self._unary_table()
         self._limits = CallLimits(config.grpc_max_message_mb * _MB, BodyBudget(config.max_inflight_body_bytes),
                                   config.request_timeout_s)
         self._sweeper: asyncio.Task[None] | None = None
@@ -120,7 +116,9 @@ class GrpcServer:
         self._infer: GrpcInfer | None = None
         self._servers: list[asyncio.Server] = []
         self._connections: set[H2Connection] = set()
-        self._socket: tuple[Path, int] | None = None  # the socket file this process bound, and its inode
+        # Unix-socket connections, with their inference path once the peer is known (shared memory as the peer)
+        self._peered: dict[H2Connection, GrpcInfer | None] = {}
+        self._listeners: list[GrpcListener] = []
         self.addresses: list[str] = []
 
     @property
@@ -140,33 +138,32 @@ class GrpcServer:
         """The ``edged_grpc_*`` families, for the daemon to add to ``/metrics`` (front ends never import each other)."""
         return self._metrics.render(len(self._connections))
 
-    async def start(self, body_budget: BodyBudget | None = None) -> None:
-        """Listen; ``body_budget`` is the HTTP server's, for one in-flight limit across both front ends."""
+    async def start(self, body_budget: BodyBudget | None = None,
+                    inherited: list[tuple[str, socket.socket]] | None = None) -> None:
+        """Listen; ``body_budget`` is the HTTP server's, for one in-flight limit across both front ends;
+        ``inherited`` the sockets systemd passed under the name ``grpc`` (`edged.access.activated_sockets`)."""
         config = self._config
         loop = asyncio.get_running_loop()
         if body_budget is not None:
             self._limits = CallLimits(self._limits.message_bytes, body_budget, config.request_timeout_s)
         self._infer = GrpcInfer(self._service, self._shm, config.max_tensor_elements)
         hpack.warm_up()  # before listening: the first request would pay for the Huffman table
-        sockets: list[socket.socket] = []
-        try:
-            if config.grpc_port is not None:
-                sockets.append(self._tcp_socket(config))
-            if config.grpc_socket is not None:
-                sockets.append(self._unix_socket(Path(config.grpc_socket)))
-        except ConfigError:
-            for sock in sockets:
-                sock.close()
-            raise
-        for sock in sockets:
+        self._listeners = open_grpc_listeners(config, inherited or [])
+        for listener in self._listeners:
+            sock = listener.socket
             if sock.family == socket.AF_UNIX:
-                self._servers.append(await loop.create_unix_server(self._connection, sock=sock))
-                self.addresses.append(f"unix:{config.grpc_socket}")
+                server = await loop.create_unix_server(lambda: self._connection(unix=True), sock=sock)
             else:
-                self._servers.append(await loop.create_server(self._connection, sock=sock))
-                self.addresses.append(f"{config.grpc_host}:{sock.getsockname()[1]}")
+                server = await loop.create_server(lambda: self._connection(unix=False), sock=sock)
+            self._servers.append(server)
+            self.addresses.append(listener.address)
         self._sweeper = loop.create_task(self._sweep())
         log.info("serving KServe v2 gRPC on %s", ", ".join(self.addresses))
+
+    @property
+    def inherited(self) -> list[str]:
+        """The addresses of the listeners systemd passed."""
+        return [item.address for item in self._listeners if item.inherited]
 
     async def stop(self, timeout_s: float) -> None:
         """Refuse new calls, let those in flight finish within ``timeout_s``, then remove the socket file."""
@@ -187,12 +184,13 @@ class GrpcServer:
                 await self._sweeper
             self._sweeper = None
         self._servers.clear()
-        if self._socket is not None:
-            path, inode = self._socket
-            with contextlib.suppress(FileNotFoundError):
-                if path.lstat().st_ino == inode:  # unless another process has replaced it since
-                    path.unlink()
-            self._socket = None
+        for listener in self._listeners:  # an inherited socket's file belongs to its socket unit: it stays
+            if listener.created is not None:
+                path, inode = listener.created
+                with contextlib.suppress(FileNotFoundError):
+                    if path.lstat().st_ino == inode:  # unless another process has replaced it since
+                        path.unlink()
+        self._listeners = []
 
     async def _sweep(self) -> None:
         """Idle connections and stalled messages, checked a few times per timeout on the loop's clock."""
@@ -208,48 +206,36 @@ class GrpcServer:
                 except Exception:  # one connection's bug must not stop the sweeping of the others
                     log.exception("unexpected error sweeping a gRPC connection")
 
-    # --- listeners ------------------------------------------------------------------------------------------
-    @staticmethod
-    def _tcp_socket(config: ServerConfig) -> socket.socket:
-        host = config.grpc_host
-        if not config.http_allow_non_loopback and not is_loopback(host):
-            raise ConfigError(f"server.grpc_host {host!r} is not a loopback address; it listens on loopback only "
-                              "unless server.http_allow_non_loopback = true")
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        try:
-            return socket.create_server((host, config.grpc_port or 0), family=family)
-        except OSError as e:
-            raise ConfigError(f"cannot listen for gRPC on {host}:{config.grpc_port}: {e.strerror}") from e
-
-    def _unix_socket(self, path: Path) -> socket.socket:
-        remove_stale(path)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        previous = os.umask(BIND_UMASK)  # the file is created by bind: never world-writable, even briefly
-        try:
-            sock.bind(str(path))
-        except OSError as e:
-            sock.close()
-            raise ConfigError(f"cannot listen for gRPC on Unix socket {path}: {e.strerror}") from e
-        finally:
-            os.umask(previous)
-        try:
-            set_mode_and_group(path, self._config.socket_mode, self._config.socket_group)
-        except OSError as e:
-            sock.close()
-            raise ConfigError(f"cannot set the mode or group of gRPC socket {path}: {e.strerror}") from e
-        self._socket = (path, path.lstat().st_ino)
-        return sock
-
-    def _connection(self) -> H2Connection:
+    # --- connections --------------------------------------------------------------------------------------
+    def _connection(self, unix: bool) -> H2Connection:
         refuse = len(self._connections) >= self._config.max_connections
         if refuse:
             self._metrics.connections_refused += 1
-        conn = H2Connection(self._open, self._connections.discard, self._metrics.h2, refuse=refuse)
+        conn = H2Connection(self._open, self._closed, self._metrics.h2, refuse=refuse)
         self._connections.add(conn)
+        if unix:
+            self._peered[conn] = None  # its peer is read on its first stream
         return conn
 
+    def _closed(self, conn: H2Connection) -> None:
+        self._connections.discard(conn)
+        self._peered.pop(conn, None)
+
+    def _peer(self, conn: H2Connection) -> tuple[Peer | None, GrpcInfer | None]:
+        """A Unix-socket connection's peer and its own inference path (shared memory used as that peer); for
+        TCP, no peer and None: the shared path, as a TCP caller."""
+        if conn not in self._peered:
+            return None, None
+        peer = conn.peer_credentials()
+        infer = self._peered[conn]
+        if infer is None:
+            access = self._access
+            infer = self._peered[conn] = GrpcInfer(self._service, self._shm, self._config.max_tensor_elements,
+                                                   caller=lambda: access.caller(peer))
+        return peer, infer
+
     # --- dispatch -------------------------------------------------------------------------------------------
-    def _unary_table(self) -> dict[str, Callable[[Any], Any]]:
+    def _unary_table(self) -> dict[str, Callable[..., Any]]:
         calls = self._calls
         return {
             "ServerLive": calls.server_live, "ServerReady": calls.server_ready, "ModelReady": calls.model_ready,
@@ -274,32 +260,39 @@ class GrpcServer:
             call.fail(Status.UNIMPLEMENTED, f"method {path.decode('latin-1')!r} is not served by edged")
             return call
         call.tally = calls[name]
+        peer, infer = self._peer(conn)
         try:
-            self._admit(name, call.request.metadata)
+            self._admit(name, call.request.metadata, peer)
         except EdgedError as e:
             call.fail(code_for(e), str(e))
             return call
         if name == "ModelStreamInfer":
-            if self._infer is None:
+            infer = infer or self._infer
+            if infer is None:
                 raise RuntimeError("GrpcServer.start() has not run")
-            StreamCall(call, self._infer, self._streams)
+            StreamCall(call, infer, self._streams)
+        elif name == "ModelInfer":
+            _expect_one(call, self._start_infer if infer is None else _bound(self._start_infer, infer))
         else:
-            _expect_one(call, self._start_infer if name == "ModelInfer" else self._unary_starter(name))
+            _expect_one(call, self._unary_starter(name, self._access.caller(peer)))
         if end_stream:
             call.data(memoryview(b""), True)
         return call
 
-    def _admit(self, name: str, metadata: dict[bytes, bytes]) -> None:
-        """Raise PermissionDenied unless the call's category and metadata admit it; refuse while draining."""
+    def _admit(self, name: str, metadata: dict[bytes, bytes], peer: Peer | None) -> None:
+        """Raise PermissionDenied unless the Unix-socket ``peer`` (None: TCP, judged by ``metadata``) may
+        make the call."""
         rpc = RPCS[name]
         try:
-            self._restrictions.check(rpc.category, rpc.permission, metadata, _ACTIONS.get(name, name))
+            self._access.check(peer, rpc.category, rpc.permission, metadata, _ACTIONS.get(name, name))
         except EdgedError as e:
             log.warning("gRPC %s refused: %s", name, e)
             raise
+        if rpc.permission == "admin":
+            log.info("gRPC %s requested by %s", name, self._access.describe(peer))
 
-    def _start_infer(self, call: GrpcCall, data: bytes) -> None:
-        infer = self._infer
+    def _start_infer(self, call: GrpcCall, data: bytes, infer: GrpcInfer | None = None) -> None:
+        infer = infer or self._infer
         if infer is None:
             raise RuntimeError("GrpcServer.start() has not run")
         message = parse(call, pb.ModelInferRequest, data)
@@ -310,8 +303,10 @@ class GrpcServer:
         else:
             infer.begin(message, lambda answer: _answer(call, answer))
 
-    def _unary_starter(self, name: str) -> Callable[[GrpcCall, bytes], None]:
+    def _unary_starter(self, name: str, caller: Caller) -> Callable[[GrpcCall, bytes], None]:
         function = self._table[name]
+        if name in _SHM:  # shared memory is used as the caller: its owner and group checks (edged.shm)
+            function = _as_caller(function, caller)
         service = self._service
 
         async def slow(request: Any) -> Any:
@@ -344,6 +339,15 @@ class GrpcServer:
         except Exception as e:  # a bug answers INTERNAL, never a hung call
             log.exception("unexpected error in a gRPC call")
             call.fail(Status.INTERNAL, f"internal error: {e}")
+
+
+def _bound(start: Callable[[GrpcCall, bytes, GrpcInfer], None], infer: GrpcInfer,
+           ) -> Callable[[GrpcCall, bytes], None]:
+    return lambda call, data: start(call, data, infer)
+
+
+def _as_caller(function: Callable[..., Any], caller: Caller) -> Callable[[Any], Any]:
+    return lambda request: function(request, caller)
 
 
 def _expect_one(call: GrpcCall, start: Callable[[GrpcCall, bytes], None]) -> None:

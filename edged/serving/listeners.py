@@ -3,7 +3,8 @@
 A Unix socket is bound under a restrictive umask (0o177), so it is never reachable by others between bind and
 chmod; only then is it given ``socket_mode`` and ``socket_group``. An existing socket file is replaced only
 when nothing answers on it (a live daemon would otherwise lose its socket). Inherited sockets (LISTEN_FDS)
-are used only when LISTEN_PID names this process, as sd_listen_fds(3) requires.
+are used only when LISTEN_PID names this process, as sd_listen_fds(3) requires, and only those systemd named
+for the HTTP API (`edged.access.activated_sockets`: a socket named ``grpc`` is the gRPC front end's).
 """
 
 from __future__ import annotations
@@ -18,16 +19,13 @@ from pathlib import Path
 from typing import Literal
 
 from edged.access import BIND_UMASK as _BIND_UMASK
+from edged.access import Activated, activated_sockets, set_mode_and_group
 from edged.access import is_loopback as _is_loopback
 from edged.access import remove_stale as _remove_stale
-from edged.access import set_mode_and_group
 from edged.config import ServerConfig
 from edged.errors import ConfigError
 
 log = logging.getLogger(__name__)
-
-SD_LISTEN_FDS_START = 3
-
 
 @dataclass(frozen=True)
 class Listener:
@@ -65,10 +63,11 @@ def _private_directory(directory: Path) -> None:
                           "expected 0700")
 
 
-def open_listeners(config: ServerConfig, socket_path: Path,
-                   environ: Mapping[str, str] = os.environ) -> list[Listener]:
-    """Inherited sockets when systemd passed some to this process, else a new Unix socket; plus TCP if set."""
-    listeners = inherited_listeners(environ)
+def open_listeners(config: ServerConfig, socket_path: Path, environ: Mapping[str, str] = os.environ,
+                   activated: Activated | None = None) -> list[Listener]:
+    """Inherited sockets when systemd passed some for the HTTP API, else a new Unix socket; plus TCP if set.
+    ``activated``: the sockets the daemon took from systemd (else they are read from ``environ`` here)."""
+    listeners = inherited_listeners(activated if activated is not None else activated_sockets(environ))
     if not listeners:
         listeners = [unix_listener(config, socket_path)]
     if config.http_port is not None and not any(item.kind == "tcp" for item in listeners):
@@ -81,20 +80,10 @@ def open_listeners(config: ServerConfig, socket_path: Path,
     return listeners
 
 
-def inherited_listeners(environ: Mapping[str, str]) -> list[Listener]:
-    if environ.get("LISTEN_PID", "") != str(os.getpid()):
-        return []
-    try:
-        count = int(environ.get("LISTEN_FDS", "0"))
-    except ValueError:
-        raise ConfigError(f"LISTEN_FDS is {environ.get('LISTEN_FDS')!r}, expected a number") from None
-    names = environ.get("LISTEN_FDNAMES", "").split(":") if environ.get("LISTEN_FDNAMES") else []
+def inherited_listeners(activated: Activated) -> list[Listener]:
+    """The HTTP API's sockets among those systemd passed (named ``edged`` or unnamed: `activated_sockets`)."""
     listeners = []
-    for index in range(count):
-        fd = SD_LISTEN_FDS_START + index
-        os.set_inheritable(fd, False)
-        sock = socket.socket(fileno=fd)
-        name = names[index] if index < len(names) else ""
+    for name, sock in activated.http:
         if sock.family == socket.AF_UNIX:
             address = str(sock.getsockname()) or name
             listeners.append(Listener(sock, "uds", address, inherited=True))
@@ -102,7 +91,7 @@ def inherited_listeners(environ: Mapping[str, str]) -> list[Listener]:
             host, port = sock.getsockname()[:2]
             listeners.append(Listener(sock, "tcp", f"{host}:{port}", inherited=True))
         else:
-            sock.detach()
+            fd = sock.detach()
             raise ConfigError(f"inherited socket {fd} ({name or 'unnamed'}) has address family {sock.family}; "
                               "expected a Unix or TCP stream socket")
     return listeners

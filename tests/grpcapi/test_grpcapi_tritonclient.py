@@ -130,8 +130,9 @@ def _inline(data: np.ndarray[Any, Any]) -> triton_grpc.InferInput:
     return tensor
 
 
-def test_shared_memory_and_repository_changes_need_the_configured_metadata_key(url: str) -> None:
-    client = triton_grpc.InferenceServerClient(url)
+def test_over_tcp_shared_memory_and_repository_changes_need_the_configured_metadata_key(
+        grpc_daemon: GrpcDaemon) -> None:
+    client = triton_grpc.InferenceServerClient(grpc_daemon.tcp)  # the Unix socket judges peers instead
     with pytest.raises(InferenceServerException, match="shared-memory") as refused:
         client.get_system_shared_memory_status()
     assert refused.value.status() == "StatusCode.PERMISSION_DENIED"
@@ -209,12 +210,11 @@ def _frame() -> triton_grpc.InferInput:
     return tensor
 
 
-def test_inference_limited_to_listed_users_is_refused_over_grpc_unary_and_stream(tmp_path: Path) -> None:
-    socket_path = tmp_path / "limited-grpc.sock"
+def test_inference_limited_to_listed_users_is_refused_over_grpc_tcp_unary_and_stream(tmp_path: Path) -> None:
     config = config_with_fakes() + '\n[server.access]\ninfer_users = ["root"]\n'
-    daemon = start_daemon(tmp_path / "d", config=config, args=["--grpc-socket", str(socket_path)])
+    daemon = start_daemon(tmp_path / "d", config=config, args=["--grpc-port", "0"])
     try:
-        client = triton_grpc.InferenceServerClient(f"unix://{socket_path}")
+        client = triton_grpc.InferenceServerClient(daemon.client().status()["grpc_listeners"][0])
         assert client.is_server_ready()  # health stays open
         with pytest.raises(InferenceServerException, match=r"server\.access limits it to listed users") as refused:
             client.infer("tiny_mlp", [_tiny_input()])
