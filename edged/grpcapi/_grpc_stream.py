@@ -11,7 +11,10 @@ Invariants:
 - Bytes of a request message still arriving are reserved, from its length prefix, in the in-flight body budget
   the daemon shares between its front ends (``[server] max_inflight_body_bytes``) and released once the
   message is whole or the call ends: a prefix that does not fit ends the call with RESOURCE_EXHAUSTED, so
-  many streams each sending part of a large message hold at most that budget together.
+  many streams each sending part of a large message hold at most that budget together. Bytes a held call
+  keeps unparsed (a ModelStreamInfer at its bound) are charged too, as they arrive, and released once taken
+  or when the call ends; past the budget the call ends with RESOURCE_EXHAUSTED, so no client parks memory
+  outside it.
 - A message whose bytes stop arriving ends its call with DEADLINE_EXCEEDED ``[server] request_timeout_s`` after
   its prefix, as does a unary call not half-closed that long after it opened (the server's sweeper calls
   ``expire``): a status and message every gRPC client shows, where an
@@ -112,9 +115,9 @@ def status_block(code: Status, message: str, head: bool) -> bytes:
 class GrpcCall:
     """The call side of one stream; ``on_message`` and ``on_end`` are set by the handler that serves it."""
 
-    __slots__ = ("_buffer", "_conn", "_deadline", "_end_seen", "_held", "_input_over", "_limits", "_open_since",
-                 "_partial_since", "_reserved", "_started", "done", "on_cancel", "on_drained", "on_end", "on_message",
-                 "request", "stream_id", "tally", "task")
+    __slots__ = ("_buffer", "_conn", "_deadline", "_end_seen", "_held", "_held_charge", "_input_over", "_limits",
+                 "_open_since", "_partial_since", "_reserved", "_started", "done", "on_cancel", "on_drained", "on_end",
+                 "on_message", "request", "stream_id", "tally", "task")
 
     def __init__(self, conn: H2Connection, stream_id: int, request: Request, limits: CallLimits,
                  tally: dict[Status, int]) -> None:
@@ -126,6 +129,7 @@ class GrpcCall:
         self._reserved = 0  # budget bytes held for the message being received
         self._partial_since: float | None = None  # when the prefix of the message being received arrived
         self._held = False  # the handler takes no request messages for now
+        self._held_charge = 0  # budget bytes held for input kept unparsed while held
         self._open_since: float | None = None  # a unary call's start, until the client half-closes
         self._end_seen = False  # the client half-closed (maybe while held: acted on when resumed)
         self._input_over = False  # on_end has run: no more input to hold or resume
@@ -152,12 +156,16 @@ class GrpcCall:
             self._end_seen = True
             self._open_since = None
         if self._held:
-            return  # kept, unparsed, until the handler takes input again; the windows bound it
+            self._charge_held()  # kept, unparsed, until the handler takes input again; the windows bound it
+            return
         pos = self._cut(buffer)
         if self.done:
             return
         if pos:
             del buffer[:pos]  # once per DATA frame, not per message: a held stream's backlog is cut in one pass
+        if self._held:
+            self._charge_held()  # the rest of these frames, kept from now on
+            return
         if self._end_seen and not self._held and not self._input_over:
             self._input_over = True
             if buffer:
@@ -199,6 +207,7 @@ class GrpcCall:
         self._held = held
         self._conn.hold(self.stream_id, held)
         if not held:
+            self._release_held()  # what is cut now is the handler's; a partial message reserves as usual
             if self._partial_since is not None:  # its sender was stalled by us, not by itself
                 self._partial_since = self._conn.now()
             self.data(memoryview(b""), self._end_seen)
@@ -223,6 +232,26 @@ class GrpcCall:
         self._reserved = length
         self._partial_since = self._conn.now()
         return True
+
+    def _charge_held(self) -> None:
+        """Charge the bytes kept unparsed beyond the message being received (which its reservation covers)."""
+        covered = 5 + self._reserved if self._reserved else 0
+        held = max(0, len(self._buffer) - covered)
+        more = held - self._held_charge
+        budget = self._limits.budget
+        if more > 0 and not budget.take(more):
+            self.fail(Status.RESOURCE_EXHAUSTED, f"{held} bytes of requests held unread on this stream do not "
+                      f"fit: request messages and bodies held at once are limited to {budget.limit} bytes "
+                      f"([server] max_inflight_body_bytes) and {budget.used} are held; retry later")
+            return
+        if more < 0:
+            budget.release(-more)
+        self._held_charge = held
+
+    def _release_held(self) -> None:
+        if self._held_charge:
+            self._limits.budget.release(self._held_charge)
+            self._held_charge = 0
 
     def _release(self) -> None:
         self._limits.budget.release(self._reserved)
@@ -295,6 +324,7 @@ class GrpcCall:
         tally[code] = tally.get(code, 0) + 1
         if self._reserved:
             self._release()
+        self._release_held()
         if self._deadline is not None:
             self._deadline.cancel()
 

@@ -227,3 +227,33 @@ def test_tritonclient_writing_a_stream_as_fast_as_it_can_gets_every_answer_withi
     assert [error for _, error in got if error is not None] == []
     assert sorted(int(result.get_response().id) for result, _ in got) == list(range(count))
     assert _status(process, "grpc")["stream_in_flight_peak"] <= STREAM_IN_FLIGHT
+
+
+def test_bytes_a_held_stream_keeps_unread_are_charged_to_the_budget_and_released(
+        daemon: tuple[DaemonProcess, str]) -> None:
+    process, address = daemon
+    body = _stream_requests(10_000)  # 2.9 MB: within the windows and the 4 MB budget
+    with RawH2(address) as client:
+        client.start()
+        client.send(frame(HEADERS, END_HEADERS, 1, request_block("ModelStreamInfer")), *data_frames(1, body))
+        # not reading: the stream is held at its bound with most of what it sent kept unparsed, in the budget
+        _wait(lambda: _status(process)["inflight_body_bytes"] >= len(body) // 2, "the held bytes charged")
+        answers, fields = _read_answers(client, 1)
+    assert fields[b"grpc-status"] == b"0" and len(answers) == 10_000
+    _wait(lambda: _status(process)["inflight_body_bytes"] == 0, "the budget released as the stream was taken")
+
+
+def test_a_held_stream_past_the_budget_ends_resource_exhausted_and_gives_the_budget_back(
+        daemon: tuple[DaemonProcess, str]) -> None:
+    process, address = daemon
+    body = _stream_requests(16_000)  # 4.7 MB: within the stream's window, past the 4 MB budget
+    assert BUDGET < len(body) <= STREAM_WINDOW
+    with RawH2(address) as client:
+        client.start()
+        client.send(frame(HEADERS, END_HEADERS, 1, request_block("ModelStreamInfer")), *data_frames(1, body))
+        answers, fields = _read_answers(client, 1)
+    assert fields[b"grpc-status"] == RESOURCE_EXHAUSTED, fields
+    assert b"max_inflight_body_bytes" in fields[b"grpc-message"]
+    assert len(answers) < 16_000
+    _wait(lambda: _status(process)["inflight_body_bytes"] == 0, "the budget whole again after the stream ended")
+    _served(address)
