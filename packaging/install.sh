@@ -258,7 +258,7 @@ install_units() {  # install_units RELEASE_DIR: the units of the release that is
     put "$units/sysusers.d/edged.conf" "$ROOT/etc/sysusers.d/edged.conf"
     put "$units/tmpfiles.d/edged.conf" "$ROOT/etc/tmpfiles.d/edged.conf"
     local unit
-    for unit in edged-update.service edged-update.path; do  # releases before daemon release updates lack them
+    for unit in edged-update.service edged-update.path edged-grpc.socket; do  # older releases lack them
         if [ -f "$units/$unit" ] || [ "$DRY_RUN" = 1 ]; then put "$units/$unit" "$ROOT/etc/systemd/system/$unit"; fi
     done
     if [ "$USE_SYSTEMD" = yes ]; then act systemctl daemon-reload; fi
@@ -274,6 +274,7 @@ enable_units() {
     fi
     if [ "$RESTART" = 1 ]; then act systemctl try-restart edged.service; fi
     say "enabled edged.socket and edged.service (start now: systemctl start edged)"
+    # edged-grpc.socket is installed, not enabled: gRPC is off until [server] grpc_socket is set (README)
 }
 
 install_config() {

@@ -48,6 +48,8 @@ remove() {  # remove PATH...: delete what exists, say what went
 stop_units() {
     [ "$USE_SYSTEMD" = yes ] || return 0
     act systemctl disable --now edged-update.path edged-update.service edged.service edged.socket || true
+    # on its own: one unit file missing (an install older than it) would stop the line above
+    act systemctl disable --now edged-grpc.socket || true
 }
 
 main() {
@@ -55,6 +57,7 @@ main() {
     [ -z "$ROOT" ] && [ "$(id -u)" != 0 ] && [ "$DRY_RUN" = 0 ] && die "run as root (or use --root DIR)"
     stop_units
     remove "$ROOT/etc/systemd/system/edged.service" "$ROOT/etc/systemd/system/edged.socket" \
+        "$ROOT/etc/systemd/system/edged-grpc.socket" \
         "$ROOT/etc/systemd/system/edged-update.service" "$ROOT/etc/systemd/system/edged-update.path" \
         "$ROOT/etc/sysusers.d/edged.conf" "$ROOT/etc/tmpfiles.d/edged.conf" \
         "$ROOT/opt/edged" "$ROOT/run/edged"

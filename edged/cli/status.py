@@ -1,4 +1,5 @@
-"""``edged status``: is the daemon live and ready, which models are ready, MQTT, memory and telemetry source.
+"""``edged status``: is the daemon live and ready, which models are ready, the sockets' and gRPC's counters,
+MQTT, memory and telemetry source.
 
 Reads the health routes and ``/v2/edged/status``. Exits 0 when the daemon is ready, 1 when it answers but is
 not ready (or on any error), so scripts can wait on it.
@@ -53,6 +54,8 @@ def describe(doc: Mapping[str, Any]) -> list[str]:
     lines.extend(_models(doc.get("models", [])))
     if isinstance(doc.get("limits"), dict):
         lines.append(_row("sockets", _sockets(doc)))
+    if isinstance(doc.get("grpc"), dict):
+        lines.append(_row("grpc", _grpc(doc["grpc"])))
     lines.append(_row("mqtt", _mqtt(doc.get("mqtt"))))
     lines.append(_row("memory", _memory(doc.get("memory"))))
     lines.append(_row("telemetry", _telemetry(doc.get("telemetry"))))
@@ -141,6 +144,17 @@ def _health(health: Any) -> list[str]:
             reason = c.get("reason") or c.get("last_error")
             lines.append(_row("", detail + (f": {reason}" if reason else "")))
     return lines
+
+
+def _grpc(grpc: Mapping[str, Any]) -> str:
+    """The gRPC front end's counters (its listeners are on the daemon line)."""
+    parts = [f"connections {grpc.get('connections', '?')}",
+             f"stream in flight peak {grpc.get('stream_in_flight_peak', '?')} of "
+             f"{grpc.get('stream_in_flight_limit', '?')}"]
+    activated = grpc.get("activated") or []
+    if activated:
+        parts.append("socket-activated " + " ".join(str(address) for address in activated))
+    return ", ".join(parts)
 
 
 def _sockets(doc: Mapping[str, Any]) -> str:

@@ -130,8 +130,10 @@ class GrpcServer:
         return self._limits.budget
 
     def status(self) -> dict[str, Any]:
-        """For the daemon's status document: listeners, connections and the stream bound with its high mark."""
-        return {"listeners": list(self.addresses), "connections": len(self._connections),
+        """For the daemon's status document: listeners (``activated``: those systemd passed), connections and
+        the stream bound with its high mark."""
+        return {"listeners": list(self.addresses), "activated": self.inherited,
+                "connections": len(self._connections),
                 "stream_in_flight_limit": STREAM_IN_FLIGHT, "stream_in_flight_peak": self._streams.peak}
 
     def prometheus_lines(self) -> str:

@@ -155,11 +155,16 @@ def test_the_grpc_socket_gets_the_configured_mode(grpc_daemon: GrpcDaemon) -> No
     assert stat.S_ISSOCK(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o600
 
 
-def test_edged_status_shows_the_grpc_listeners(grpc_daemon: GrpcDaemon) -> None:
+def test_edged_status_shows_the_grpc_listeners_and_counters(grpc_daemon: GrpcDaemon) -> None:
     shown = subprocess.run([sys.executable, "-m", "edged", "status", "--socket", str(grpc_daemon.daemon.socket_path)],
                            capture_output=True, text=True, timeout=60, check=False)
     assert shown.returncode == 0, shown.stderr
     assert f"grpc {grpc_daemon.tcp}" in shown.stdout and f"grpc unix:{grpc_daemon.socket_path}" in shown.stdout
+    grpc = grpc_daemon.daemon.client().status()["grpc"]
+    row = next(line for line in shown.stdout.splitlines() if line.startswith("grpc "))
+    assert row.split(None, 1)[1].startswith("connections "), row
+    assert f"stream in flight peak {grpc['stream_in_flight_peak']} of {grpc['stream_in_flight_limit']}" in row
+    assert "socket-activated" not in row  # edged created its socket here
 
 
 def test_serve_flags_open_the_grpc_listeners(tmp_path: Path) -> None:

@@ -71,7 +71,7 @@ def test_rollback_reinstalls_the_units_of_the_release_it_returns_to(tarballs: tu
 def test_every_documentation_path_of_the_installed_units_exists(installed: Path) -> None:
     root = installed
     documented = []
-    for name in ("edged.service", "edged.socket", "edged-update.service", "edged-update.path"):
+    for name in ("edged.service", "edged.socket", "edged-grpc.socket", "edged-update.service", "edged-update.path"):
         text = (root / "etc/systemd/system" / name).read_text()
         documented += re.findall(r"^Documentation=file:(\S+)$", text, re.MULTILINE)
     assert documented, "the units name no Documentation= file"

@@ -2,7 +2,7 @@
 reads (READY, STATUS, WATCHDOG, STOPPING) and socket activation (LISTEN_FDS/LISTEN_PID/LISTEN_FDNAMES).
 
 systemd sets WATCHDOG_PID and LISTEN_PID to the pid of the process it starts; a small ``python -c`` wrapper
-does the same here (it sets them to its own pid, then execs the daemon, which keeps that pid).
+does the same here (tests/activation.py: it sets them to its own pid, then execs the daemon, which keeps it).
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import contextlib
 import http.client
 import signal
 import socket
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from activation import wrapper
 from integration.edged_daemon import config_with_fakes, start_daemon
 from modelgen import add_custom_model
 from notify_reader import NotifyReader
@@ -27,18 +27,6 @@ from edged.client import ClientError, EdgedClient
 
 WATCHDOG_USEC = 1_000_000
 PING_INTERVAL_S = WATCHDOG_USEC / 2e6
-
-# argv: -c, "VAR,VAR", fd to put at 3 (or -1), then the daemon's command line.
-EXEC_WRAPPER = ("import os, sys\n"
-                "for name in filter(None, sys.argv[1].split(',')): os.environ[name] = str(os.getpid())\n"
-                "fd = int(sys.argv[2])\n"
-                "if fd >= 0 and fd != 3: os.dup2(fd, 3); os.close(fd)\n"
-                "os.execv(sys.argv[3], sys.argv[3:])\n")
-
-
-def wrapper(pid_variables: str, fd: int = -1) -> list[str]:
-    return [sys.executable, "-c", EXEC_WRAPPER, pid_variables, str(fd)]
-
 
 @pytest.fixture
 def notify(tmp_path: Path) -> Iterator[NotifyReader]:

@@ -28,7 +28,7 @@ def _real_edged() -> str:
 @pytest.fixture
 def units(tmp_path: Path) -> Path:
     """The units copied, with ExecStart pointed at a real executable (verify checks that it exists)."""
-    for name in ("edged.service", "edged.socket"):
+    for name in ("edged.service", "edged.socket", "edged-grpc.socket"):
         shutil.copy(SYSTEMD_DIR / name, tmp_path / name)
     subprocess.run(["sed", "-i", f"s#^ExecStart=/opt/edged/current/bin/edged #ExecStart={_real_edged()} #",
                     str(tmp_path / "edged.service")], check=True)
@@ -41,7 +41,8 @@ def test_shipped_unit_starts_the_installed_release() -> None:
 
 
 def test_units_pass_systemd_analyze_verify(units: Path) -> None:
-    result = subprocess.run(["systemd-analyze", "verify", "edged.socket", "edged.service"], cwd=units,
+    result = subprocess.run(["systemd-analyze", "verify", "edged.socket", "edged-grpc.socket", "edged.service"],
+                            cwd=units,
                             check=False, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stderr.strip() == "", result.stderr
@@ -111,6 +112,15 @@ def test_socket_unit_matches_the_documented_path_and_permissions() -> None:
     lines = set((SYSTEMD_DIR / "edged.socket").read_text().splitlines())
     assert {"ListenStream=/run/edged/edged.sock", "SocketMode=0660", "SocketGroup=edged",
             "FileDescriptorName=edged"} <= lines
+
+
+def test_grpc_socket_unit_names_its_descriptor_grpc_with_the_http_sockets_permissions() -> None:
+    # its own unit: FileDescriptorName= names every socket of a unit, and the HTTP one must stay "edged"
+    grpc, http = _settings("edged-grpc.socket"), _settings("edged.socket")
+    assert grpc["ListenStream"] == ["/run/edged/grpc.sock"] and grpc["FileDescriptorName"] == ["grpc"]
+    assert grpc["Service"] == ["edged.service"]  # a socket triggering the service passes it its descriptor
+    for key in ("SocketUser", "SocketGroup", "SocketMode", "DirectoryMode", "RemoveOnStop"):
+        assert grpc[key] == http[key], key
 
 
 @pytest.mark.skipif(shutil.which("systemd-sysusers") is None, reason="systemd-sysusers not installed")
