@@ -276,7 +276,7 @@ class GrpcServer:
         elif name == "ModelInfer":
             _expect_one(call, self._start_infer if infer is None else _bound(self._start_infer, infer))
         else:
-            _expect_one(call, self._unary_starter(name, self._access.caller(peer)))
+            _expect_one(call, self._unary_starter(name, peer))
         if end_stream:
             call.data(memoryview(b""), True)
         return call
@@ -305,10 +305,10 @@ class GrpcServer:
         else:
             infer.begin(message, lambda answer: _answer(call, answer))
 
-    def _unary_starter(self, name: str, caller: Caller) -> Callable[[GrpcCall, bytes], None]:
+    def _unary_starter(self, name: str, peer: Peer | None) -> Callable[[GrpcCall, bytes], None]:
         function = self._table[name]
         if name in _SHM:  # shared memory is used as the caller: its owner and group checks (edged.shm)
-            function = _as_caller(function, caller)
+            function = _as_caller(function, self._access.caller(peer))
         service = self._service
 
         async def slow(request: Any) -> Any:

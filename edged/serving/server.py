@@ -77,11 +77,11 @@ class HttpServer:
 
     async def start(self, sockets: list[socket.socket]) -> None:
         config = self._config
-        grpc = config.grpc_port is not None or config.grpc_socket is not None  # judged by it too
-        if config.tcp_restricted and not grpc and all(sock.family == socket.AF_UNIX for sock in sockets):
+        grpc_tcp = config.grpc_port is not None  # judged by it too; the gRPC Unix socket judges peers instead
+        if config.tcp_restricted and not grpc_tcp and all(sock.family == socket.AF_UNIX for sock in sockets):
             raise ConfigError("server.tcp_restricted is set but edged has no TCP listener (server.http_port, "
-                              "an activated TCP socket) and no gRPC listener: it would restrict nothing; remove "
-                              "it or add one")
+                              "an activated TCP socket, server.grpc_port): it would restrict nothing, as Unix "
+                              "sockets judge callers by their credentials; remove it or add one")
         if self._api_key is not None and all(sock.family == socket.AF_UNIX for sock in sockets):
             raise ConfigError("server.openai_api_key(_file) is set but edged has no TCP listener "
                               "(server.http_port, an activated TCP socket): the key guards only TCP; remove it "

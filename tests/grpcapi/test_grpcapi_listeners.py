@@ -1,6 +1,6 @@
 """The gRPC listeners and their config: loopback only unless opted in, a live socket is never taken over, a
-stale one is replaced, bad sizes are refused, and [server.tcp_restricted] counts as used when only gRPC
-listens beside the HTTP Unix socket."""
+stale one is replaced, bad sizes are refused, and [server.tcp_restricted] counts as used when gRPC listens on
+TCP beside the HTTP Unix socket (never for the gRPC Unix socket, which judges peers)."""
 
 from __future__ import annotations
 
@@ -64,8 +64,7 @@ def test_bad_grpc_settings_are_config_errors(text: str) -> None:
         parse_config(f"[server]\n{text}\n")
 
 
-def test_tcp_restricted_with_only_a_grpc_listener_is_accepted_by_the_http_server(tmp_path: Path) -> None:
-    config = ServerConfig(grpc_socket=str(tmp_path / "grpc.sock"), tcp_restricted={"shared-memory": "edged-key=v"})
+def _http_start(config: ServerConfig, tmp_path: Path) -> None:
     server = HttpServer(InferenceService(tmp_path, ModelsConfig()), config)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.bind(str(tmp_path / "edged.sock"))
@@ -78,6 +77,17 @@ def test_tcp_restricted_with_only_a_grpc_listener_is_accepted_by_the_http_server
         asyncio.run(run())
     finally:
         sock.close()
+
+
+def test_tcp_restricted_with_only_a_grpc_tcp_listener_is_accepted_by_the_http_server(tmp_path: Path) -> None:
+    _http_start(ServerConfig(grpc_port=0, tcp_restricted={"shared-memory": "edged-key=v"}), tmp_path)
+
+
+def test_tcp_restricted_with_only_the_grpc_unix_socket_restricts_nothing_and_is_refused(tmp_path: Path) -> None:
+    # the gRPC Unix socket judges callers by their credentials, as the HTTP one does: the key would do nothing
+    config = ServerConfig(grpc_socket=str(tmp_path / "grpc.sock"), tcp_restricted={"shared-memory": "edged-key=v"})
+    with pytest.raises(ConfigError, match=r"server\.tcp_restricted is set but edged has no TCP listener"):
+        _http_start(config, tmp_path)
 
 
 def test_the_grpc_front_end_runs_without_grpcio(tmp_path: Path) -> None:
