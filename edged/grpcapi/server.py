@@ -168,7 +168,8 @@ class GrpcServer:
         return [item.address for item in self._listeners if item.inherited]
 
     async def stop(self, timeout_s: float) -> None:
-        """Refuse new calls, let those in flight finish within ``timeout_s``, then remove the socket file."""
+        """Refuse new calls, let those in flight finish within ``timeout_s``, then remove the socket file edged
+        created (one systemd passed stays, with its unit)."""
         self._calls.draining = True
         loop = asyncio.get_running_loop()
         for server in self._servers:
