@@ -10,6 +10,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -192,3 +193,30 @@ def test_socket_file_nobody_listens_on_is_reported_as_refused(tmp_path: Path) ->
         listener.bind(str(stale))
     result = edged("status", "--socket", str(stale))
     assert result.returncode == 1 and "Connection refused" in result.stderr and "edged serve" in result.stderr
+
+
+def test_output_piped_into_a_reader_that_stops_early_ends_without_a_traceback() -> None:
+    recorded = Path(__file__).resolve().parents[1] / "fixtures" / "tegrastats" / "orin_nano_jp6.log"
+    lines = b"".join(line for line in recorded.read_bytes().splitlines(keepends=True)
+                     if line.strip() and not line.startswith(b"#"))
+    process = subprocess.Popen([sys.executable, "-m", "edged", "telemetry", "parse"], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=daemon_environment())
+    assert process.stdin is not None and process.stdout is not None and process.stderr is not None
+    stdin = process.stdin
+
+    def feed() -> None:  # far more lines than the pipes hold, so edged goes on writing after the reader left
+        try:
+            for _ in range(2000):
+                stdin.write(lines)
+            stdin.close()
+        except BrokenPipeError:
+            pass  # edged stopped reading: it has seen the closed pipe
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    assert process.stdout.readline().startswith(b"{")
+    process.stdout.close()  # as `| head -1` does after its line
+    errors = process.stderr.read().decode()
+    feeder.join(60)
+    assert process.wait(60) == 128 + 13, errors  # 13: SIGPIPE, as a shell tool killed by it reports
+    assert "Traceback" not in errors and "BrokenPipeError" not in errors, errors
