@@ -150,6 +150,9 @@ def test_status_says_why_mqtt_is_disconnected_and_that_edged_keeps_trying(tmp_pa
         line = next(line for line in result.stdout.splitlines() if line.startswith("mqtt"))
         assert f"disconnected from 127.0.0.1:{port} (cannot connect" in line, line
         assert "reconnecting, results wait in the outbox" in line and "outbox 0 waiting" in line, line
+        # the journal says it too, once however often the backoff retries
+        assert daemon.output().count(f"mqtt: cannot connect to 127.0.0.1:{port}") == 1, daemon.output()
+        assert "check that the broker runs there, or fix [mqtt] broker" in daemon.output()
     finally:
         daemon.stop()
         shutil.rmtree(workdir, ignore_errors=True)
