@@ -17,7 +17,8 @@ from readme_blocks import CHECKED, README, ROOT, RUN, SKIPPED, block, readme_blo
 
 from edged.cli.main import COMMANDS, build_parser
 from edged.client import socket_candidates
-from edged.config import EdgedConfig, parse_config
+from edged.config import EdgedConfig, parse_config, resolve_state_dir
+from edged.serving.listeners import default_socket_path
 
 TOML_MARKERS = [marker for marker in (*RUN, *CHECKED) if block(marker).language == "toml"]
 # `key = value` in a TOML comment states that key's built-in default, unless it offers an alternative ("or x = 1")
@@ -162,3 +163,31 @@ def test_development_tree_names_existing_folders_and_packages() -> None:
     missing = [name for name in names if not (ROOT / "edged" / name).is_dir()
                and not (ROOT / "edged" / f"{name}.py").is_file()]
     assert len(names) >= 10 and not missing, missing
+
+
+def _default_comment(key: str) -> list[str]:
+    text = block("state_dir = ").text.replace("\n" + " " * 38 + "# ", " ")  # a comment continued on the next line
+    found = re.search(rf"^{key} = .*# default: (.*)$", text, re.MULTILINE)
+    assert found is not None, key
+    return [part.strip() for part in found.group(1).split(",")]
+
+
+def test_state_dir_default_in_the_config_block_is_the_codes_search_order() -> None:
+    names = {"/s": "$STATE_DIRECTORY", "/x/edged": "$XDG_STATE_HOME/edged", "/h/.local/state/edged":
+             "~/.local/state/edged"}
+    environ = {"STATE_DIRECTORY": "/s", "XDG_STATE_HOME": "/x", "HOME": "/h"}
+    order = []
+    for variable in ("STATE_DIRECTORY", "XDG_STATE_HOME", "HOME"):
+        order.append(names[str(resolve_state_dir(None, environ))])
+        environ.pop(variable)
+    assert _default_comment("state_dir") == order
+
+
+def test_socket_default_in_the_config_block_is_the_codes_search_order(tmp_path: Path) -> None:
+    environ = {"RUNTIME_DIRECTORY": str(tmp_path / "r"), "XDG_RUNTIME_DIR": str(tmp_path / "x")}
+    stated = _default_comment("socket")
+    assert default_socket_path(environ) == tmp_path / "r" / "edged.sock"
+    assert stated[0] == "$RUNTIME_DIRECTORY/edged.sock"
+    environ.pop("RUNTIME_DIRECTORY")
+    assert default_socket_path(environ) == tmp_path / "x" / "edged" / "edged.sock"
+    assert stated[1:] == ["$XDG_RUNTIME_DIR/edged/edged.sock", "/tmp/edged-$UID/edged.sock"]
