@@ -223,3 +223,14 @@ def test_output_piped_into_a_reader_that_stops_early_ends_without_a_traceback() 
     feeder.join(60)
     assert process.wait(60) == 128 + 13, errors  # 13: SIGPIPE, as a shell tool killed by it reports
     assert "Traceback" not in errors and "BrokenPipeError" not in errors, errors
+
+
+def test_infer_input_named_wrong_says_which_input_the_model_has(server: ThreadedServer, tmp_path: Path) -> None:
+    sample = tmp_path / "sample.json"
+    sample.write_text("[" + ", ".join(["0.5"] * 64) + "]")
+    typo = edged("infer", "tiny_mlp", "--input", f"inptu=@{sample}", "--socket", server.socket_path)
+    assert typo.returncode == 1
+    assert "the model has no input 'inptu'; its input is 'input'" in typo.stderr, typo.stderr
+    for spec in (f"input=@{sample}", f"@{sample}"):  # named right, or NAME= left out: both run
+        ran = edged("infer", "tiny_mlp", "--input", spec, "--socket", server.socket_path)
+        assert ran.returncode == 0 and '"shape": [1, 10]' in ran.stdout, ran.stderr
