@@ -69,6 +69,8 @@ RUN: dict[str, str] = {
     "with EdgedClient() as client:": "the Python client, verbatim",
     "InferenceService(Path(\"models\")": "the engine in-process, verbatim, from the repository root",
     "import httpx, openai": "the OpenAI client, streaming over the socket; port 8000 replaced",
+    "[server.tcp_restricted]": "the daemon with this block: tritonclient loads a model and registers shared "
+                               "memory over TCP with the key, and is refused without it",
     "# demo.toml": "the MQTT sensor pipeline's config, with the broker's free port",
     "mosquitto_rr -V 5": "mosquitto_sub, mosquitto_pub and mosquitto_rr verbatim against a real mosquitto on a "
                          "free port (the clients' config files name it); the test starts the broker and the daemon",
@@ -78,7 +80,6 @@ RUN: dict[str, str] = {
 CHECKED: dict[str, str] = {
     "state_dir = ": "edged's config loader; defaults named in comments equal the built-in ones",
     "[ota]": "edged's config loader; defaults named in comments equal the built-in ones",
-    "[server.tcp_restricted]": "edged's config loader",
     "edged serve [--config FILE]": "the same flags as `edged serve --help`",
     "edged fleet init REPO": "each command parsed by edged's own argument parser (REPO, the model 'detector', a "
                              "broker and a release tarball are the reader's own)",

@@ -7,6 +7,7 @@ not, is listed in readme_blocks.py."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -177,3 +178,45 @@ def test_mqtt_sensor_pipeline_and_request_response_run_verbatim(reader: Reader, 
         shutil.rmtree(workdir, ignore_errors=True)
         for client in ("mosquitto_pub", "mosquitto_sub", "mosquitto_rr"):
             (Path(reader.env["HOME"]) / ".config" / client).unlink(missing_ok=True)
+
+
+def test_tcp_restricted_block_lets_tritonclient_load_and_share_memory_with_the_key(reader: Reader,
+                                                                                    tmp_path: Path) -> None:
+    """The [server.tcp_restricted] block as the README gives it, with tritonclient as its comment says: with the
+    key, load_model and system shared memory work over loopback TCP; without it they are refused."""
+    port = free_port()
+    models = tmp_path / "models"
+    shutil.copytree(ROOT / "models" / "tiny_mlp", models / "tiny_mlp")
+    workdir = Path(short_tempdir("edged-rdt-"))
+    config = '[telemetry]\nsource = "off"\n\n' + block("[server.tcp_restricted]").text
+    daemon = start_daemon(workdir, config=config, env={"HOME": reader.env["HOME"]},
+                          args=["--http-port", str(port), "--model-control-mode", "explicit",
+                                "--model-repository", str(models)])
+    code = f"""
+import numpy as np, tritonclient.http as httpclient, tritonclient.utils.shared_memory as shm
+from tritonclient.utils import InferenceServerException
+client = httpclient.InferenceServerClient("127.0.0.1:{port}")
+try:
+    client.load_model("tiny_mlp")
+except InferenceServerException as e:
+    print("without the key:", e.status())
+client.load_model("tiny_mlp", headers={{"edged-key": "SECRET"}})
+x = np.ones((1, 64), np.float32)
+handle = shm.create_shared_memory_region("in0", "/edged-readme-{os.getpid()}", x.nbytes)
+try:
+    shm.set_shared_memory_region(handle, [x])
+    client.register_system_shared_memory("in0", "/edged-readme-{os.getpid()}", x.nbytes,
+                                         headers={{"edged-key": "SECRET"}})
+    tensor = httpclient.InferInput("input", [1, 64], "FP32")
+    tensor.set_shared_memory("in0", x.nbytes)
+    print(client.infer("tiny_mlp", [tensor]).as_numpy("output").shape)
+    client.unregister_system_shared_memory("in0", headers={{"edged-key": "SECRET"}})
+finally:
+    shm.destroy_shared_memory_region(handle)
+"""
+    try:
+        out = reader.python(code)
+    finally:
+        daemon.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    assert out.split("\n")[:2] == ["without the key: 403", "(1, 10)"], out
