@@ -124,6 +124,19 @@ def test_python_client_example_runs(reader: Reader) -> None:
     assert out.strip() in [str(digit) for digit in range(10)]
 
 
+def test_python_client_example_runs_on_its_asyncio_twin(reader: Reader) -> None:
+    """"AsyncEdgedClient is the asyncio twin": the same example, with async with and await, gives the same."""
+    sync = block("with EdgedClient() as client:").text
+    imports, _, body = sync.partition("with EdgedClient() as client:")
+    code = (imports.replace("from edged.client import EdgedClient",
+                            "import asyncio\nfrom edged.client.aio import AsyncEdgedClient")
+            + "async def main() -> None:\n    async with AsyncEdgedClient() as client:"
+            + body.replace("\n    ", "\n        ").replace("client.infer(", "await client.infer(")
+            + "asyncio.run(main())\n")
+    assert "await client.infer(" in code
+    assert reader.python(code).strip() == reader.python(sync).strip()
+
+
 def test_in_process_engine_example_runs_from_the_checkout(reader: Reader) -> None:
     out = reader.python(block('InferenceService(Path("models")').text, cwd=ROOT)
     assert "InferResponse(model='digits_onnx'" in out  # what the submit() callback printed
