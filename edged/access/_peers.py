@@ -150,7 +150,8 @@ def _uids(names: tuple[str, ...]) -> frozenset[int]:
         try:
             uids.add(pwd.getpwnam(name).pw_uid)
         except KeyError:
-            raise ConfigError(f"server.access: unknown user {name!r} (no such entry in the user database)") from None
+            raise ConfigError(f"server.access: unknown user {name!r} (no such entry in the user database); "
+                              "create the user or remove it from [server.access]") from None
     return frozenset(uids)
 
 
@@ -160,6 +161,6 @@ def _gids(names: tuple[str, ...]) -> frozenset[int]:
         try:
             gids.add(grp.getgrnam(name).gr_gid)
         except KeyError:
-            raise ConfigError(f"server.access: unknown group {name!r} (no such entry in the group database)") \
-                from None
+            raise ConfigError(f"server.access: unknown group {name!r} (no such entry in the group database); "
+                              f"create it (groupadd {name}) or remove it from [server.access]") from None
     return frozenset(gids)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,9 @@ from edged.errors import ConfigError
 from edged.protocol import KSERVE_TO_NUMPY
 
 Array = np.ndarray[Any, Any]
+
+# what a tensor name looks like, as opposed to the start of a JSON list or of a file path
+_INPUT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:-]*")
 
 
 def register(subparsers: Any) -> None:
@@ -90,6 +95,11 @@ def _split(spec: str, declared: dict[str, Any]) -> tuple[str, str]:
     if sep and name in declared:
         return name, value
     if len(declared) == 1:
+        # NAME= may be left out, but a name that is not the input's is a typo, not part of the value (unless the
+        # whole argument names an existing file)
+        if sep and _INPUT_NAME.fullmatch(name) and not os.path.exists(spec):
+            raise ConfigError(f"--input {spec!r}: the model has no input {name!r}; its input is "
+                              f"{next(iter(declared))!r} (NAME= may also be left out)")
         return next(iter(declared)), spec
     if not sep:
         raise ConfigError(f"--input {spec!r}: expected NAME=VALUE; the model's inputs are {sorted(declared)}")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -50,6 +52,17 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _run(argv)
+    except BrokenPipeError:
+        # The reader of our output went away (`edged telemetry query | head`): not an error to report with a
+        # traceback. stdout goes to /dev/null so the interpreter's last flush at exit cannot raise it again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+
+
+def _run(argv: Sequence[str] | None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     chosen = next((word for word in words if not word.startswith("-")), None)
     parser = build_parser(only=chosen if chosen in COMMANDS else "")
@@ -60,6 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         code: int = handler(args)
+        sys.stdout.flush()  # a reader gone away is seen here, inside main, and not at the interpreter's exit
     except EdgedError as e:
         print(f"edged {args.command}: error: {e}", file=sys.stderr)
         return 1

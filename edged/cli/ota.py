@@ -22,7 +22,8 @@ ACTIONS = {"status": "the update state, download progress, skipped targets and w
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("ota", help="the daemon's updates: status, history, check, rollback, selftest",
-                                   description="Model updates from the fleet's signed repository ([ota]).")
+                                   description="This device's model and daemon release updates from the fleet's "
+                                   "signed repository ([ota]).")
     actions = parser.add_subparsers(dest="ota_action", metavar="ACTION", required=True)
     for name, summary in ACTIONS.items():
         action = actions.add_parser(name, help=summary, description=summary)

@@ -26,7 +26,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--grpc-socket", metavar="PATH",
                         help="also serve KServe v2 gRPC on this Unix socket (unix://PATH for tritonclient)")
     parser.add_argument("--mqtt-broker", metavar="URL", help="MQTT broker, mqtt://host:port or mqtts://host:port")
-    parser.add_argument("--device-id", metavar="ID", help="device id in MQTT topics (default: the host name)")
+    parser.add_argument("--device-id", metavar="ID",
+                        help="device id in MQTT topics (default: derived from /etc/machine-id, else the host name)")
     parser.add_argument("--state-dir", metavar="DIR", help="where SQLite databases and the outbox live")
     parser.add_argument("--model-control-mode", choices=("none", "explicit", "poll"),
                         help="as Triton's: none (load all, no API changes), explicit (load/unload API), "

@@ -100,10 +100,20 @@ def _models(models: Any) -> list[str]:
 def _mqtt(mqtt: Any) -> str:
     if not isinstance(mqtt, dict) or mqtt.get("enabled") is False:
         return "disabled"
-    state = "connected" if mqtt.get("connected") else "disconnected"
     broker = mqtt.get("broker")
-    extras = [f"{key} {mqtt[key]}" for key in ("outbox_pending", "dropped") if key in mqtt]
-    return ", ".join([state + (f" to {broker}" if broker else ""), *extras])
+    if mqtt.get("connected"):
+        parts = ["connected" + (f" to {broker}" if broker else "")]
+    else:  # what went wrong and that edged keeps trying: the technician's next step is the broker, not edged
+        error = f"{mqtt['last_error']}; " if mqtt.get("last_error") else ""
+        parts = ["disconnected" + (f" from {broker}" if broker else "")
+                 + f" ({error}reconnecting, results wait in the outbox)"]
+    outbox = mqtt.get("outbox")
+    if isinstance(outbox, dict) and "depth" in outbox:
+        parts.append(f"outbox {outbox['depth']} waiting")
+    drops = mqtt.get("drops")
+    if isinstance(drops, dict) and drops:
+        parts.append("dropped " + " ".join(f"{reason} {count}" for reason, count in sorted(drops.items())))
+    return ", ".join(parts)
 
 
 def _memory(memory: Any) -> str:

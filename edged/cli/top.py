@@ -93,7 +93,8 @@ def _run(args: argparse.Namespace) -> int:
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("top", help="live view of the device and the models (like jtop)")
     parser.add_argument("--socket", help="daemon socket (default: $EDGED_SOCKET, $RUNTIME_DIRECTORY/edged.sock, "
-                        "$XDG_RUNTIME_DIR/edged/edged.sock, /run/edged/edged.sock)")
+                        "$XDG_RUNTIME_DIR/edged/edged.sock, /tmp/edged-$UID/edged.sock, /run/edged/edged.sock: the "
+                        "first that exists)")
     parser.add_argument("--once", action="store_true", help="print one frame and exit")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
     parser.set_defaults(handler=_run)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import httptools
 
 from edged.client._calls import Call, Reply
-from edged.client._discovery import SocketSearch, find_sockets
+from edged.client._discovery import SocketSearch, connect_failure, find_sockets
 from edged.client._errors import ClientTimeout, ProtocolError
 from edged.client._sync_transport import IDEMPOTENT, stale
 
@@ -126,7 +126,7 @@ class AsyncTransport:
             try:
                 reader, writer = await asyncio.open_unix_connection(path, limit=_HEAD_LIMIT)
             except OSError as e:
-                reasons.append(f"{path}: {e.strerror or e}")
+                reasons.append(connect_failure(path, e))
                 continue
             self.socket_path = path
             return _Connection(reader, writer)

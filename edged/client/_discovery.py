@@ -7,6 +7,7 @@ that exists is used; when none answers, the error names every path tried and how
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -51,6 +52,16 @@ def find_sockets(explicit: str | os.PathLike[str] | None = None,
                  environ: Mapping[str, str] | None = None) -> SocketSearch:
     candidates = socket_candidates(explicit, environ)
     return SocketSearch(candidates, tuple(path for path in candidates if os.path.exists(path)))
+
+
+def connect_failure(path: str, error: OSError) -> str:
+    """Why connecting to ``path`` failed; a refused permission means a daemon may well be running, so the text says
+    how to get access rather than only how to start one."""
+    reason = f"{path}: {error.strerror or error}"
+    if error.errno in (errno.EACCES, errno.EPERM):
+        reason += (" (this user may not open the socket: run as a member of the socket's group, e.g. "
+                   "`sudo usermod -aG edged $USER` and log in again, or as the daemon's user)")
+    return reason
 
 
 def unreachable_message(tried: tuple[str, ...] | list[str], reason: str = "") -> str:

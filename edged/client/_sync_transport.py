@@ -16,7 +16,7 @@ import socket
 from collections.abc import Mapping
 
 from edged.client._calls import Call, Reply
-from edged.client._discovery import SocketSearch, find_sockets
+from edged.client._discovery import SocketSearch, connect_failure, find_sockets
 from edged.client._errors import ClientTimeout, ProtocolError
 
 _DISCONNECTED = (ConnectionError, http.client.RemoteDisconnected, http.client.BadStatusLine,
@@ -126,7 +126,7 @@ class SyncTransport:
             try:
                 conn.connect()
             except OSError as e:
-                reasons.append(f"{path}: {e.strerror or e}")
+                reasons.append(connect_failure(path, e))
                 continue
             self._conn, self.socket_path = conn, path
             return conn

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from edged.errors import ClientError
 from edged.protocol.codec import tensor_bytes
 from edged.protocol.datatypes import kserve_datatype, numpy_for
 
@@ -77,13 +78,31 @@ def _path(key: str) -> Path:
     return SHM_DIR / name
 
 
-def share_with(key: str, group: str | int, mode: int = 0o660) -> None:
-    """Give an existing object (one tritonclient made, say) to ``group`` with ``mode`` so the daemon can open it."""
-    gid = group if isinstance(group, int) else grp.getgrnam(group).gr_gid
-    fd = os.open(_path(key), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+def _group_id(group: str | int) -> int:
+    if isinstance(group, int):
+        return group
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise ClientError(f"no group {group!r} on this machine: sharing a region is needed only when the daemon "
+                          "runs as another user; name a group that user is in (`id edged` lists them)") from None
+
+
+def _give(fd: int, key: str, group: str | int, mode: int) -> None:
+    gid = _group_id(group)
     try:
         os.fchown(fd, -1, gid)
-        os.fchmod(fd, mode)
+    except PermissionError as e:
+        raise ClientError(f"cannot give shared memory {key!r} to group {group!r}: {e.strerror}; only a member "
+                          "of the group (or root) may hand an object to it (`id` lists your groups)") from e
+    os.fchmod(fd, mode)
+
+
+def share_with(key: str, group: str | int, mode: int = 0o660) -> None:
+    """Give an existing object (one tritonclient made, say) to ``group`` with ``mode`` so the daemon can open it."""
+    fd = os.open(_path(key), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        _give(fd, key, group, mode)
     finally:
         os.close(fd)
 
@@ -124,9 +143,7 @@ class SharedMemoryRegion:
             raise
 
     def share_with(self, group: str | int, mode: int = 0o660) -> None:
-        gid = group if isinstance(group, int) else grp.getgrnam(group).gr_gid
-        os.fchown(self._fd, -1, gid)
-        os.fchmod(self._fd, mode)
+        _give(self._fd, self.key, group, mode)
 
     def write(self, array: Array, offset: int = 0) -> int:
         """Copy ``array`` in at ``offset`` as the daemon reads it (row-major, little-endian; BYTES elements

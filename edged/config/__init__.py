@@ -59,7 +59,7 @@ class EdgedConfig:
     telemetry: TelemetryConfig = TelemetryConfig()
     ota: OtaConfig = OtaConfig()
     logging: LoggingConfig = field(default_factory=LoggingConfig)
-    source: str | None = None  # the file it was read from, for messages
+    source: str | None = field(default=None, metadata={"internal": True})  # the file it was read from, for messages
 
 
 def parse_config(text: str, source: str = "<config>", *, supported: int = CONFIG_VERSION) -> EdgedConfig:

@@ -1,7 +1,8 @@
 """Builds frozen config dataclasses from parsed TOML, strictly.
 
 Unknown keys and values of the wrong form are errors that name the key path (``mqtt.pipelines[2].qos``) and
-the expected form. Field metadata may carry a ``check`` callable that returns an error string or None.
+the expected form. Field metadata may carry a ``check`` callable that returns an error string or None, and
+``internal`` for a field edged sets itself (such a key in a file is unknown).
 The one exception: with an ``ignored`` list (a file written for a newer config version, see
 `edged.config.parse_config`) unknown keys are recorded there and skipped, so an older release still starts
 after a rollback; known keys are checked as strictly as ever.
@@ -27,7 +28,8 @@ def build(cls: type[T], data: Mapping[str, Any], path: str = "", ignored: list[s
         raise ConfigError(f"{path or 'config'}: expected a table, found {_describe(data)}")
     if not dataclasses.is_dataclass(cls):
         raise TypeError(f"{cls!r} is not a dataclass")
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    # "internal" fields are set by edged itself (the file's own path), never by a file: a file naming one is refused
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init and not f.metadata.get("internal")}
     unknown = sorted(set(data) - set(fields))
     where = f"{path}." if path else ""
     if unknown and ignored is not None:

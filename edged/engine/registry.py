@@ -96,7 +96,8 @@ class Registry:
         if record is None:
             if name in self._lazy:
                 raise ModelNotReady(f"model {name} is not loaded yet (lazy loading loads it on first use)")
-            raise ModelNotFound(f"unknown model: {name!r} is not in the repository or not loaded")
+            raise ModelNotFound(f"unknown model: {name!r} is not in the repository or not loaded; the repository "
+                                "index (`edged models list`) names the models this daemon has")
         return record
 
     def resolve(self, name: str, version: str) -> ModelVersion:

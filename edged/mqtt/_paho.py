@@ -197,7 +197,11 @@ class Connection:
             self._client.reconnect()
             return True
         except (OSError, ssl.SSLError, ValueError, paho.WebsocketConnectionError) as e:
-            self._mark_down(f"cannot connect to {self._settings.host}:{self._settings.port}: {e}")
+            reason = f"cannot connect to {self._settings.host}:{self._settings.port}: {e}"
+            if reason != self.last_error:  # once per new reason: the backoff may retry the same failure for hours
+                log.warning("mqtt: %s; retrying with backoff while results wait in the outbox (check that the "
+                            "broker runs there, or fix [mqtt] broker)", reason)
+            self._mark_down(reason)
             return False
 
     def _mark_down(self, reason: str) -> None:

@@ -48,7 +48,8 @@ def read_fleet(broker: str, *, quiet_s: float = 1.0, timeout_s: float = 15.0) ->
     try:
         client.connect(host, port)
     except OSError as e:
-        raise MqttError(f"broker {broker}: cannot connect: {e}") from e
+        raise MqttError(f"broker {broker}: cannot connect: {e}; check that the broker runs there and that "
+                        "--broker names its host and port") from e
     client.loop_start()
     try:
         began = time.monotonic()

@@ -66,7 +66,8 @@ def find_models(root: Path | str) -> list[str]:
     try:
         entries = list(os.scandir(root))
     except OSError as e:
-        raise ModelError(f"model repository {str(root)!r} cannot be listed: {e.strerror}") from e
+        raise ModelError(f"model repository {str(root)!r} cannot be listed: {e.strerror}; point [models] "
+                         "repository (or --model-repository) at a folder of model folders") from e
     return sorted(entry.name for entry in entries
                   if not entry.name.startswith(".") and entry.is_dir(follow_symlinks=True))
 

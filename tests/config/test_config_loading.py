@@ -54,3 +54,15 @@ def test_an_unreadable_file_is_a_config_error(tmp_path: Path) -> None:
 
 def test_the_shipped_default_config_is_exactly_the_defaults() -> None:
     assert isinstance(parse_config("[server]\n[models]\n[memory]\n[mqtt]\n[telemetry]\n"), EdgedConfig)
+
+
+def test_source_is_not_a_key_a_file_may_set() -> None:
+    """`source` is the file's own path, which edged records itself: a file setting it would be silently
+    overwritten, so it is an unknown key, and no error lists it among the known ones."""
+    with pytest.raises(ConfigError, match=r"edged.toml: unknown key source \(known keys here: config_version"):
+        parse_config('source = "/somewhere/else.toml"\n', "edged.toml")
+    with pytest.raises(ConfigError) as refused:
+        parse_config("bogus = 1\n", "edged.toml")
+    assert "source" not in str(refused.value)
+    assert parse_config("", "edged.toml").source == "edged.toml"
+    assert with_overrides(parse_config("", "edged.toml"), {"server.socket": "/x"}).source == "edged.toml"
