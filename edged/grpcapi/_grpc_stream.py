@@ -31,9 +31,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from edged.access import BodyBudget
+from edged.errors import EdgedError
 from edged.grpcapi import _hpack as hpack
 from edged.grpcapi._h2_frames import ErrorCode, H2StreamError
-from edged.grpcapi._status import Status
+from edged.grpcapi._status import Status, code_for
 
 if TYPE_CHECKING:
     from edged.grpcapi._h2_connection import H2Connection
@@ -258,7 +259,14 @@ class GrpcCall:
         if self.done:
             return
         self._finish(Status.OK)
-        self._conn.respond(self.stream_id, _HEAD, _frame_message(message), _OK)
+        self._conn.respond_message(self.stream_id, _HEAD, message, _OK)
+
+    def answer(self, answer: bytes | EdgedError) -> None:
+        """A unary call's end: its serialised response, or the error that stands for it."""
+        if isinstance(answer, bytes):
+            self.reply(answer)
+        else:
+            self.fail(code_for(answer), str(answer))
 
     def send(self, message: bytes) -> None:
         """One response of a streaming call."""

@@ -26,6 +26,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import struct
 from collections.abc import Callable
 from typing import cast
 
@@ -43,6 +44,7 @@ from edged.grpcapi._h2_inflow import CONNECTION_WINDOW
 from edged.grpcapi._h2_output import Call, H2Stream
 from edged.grpcapi._hpack import Decoder, HpackError
 
+_DATA_MESSAGE = struct.Struct(">I B I B I")  # a DATA frame's header and the gRPC length prefix of its message
 Opener = Callable[["H2Connection", int, list[tuple[bytes, bytes]], bool], "Call | None"]
 
 
@@ -269,6 +271,28 @@ class H2Connection(H2Control):
             self._write(b"".join(out))
         if ended:  # after the write: closing the stream may close the connection (GOAWAY sent)
             self._closed(stream_id, stream)
+
+    def respond_message(self, stream_id: int, head: bytes, message: bytes, trailers: bytes) -> None:
+        """A whole unary gRPC answer on ``stream_id``: headers, ``message`` behind gRPC's 5-byte length prefix,
+        trailers. When each fits one frame and the windows, the three frames are packed in one join (what
+        ``respond`` writes, without its queue); otherwise it is ``respond``."""
+        stream = self._streams.get(stream_id)
+        if stream is None:
+            return
+        sender = self._sender
+        size = 5 + len(message)
+        limit = sender.frame_size
+        if (sender.table_update or sender.paused or stream.pending or size > limit or size > stream.send_window
+                or size > sender.window or len(head) > limit or len(trailers) > limit):
+            self.respond(stream_id, head, b"\x00" + len(message).to_bytes(4, "big") + message, trailers)
+            return
+        self._write(b"".join((f.HEADER.pack(len(head) << 8 | f.HEADERS, f.END_HEADERS, stream_id), head,
+                              _DATA_MESSAGE.pack(size << 8 | f.DATA, 0, stream_id, 0, len(message)), message,
+                              f.HEADER.pack(len(trailers) << 8 | f.HEADERS, f.END_HEADERS | f.END_STREAM, stream_id),
+                              trailers)))
+        stream.send_window -= size
+        sender.window -= size
+        self._closed(stream_id, stream)
 
     def trailers_only(self, stream_id: int, block: bytes) -> None:
         """End ``stream_id`` with one HEADERS frame (a gRPC error before any response)."""

@@ -302,13 +302,11 @@ class GrpcServer:
         infer = self._infer
         if infer is None:
             raise RuntimeError("GrpcServer.start() has not run")
-        message = parse(call, pb.ModelInferRequest, data)
-        if message is None:
-            return
-        if infer.needs_load(message):
-            call.task = asyncio.get_running_loop().create_task(self._run(call, infer.infer, message))
+        decoded = infer.decode(data)  # InvalidInput: answered INVALID_ARGUMENT by _expect_one
+        if infer.needs_load(decoded):
+            call.task = asyncio.get_running_loop().create_task(self._run(call, infer.infer, decoded))
         else:
-            infer.begin(message, lambda answer: _answer(call, answer))
+            infer.begin(decoded, call.answer)
 
     def _unary_starter(self, name: str) -> Callable[[GrpcCall, bytes], None]:
         function = self._table[name]
@@ -376,4 +374,4 @@ def _answer(call: GrpcCall, answer: Any) -> None:
     if isinstance(answer, EdgedError):
         call.fail(code_for(answer), str(answer))
     else:
-        call.reply(answer.SerializeToString())
+        call.reply(answer if isinstance(answer, bytes) else answer.SerializeToString())

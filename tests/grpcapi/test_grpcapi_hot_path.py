@@ -74,7 +74,7 @@ def test_a_unary_model_infer_costs_the_loop_only_the_short_path(served: tuple[Pa
     assert list(pb.ModelInferResponse.FromString(body).outputs[0].shape) == [1, 10]
     python = calls.python
     assert python["onnxruntime.py:run"] == 1, "the model did not run on the loop thread: a thread hop"
-    assert python["_h2_connection.py:respond"] == 1, "the answer did not leave in one piece"
+    assert python["_h2_connection.py:respond_message"] == 1, "the answer did not leave in one piece"
     assert calls.builtin["create_task"] == 0 and calls.builtin["create_future"] == 0, "a task or future per call"
     assert python["_h2_connection.py:data_received"] == 1 and python["_hpack.py:decode"] == 1
     # All of it (engine and codec included), as a ceiling with some room: this server makes 93 Python calls here.
