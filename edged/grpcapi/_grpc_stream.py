@@ -46,6 +46,8 @@ _CONNECTION_SPECIFIC = frozenset({b"connection", b"keep-alive", b"proxy-connecti
                                   b"upgrade"})
 _TIMEOUT_UNITS = {ord("H"): 3600.0, ord("M"): 60.0, ord("S"): 1.0, ord("m"): 1e-3, ord("u"): 1e-6, ord("n"): 1e-9}
 _UNRESERVED = frozenset(range(0x20, 0x7F)) - {ord("%")}
+_HEADS = 64
+_HEAD_BYTES = 2048
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,29 @@ class Request:
         if content_type != b"application/grpc" and not content_type.startswith((b"application/grpc+",
                                                                                    b"application/grpc;")):
             raise _HttpRefusal(b"415", f"content-type {content_type!r}: gRPC calls are application/grpc")
+
+
+class RequestHeads:
+    """Request headers → `Request`, kept for a header list seen before: a channel sends the same list for every
+    call of one method. The key is the decoded list itself (whatever HPACK's table held), so calls share a
+    `Request` (read-only) only when their headers are equal; a list that is refused is parsed again every time,
+    one over ``_HEAD_BYTES`` is not kept, and at ``_HEADS`` lists the cache is emptied."""
+
+    __slots__ = ("_cache",)
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[tuple[bytes, bytes], ...], Request] = {}
+
+    def parse(self, headers: list[tuple[bytes, bytes]]) -> Request:
+        key = tuple(headers)
+        request = self._cache.get(key)
+        if request is None:
+            request = Request(headers)
+            if sum(len(name) + len(value) for name, value in key) <= _HEAD_BYTES:
+                if len(self._cache) >= _HEADS:
+                    self._cache.clear()
+                self._cache[key] = request
+        return request
 
 
 class _HttpRefusal(Exception):
@@ -146,19 +171,28 @@ class GrpcCall:
     def data(self, chunk: memoryview, end_stream: bool) -> None:
         if self.done:
             return
-        buffer = self._buffer
-        if chunk:
-            buffer += chunk
         if end_stream:
             self._end_seen = True
             self._open_since = None
-        if self._held:
-            return  # kept, unparsed, until the handler takes input again; the windows bound it
-        pos = self._cut(buffer)
+        buffer = self._buffer
+        size = len(chunk)
+        if (not buffer and not self._held and size >= 5 and not chunk[0]
+                and size - 5 == int.from_bytes(chunk[1:5], "big") <= self._limits.message_bytes):
+            # the usual unary DATA frame: one whole uncompressed message within the limit, nothing buffered
+            # before it; what _cut would do, without copying the frame into the buffer and out again
+            self.on_message(bytes(chunk[5:]))
+        else:
+            if size:
+                buffer += chunk
+            if self._held:
+                return  # kept, unparsed, until the handler takes input again; the windows bound it
+            pos = self._cut(buffer)
+            if self.done:
+                return
+            if pos:
+                del buffer[:pos]  # once per DATA frame, not per message: a held stream's backlog is cut in one pass
         if self.done:
             return
-        if pos:
-            del buffer[:pos]  # once per DATA frame, not per message: a held stream's backlog is cut in one pass
         if self._end_seen and not self._held and not self._input_over:
             self._input_over = True
             if buffer:
@@ -312,10 +346,10 @@ class GrpcCall:
 
 
 def open_call(conn: H2Connection, stream_id: int, headers: list[tuple[bytes, bytes]], limits: CallLimits,
-              tally: dict[Status, int]) -> GrpcCall | None:
+              tally: dict[Status, int], heads: RequestHeads) -> GrpcCall | None:
     """A call for a new stream, or None once the stream has been refused (malformed or not gRPC)."""
     try:
-        request = Request(headers)
+        request = heads.parse(headers)
     except _HttpRefusal as e:
         conn.trailers_only(stream_id, _http_status(e.status))
         return None

@@ -194,7 +194,8 @@ class H2Connection(H2Control):
             if stream_id > self._last_id:
                 raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, f"DATA on idle stream {stream_id}")
             raise H2StreamError(stream_id, ErrorCode.STREAM_CLOSED, f"DATA on closed stream {stream_id}")
-        payload = f.unpad(flags, payload, stream_id)
+        if flags & f.PADDED:
+            payload = f.unpad(flags, payload, stream_id)
         end_stream = bool(flags & f.END_STREAM)
         if update := self._inflow.stream(stream_id, stream, length, end_stream):
             self._write(update)
@@ -206,7 +207,8 @@ class H2Connection(H2Control):
     def _headers(self, flags: int, stream_id: int, payload: memoryview) -> None:
         if not stream_id:
             raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "HEADERS on stream 0")
-        payload = f.unpad(flags, payload, stream_id)
+        if flags & f.PADDED:
+            payload = f.unpad(flags, payload, stream_id)
         if flags & f.PRIORITY_FLAG:
             if len(payload) < 5:
                 raise H2ConnectionError(ErrorCode.FRAME_SIZE_ERROR, "HEADERS too short for its priority")
@@ -281,9 +283,9 @@ class H2Connection(H2Control):
             return
         sender = self._sender
         size = 5 + len(message)
-        limit = sender.frame_size
-        if (sender.table_update or sender.paused or stream.pending or size > limit or size > stream.send_window
-                or size > sender.window or len(head) > limit or len(trailers) > limit):
+        # one bound for the three frames: each then fits the peer's frame size
+        if (sender.table_update or sender.paused or stream.pending or size > stream.send_window
+                or size > sender.window or size + len(head) + len(trailers) > sender.frame_size):
             self.respond(stream_id, head, b"\x00" + len(message).to_bytes(4, "big") + message, trailers)
             return
         self._write(b"".join((f.HEADER.pack(len(head) << 8 | f.HEADERS, f.END_HEADERS, stream_id), head,

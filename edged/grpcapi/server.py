@@ -47,7 +47,7 @@ from edged.config import ServerConfig
 from edged.engine import InferenceService
 from edged.errors import ConfigError, EdgedError
 from edged.grpcapi import _hpack as hpack
-from edged.grpcapi._grpc_stream import CallLimits, GrpcCall, open_call
+from edged.grpcapi._grpc_stream import CallLimits, GrpcCall, RequestHeads, open_call
 from edged.grpcapi._h2_connection import H2Connection
 from edged.grpcapi._infer import GrpcInfer
 from edged.grpcapi._metrics import UNKNOWN, GrpcMetrics
@@ -114,6 +114,7 @@ class GrpcServer:
         self._table: dict[str, Callable[[Any], Any]] = self._unary_table()
         self._limits = CallLimits(config.grpc_max_message_mb * _MB, BodyBudget(config.max_inflight_body_bytes),
                                   config.request_timeout_s)
+        self._heads = RequestHeads()  # request headers parsed once per distinct list (access is judged per call)
         self._sweeper: asyncio.Task[None] | None = None
         self._streams = StreamStats()
         self._metrics = GrpcMetrics(RPCS)
@@ -265,7 +266,7 @@ class GrpcServer:
     def _open(self, conn: H2Connection, stream_id: int, headers: list[tuple[bytes, bytes]],
               end_stream: bool) -> GrpcCall | None:
         calls = self._metrics.calls
-        call = open_call(conn, stream_id, headers, self._limits, calls[UNKNOWN])
+        call = open_call(conn, stream_id, headers, self._limits, calls[UNKNOWN], self._heads)
         if call is None:
             return None
         path = call.request.path
