@@ -44,6 +44,7 @@ from edged.grpcapi._h2_inflow import CONNECTION_WINDOW
 from edged.grpcapi._h2_output import Call, H2Stream
 from edged.grpcapi._hpack import Decoder, HpackError
 
+_DATA, _HEADERS = f.DATA, f.HEADERS
 _DATA_MESSAGE = struct.Struct(">I B I B I")  # a DATA frame's header and the gRPC length prefix of its message
 Opener = Callable[["H2Connection", int, list[tuple[bytes, bytes]], bool], "Call | None"]
 
@@ -144,7 +145,12 @@ class H2Connection(H2Control):
                     raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "the client's first frame is not SETTINGS")
                 self._preface = False
             try:
-                self._frame(kind, flags, stream_id, view[pos + 9:end])
+                if kind == _DATA and self._header_block is None:  # what _frame would call, without its dispatch
+                    self._data(flags, stream_id, view[pos + 9:end])
+                elif kind == _HEADERS and self._header_block is None:
+                    self._headers(flags, stream_id, view[pos + 9:end])
+                else:
+                    self._frame(kind, flags, stream_id, view[pos + 9:end])
             except H2StreamError as e:
                 self.reset(e.stream_id, e.code)
             pos = end

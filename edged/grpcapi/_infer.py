@@ -38,12 +38,10 @@ class GrpcInfer:
         self._max_elements = max_elements
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
-        self._requests = RequestLayouts(max_elements, self._read)
+        requests = RequestLayouts(max_elements, self._read)
+        # a serialised ModelInferRequest as the engine's request; InvalidInput when it is not a valid one
+        self.decode: Callable[[bytes], Decoded] = requests.decode
         self._responses = ResponseLayouts()
-
-    def decode(self, data: bytes) -> Decoded:
-        """A serialised ModelInferRequest as the engine's request; InvalidInput when it is not a valid one."""
-        return self._requests.decode(data)
 
     def needs_load(self, decoded: Decoded) -> bool:
         return self._service.needs_load(decoded.request.model)
@@ -63,8 +61,6 @@ class GrpcInfer:
         """Submit ``decoded`` and have ``finish`` called on the loop with the response or the error: the unary
         path, with no task and no future (the model is loaded: see ``needs_load``)."""
         try:
-            request = decoded.request
-            service = self._service
             loop_thread = self._loop_thread
 
             def done(result: _Result) -> None:
@@ -73,7 +69,8 @@ class GrpcInfer:
                 else:
                     self._loop.call_soon_threadsafe(self._encode, result, decoded, finish)
 
-            service.submit(request, done, inline=service.should_inline(request.model, request.version))
+            # inline if the model is fast, decided on the version submit resolves anyway (one lookup)
+            self._service.submit(decoded.request, done, inline=None)
         except EdgedError as e:
             finish(e)
 

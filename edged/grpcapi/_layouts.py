@@ -42,7 +42,8 @@ from edged.protocol.shm_params import ShmReader
 _ENTRIES = 64
 _PREFIX_BYTES = 4096
 _RAW_INPUT_TAG = 7 << 3 | 2  # field 7, length-delimited
-_RAW_OUTPUT_TAG = b"\x32"  # field 6, length-delimited
+_RAW_OUTPUT_TAG = 6 << 3 | 2  # field 6, length-delimited
+_RAW_OUTPUT_HEAD = bytes((_RAW_OUTPUT_TAG,))
 _LITTLE_ENDIAN = ("<", "|", "=") if sys.byteorder == "little" else ("<", "|")
 # ModelInferRequest's fields 1-6 are all length-delimited: their one-byte tags
 _PREFIX_TAGS = frozenset(number << 3 | 2 for number in range(1, 7))
@@ -188,11 +189,12 @@ class ResponseLayouts:
         self.hits = 0
 
     def encode(self, result: InferResponse, outputs: Sequence[OutputSpec], write: ShmWriter) -> bytes:
-        if any(spec.shm is not None for spec in outputs):
+        if outputs and any(spec.shm is not None for spec in outputs):
             return encode_infer(result, outputs, write).SerializeToString()
         arrays = result.outputs
-        key = (result.model, result.version, result.id,
-               *[(name, array.dtype, array.shape) for name, array in arrays.items()])
+        key: tuple[Any, ...] = (result.model, result.version, result.id)
+        for name, array in arrays.items():
+            key += (name, array.dtype, array.shape)
         layout = self._cache.get(key)
         if layout is None:
             layout = _prefix(result), all(_plain(array.dtype) for array in arrays.values())
@@ -205,8 +207,8 @@ class ResponseLayouts:
         parts = [prefix]
         for array in arrays.values():
             raw = array.tobytes() if plain else tensor_bytes(array)
-            parts.append(_RAW_OUTPUT_TAG)
-            parts.append(encode_varint(len(raw)))
+            size = len(raw)
+            parts.append(bytes((_RAW_OUTPUT_TAG, size)) if size < 0x80 else _RAW_OUTPUT_HEAD + encode_varint(size))
             parts.append(raw)
         return b"".join(parts)
 
