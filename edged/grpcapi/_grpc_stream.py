@@ -298,7 +298,9 @@ class GrpcCall:
     def answer(self, answer: bytes | EdgedError) -> None:
         """A unary call's end: its serialised response, or the error that stands for it."""
         if isinstance(answer, bytes):
-            self.reply(answer)
+            if not self.done:  # reply, without the call
+                self._finish(Status.OK)
+                self._conn.respond_message(self.stream_id, _HEAD, answer, _OK)
         else:
             self.fail(code_for(answer), str(answer))
 

@@ -36,6 +36,7 @@ from edged.grpcapi._h2_control import (
     MAX_HEADER_LIST,
     MAX_STREAMS,
     OUR_SETTINGS,
+    RESET_BUDGET,
     H2Control,
     H2Counts,
 )
@@ -111,7 +112,10 @@ class H2Connection(H2Control):
             errors[e.code] = errors.get(e.code, 0) + 1
             self.fail(e.code, str(e))
             return
-        self._uncork()
+        out, self._cork = self._cork, None  # _uncork, inlined: this runs for every read
+        transport = self._transport
+        if out and transport is not None and not self._dead:
+            transport.write(b"".join(out))
         if pos < len(data):
             buffer += data[pos:]
 
@@ -294,13 +298,24 @@ class H2Connection(H2Control):
                 or size > sender.window or size + len(head) + len(trailers) > sender.frame_size):
             self.respond(stream_id, head, b"\x00" + len(message).to_bytes(4, "big") + message, trailers)
             return
-        self._write(b"".join((f.HEADER.pack(len(head) << 8 | f.HEADERS, f.END_HEADERS, stream_id), head,
-                              _DATA_MESSAGE.pack(size << 8 | f.DATA, 0, stream_id, 0, len(message)), message,
-                              f.HEADER.pack(len(trailers) << 8 | f.HEADERS, f.END_HEADERS | f.END_STREAM, stream_id),
-                              trailers)))
+        frames = b"".join((f.HEADER.pack(len(head) << 8 | _HEADERS, f.END_HEADERS, stream_id), head,
+                           _DATA_MESSAGE.pack(size << 8 | _DATA, 0, stream_id, 0, len(message)), message,
+                           f.HEADER.pack(len(trailers) << 8 | _HEADERS, f.END_HEADERS | f.END_STREAM, stream_id),
+                           trailers))
+        cork = self._cork
+        if cork is not None:
+            cork.append(frames)
+        else:
+            self._write(frames)
         stream.send_window -= size
         sender.window -= size
-        self._closed(stream_id, stream)
+        if stream.remote_closed and not stream.held and not self._closing:
+            # _closed for the usual case: nothing to reset, release or finish; answered streams refill the budget
+            del self._streams[stream_id]
+            if self._reset_budget < RESET_BUDGET:
+                self._reset_budget += 1
+        else:
+            self._closed(stream_id, stream)
 
     def trailers_only(self, stream_id: int, block: bytes) -> None:
         """End ``stream_id`` with one HEADERS frame (a gRPC error before any response)."""
