@@ -45,8 +45,12 @@ from edged.grpcapi._h2_inflow import CONNECTION_WINDOW
 from edged.grpcapi._h2_output import Call, H2Stream
 from edged.grpcapi._hpack import Decoder, HpackError
 
-_DATA, _HEADERS = f.DATA, f.HEADERS
-_DATA_MESSAGE = struct.Struct(">I B I B I")  # a DATA frame's header and the gRPC length prefix of its message
+# The hot paths' constants and bound methods, looked up once here rather than per frame
+_DATA, _HEADERS, _MAX_FRAME = f.DATA, f.HEADERS, f.DEFAULT_FRAME_SIZE
+_END_HEADERS, _END_TRAILERS = f.END_HEADERS, f.END_HEADERS | f.END_STREAM
+_UNPACK_HEADER, _PACK_HEADER = f.HEADER.unpack_from, f.HEADER.pack
+# a DATA frame's header (DATA is type 0) and the gRPC length prefix of its message, in one pack
+_PACK_DATA_MESSAGE = struct.Struct(">I B I B I").pack
 Opener = Callable[["H2Connection", int, list[tuple[bytes, bytes]], bool], "Call | None"]
 
 
@@ -132,10 +136,11 @@ class H2Connection(H2Control):
             pos = len(f.PREFACE)
         view = memoryview(data)
         size = len(data)
+        unpack = _UNPACK_HEADER
         while size - pos >= 9 and not self._dead:
-            word, flags, stream_id = f.HEADER.unpack_from(data, pos)
+            word, flags, stream_id = unpack(data, pos)
             length = word >> 8
-            if length > f.DEFAULT_FRAME_SIZE:
+            if length > _MAX_FRAME:
                 raise H2ConnectionError(ErrorCode.FRAME_SIZE_ERROR, f"a frame of {length} bytes, more than our "
                                         f"SETTINGS_MAX_FRAME_SIZE {f.DEFAULT_FRAME_SIZE}")
             end = pos + 9 + length
@@ -149,12 +154,12 @@ class H2Connection(H2Control):
                     raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "the client's first frame is not SETTINGS")
                 self._preface = False
             try:
-                if kind == _DATA and self._header_block is None:  # what _frame would call, without its dispatch
-                    self._data(flags, stream_id, view[pos + 9:end])
-                elif kind == _HEADERS and self._header_block is None:
-                    self._headers(flags, stream_id, view[pos + 9:end])
-                else:
+                if kind > _HEADERS or self._header_block is not None:
                     self._frame(kind, flags, stream_id, view[pos + 9:end])
+                elif kind == _DATA:  # DATA and HEADERS as _frame would call them, without its dispatch
+                    self._data(flags, stream_id, view[pos + 9:end])
+                else:
+                    self._headers(flags, stream_id, view[pos + 9:end])
             except H2StreamError as e:
                 self.reset(e.stream_id, e.code)
             pos = end
@@ -298,10 +303,10 @@ class H2Connection(H2Control):
                 or size > sender.window or size + len(head) + len(trailers) > sender.frame_size):
             self.respond(stream_id, head, b"\x00" + len(message).to_bytes(4, "big") + message, trailers)
             return
-        frames = b"".join((f.HEADER.pack(len(head) << 8 | _HEADERS, f.END_HEADERS, stream_id), head,
-                           _DATA_MESSAGE.pack(size << 8 | _DATA, 0, stream_id, 0, len(message)), message,
-                           f.HEADER.pack(len(trailers) << 8 | _HEADERS, f.END_HEADERS | f.END_STREAM, stream_id),
-                           trailers))
+        pack = _PACK_HEADER
+        frames = b"".join((pack(len(head) << 8 | _HEADERS, _END_HEADERS, stream_id), head,
+                           _PACK_DATA_MESSAGE(size << 8, 0, stream_id, 0, size - 5), message,
+                           pack(len(trailers) << 8 | _HEADERS, _END_TRAILERS, stream_id), trailers))
         cork = self._cork
         if cork is not None:
             cork.append(frames)
