@@ -18,8 +18,9 @@ Invariants:
   goes through protobuf's parser and ``decode_infer`` as before, which give the errors.
 - A response takes the fast path unless an output goes to shared memory; its bytes parse to the message
   ``encode_infer`` builds (tests/grpcapi/test_grpcapi_layouts.py compares them).
-- Both caches are bounded: ``_ENTRIES`` layouts each, a request prefix of at most ``_PREFIX_BYTES``; a full cache is
-  cleared, so a client alternating layouts costs the parser's path, never memory.
+- Both caches are bounded: ``_ENTRIES`` layouts each, a request or response prefix of at most ``_PREFIX_BYTES`` (a
+  request id is the client's and may be long); a full cache is cleared, so a client alternating layouts costs the
+  parser's path, never memory.
 """
 
 from __future__ import annotations
@@ -198,9 +199,10 @@ class ResponseLayouts:
         layout = self._cache.get(key)
         if layout is None:
             layout = _prefix(result), all(_plain(array.dtype) for array in arrays.values())
-            if len(self._cache) >= _ENTRIES:
-                self._cache.clear()
-            self._cache[key] = layout
+            if len(layout[0]) <= _PREFIX_BYTES:  # a long request id is the client's: not kept
+                if len(self._cache) >= _ENTRIES:
+                    self._cache.clear()
+                self._cache[key] = layout
         else:
             self.hits += 1
         prefix, plain = layout

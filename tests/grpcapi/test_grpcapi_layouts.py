@@ -11,7 +11,7 @@ import pytest
 
 from edged.engine import InferResponse
 from edged.errors import InvalidInput
-from edged.grpcapi._layouts import _ENTRIES, RequestLayouts, ResponseLayouts
+from edged.grpcapi._layouts import _ENTRIES, _PREFIX_BYTES, RequestLayouts, ResponseLayouts
 from edged.grpcapi._tensors import Decoded, OutputSpec, decode_infer, encode_infer
 from edged.grpcapi.proto import grpc_service_pb2 as pb
 from edged.protocol.shm_params import ShmReference
@@ -161,3 +161,13 @@ def test_a_response_of_another_shape_or_id_gets_its_own_prefix() -> None:
         encoded = pb.ModelInferResponse.FromString(layouts.encode(other, specs, _write))
         assert encoded == encode_infer(other, specs, _write)
     assert layouts.hits == 0
+
+
+def test_a_long_request_id_is_answered_but_not_kept() -> None:
+    layouts = ResponseLayouts()
+    specs = (OutputSpec("output", None),)
+    for n in range(3):
+        long_id = f"{n}" * (_PREFIX_BYTES + 1)
+        result = _response({"output": np.zeros((1, 10), np.float32)}, long_id)
+        assert pb.ModelInferResponse.FromString(layouts.encode(result, specs, _write)).id == long_id
+    assert not layouts._cache
