@@ -5,9 +5,11 @@ each answer checked against what that call alone must get."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from grpcapi_daemon import SHM_KEY, GrpcDaemon
 from h2_raw import DATA, END_HEADERS, END_STREAM, HEADERS, RawH2, frame, message, request_block
 
+from edged.grpcapi._grpc_stream import _HEADS, RequestHeads
 from edged.grpcapi.proto import grpc_service_pb2 as pb
 
 OK, PERMISSION_DENIED = b"0", b"7"
@@ -92,3 +94,34 @@ def test_a_client_alternating_shapes_and_models_gets_each_calls_own_answer(grpc_
             assert status == b"5"  # NOT_FOUND
             stream += 2
     assert list(alone.outputs[0].shape) == [1, 10] and list(pair.outputs[0].shape) == [2, 10]
+
+
+_HEADERS = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/inference.GRPCInferenceService/ModelInfer"),
+            (b"content-type", b"application/grpc"), (b"te", b"trailers"), (b"grpc-timeout", b"5S")]
+
+
+def test_equal_header_lists_share_one_parsed_request_and_others_get_their_own() -> None:
+    heads = RequestHeads()
+    first = heads.parse(list(_HEADERS))
+    assert heads.parse(list(_HEADERS)) is first and first.timeout_s == 5.0
+    other = heads.parse([*_HEADERS[:-1], (b"grpc-timeout", b"6S")])
+    assert other is not first and other.timeout_s == 6.0
+    keyed = heads.parse([*_HEADERS, (b"edged-key", b"x")])
+    assert keyed.metadata[b"edged-key"] == b"x" and b"edged-key" not in first.metadata
+
+
+def test_a_refused_header_list_is_refused_every_time() -> None:
+    heads = RequestHeads()
+    bad = [*_HEADERS, (b"Upper", b"x")]
+    for _ in range(2):
+        with pytest.raises(ValueError, match="uppercase"):
+            heads.parse(bad)
+
+
+def test_the_parsed_headers_kept_stay_bounded() -> None:
+    heads = RequestHeads()
+    for n in range(3 * _HEADS):
+        assert heads.parse([*_HEADERS, (b"x-n", str(n).encode())]).metadata[b"x-n"] == str(n).encode()
+        assert len(heads._cache) <= _HEADS
+    heads.parse([*_HEADERS, (b"x-big", b"v" * 4096)])  # past the size kept: parsed, not kept
+    assert all(b"x-big" not in request.metadata for request in heads._cache.values())
