@@ -102,7 +102,7 @@ class RequestLayout:
             for name, array in request.inputs.items())
         self.outputs = decoded.outputs
         self.requested = request.outputs
-        self.parameters = request.parameters
+        self.parameters = dict(request.parameters)  # its own: the first request's went to the engine
         self.priority, self.timeout_us = request.priority, request.timeout_us
 
     def decode(self, data: bytes, pos: int) -> Decoded | None:
