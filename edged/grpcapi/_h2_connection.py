@@ -41,7 +41,7 @@ from edged.grpcapi._h2_control import (
     H2Counts,
 )
 from edged.grpcapi._h2_frames import ErrorCode, H2ConnectionError, H2StreamError
-from edged.grpcapi._h2_inflow import CONNECTION_WINDOW
+from edged.grpcapi._h2_inflow import CONNECTION_DUE, CONNECTION_WINDOW, STREAM_DUE
 from edged.grpcapi._h2_output import Call, H2Stream
 from edged.grpcapi._hpack import Decoder, HpackError
 
@@ -200,7 +200,9 @@ class H2Connection(H2Control):
         if not stream_id:
             raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "DATA on stream 0")
         length = len(payload)
-        if update := self._inflow.connection(length):
+        inflow = self._inflow
+        inflow.unacked += length
+        if inflow.unacked >= CONNECTION_DUE and (update := inflow.connection_due()):
             self._write(update)
         stream = self._streams.get(stream_id)
         if stream is None and stream_id in self._ended:
@@ -212,7 +214,8 @@ class H2Connection(H2Control):
         if flags & f.PADDED:
             payload = f.unpad(flags, payload, stream_id)
         end_stream = bool(flags & f.END_STREAM)
-        if update := self._inflow.stream(stream_id, stream, length, end_stream):
+        stream.recv_unacked += length
+        if stream.recv_unacked >= STREAM_DUE and (update := inflow.stream_due(stream_id, stream, end_stream)):
             self._write(update)
         if end_stream:
             stream.remote_closed = True
