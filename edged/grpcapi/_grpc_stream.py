@@ -34,9 +34,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from edged.access import BodyBudget
+from edged.errors import EdgedError
 from edged.grpcapi import _hpack as hpack
 from edged.grpcapi._h2_frames import ErrorCode, H2StreamError
-from edged.grpcapi._status import Status
+from edged.grpcapi._status import Status, code_for
 
 if TYPE_CHECKING:
     from edged.grpcapi._h2_connection import H2Connection
@@ -48,6 +49,8 @@ _CONNECTION_SPECIFIC = frozenset({b"connection", b"keep-alive", b"proxy-connecti
                                   b"upgrade"})
 _TIMEOUT_UNITS = {ord("H"): 3600.0, ord("M"): 60.0, ord("S"): 1.0, ord("m"): 1e-3, ord("u"): 1e-6, ord("n"): 1e-9}
 _UNRESERVED = frozenset(range(0x20, 0x7F)) - {ord("%")}
+_HEADS = 64
+_HEAD_BYTES = 2048
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,29 @@ class Request:
         if content_type != b"application/grpc" and not content_type.startswith((b"application/grpc+",
                                                                                    b"application/grpc;")):
             raise _HttpRefusal(b"415", f"content-type {content_type!r}: gRPC calls are application/grpc")
+
+
+class RequestHeads:
+    """Request headers → `Request`, kept for a header list seen before: a channel sends the same list for every
+    call of one method. The key is the decoded list itself (whatever HPACK's table held), so calls share a
+    `Request` (read-only) only when their headers are equal; a list that is refused is parsed again every time,
+    one over ``_HEAD_BYTES`` is not kept, and at ``_HEADS`` lists the cache is emptied."""
+
+    __slots__ = ("_cache",)
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[tuple[bytes, bytes], ...], Request] = {}
+
+    def parse(self, headers: list[tuple[bytes, bytes]]) -> Request:
+        key = tuple(headers)
+        request = self._cache.get(key)
+        if request is None:
+            request = Request(headers)
+            if sum(len(name) + len(value) for name, value in key) <= _HEAD_BYTES:
+                if len(self._cache) >= _HEADS:
+                    self._cache.clear()
+                self._cache[key] = request
+        return request
 
 
 class _HttpRefusal(Exception):
@@ -149,20 +175,29 @@ class GrpcCall:
     def data(self, chunk: memoryview, end_stream: bool) -> None:
         if self.done:
             return
-        buffer = self._buffer
-        if chunk:
-            buffer += chunk
         if end_stream:
             self._end_seen = True
             self._open_since = None
-        if self._held:
-            self._charge_held()  # kept, unparsed, until the handler takes input again; the windows bound it
-            return
-        pos = self._cut(buffer)
+        buffer = self._buffer
+        size = len(chunk)
+        if (not buffer and not self._held and size >= 5 and not chunk[0]
+                and size - 5 == int.from_bytes(chunk[1:5], "big") <= self._limits.message_bytes):
+            # the usual unary DATA frame: one whole uncompressed message within the limit, nothing buffered
+            # before it; what _cut would do, without copying the frame into the buffer and out again
+            self.on_message(bytes(chunk[5:]))
+        else:
+            if size:
+                buffer += chunk
+            if self._held:
+                self._charge_held()  # kept, unparsed, until the handler takes input again; the windows bound it
+                return
+            pos = self._cut(buffer)
+            if self.done:
+                return
+            if pos:
+                del buffer[:pos]  # once per DATA frame, not per message: a held stream's backlog is cut in one pass
         if self.done:
             return
-        if pos:
-            del buffer[:pos]  # once per DATA frame, not per message: a held stream's backlog is cut in one pass
         if self._held:
             self._charge_held()  # the rest of these frames, kept from now on
             return
@@ -287,7 +322,16 @@ class GrpcCall:
         if self.done:
             return
         self._finish(Status.OK)
-        self._conn.respond(self.stream_id, _HEAD, _frame_message(message), _OK)
+        self._conn.respond_message(self.stream_id, _HEAD, message, _OK)
+
+    def answer(self, answer: bytes | EdgedError) -> None:
+        """A unary call's end: its serialised response, or the error that stands for it."""
+        if isinstance(answer, bytes):
+            if not self.done:  # reply, without the call
+                self._finish(Status.OK)
+                self._conn.respond_message(self.stream_id, _HEAD, answer, _OK)
+        else:
+            self.fail(code_for(answer), str(answer))
 
     def send(self, message: bytes) -> None:
         """One response of a streaming call."""
@@ -324,7 +368,8 @@ class GrpcCall:
         tally[code] = tally.get(code, 0) + 1
         if self._reserved:
             self._release()
-        self._release_held()
+        if self._held_charge:
+            self._release_held()
         if self._deadline is not None:
             self._deadline.cancel()
 
@@ -334,10 +379,10 @@ class GrpcCall:
 
 
 def open_call(conn: H2Connection, stream_id: int, headers: list[tuple[bytes, bytes]], limits: CallLimits,
-              tally: dict[Status, int]) -> GrpcCall | None:
+              tally: dict[Status, int], heads: RequestHeads) -> GrpcCall | None:
     """A call for a new stream, or None once the stream has been refused (malformed or not gRPC)."""
     try:
-        request = Request(headers)
+        request = heads.parse(headers)
     except _HttpRefusal as e:
         conn.trailers_only(stream_id, _http_status(e.status))
         return None

@@ -26,6 +26,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import struct
 from collections.abc import Callable
 from typing import cast
 
@@ -35,14 +36,21 @@ from edged.grpcapi._h2_control import (
     MAX_HEADER_LIST,
     MAX_STREAMS,
     OUR_SETTINGS,
+    RESET_BUDGET,
     H2Control,
     H2Counts,
 )
 from edged.grpcapi._h2_frames import ErrorCode, H2ConnectionError, H2StreamError
-from edged.grpcapi._h2_inflow import CONNECTION_WINDOW
+from edged.grpcapi._h2_inflow import CONNECTION_DUE, CONNECTION_WINDOW, STREAM_DUE
 from edged.grpcapi._h2_output import Call, H2Stream
 from edged.grpcapi._hpack import Decoder, HpackError
 
+# The hot paths' constants and bound methods, looked up once here rather than per frame
+_DATA, _HEADERS, _MAX_FRAME = f.DATA, f.HEADERS, f.DEFAULT_FRAME_SIZE
+_END_HEADERS, _END_TRAILERS = f.END_HEADERS, f.END_HEADERS | f.END_STREAM
+_UNPACK_HEADER, _PACK_HEADER = f.HEADER.unpack_from, f.HEADER.pack
+# a DATA frame's header (DATA is type 0) and the gRPC length prefix of its message, in one pack
+_PACK_DATA_MESSAGE = struct.Struct(">I B I B I").pack
 Opener = Callable[["H2Connection", int, list[tuple[bytes, bytes]], bool], "Call | None"]
 
 
@@ -108,7 +116,10 @@ class H2Connection(H2Control):
             errors[e.code] = errors.get(e.code, 0) + 1
             self.fail(e.code, str(e))
             return
-        self._uncork()
+        out, self._cork = self._cork, None  # _uncork, inlined: this runs for every read
+        transport = self._transport
+        if out and transport is not None and not self._dead:
+            transport.write(b"".join(out))
         if pos < len(data):
             buffer += data[pos:]
 
@@ -125,10 +136,11 @@ class H2Connection(H2Control):
             pos = len(f.PREFACE)
         view = memoryview(data)
         size = len(data)
+        unpack = _UNPACK_HEADER
         while size - pos >= 9 and not self._dead:
-            word, flags, stream_id = f.HEADER.unpack_from(data, pos)
+            word, flags, stream_id = unpack(data, pos)
             length = word >> 8
-            if length > f.DEFAULT_FRAME_SIZE:
+            if length > _MAX_FRAME:
                 raise H2ConnectionError(ErrorCode.FRAME_SIZE_ERROR, f"a frame of {length} bytes, more than our "
                                         f"SETTINGS_MAX_FRAME_SIZE {f.DEFAULT_FRAME_SIZE}")
             end = pos + 9 + length
@@ -142,7 +154,12 @@ class H2Connection(H2Control):
                     raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "the client's first frame is not SETTINGS")
                 self._preface = False
             try:
-                self._frame(kind, flags, stream_id, view[pos + 9:end])
+                if kind > _HEADERS or self._header_block is not None:
+                    self._frame(kind, flags, stream_id, view[pos + 9:end])
+                elif kind == _DATA:  # DATA and HEADERS as _frame would call them, without its dispatch
+                    self._data(flags, stream_id, view[pos + 9:end])
+                else:
+                    self._headers(flags, stream_id, view[pos + 9:end])
             except H2StreamError as e:
                 self.reset(e.stream_id, e.code)
             pos = end
@@ -183,7 +200,9 @@ class H2Connection(H2Control):
         if not stream_id:
             raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "DATA on stream 0")
         length = len(payload)
-        if update := self._inflow.connection(length):
+        inflow = self._inflow
+        inflow.unacked += length
+        if inflow.unacked >= CONNECTION_DUE and (update := inflow.connection_due()):
             self._write(update)
         stream = self._streams.get(stream_id)
         if stream is None and stream_id in self._ended:
@@ -192,9 +211,11 @@ class H2Connection(H2Control):
             if stream_id > self._last_id:
                 raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, f"DATA on idle stream {stream_id}")
             raise H2StreamError(stream_id, ErrorCode.STREAM_CLOSED, f"DATA on closed stream {stream_id}")
-        payload = f.unpad(flags, payload, stream_id)
+        if flags & f.PADDED:
+            payload = f.unpad(flags, payload, stream_id)
         end_stream = bool(flags & f.END_STREAM)
-        if update := self._inflow.stream(stream_id, stream, length, end_stream):
+        stream.recv_unacked += length
+        if stream.recv_unacked >= STREAM_DUE and (update := inflow.stream_due(stream_id, stream, end_stream)):
             self._write(update)
         if end_stream:
             stream.remote_closed = True
@@ -204,7 +225,8 @@ class H2Connection(H2Control):
     def _headers(self, flags: int, stream_id: int, payload: memoryview) -> None:
         if not stream_id:
             raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "HEADERS on stream 0")
-        payload = f.unpad(flags, payload, stream_id)
+        if flags & f.PADDED:
+            payload = f.unpad(flags, payload, stream_id)
         if flags & f.PRIORITY_FLAG:
             if len(payload) < 5:
                 raise H2ConnectionError(ErrorCode.FRAME_SIZE_ERROR, "HEADERS too short for its priority")
@@ -268,6 +290,39 @@ class H2Connection(H2Control):
         if out:
             self._write(b"".join(out))
         if ended:  # after the write: closing the stream may close the connection (GOAWAY sent)
+            self._closed(stream_id, stream)
+
+    def respond_message(self, stream_id: int, head: bytes, message: bytes, trailers: bytes) -> None:
+        """A whole unary gRPC answer on ``stream_id``: headers, ``message`` behind gRPC's 5-byte length prefix,
+        trailers. When each fits one frame and the windows, the three frames are packed in one join (what
+        ``respond`` writes, without its queue); otherwise it is ``respond``."""
+        stream = self._streams.get(stream_id)
+        if stream is None:
+            return
+        sender = self._sender
+        size = 5 + len(message)
+        # one bound for the three frames: each then fits the peer's frame size
+        if (sender.table_update or sender.paused or stream.pending or size > stream.send_window
+                or size > sender.window or size + len(head) + len(trailers) > sender.frame_size):
+            self.respond(stream_id, head, b"\x00" + len(message).to_bytes(4, "big") + message, trailers)
+            return
+        pack = _PACK_HEADER
+        frames = b"".join((pack(len(head) << 8 | _HEADERS, _END_HEADERS, stream_id), head,
+                           _PACK_DATA_MESSAGE(size << 8, 0, stream_id, 0, size - 5), message,
+                           pack(len(trailers) << 8 | _HEADERS, _END_TRAILERS, stream_id), trailers))
+        cork = self._cork
+        if cork is not None:
+            cork.append(frames)
+        else:
+            self._write(frames)
+        stream.send_window -= size
+        sender.window -= size
+        if stream.remote_closed and not stream.held and not self._closing:
+            # _closed for the usual case: nothing to reset, release or finish; answered streams refill the budget
+            del self._streams[stream_id]
+            if self._reset_budget < RESET_BUDGET:
+                self._reset_budget += 1
+        else:
             self._closed(stream_id, stream)
 
     def trailers_only(self, stream_id: int, block: bytes) -> None:

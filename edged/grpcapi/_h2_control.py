@@ -88,7 +88,8 @@ class H2Control(asyncio.Protocol):
             self._sender.window += increment
             if self._sender.window > f.MAX_WINDOW:
                 raise H2ConnectionError(ErrorCode.FLOW_CONTROL_ERROR, "the connection's window past 2^31-1")
-            self._flush()
+            if self._streams:  # gRPC clients send one after every answer, mostly when no stream is left
+                self._flush()
             return
         if stream_id > self._last_id:
             raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, f"WINDOW_UPDATE on idle stream {stream_id}")
@@ -100,7 +101,8 @@ class H2Control(asyncio.Protocol):
         stream.send_window += increment
         if stream.send_window > f.MAX_WINDOW:
             raise H2StreamError(stream_id, ErrorCode.FLOW_CONTROL_ERROR, "the stream's window past 2^31-1")
-        self._flush()
+        if stream.pending or stream.trailers is not None:  # only this stream's output can move
+            self._flush()
 
     def _rst_stream(self, stream_id: int, payload: memoryview) -> None:
         if len(payload) != 4:

@@ -4,7 +4,10 @@ Invariants: the peer never has more than ``CONNECTION_WINDOW`` unacknowledged on
 ``STREAM_WINDOW`` on a stream (past either is its flow-control error); a window is granted back once half of it
 is used, except while a stream is held (its call takes no more input): then neither that stream's window nor
 the connection's is granted, so a client writing faster than edged answers waits in its own flow control.
-Each method returns the WINDOW_UPDATE frames to write (``b""`` for none); the connection writes them.
+Each method returns the WINDOW_UPDATE frames to write (``b""`` for none); the connection writes them. The
+connection adds each DATA frame's length to ``unacked`` and its stream's ``recv_unacked`` itself and calls
+``connection_due`` or ``stream_due`` only once that reaches ``CONNECTION_DUE`` or ``STREAM_DUE`` (half the
+window): the checks of every frame cost no call, and the window's limit is checked where it can be passed.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from edged.grpcapi._h2_output import H2Stream
 
 STREAM_WINDOW = 8 << 20
 CONNECTION_WINDOW = 16 << 20
+STREAM_DUE = STREAM_WINDOW // 2
+CONNECTION_DUE = CONNECTION_WINDOW // 2
 
 
 class Inflow:
@@ -24,22 +29,20 @@ class Inflow:
         self.unacked = 0  # connection bytes received and not granted back
         self.held = 0  # streams held
 
-    def connection(self, length: int) -> bytes:
-        """``length`` bytes of DATA arrived on the connection."""
-        self.unacked += length
+    def connection_due(self) -> bytes:
+        """``unacked`` (with the DATA just arrived) has reached ``CONNECTION_DUE``."""
         if self.unacked > CONNECTION_WINDOW:
             raise H2ConnectionError(ErrorCode.FLOW_CONTROL_ERROR, "DATA beyond the connection's window")
-        if self.unacked >= CONNECTION_WINDOW // 2 and not self.held:
+        if self.unacked >= CONNECTION_DUE and not self.held:
             return self._grant()
         return b""
 
     @staticmethod
-    def stream(stream_id: int, stream: H2Stream, length: int, end_stream: bool) -> bytes:
-        """``length`` bytes of DATA arrived on ``stream``."""
-        stream.recv_unacked += length
+    def stream_due(stream_id: int, stream: H2Stream, end_stream: bool) -> bytes:
+        """``stream.recv_unacked`` (with the DATA just arrived) has reached ``STREAM_DUE``."""
         if stream.recv_unacked > STREAM_WINDOW:
             raise H2StreamError(stream_id, ErrorCode.FLOW_CONTROL_ERROR, "DATA beyond the stream's window")
-        if not end_stream and not stream.held and stream.recv_unacked >= STREAM_WINDOW // 2:
+        if not end_stream and not stream.held and stream.recv_unacked >= STREAM_DUE:
             update = f.window_update(stream_id, stream.recv_unacked)
             stream.recv_unacked = 0
             return update

@@ -150,7 +150,8 @@ class Decoder:
         hit = self._cache.get(data)
         if hit is not None:
             headers, size = hit
-            self._check_list_size(size)
+            if size > self.max_header_list_size:
+                self._check_list_size(size)
             return list(headers)
         return self._decode(data)
 

@@ -1,12 +1,13 @@
 """ModelInfer and ModelStreamInfer on the shared engine, as the HTTP infer path calls it.
 
-A request is decoded on the loop, submitted with ``InferenceService.submit`` (inline when the engine says the
-model is fast enough) and its done callback encodes the response and hands it on (``begin``: the unary path,
-with no task or future), hopping back to the loop with ``call_soon_threadsafe`` when it runs on a worker
-thread. A lazily loaded model is loaded in the executor
-first. On a stream every request is served concurrently and its response (or its ``error_message``) is sent
-when it completes, so one bad request in the middle of a stream costs that request only; the stream ends when
-the client half-closes and every response has been sent.
+A request is decoded on the loop (``decode``: through a cached layout when the bytes around its tensors repeat,
+``_layouts``), submitted with ``InferenceService.submit`` (inline when the engine says the model is fast enough)
+and its done callback encodes the response to its serialised bytes and hands them on (``begin``: the unary
+path, with no task or future), hopping back to the loop with ``call_soon_threadsafe`` when it runs on a worker
+thread. A lazily loaded model is loaded in the executor first. On a stream every request is served
+concurrently and its response (or its ``error_message``) is sent when it completes, so one bad request in the
+middle of a stream costs that request only; the stream ends when the client half-closes and every response has
+been sent.
 """
 
 from __future__ import annotations
@@ -18,14 +19,16 @@ from collections.abc import AsyncIterator, Callable
 
 from edged.engine import InferenceService, InferResponse
 from edged.errors import EdgedError, InferenceFailed
-from edged.grpcapi._tensors import Decoded, decode_infer, encode_infer
+from edged.grpcapi._layouts import RequestLayouts, ResponseLayouts, encode_varint
+from edged.grpcapi._tensors import Decoded, decode_infer
 from edged.grpcapi.proto import grpc_service_pb2 as pb
 from edged.protocol.shm_params import ShmReference
 from edged.shm import TCP_CALLER, Caller, SharedMemoryRegistry
 
 log = logging.getLogger(__name__)
 _Result = InferResponse | EdgedError
-_Answer = pb.ModelInferResponse | EdgedError
+_Answer = bytes | EdgedError  # a serialised ModelInferResponse, or why there is none
+_INFER_RESPONSE_TAG = b"\x12"  # ModelStreamInferResponse.infer_response: field 2, length-delimited
 
 
 def _tcp_caller() -> Caller:
@@ -41,25 +44,29 @@ class GrpcInfer:
         self._max_elements = max_elements
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
+        requests = RequestLayouts(max_elements, self._read)
+        # a serialised ModelInferRequest as the engine's request; InvalidInput when it is not a valid one
+        self.decode: Callable[[bytes], Decoded] = requests.decode
+        self._responses = ResponseLayouts()
 
-    async def infer(self, message: pb.ModelInferRequest) -> pb.ModelInferResponse:
-        """The response, or an EdgedError raised for the caller to turn into a status."""
-        if self._service.needs_load(message.model_name):
-            await self._loop.run_in_executor(None, self._service.ensure_loaded, message.model_name)
+    def needs_load(self, decoded: Decoded) -> bool:
+        return self._service.needs_load(decoded.request.model)
+
+    async def infer(self, decoded: Decoded) -> bytes:
+        """The serialised response, or an EdgedError raised for the caller to turn into a status."""
+        if self.needs_load(decoded):
+            await self._loop.run_in_executor(None, self._service.ensure_loaded, decoded.request.model)
         future: asyncio.Future[_Answer] = self._loop.create_future()
-        self.begin(message, lambda answer: _resolve(future, answer))
+        self.begin(decoded, lambda answer: _resolve(future, answer))
         answer = await future
         if isinstance(answer, EdgedError):
             raise answer
         return answer
 
-    def begin(self, message: pb.ModelInferRequest, finish: Callable[[_Answer], None]) -> None:
-        """Submit ``message`` and have ``finish`` called on the loop with the response or the error: the unary
+    def begin(self, decoded: Decoded, finish: Callable[[_Answer], None]) -> None:
+        """Submit ``decoded`` and have ``finish`` called on the loop with the response or the error: the unary
         path, with no task and no future (the model is loaded: see ``needs_load``)."""
         try:
-            decoded = decode_infer(message, self._max_elements, self._read)
-            request = decoded.request
-            service = self._service
             loop_thread = self._loop_thread
 
             def done(result: _Result) -> None:
@@ -68,19 +75,17 @@ class GrpcInfer:
                 else:
                     self._loop.call_soon_threadsafe(self._encode, result, decoded, finish)
 
-            service.submit(request, done, inline=service.should_inline(request.model, request.version))
+            # inline if the model is fast, decided on the version submit resolves anyway (one lookup)
+            self._service.submit(decoded.request, done, inline=None)
         except EdgedError as e:
             finish(e)
-
-    def needs_load(self, message: pb.ModelInferRequest) -> bool:
-        return self._service.needs_load(message.model_name)
 
     def _encode(self, result: _Result, decoded: Decoded, finish: Callable[[_Answer], None]) -> None:
         if isinstance(result, EdgedError):
             finish(result)
             return
         try:
-            answer = encode_infer(result, decoded.outputs, self._write)
+            answer = self._responses.encode(result, decoded.outputs, self._write)
         except EdgedError as e:
             finish(e)
             return
@@ -90,9 +95,9 @@ class GrpcInfer:
             return
         finish(answer)
 
-    async def stream(self, requests: AsyncIterator[pb.ModelInferRequest],
-                     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        answers: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+    async def stream(self, requests: AsyncIterator[pb.ModelInferRequest]) -> AsyncIterator[bytes]:
+        """Serialised ModelStreamInferResponses, one per request, as each completes."""
+        answers: asyncio.Queue[bytes | None] = asyncio.Queue()
         pending: set[asyncio.Task[None]] = set()
 
         async def serve(message: pb.ModelInferRequest) -> None:
@@ -119,16 +124,19 @@ class GrpcInfer:
             for task in list(pending):
                 task.cancel()
 
-    async def _stream_answer(self, message: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
+    async def _stream_answer(self, message: pb.ModelInferRequest) -> bytes:
         try:
-            return pb.ModelStreamInferResponse(infer_response=await self.infer(message))
+            response = await self.infer(decode_infer(message, self._max_elements, self._read))
+            # ModelStreamInferResponse(infer_response=response) without parsing the response back
+            return _INFER_RESPONSE_TAG + encode_varint(len(response)) + response
         except EdgedError as e:
-            return pb.ModelStreamInferResponse(
+            answer = pb.ModelStreamInferResponse(
                 error_message=str(e), infer_response=pb.ModelInferResponse(
                     model_name=message.model_name, model_version=message.model_version, id=message.id))
         except Exception as e:  # a bug must not end the stream for the requests after it
             log.exception("unexpected error in a gRPC stream request (model %s)", message.model_name)
-            return pb.ModelStreamInferResponse(error_message=f"internal error: {e}")
+            answer = pb.ModelStreamInferResponse(error_message=f"internal error: {e}")
+        return answer.SerializeToString()
 
     def _read(self, reference: ShmReference) -> memoryview:
         return self._shm.readable(reference, self._caller())

@@ -82,7 +82,7 @@ class StreamCall:
         call = self._call
         try:
             async for answer in self._infer.stream(self._incoming()):
-                call.send(answer.SerializeToString())
+                call.send(answer)
                 self._answered()
             call.close()
         except EdgedError as e:

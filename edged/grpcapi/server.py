@@ -45,7 +45,7 @@ from edged.engine import InferenceService
 from edged.errors import EdgedError
 from edged.grpcapi import _hpack as hpack
 from edged.grpcapi._access import GrpcAccess
-from edged.grpcapi._grpc_stream import CallLimits, GrpcCall, open_call
+from edged.grpcapi._grpc_stream import CallLimits, GrpcCall, RequestHeads, open_call
 from edged.grpcapi._h2_connection import H2Connection
 from edged.grpcapi._infer import GrpcInfer
 from edged.grpcapi._listeners import GrpcListener, open_grpc_listeners
@@ -110,6 +110,7 @@ class GrpcServer:
         self._table: dict[str, Callable[..., Any]] = self._unary_table()
         self._limits = CallLimits(config.grpc_max_message_mb * _MB, BodyBudget(config.max_inflight_body_bytes),
                                   config.request_timeout_s)
+        self._heads = RequestHeads()  # request headers parsed once per distinct list (access is judged per call)
         self._sweeper: asyncio.Task[None] | None = None
         self._streams = StreamStats()
         self._metrics = GrpcMetrics(RPCS)
@@ -117,7 +118,9 @@ class GrpcServer:
         self._servers: list[asyncio.Server] = []
         self._connections: set[H2Connection] = set()
         # Unix-socket connections, with their inference path once the peer is known (shared memory as the peer)
-        self._peered: dict[H2Connection, GrpcInfer | None] = {}
+        # A Unix-socket connection's peer, its own inference path and ModelInfer starter, made on its first
+        # stream (None until then); TCP connections are not in it.
+        self._peered: dict[H2Connection, _Peered | None] = {}
         self._listeners: list[GrpcListener] = []
         self.addresses: list[str] = []
 
@@ -224,18 +227,15 @@ class GrpcServer:
         self._connections.discard(conn)
         self._peered.pop(conn, None)
 
-    def _peer(self, conn: H2Connection) -> tuple[Peer | None, GrpcInfer | None]:
-        """A Unix-socket connection's peer and its own inference path (shared memory used as that peer); for
-        TCP, no peer and None: the shared path, as a TCP caller."""
-        if conn not in self._peered:
-            return None, None
+    def _peer(self, conn: H2Connection) -> _Peered:
+        """A Unix-socket connection's peer, its own inference path (shared memory used as that peer) and its
+        ModelInfer starter, made once per connection."""
         peer = conn.peer_credentials()
-        infer = self._peered[conn]
-        if infer is None:
-            access = self._access
-            infer = self._peered[conn] = GrpcInfer(self._service, self._shm, self._config.max_tensor_elements,
-                                                   caller=lambda: access.caller(peer))
-        return peer, infer
+        access = self._access
+        infer = GrpcInfer(self._service, self._shm, self._config.max_tensor_elements,
+                          caller=lambda: access.caller(peer))
+        peered = self._peered[conn] = (peer, infer, _bound(self._start_infer, infer))
+        return peered
 
     # --- dispatch -------------------------------------------------------------------------------------------
     def _unary_table(self) -> dict[str, Callable[..., Any]]:
@@ -254,7 +254,7 @@ class GrpcServer:
     def _open(self, conn: H2Connection, stream_id: int, headers: list[tuple[bytes, bytes]],
               end_stream: bool) -> GrpcCall | None:
         calls = self._metrics.calls
-        call = open_call(conn, stream_id, headers, self._limits, calls[UNKNOWN])
+        call = open_call(conn, stream_id, headers, self._limits, calls[UNKNOWN], self._heads)
         if call is None:
             return None
         path = call.request.path
@@ -263,7 +263,8 @@ class GrpcServer:
             call.fail(Status.UNIMPLEMENTED, f"method {path.decode('latin-1')!r} is not served by edged")
             return call
         call.tally = calls[name]
-        peer, infer = self._peer(conn)
+        peered = self._peered.get(conn, _TCP)
+        peer, infer, start_infer = peered or self._peer(conn)
         try:
             self._admit(name, call.request.metadata, peer)
         except EdgedError as e:
@@ -275,7 +276,7 @@ class GrpcServer:
                 raise RuntimeError("GrpcServer.start() has not run")
             StreamCall(call, infer, self._streams)
         elif name == "ModelInfer":
-            _expect_one(call, self._start_infer if infer is None else _bound(self._start_infer, infer))
+            _expect_one(call, start_infer or self._start_infer)
         else:
             _expect_one(call, self._unary_starter(name, peer))
         if end_stream:
@@ -298,13 +299,11 @@ class GrpcServer:
         infer = infer or self._infer
         if infer is None:
             raise RuntimeError("GrpcServer.start() has not run")
-        message = parse(call, pb.ModelInferRequest, data)
-        if message is None:
-            return
-        if infer.needs_load(message):
-            call.task = asyncio.get_running_loop().create_task(self._run(call, infer.infer, message))
+        decoded = infer.decode(data)  # InvalidInput: answered INVALID_ARGUMENT by _expect_one
+        if infer.needs_load(decoded):
+            call.task = asyncio.get_running_loop().create_task(self._run(call, infer.infer, decoded))
         else:
-            infer.begin(message, lambda answer: _answer(call, answer))
+            infer.begin(decoded, call.answer)
 
     def _unary_starter(self, name: str, peer: Peer | None) -> Callable[[GrpcCall, bytes], None]:
         function = self._table[name]
@@ -342,6 +341,12 @@ class GrpcServer:
         except Exception as e:  # a bug answers INTERNAL, never a hung call
             log.exception("unexpected error in a gRPC call")
             call.fail(Status.INTERNAL, f"internal error: {e}")
+
+
+# What _open needs of a connection's caller: its peer (None over TCP), its inference path and ModelInfer starter
+# (None over TCP: the server's shared ones).
+_Peered = tuple["Peer | None", "GrpcInfer | None", "Callable[[GrpcCall, bytes], None] | None"]
+_TCP: _Peered = (None, None, None)
 
 
 def _bound(start: Callable[[GrpcCall, bytes, GrpcInfer], None], infer: GrpcInfer,
@@ -383,4 +388,4 @@ def _answer(call: GrpcCall, answer: Any) -> None:
     if isinstance(answer, EdgedError):
         call.fail(code_for(answer), str(answer))
     else:
-        call.reply(answer.SerializeToString())
+        call.reply(answer if isinstance(answer, bytes) else answer.SerializeToString())
