@@ -142,3 +142,16 @@ def test_after_a_batch_a_lone_request_goes_to_a_worker_so_a_beginning_burst_can_
         assert Run(service).by_caller  # and that one ran alone: solo again
     finally:
         service.close()
+
+
+def test_sixteen_submitted_together_after_solo_traffic_still_form_one_batch(tmp_path: Path) -> None:
+    service = serve(tmp_path)
+    try:
+        Run(service)
+        assert Run(service).by_caller  # solo traffic: the next lone request would be its caller's
+        results: list[InferResponse | EdgedError] = []
+        service.submit_many("m", "", [(InferRequest("m", {"input": X}), results.append) for _ in range(16)])
+        settle(scheduler_of(service))
+        assert engine_fakes.CONCURRENCY["batches"] == [1, 1, 16] and len(results) == 16
+    finally:
+        service.close()
