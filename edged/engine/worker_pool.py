@@ -13,7 +13,7 @@ has read (`intake`), the batch waits for them once, for at most the delay again;
 A lone request of a model its caller may run (inline) has no worker at all when the delay is short
 (CALLER_DELAY_MAX_NS): its caller holds an instance, waits the delay out itself and runs the batch, so the
 request pays neither the hop to a worker nor the one back (about 70 µs each, docs/field-notes.md), and the
-wait sleeps only until shortly before its end (edged.engine.delay_wait), since a sleep ends up to 130 µs late.
+wait sleeps only until shortly before its end (edged.engine.delay_wait): a sleep ends 20-130 µs late (p50).
 A submit that fills the batch wakes that caller and no worker. Only a submit that finds nothing queued, running
 or waiting, no front end holding requests it has read, and the model's previous batch run alone after its
 delay (solo traffic) is lone: the caller's thread (an event loop) does nothing else while it waits, so the bet
