@@ -14,6 +14,10 @@ overshoot, and tiny_b16_d<D> (max_batch_size 16) for each ``--delays`` D for the
 
     PYTHONPATH=$PWD .venv/bin/python scripts/bench_batch_delay.py [--seconds 10] [--clients procs asyncio burst pa]
         [--delays 200 1000 5000] [--skip-c1] [--trees /tmp/base . --rounds 4]
+    PYTHONPATH=$PWD .venv/bin/python scripts/bench_batch_delay.py --lateness
+
+``--lateness`` only measures how late this machine's timed waits end (the thread's timer slack set to 1 µs, as
+edged's waiting threads have it): what edged.engine.delay_wait spins to cover, p50/p90/p99 per wait length.
 
 ``burst`` is the asyncio client in rounds: every connection sends at once, the next round when all answers are
 in (requests that arrive together, as the best case). ``--trees`` runs one server per edged checkout (its
@@ -33,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -165,6 +170,23 @@ def serve(path: str, port: int, delays: list[int]) -> None:
     uvloop.run(main())
 
 
+def lateness(waits_us: tuple[int, ...] = (20, 50, 100, 200, 400), count: int = 2000) -> None:
+    from edged.engine.worker_pool import precise_timers
+    precise_timers()
+    lock = threading.Lock()
+    lock.acquire()
+    for wait_us in waits_us:
+        late = sorted(_late_ns(lock, wait_us) for _ in range(count))
+        print(f"timed wait of {wait_us:3} µs ends late by p50 {late[count // 2] / 1000:.0f} µs, "
+              f"p90 {late[count * 9 // 10] / 1000:.0f} µs, p99 {late[count * 99 // 100] / 1000:.0f} µs")
+
+
+def _late_ns(lock: threading.Lock, wait_us: int) -> int:
+    start = time.perf_counter_ns()
+    lock.acquire(True, wait_us / 1e6)  # never free: it times out, as a batching delay's wait does
+    return time.perf_counter_ns() - start - wait_us * 1000
+
+
 # --- the driver ----------------------------------------------------------------------------------------
 def _clients(path: str, models: list[str], seconds: float, count: int) -> list[dict[str, list[int]]]:
     procs = [subprocess.Popen([sys.executable, __file__, "--client", path, ",".join(models), str(seconds)],
@@ -262,6 +284,8 @@ if __name__ == "__main__":
         run_client(sys.argv[2], sys.argv[3].split(","), float(sys.argv[4]))
     elif len(sys.argv) > 1 and sys.argv[1] == "--asyncio-client":
         run_asyncio_client(int(sys.argv[2]), sys.argv[3], float(sys.argv[4]), int(sys.argv[5]), sys.argv[6] == "burst")
+    elif len(sys.argv) > 1 and sys.argv[1] == "--lateness":
+        lateness()
     elif len(sys.argv) > 1 and sys.argv[1] == "--serve":
         serve(sys.argv[2], int(sys.argv[3]), [int(value) for value in sys.argv[4:]])
     else:

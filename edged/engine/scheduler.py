@@ -5,8 +5,9 @@ compatible request that queued up meanwhile; a submitter that finds all instance
 busy executor picks its request up when its current batch ends. So an idle model pays no thread hop (about
 70 µs on these machines, docs/field-notes.md), and under load requests batch themselves. Submitters that must not
 block (an event loop with a slow model) or models with a queue delay use worker threads instead, one per
-instance, started on first need. A lone request on an idle model with nothing queued skips the queue altogether
-(`_run_alone`); every call on that path is paid per request, so it stays one straight method here.
+instance, started on first need (a lone request with a short delay excepted: its caller waits, `worker_pool`).
+A lone request on an idle model with nothing queued skips the queue altogether (`_run_alone`); every call
+on that path is paid per request, so it stays one straight method here.
 
 Inline work is bounded from the moment the caller takes the instance, whatever the priorities: at most
 INLINE_MAX_BATCHES batches and INLINE_MAX_NS, and INLINE_EXTRA_BATCHES once the caller's own requests are done;
@@ -100,7 +101,7 @@ class Scheduler(WorkerPool):
         with self._lock:
             error = self._admit_locked(item)
             if error is None:
-                if inline and not self._delay_ns and self._idle:
+                if inline and self._idle and (not self._delay_ns or self._caller_waits_locked(inline)):
                     instance = self._idle.pop()
                     self._executing += 1
                 else:
@@ -108,6 +109,8 @@ class Scheduler(WorkerPool):
         if error is not None:
             self._finish_error(item, error)
         elif instance is not None:
+            if self._delay_ns:  # a lone request: its caller waits the delay out and runs it (worker_pool)
+                self._wait_out_delay(instance)
             self._drain_inline(instance, (item,))
 
     def _run_alone(self, instance: ModelInstance, request: InferRequest, plan: InputPlan, done: Done) -> None:

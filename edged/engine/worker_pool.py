@@ -9,6 +9,15 @@ have work. `close` has its own condition, so a notify meant for a worker is neve
 A batching delay (max_queue_delay_microseconds) counts from the first queued request; a worker waiting it out
 is woken early only by a submit that fills the batch. When it ends while a front end still holds requests it
 has read (`intake`), the batch waits for them once, for at most the delay again; a lone request never does.
+
+A lone request of a model its caller may run (inline) has no worker at all when the delay is short
+(CALLER_DELAY_MAX_NS): its caller holds an instance, waits the delay out itself and runs the batch, so the
+request pays neither the hop to a worker nor the one back (about 70 µs each, docs/field-notes.md), and the
+wait sleeps only until shortly before its end (edged.engine.delay_wait): a sleep ends 20-130 µs late (p50).
+A submit that fills the batch wakes that caller and no worker. Only a submit that finds nothing queued, running
+or waiting, no front end holding requests it has read, and the model's previous batch run alone after its
+delay (solo traffic) is lone: the caller's thread (an event loop) does nothing else while it waits, so the bet
+is taken only where nothing else was arriving, and lost at most once when a burst begins.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ from collections.abc import Sequence
 
 from edged.backends.base import ModelInstance
 from edged.engine.batch_execution import BatchExecution
+from edged.engine.delay_wait import Lateness, spin_until
 from edged.engine.intake import Intake
 from edged.engine.queue_policy import Pending, PriorityQueues
 from edged.engine.stats import VersionStats
@@ -30,12 +40,16 @@ from edged.repository.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
 
-__all__ = ["WORKER_TIMER_SLACK_NS", "WorkerPool"]
+__all__ = ["CALLER_DELAY_MAX_NS", "WORKER_TIMER_SLACK_NS", "WorkerPool", "precise_timers"]
 
 # Linux rounds a thread's timed waits up by its timer slack (50 µs by default); a worker waiting out a batching
 # delay of 100 µs must wake on time, so workers ask for 1 µs.
 _PR_SET_TIMERSLACK = 29
 WORKER_TIMER_SLACK_NS = 1000
+# The longest batching delay a lone request's caller waits out itself: its thread (an event loop) is blocked
+# meanwhile, as by an inline execution, so no longer than the inline work a loop already lends (INLINE_MAX_NS,
+# inline_execution_max_us); past a few hundred µs the two hops are a small share of the delay anyway.
+CALLER_DELAY_MAX_NS = 500_000
 
 
 class WorkerPool(BatchExecution):
@@ -57,6 +71,13 @@ class WorkerPool(BatchExecution):
         # in the middle of reading the requests that were to join the batch.
         self._delaying = 0
         self._held_for = 0  # enqueued_ns of the first request of the batch last held for the intake
+        # A caller waiting out the delay itself (`_wait_out_delay`), on its own condition: a submit that fills its
+        # batch must wake it, and never a worker in its place.
+        self._caller_waiting = False
+        self._caller_wake = threading.Condition(self._lock)
+        self._solo = False  # the last batch taken ran one request alone after its delay: lone traffic
+        self._lateness = Lateness()  # of the caller's sleeps, so it wakes before the delay's end and spins the rest
+        self._precise = threading.local()  # .set: this thread's timer slack is WORKER_TIMER_SLACK_NS
         # `close` waits here for the queue to drain. Its own condition: a notify meant for a worker must never
         # be spent on it, or queued requests wait with an idle instance and a sleeping worker.
         self._settled = threading.Condition(self._lock)
@@ -84,6 +105,10 @@ class WorkerPool(BatchExecution):
         """Queued work that no caller runs: make sure workers exist, and wake one only if an instance is free for
         it. While all are busy, whoever finishes takes the queue; a worker woken now would only go back to sleep,
         after taking the GIL from the threads that have work."""
+        if self._caller_waiting:  # the waiting caller runs what is queued: wake it once the batch is full, only it
+            if self._batch_full_locked():
+                self._caller_wake.notify()
+            return
         if not self._workers:
             self._ensure_workers_locked()
         if self._sleepers and self._idle and not (self._delaying and not self._batch_full_locked()):
@@ -118,7 +143,7 @@ class WorkerPool(BatchExecution):
             thread.start()
 
     def _worker(self) -> None:
-        _precise_timers()
+        precise_timers()
         self._lock.acquire()
         try:
             while True:
@@ -183,6 +208,56 @@ class WorkerPool(BatchExecution):
         self._held_for = first
         return remaining / 1e9, True
 
+    def _caller_waits_locked(self, inline: bool) -> bool:
+        """Whether the caller of the lone request just queued waits out the delay itself (module docstring)."""
+        return (inline and self._solo and 0 < self._delay_ns <= CALLER_DELAY_MAX_NS and bool(self._idle)
+                and self._queue.count == 1 and not (self._executing or self._delaying or self._closed)
+                and not (self._intake is not None and self._intake.is_open))
+
+    def _wait_out_delay(self, instance: ModelInstance) -> None:
+        """Wait on the caller's thread, which holds ``instance``, until the batch is full or its delay is over (or
+        the pool closes): asleep while more than `Lateness.spin_ns` is left, since a sleep ends that late. Should
+        the wait be interrupted, the instance goes back to the pool and the queue to the workers."""
+        if not getattr(self._precise, "set", False):
+            precise_timers()
+            self._precise.set = True
+        try:
+            self._wait_for_batch()
+        except BaseException:
+            with self._lock:
+                self._idle.append(instance)
+                self._executing -= 1
+                self._ensure_workers_locked()
+                self._notify_locked()
+            raise
+
+    def _wait_for_batch(self) -> None:
+        with self._lock:
+            self._delaying += 1
+            self._caller_waiting = True
+            try:
+                while not self._closed:
+                    level = self._queue.urgent()
+                    if level is None or level.rows() >= self._target:
+                        return
+                    end = level.first().enqueued_ns + self._delay_ns
+                    wake = end - self._lateness.spin_ns
+                    now = time.perf_counter_ns()
+                    if now >= end:
+                        return
+                    if now < wake:
+                        if not self._caller_wake.wait((wake - now) / 1e9):  # timed out, not woken by a submit
+                            self._lateness.observe(time.perf_counter_ns() - wake)
+                        continue
+                    self._lock.release()  # submits from other threads may join while it spins
+                    try:
+                        spin_until(end)
+                    finally:
+                        self._lock.acquire()
+            finally:
+                self._caller_waiting = False
+                self._delaying -= 1
+
     def _batch_full_locked(self) -> bool:
         level = self._queue.urgent()
         return level is not None and level.rows() >= self._target
@@ -200,7 +275,10 @@ class WorkerPool(BatchExecution):
             now = time.perf_counter_ns()
             if queue.next_deadline_ns < now:
                 expired = queue.expire(now)
-        return queue.take(), expired
+        batch = queue.take()
+        if self._delay_ns:
+            self._solo = len(batch) == 1
+        return batch, expired
 
     # --- shutdown ------------------------------------------------------------------------------------------
     def close(self, timeout_s: float) -> bool:
@@ -211,6 +289,7 @@ class WorkerPool(BatchExecution):
             if self._queue.count:
                 self._ensure_workers_locked(closing=True)
             self._notify_locked(everyone=True)
+            self._caller_wake.notify_all()
             while self._queue.count + self._executing and time.monotonic() < deadline:
                 self._settled.wait(min(0.05, max(0.0, deadline - time.monotonic())))
             leftover = self._queue.drain()
@@ -223,7 +302,7 @@ class WorkerPool(BatchExecution):
         return clean
 
 
-def _precise_timers() -> None:
+def precise_timers() -> None:
     """Set the calling thread's timer slack to WORKER_TIMER_SLACK_NS (Linux; elsewhere waits stay as they are)."""
     if not sys.platform.startswith("linux"):
         return

@@ -1,12 +1,14 @@
 """Batch formation over the socket API: 16 connections that send at once, to a model with a batching delay,
 get one batch of 16 (the loop submits what it reads together, the scheduler waits out the delay), and the
 service's intake (edged.engine.intake), open while the loop holds requests back, is closed once they are
-submitted, so no later batch waits on it."""
+submitted, so no later batch waits on it. A lone client's requests to a model with a short delay are waited out
+and run on the event loop's thread once its traffic is solo: no worker is woken for them."""
 
 from __future__ import annotations
 
 import shutil
 import socket
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -18,14 +20,14 @@ from edged.protocol import encode_request
 CLIENTS = 16
 
 
-def delay_model(tmp_path: Path) -> Path:
+def delay_model(tmp_path: Path, delay_us: int = 2_000_000) -> Path:
     repo = tmp_path / "repo"
     (repo / "tiny_d" / "1").mkdir(parents=True)
     shutil.copyfile(MODELS / "tiny_mlp" / "1" / "model.onnx", repo / "tiny_d" / "1" / "model.onnx")
     config = (MODELS / "tiny_mlp" / "config.pbtxt").read_text().replace('"tiny_mlp"', '"tiny_d"')
-    # a 2 s delay: the batch runs once it holds 16 rows, long before; only arrivals spread over 2 s could split it
+    # 2 s by default: the batch runs once it holds 16 rows, long before; only arrivals spread over 2 s split it
     config = config.replace("max_batch_size: 64", f"max_batch_size: {CLIENTS}").replace(
-        "dynamic_batching { }", "dynamic_batching { max_queue_delay_microseconds: 2000000 }")
+        "dynamic_batching { }", f"dynamic_batching {{ max_queue_delay_microseconds: {delay_us} }}")
     (repo / "tiny_d" / "config.pbtxt").write_text(config)
     return repo
 
@@ -65,4 +67,31 @@ def test_sixteen_connections_sending_at_once_form_one_batch_and_leave_the_intake
     finally:
         for sock in sockets:
             sock.close()
+        running.stop()
+
+
+def test_a_lone_clients_requests_with_a_short_delay_wake_no_worker(tmp_path: Path) -> None:
+    running = RunningServer(delay_model(tmp_path, 200), ServerConfig(), tmp_path / "edged.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(30)
+        sock.connect(str(tmp_path / "edged.sock"))
+        request = raw_request()
+        sock.sendall(request)  # the first waits on a worker: no traffic seen yet, a burst may be beginning
+        assert read_status(sock) == b"HTTP/1.1 200 OK"
+        scheduler = running.service.record_for("tiny_d").versions[1].scheduler
+        assert scheduler is not None
+        for _ in range(30_000):  # the worker's bookkeeping ends after the answer
+            if not scheduler.in_flight:
+                break
+            threading.Event().wait(0.001)
+        wakeups = scheduler.wakeups
+        for _ in range(5):
+            sock.sendall(request)
+            assert read_status(sock) == b"HTTP/1.1 200 OK"
+        assert scheduler.wakeups == wakeups  # each ran on the loop's thread once its delay was over
+        stats = running.service.statistics("tiny_d")["model_stats"][0]
+        assert (stats["inference_count"], stats["execution_count"]) == (6, 6)
+    finally:
+        sock.close()
         running.stop()

@@ -1,0 +1,157 @@
+"""Who waits out a short batching delay: a lone request's own caller, when it may run the model (inline), once
+the model's traffic is solo; a worker otherwise (a longer delay, a front end holding requests it has read, a
+caller that must not block, the first request after a batch). Through the real engine and scheduler with the
+doubling test backend, which records each execution's batch size; the thread a completion callback runs on is
+the thread that executed the batch."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from pathlib import Path
+
+import engine_fakes
+import numpy as np
+from modelgen import add_custom_model
+
+from edged.engine import InferenceService, InferRequest, InferResponse
+from edged.engine.scheduler import Scheduler
+from edged.engine.worker_pool import CALLER_DELAY_MAX_NS, WORKER_TIMER_SLACK_NS
+from edged.errors import EdgedError
+
+X = np.ones((1, 4), np.float32)
+SHORT_DELAY_US = 200
+_PR_GET_TIMERSLACK = 30
+
+
+def serve(tmp_path: Path, delay_us: int = SHORT_DELAY_US) -> InferenceService:
+    add_custom_model(tmp_path, "m", "doubling", f"dynamic_batching {{ max_queue_delay_microseconds: {delay_us} }}",
+                     max_batch=16)
+    return engine_fakes.start_service(tmp_path)
+
+
+def scheduler_of(service: InferenceService) -> Scheduler:
+    scheduler = service.record_for("m").versions[1].scheduler
+    assert scheduler is not None
+    return scheduler
+
+
+class Run:
+    """One request submitted from a fresh thread: which thread executed it, and that thread's timer slack."""
+
+    def __init__(self, service: InferenceService, inline: bool = True) -> None:
+        self.result: InferResponse | EdgedError | None = None
+        self.ran_on = 0
+        self.slack = 0
+        self.caller = 0
+        self.finished = threading.Event()
+        self.returned_done = False  # the result was in when submit returned
+        libc = ctypes.CDLL(None, use_errno=True)
+
+        def done(result: InferResponse | EdgedError) -> None:
+            self.result, self.ran_on = result, threading.get_ident()
+            self.finished.set()
+
+        def submit() -> None:
+            self.caller = threading.get_ident()
+            service.submit(InferRequest("m", {"input": X}), done, inline=inline)
+            self.returned_done = self.finished.is_set()
+            self.slack = libc.prctl(_PR_GET_TIMERSLACK, 0, 0, 0, 0)
+
+        thread = threading.Thread(target=submit)
+        thread.start()
+        thread.join(30)
+        assert self.finished.wait(30)
+        assert isinstance(self.result, InferResponse), self.result
+        settle(scheduler_of(service))
+
+    @property
+    def by_caller(self) -> bool:
+        return self.ran_on == self.caller
+
+
+def settle(scheduler: Scheduler) -> None:
+    """Wait until nothing is queued or executing (a worker's bookkeeping ends after the callback)."""
+    for _ in range(30_000):
+        if not scheduler.in_flight and not scheduler.delaying:
+            return
+        threading.Event().wait(0.001)
+    raise AssertionError("the scheduler never settled")
+
+
+def test_a_lone_request_after_solo_traffic_is_run_by_its_caller_once_the_delay_is_over(tmp_path: Path) -> None:
+    service = serve(tmp_path)
+    try:
+        first = Run(service)
+        assert not first.by_caller  # no traffic seen yet: a burst may be beginning, a worker waits
+        wakeups = scheduler_of(service).wakeups
+        later = [Run(service) for _ in range(3)]
+        assert all(run.by_caller and run.returned_done for run in later)
+        assert scheduler_of(service).wakeups == wakeups  # no worker was woken for them
+        assert all(run.slack == WORKER_TIMER_SLACK_NS for run in later)  # the thread that waited asks for it
+        assert engine_fakes.CONCURRENCY["batches"] == [1, 1, 1, 1]
+        stats = service.statistics("m")["model_stats"][0]
+        assert (stats["inference_count"], stats["execution_count"]) == (4, 4)
+        assert stats["inference_stats"]["success"]["count"] == 4
+    finally:
+        service.close()
+
+
+def test_a_delay_longer_than_a_caller_may_wait_is_waited_out_by_a_worker(tmp_path: Path) -> None:
+    service = serve(tmp_path, CALLER_DELAY_MAX_NS // 1000 + 1)
+    try:
+        runs = [Run(service) for _ in range(3)]
+        assert not any(run.by_caller for run in runs)
+        assert engine_fakes.CONCURRENCY["batches"] == [1, 1, 1]
+    finally:
+        service.close()
+
+
+def test_a_caller_that_must_not_block_leaves_a_lone_request_to_a_worker(tmp_path: Path) -> None:
+    service = serve(tmp_path)
+    try:
+        runs = [Run(service, inline=False) for _ in range(3)]
+        assert not any(run.by_caller for run in runs)
+    finally:
+        service.close()
+
+
+def test_a_lone_request_waits_on_a_worker_while_a_front_end_holds_requests_it_has_read(tmp_path: Path) -> None:
+    service = serve(tmp_path)
+    try:
+        Run(service)
+        assert Run(service).by_caller
+        service.intake.open()  # as the HTTP front end does while it parses a loop iteration's requests
+        held = Run(service)
+        service.intake.close()
+        assert not held.by_caller  # the caller would block the loop that is reading the requests to join
+    finally:
+        service.close()
+
+
+def test_after_a_batch_a_lone_request_goes_to_a_worker_so_a_beginning_burst_can_join_it(tmp_path: Path) -> None:
+    service = serve(tmp_path)
+    try:
+        Run(service)
+        assert Run(service).by_caller
+        results: list[InferResponse | EdgedError] = []
+        service.submit_many("m", "", [(InferRequest("m", {"input": X}), results.append) for _ in range(3)])
+        settle(scheduler_of(service))
+        assert engine_fakes.CONCURRENCY["batches"][-1] == 3 and len(results) == 3
+        assert not Run(service).by_caller  # the last batch was not solo: the next request may open a burst
+        assert Run(service).by_caller  # and that one ran alone: solo again
+    finally:
+        service.close()
+
+
+def test_sixteen_submitted_together_after_solo_traffic_still_form_one_batch(tmp_path: Path) -> None:
+    service = serve(tmp_path)
+    try:
+        Run(service)
+        assert Run(service).by_caller  # solo traffic: the next lone request would be its caller's
+        results: list[InferResponse | EdgedError] = []
+        service.submit_many("m", "", [(InferRequest("m", {"input": X}), results.append) for _ in range(16)])
+        settle(scheduler_of(service))
+        assert engine_fakes.CONCURRENCY["batches"] == [1, 1, 16] and len(results) == 16
+    finally:
+        service.close()
