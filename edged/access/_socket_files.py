@@ -68,3 +68,21 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def next_step(error: OSError, path: Path | None = None, key: str = "") -> str:
+    """What to do about a failed bind or listen, for the error message: the usual causes each name their fix
+    (``path``: a Unix socket's file, else a TCP address; ``key``: the config key and flag that choose it)."""
+    other = f" or choose another one ({key})" if key else ""
+    if error.errno == errno.EADDRINUSE:
+        if path is None:
+            return f"; another process listens there (`ss -ltnp` shows which): stop it{other}"
+        return f"; another process holds this socket: stop it{other}"
+    if error.errno == errno.ENOENT and path is not None:
+        return f"; its folder {path.parent} does not exist: create it (mkdir -p {path.parent}){other}"
+    if error.errno in (errno.EACCES, errno.EPERM):
+        where = f"create files in {path.parent}" if path is not None else "listen on this port"
+        return f"; this user may not {where}: run edged as a user who may{other}"
+    if error.errno == errno.EADDRNOTAVAIL:
+        return f"; no interface of this machine has that address{other}"
+    return ""

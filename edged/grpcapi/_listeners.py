@@ -17,7 +17,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from edged.access import BIND_UMASK, GRPC_NAME, is_loopback, remove_stale, set_mode_and_group
+from edged.access import BIND_UMASK, GRPC_NAME, is_loopback, next_step, remove_stale, set_mode_and_group
 from edged.config import ServerConfig
 from edged.errors import ConfigError
 
@@ -82,7 +82,8 @@ def tcp_socket(config: ServerConfig) -> socket.socket:
     try:
         return socket.create_server((host, config.grpc_port or 0), family=family)
     except OSError as e:
-        raise ConfigError(f"cannot listen for gRPC on {host}:{config.grpc_port}: {e.strerror}") from e
+        raise ConfigError(f"cannot listen for gRPC on {host}:{config.grpc_port}: {e.strerror}"
+                          f"{next_step(e, None, 'server.grpc_port, --grpc-port')}") from e
 
 
 def unix_socket(config: ServerConfig, path: Path) -> socket.socket:
@@ -93,7 +94,8 @@ def unix_socket(config: ServerConfig, path: Path) -> socket.socket:
         sock.bind(str(path))
     except OSError as e:
         sock.close()
-        raise ConfigError(f"cannot listen for gRPC on Unix socket {path}: {e.strerror}") from e
+        raise ConfigError(f"cannot listen for gRPC on Unix socket {path}: {e.strerror}"
+                          f"{next_step(e, path, 'server.grpc_socket, --grpc-socket')}") from e
     finally:
         os.umask(previous)
     try:

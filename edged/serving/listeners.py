@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 from edged.access import BIND_UMASK as _BIND_UMASK
-from edged.access import Activated, activated_sockets, set_mode_and_group
+from edged.access import Activated, activated_sockets, next_step, set_mode_and_group
 from edged.access import is_loopback as _is_loopback
 from edged.access import remove_stale as _remove_stale
 from edged.config import ServerConfig
@@ -110,7 +110,8 @@ def unix_listener(config: ServerConfig, path: Path) -> Listener:
         sock.listen(config.listen_backlog)
     except OSError as e:
         sock.close()
-        raise ConfigError(f"cannot listen on Unix socket {path}: {e.strerror or e}") from e
+        raise ConfigError(f"cannot listen on Unix socket {path}: {e.strerror or e}"
+                          f"{next_step(e, path, 'server.socket, --socket')}") from e
     except BaseException:
         sock.close()
         raise
@@ -127,6 +128,7 @@ def tcp_listener(config: ServerConfig) -> Listener:
         sock = socket.create_server((host, config.http_port or 0), family=family,
                                     backlog=config.listen_backlog)
     except OSError as e:
-        raise ConfigError(f"cannot listen on {host}:{config.http_port}: {e.strerror or e}") from e
+        raise ConfigError(f"cannot listen on {host}:{config.http_port}: {e.strerror or e}"
+                          f"{next_step(e, None, 'server.http_port, --http-port')}") from e
     bound_host, port = sock.getsockname()[:2]
     return Listener(sock, "tcp", f"{bound_host}:{port}")

@@ -127,6 +127,39 @@ def test_access_group_that_does_not_exist_says_create_or_remove(tmp_path: Path) 
     assert f"unknown group '{NO_SUCH_GROUP}'" in message and f"groupadd {NO_SUCH_GROUP}" in message, message
 
 
+@pytest.mark.parametrize(("flag", "key"), [("--http-port", "server.http_port"), ("--grpc-port", "server.grpc_port")])
+def test_a_port_another_process_holds_says_stop_it_or_choose_another(tmp_path: Path, flag: str, key: str) -> None:
+    config = _config(tmp_path, '[telemetry]\nsource = "off"\n')
+    directory = Path(short_tempdir("edged-fe-"))
+    with socket.create_server(("127.0.0.1", 0)) as holder:
+        port = holder.getsockname()[1]
+        try:
+            result = edged("serve", "--config", str(config), "--socket", str(directory / "edged.sock"),
+                           "--state-dir", str(directory / "state"), flag, str(port))
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+    assert result.returncode == 1
+    message = one_line(result.stderr)
+    assert f"127.0.0.1:{port}" in message and "another process listens there" in message, message
+    assert f"{key}, {flag}" in message, message
+
+
+@pytest.mark.parametrize(("flag", "key"), [("--socket", "server.socket"), ("--grpc-socket", "server.grpc_socket")])
+def test_a_socket_in_a_folder_that_does_not_exist_says_create_it(tmp_path: Path, flag: str, key: str) -> None:
+    config = _config(tmp_path, '[telemetry]\nsource = "off"\n')
+    directory = Path(short_tempdir("edged-fe-"))
+    missing = directory / "no-such-folder" / "x.sock"
+    sockets = ["--socket", str(directory / "edged.sock")] if flag != "--socket" else []
+    try:
+        result = edged("serve", "--config", str(config), "--state-dir", str(directory / "state"), *sockets,
+                       flag, str(missing))
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    assert result.returncode == 1
+    message = one_line(result.stderr)
+    assert f"mkdir -p {missing.parent}" in message and f"{key}, {flag}" in message, message
+
+
 def test_fleet_status_with_the_broker_down_says_what_to_check() -> None:
     url = f"mqtt://127.0.0.1:{free_port()}"
     result = edged("fleet", "status", "--broker", url)
