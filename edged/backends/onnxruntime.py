@@ -257,9 +257,10 @@ class OnnxRuntimeInstance:
         self.info = info
         # As in Triton's ONNX Runtime backend, shrinkage applies to every run when the config asks for it:
         # the CPU arena never shrinks by itself after a large batch (docs/field-notes.md).
-        self._run_options: Any = None
+        # One RunOptions for every run, even without settings: given None, ORT builds a default one per run, which
+        # cost a small model's run a third more (docs/benchmarks.md). Runs only read it, so threads share it.
+        self._run_options: Any = ort.RunOptions()
         if shrinkage:
-            self._run_options = ort.RunOptions()
             self._run_options.add_run_config_entry("memory.enable_memory_arena_shrinkage", shrinkage)
         # BYTES tensors arrive as bytes objects; ORT would store their repr ("b'..'"), so they become str.
         self._string_inputs = frozenset(arg.name for arg in session.get_inputs() if arg.type == "tensor(string)")
