@@ -258,7 +258,7 @@ class OnnxRuntimeInstance:
         # As in Triton's ONNX Runtime backend, shrinkage applies to every run when the config asks for it:
         # the CPU arena never shrinks by itself after a large batch (docs/field-notes.md).
         # One RunOptions for every run, even without settings: given None, ORT builds a default one per run, which
-        # cost a small model's run a third more (docs/benchmarks.md). Runs only read it, so threads share it.
+        # cost a small model's run 20-60 % more (docs/benchmarks.md). Runs only read it, so threads share it.
         self._run_options: Any = ort.RunOptions()
         if shrinkage:
             self._run_options.add_run_config_entry("memory.enable_memory_arena_shrinkage", shrinkage)
