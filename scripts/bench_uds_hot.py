@@ -4,12 +4,16 @@ No socket I/O: the transport only collects what would be written, so what is mea
 ORT) work per request, without the kernel's read, write and wake-up. Run it under py-spy to split that work:
 
     PYTHONPATH=$PWD .venv/bin/py-spy record -r 1000 -f raw -o out.txt -- .venv/bin/python scripts/bench_uds_hot.py
+
+With ``--counted N`` it runs N requests inside one ``functools.reduce`` call and nothing else there, for
+callgrind to count their instructions (``scripts/bench_uds_instr.py`` runs it so for each tree).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import socket
 import tempfile
 import time
@@ -52,7 +56,7 @@ class _Collecting(asyncio.Transport):
         return True
 
 
-async def _main(requests: int, runs: int) -> None:
+async def _main(requests: int, runs: int, counted: int) -> None:
     repo = Path(tempfile.mkdtemp())
     (repo / "tiny_mlp").symlink_to(ROOT / "models" / "tiny_mlp")
     # inline whatever the warm-up measured: on a loaded machine it can exceed the default bound, and a model run
@@ -75,6 +79,14 @@ async def _main(requests: int, runs: int) -> None:
         connection.data_received(request)
     if not transport.out[-1].startswith(b"HTTP/1.1 200"):
         raise SystemExit(f"the request failed: {transport.out[-1][:200]!r}")
+    if counted:
+        transport.out.clear()
+        # callgrind counts inside functools.reduce only (bench_uds_instr.py); the lambda costs both trees alike
+        functools.reduce(lambda _, __: connection.data_received(request), range(counted), None)
+        if len(transport.out) != counted or not transport.out[-1].startswith(b"HTTP/1.1 200"):
+            raise SystemExit("the counted requests were not all answered 200")
+        print(f"counted {counted} requests")
+        return
     timings = []
     for _ in range(runs):
         transport.out.clear()
@@ -92,8 +104,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=6000)
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--counted", type=int, default=0, help="run this many requests for callgrind, then exit")
     args = parser.parse_args()
-    uvloop.run(_main(args.requests, args.runs))
+    uvloop.run(_main(args.requests, args.runs, args.counted))
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from edged.backends._ort_binding import Bindings
 from edged.backends.base import Array, InstanceInfo
 from edged.errors import BackendUnavailable, InferenceFailed, InvalidInput, ModelLoadError
 from edged.repository.model_config import ModelConfig, ModelSignature, TensorSignature
@@ -256,9 +257,10 @@ class OnnxRuntimeInstance:
         self.info = info
         # As in Triton's ONNX Runtime backend, shrinkage applies to every run when the config asks for it:
         # the CPU arena never shrinks by itself after a large batch (docs/field-notes.md).
-        self._run_options: Any = None
+        # One RunOptions for every run, even without settings: given None, ORT builds a default one per run, which
+        # cost a small model's run 20-60 % more (docs/benchmarks.md). Runs only read it, so threads share it.
+        self._run_options: Any = ort.RunOptions()
         if shrinkage:
-            self._run_options = ort.RunOptions()
             self._run_options.add_run_config_entry("memory.enable_memory_arena_shrinkage", shrinkage)
         # BYTES tensors arrive as bytes objects; ORT would store their repr ("b'..'"), so they become str.
         self._string_inputs = frozenset(arg.name for arg in session.get_inputs() if arg.type == "tensor(string)")
@@ -268,8 +270,17 @@ class OnnxRuntimeInstance:
         # fails with EPFail (the wrapper then falls back to other providers), go through the wrapper.
         self._direct: Any = getattr(session, "_sess", None)
         self._required = frozenset(arg.name for arg in session.get_inputs() if not arg.type.startswith("optional"))
-        self._ep_fail: type[BaseException] = getattr(getattr(getattr(ort, "capi", None), "_pybind_state", None),
-                                                     "EPFail", _NeverRaised)
+        state = getattr(getattr(ort, "capi", None), "_pybind_state", None)
+        self._ep_fail: type[BaseException] = getattr(state, "EPFail", _NeverRaised)
+        # Small runs of a CPU session go through an IOBinding bound once per input layout (_ort_binding); string
+        # inputs are converted per run, and other providers keep ORT's own placement of inputs and outputs.
+        self._bindings: Bindings | None = None
+        if (self._direct is not None and state is not None and not self._string_inputs
+                and list(session.get_providers()) == ["CPUExecutionProvider"]):
+            try:
+                self._bindings = Bindings(state, self._direct)
+            except Exception:  # an ORT build without this binding API: plain runs
+                log.debug("onnxruntime %s: no IOBinding, every run goes through run()", ort.__version__)
 
     def run(self, inputs: Mapping[str, Array], output_names: Sequence[str]) -> dict[str, Array]:
         session = self._session
@@ -277,6 +288,11 @@ class OnnxRuntimeInstance:
             raise InferenceFailed("the ONNX Runtime session was closed")
         if self._string_inputs:
             inputs = _as_str_tensors(inputs, self._string_inputs)
+        bindings = self._bindings
+        if bindings is not None:
+            bound = bindings.run(inputs, output_names, self._run_options)
+            if bound is not None:
+                return bound
         try:
             direct = self._direct
             if direct is None or not output_names or not inputs.keys() >= self._required:
@@ -292,7 +308,10 @@ class OnnxRuntimeInstance:
             if "INVALID_ARGUMENT" in message or "Got invalid dimensions" in message:
                 raise InvalidInput(f"onnxruntime rejected the input: {message}") from e
             raise InferenceFailed(f"onnxruntime failed: {message}") from e
-        return dict(zip(output_names, results, strict=True))
+        outputs = dict(zip(output_names, results, strict=True))
+        if bindings is not None and bindings.enabled:
+            bindings.learn(inputs, output_names, outputs)
+        return outputs
 
     def release_memory(self) -> None:
         # Nothing to do between runs: arena shrinkage rides on the run options, and the session's memory
@@ -300,4 +319,4 @@ class OnnxRuntimeInstance:
         return
 
     def close(self) -> None:
-        self._session = self._direct = None
+        self._session = self._direct = self._bindings = None

@@ -2,7 +2,9 @@
 
 Counters are plain integers under one lock. An execution and the requests it served are recorded together
 (`record_batch`): one lock round trip and no per-field method calls, because this runs once per batch on the
-request path.
+request path. A lone request's record (`record_alone`, once per request on the fast path) is one tuple kept
+under the lock and added to the counters later, by whatever reads them (every reader goes through
+`_fold_locked`) or once ``_FOLD_AT`` are kept: the counters read are always those of every request recorded.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ LATENCY_BUCKETS_S: tuple[float, ...] = (
 )
 # The same bounds in integer nanoseconds, so that recording needs no float division.
 _BUCKETS_NS: tuple[int, ...] = tuple(round(bound * 1e9) for bound in LATENCY_BUCKETS_S)
+# Lone requests' records kept before they are added to the counters: bounds their memory (a few hundred KiB).
+_FOLD_AT = 4096
 
 
 @dataclass
@@ -49,8 +53,10 @@ class VersionStats:
         self.compute_input = _Duration()
         self.compute_infer = _Duration()
         self.compute_output = _Duration()
-        self.inference_count = 0
+        self._inference_count = 0
         self.execution_count = 0
+        # (batch size, input ns, infer ns, total ns) of lone requests not yet in the counters (module docstring)
+        self._alone: list[tuple[int, int, int, int]] = []
         self.last_inference_ms = 0
         self._batches: dict[int, _BatchStat] = {}
         self.latency_counts = [0] * (len(LATENCY_BUCKETS_S) + 1)
@@ -80,36 +86,55 @@ class VersionStats:
                 for enqueued in enqueued_ns:
                     counts[bisect.bisect_left(_BUCKETS_NS, finished_ns - enqueued)] += 1
 
-    def record_alone(self, batch_size: int, input_ns: int, infer_ns: int, started_ns: int, finished_ns: int) -> None:
-        """`record_batch` for one request that ran the moment it arrived (no queue time), in one call: this
-        runs for every lone request, and the counters it leaves are the ones `record_batch` would."""
-        total_ns = finished_ns - started_ns
-        output_ns = total_ns - input_ns - infer_ns
-        bucket = bisect.bisect_left(_BUCKETS_NS, total_ns)
-        batch = self._batches.get(batch_size)
+    @property
+    def inference_count(self) -> int:
         with self._lock:
+            self._fold_locked()
+            return self._inference_count
+
+    def record_alone(self, batch_size: int, input_ns: int, infer_ns: int, started_ns: int, finished_ns: int) -> None:
+        """`record_batch` for one request that ran the moment it arrived (no queue time): the counters it leaves,
+        once folded, are the ones `record_batch` would. One tuple now; the arithmetic when they are read."""
+        record = (batch_size, input_ns, infer_ns, finished_ns - started_ns)
+        with self._lock:
+            self._alone.append(record)
+            self.last_inference_ms = time.time_ns() // 1_000_000
+            if len(self._alone) >= _FOLD_AT:
+                self._fold_locked()
+
+    def _fold_locked(self) -> None:
+        """Add the lone requests' records to the counters (under the lock)."""
+        records = self._alone
+        if not records:
+            return
+        self._alone = []
+        batches = self._batches
+        counts = self.latency_counts
+        for batch_size, input_ns, infer_ns, total_ns in records:
+            output_ns = total_ns - input_ns - infer_ns
+            batch = batches.get(batch_size)
             if batch is None:
-                batch = self._batches.setdefault(batch_size, _BatchStat())
-            self.execution_count += 1
-            self.inference_count += batch_size
-            self.compute_input.count += 1
-            self.compute_input.ns += input_ns
-            self.compute_infer.count += 1
-            self.compute_infer.ns += infer_ns
-            self.compute_output.count += 1
-            self.compute_output.ns += output_ns
+                batch = batches[batch_size] = _BatchStat()
             batch.compute_input.count += 1
             batch.compute_input.ns += input_ns
             batch.compute_infer.count += 1
             batch.compute_infer.ns += infer_ns
             batch.compute_output.count += 1
             batch.compute_output.ns += output_ns
-            self.last_inference_ms = time.time_ns() // 1_000_000
-            self.success.count += 1
+            self._inference_count += batch_size
+            self.compute_input.ns += input_ns
+            self.compute_infer.ns += infer_ns
+            self.compute_output.ns += output_ns
             self.success.ns += total_ns
-            self.queue.count += 1
             self.latency_sum_ns += total_ns
-            self.latency_counts[bucket] += 1
+            counts[bisect.bisect_left(_BUCKETS_NS, total_ns)] += 1
+        requests = len(records)
+        self.execution_count += requests
+        self.compute_input.count += requests
+        self.compute_infer.count += requests
+        self.compute_output.count += requests
+        self.success.count += requests
+        self.queue.count += requests
 
     def record_execution(self, batch_size: int, requests: int, input_ns: int, infer_ns: int,
                          output_ns: int) -> None:
@@ -120,7 +145,7 @@ class VersionStats:
     def _execution_locked(self, batch_size: int, requests: int, input_ns: int, infer_ns: int,
                           output_ns: int) -> None:
         self.execution_count += 1
-        self.inference_count += batch_size
+        self._inference_count += batch_size
         self.compute_input.count += requests
         self.compute_input.ns += input_ns * requests
         self.compute_infer.count += requests
@@ -154,11 +179,12 @@ class VersionStats:
     def as_json(self) -> dict[str, Any]:
         """Triton's ModelStatistics JSON for this version."""
         with self._lock:
+            self._fold_locked()
             return {
                 "name": self.model,
                 "version": self.version,
                 "last_inference": self.last_inference_ms,
-                "inference_count": self.inference_count,
+                "inference_count": self._inference_count,
                 "execution_count": self.execution_count,
                 "inference_stats": {
                     "success": self.success.as_json(), "fail": self.fail.as_json(),
@@ -179,4 +205,5 @@ class VersionStats:
     def latency_histogram(self) -> tuple[list[int], int, int]:
         """(cumulative-free bucket counts, sum ns, count) for Prometheus rendering."""
         with self._lock:
+            self._fold_locked()
             return list(self.latency_counts), self.latency_sum_ns, self.success.count

@@ -68,8 +68,9 @@ class HeaderCache:
         for name, wire, shape, count, size in layout.inputs:
             inputs[name] = np.frombuffer(body, wire, count, offset).reshape(shape)
             offset += size
-        return DecodedRequest(inputs, layout.outputs, layout.id, dict(layout.parameters), layout.priority,
-                              layout.timeout_us, dict(layout.binary_outputs), layout.binary_default)
+        # each request its own dicts; a display, not dict(): no call per copy
+        return DecodedRequest(inputs, layout.outputs, layout.id, {**layout.parameters}, layout.priority,
+                              layout.timeout_us, {**layout.binary_outputs}, layout.binary_default)
 
     def _remember(self, header: bytes, decoded: DecodedRequest) -> None:
         """Keep the layout of a request that decoded without error, if its inputs are all numeric binary."""

@@ -99,12 +99,13 @@ class App:
         if self.draining:
             self._answer(connection, incoming, slot, error_response(503, "the server is shutting down", True))
             return
-        if spec.permission != "open" or connection.kind == "tcp":  # _permitted's success, without the call
+        permission = spec.permission  # _permitted's success without the call: open routes, and infer when open
+        if connection.kind == "tcp" or (permission != "open" and (permission != "infer" or not self.access.infer_open)):
             try:
                 if connection.kind == "tcp":
-                    self.access.tcp.check(spec.category, spec.permission, incoming.headers, target.action)
+                    self.access.tcp.check(spec.category, permission, incoming.headers, target.action)
                 else:
-                    self.access.check(connection.peer, spec.permission, target.action)
+                    self.access.check(connection.peer, permission, target.action)
             except EdgedError as e:
                 self._denied(connection, incoming, slot, target, e)
                 return

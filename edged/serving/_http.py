@@ -267,17 +267,16 @@ class Connection(Responder, asyncio.Protocol):
     def _complete(self, method: bytes, url: bytes, headers: dict[bytes, bytes], body: bytes | bytearray,
                   keep_alive: bool) -> None:
         """Hand a whole request to the dispatcher, in a slot of its own."""
-        request = Incoming(method, url, headers, body, keep_alive)
-        slot = Slot()
-        slot.reserved, self._reserved = self._reserved, 0
-        self._slots.append(slot)
+        request = Incoming(method, url, headers, body, keep_alive, self._reserved)  # also its slot
+        self._reserved = 0
+        self._slots.append(request)
         self.app.active += 1
         if len(self._slots) > MAX_PIPELINED:
             self._update_reading()
         try:
-            self.app.dispatch(self, request, slot)
+            self.app.dispatch(self, request, request)
         except Exception as e:  # a bug must cost one 500, never the slot: an unfilled slot blocks the connection
-            self.fail(slot, e, request.keep_alive)
+            self.fail(request, e, keep_alive)
 
     def large_body_read(self) -> None:
         """The BodyReader filled the body, or the connection is closing: the request completes as if the

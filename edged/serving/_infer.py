@@ -41,17 +41,27 @@ _OVERLAP_S = 0.002
 _HOLD_S = 0.05
 
 
-class _Call:
-    """One infer request in flight; calling it with the result answers the client."""
+class _Call(InferRequest):
+    """One infer request in flight: the engine's request itself, and, called with the result, what answers the
+    client. One object per request where a request and its callback were two."""
 
-    __slots__ = ("connection", "decoded", "keep_alive", "path", "request", "slot")
+    __slots__ = ("connection", "decoded", "keep_alive", "path", "slot")
 
-    def __init__(self, path: InferPath, connection: Connection, slot: Slot, request: InferRequest,
-                 decoded: DecodedRequest, keep_alive: bool) -> None:
+    def __init__(self, path: InferPath, connection: Connection, slot: Slot, model: str, version: str,
+                 decoded: DecodedRequest, outputs: tuple[RequestedOutput, ...], keep_alive: bool) -> None:
+        # InferRequest's fields, set here rather than by its generated __init__ (a second call per request);
+        # tests/serving/test_serving_infer_call.py checks that every field of InferRequest is set
+        self.model = model
+        self.inputs = decoded.inputs
+        self.version = version
+        self.id = decoded.id
+        self.outputs = outputs
+        self.parameters = decoded.parameters
+        self.priority = decoded.priority
+        self.timeout_us = decoded.timeout_us
         self.path = path
         self.connection = connection
         self.slot = slot
-        self.request = request
         self.decoded = decoded
         self.keep_alive = keep_alive
 
@@ -121,9 +131,7 @@ class InferPath:
             self._queue(connection, incoming, slot, model, version, decoded)
             return
         # _queue without the call, for the request that names no outputs (it wants them all)
-        request = InferRequest(model, decoded.inputs, version, decoded.id, (), decoded.parameters,
-                               decoded.priority, decoded.timeout_us)
-        self._queued.append(_Call(self, connection, slot, request, decoded, incoming.keep_alive))
+        self._queued.append(_Call(self, connection, slot, model, version, decoded, (), incoming.keep_alive))
         if not connection.feeding and not self._scheduled:
             self._schedule()
 
@@ -145,9 +153,7 @@ class InferPath:
         outputs: tuple[RequestedOutput, ...] = ()
         if decoded.outputs:
             outputs = tuple(RequestedOutput(o.name, o.binary_data, o.class_count) for o in decoded.outputs)
-        request = InferRequest(model, decoded.inputs, version, decoded.id, outputs, decoded.parameters,
-                               decoded.priority, decoded.timeout_us)
-        self._queued.append(_Call(self, connection, slot, request, decoded, incoming.keep_alive))
+        self._queued.append(_Call(self, connection, slot, model, version, decoded, outputs, incoming.keep_alive))
         if not connection.feeding and not self._scheduled:  # e.g. after a lazy load: no end_of_input follows
             self._schedule()
 
@@ -177,7 +183,7 @@ class InferPath:
             call = self._queued[0]
             self._queued = []
             try:
-                self._service.submit(call.request, call, inline=None)  # inline if the model is fast
+                self._service.submit(call, call, inline=None)  # inline if the model is fast
             except EdgedError as e:
                 self.finish(call, e)
             except Exception as e:
@@ -206,7 +212,7 @@ class InferPath:
             return
         groups: dict[tuple[str, str], list[_Call]] = {}
         for call in calls:
-            groups.setdefault((call.request.model, call.request.version), []).append(call)
+            groups.setdefault((call.model, call.version), []).append(call)
         for (model, version), group in groups.items():
             if len(group) == 1:
                 self._submit_one(group[0])
@@ -216,7 +222,7 @@ class InferPath:
     def _submit_one(self, call: _Call) -> None:
         service = self._service
         try:
-            service.submit(call.request, call, inline=None)  # inline if the model is fast (should_inline)
+            service.submit(call, call, inline=None)  # inline if the model is fast (should_inline)
         except EdgedError as e:
             self.finish(call, e)
         except Exception as e:  # a flush runs outside any request's handler: nothing else would answer
@@ -226,7 +232,7 @@ class InferPath:
         """Queue the calls together so that the scheduler can batch them (one group commit)."""
         service = self._service
         try:
-            service.submit_many(model, version, [(call.request, call) for call in calls],
+            service.submit_many(model, version, [(call, call) for call in calls],
                                 service.should_inline(model, version))
         except Exception as e:
             for call in calls:

@@ -25,24 +25,31 @@ class Slot:
         self.data: bytes | None = None
         self.close = False
         self.reserved = 0  # bytes of the in-flight body budget this request holds until it is answered
-        # A streamed response (SSE): parts written before the slot reached the head of the line, and what to
-        # call when the client goes away before the last part (it cancels the generation behind the stream).
-        self.pending: list[bytes] = []
+        # A streamed response (SSE): parts written before the slot reached the head of the line (None until the
+        # first), and what to call when the client goes away before the last part (it cancels the generation).
+        self.pending: list[bytes] | None = None
         self.cancel: Callable[[], None] | None = None
 
 
-class Incoming:
-    """A complete request as the parser delivered it."""
+class Incoming(Slot):
+    """A complete request as the parser delivered it, and its place in the response order: every request
+    takes one, so the two are one object (one allocation and one call per request, not two)."""
 
     __slots__ = ("body", "headers", "keep_alive", "method", "url")
 
     def __init__(self, method: bytes, url: bytes, headers: dict[bytes, bytes], body: bytes | bytearray,
-                 keep_alive: bool) -> None:
+                 keep_alive: bool, reserved: int) -> None:
         self.method = method
         self.url = url
         self.headers = headers
         self.body = body
         self.keep_alive = keep_alive
+        # Slot's fields, set here rather than by a second __init__ call
+        self.data = None
+        self.close = False
+        self.reserved = reserved
+        self.pending = None
+        self.cancel = None
 
 
 class Reject(Exception):

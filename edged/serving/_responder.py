@@ -69,14 +69,14 @@ class Responder:
                 continue
             if done.pending:
                 transport.write(b"".join(done.pending))
-                done.pending.clear()
+                done.pending = None
             transport.write(done.data)  # type: ignore[arg-type]
             if done.close:
                 self._close_after_write()
                 return
         if slots and slots[0].pending and transport is not None:
             transport.write(b"".join(slots[0].pending))  # a stream that is now first in line
-            slots[0].pending.clear()
+            slots[0].pending = None
         if self._reading_paused:
             self._update_reading()
 
@@ -88,6 +88,8 @@ class Responder:
             return False
         if self._slots and self._slots[0] is slot and not slot.pending:
             transport.write(data)
+        elif slot.pending is None:
+            slot.pending = [data]
         else:
             slot.pending.append(data)
         return True

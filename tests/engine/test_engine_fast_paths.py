@@ -18,7 +18,7 @@ from modelgen import add_custom_model, add_model, mlp_reference, mlp_weights
 
 from edged.config import ModelsConfig
 from edged.engine import InferenceService, InferRequest, InferResponse
-from edged.engine.stats import VersionStats
+from edged.engine.stats import _FOLD_AT, VersionStats
 from edged.engine.types import RequestedOutput
 from edged.engine.validation import RequestValidator
 from edged.errors import EdgedError, ModelNotFound, ModelNotReady, Unavailable
@@ -298,6 +298,26 @@ def test_a_request_run_alone_is_counted_as_a_batch_of_one_would_be() -> None:
         doc.pop("last_inference")
     assert documents[0] == documents[1]
     assert alone.latency_histogram() == batch.latency_histogram()
+
+
+def test_lone_records_past_the_fold_bound_and_between_reads_are_all_counted() -> None:
+    # record_alone keeps its records and adds them to the counters when they are read or _FOLD_AT are kept:
+    # what is read is exactly what a batch of one per request leaves, whenever it is read
+    alone, batch = VersionStats("m", "1"), VersionStats("m", "1")
+    for index in range(_FOLD_AT + 7):
+        started = 10_000 * index
+        merged, ran, finished = started + 100 + index % 3, started + 2_000 + 37 * index, started + 3_000 + 53 * index
+        size = 1 + index % 4
+        alone.record_alone(size, merged - started, ran - merged, started, finished)
+        batch.record_batch(size, merged - started, ran - merged, finished - ran, started, finished, [started])
+        if index in (0, 5, _FOLD_AT - 1, _FOLD_AT + 1):
+            assert alone.inference_count == batch.inference_count
+            assert alone.latency_histogram() == batch.latency_histogram()
+    documents = [stats.as_json() for stats in (alone, batch)]
+    for doc in documents:
+        doc.pop("last_inference")
+    assert documents[0] == documents[1]
+    assert documents[0]["execution_count"] == _FOLD_AT + 7
 
 
 def test_lone_inline_requests_leave_exact_statistics(tmp_path: Path) -> None:

@@ -3,9 +3,10 @@
 Each point below once cost the loop measurable CPU per request (docs/benchmarks.md); counting the calls the
 loop thread makes for one request keeps them from creeping back: a lone request on an idle fast model runs on
 the loop thread (no hop), skips the queue, decodes a header it has seen before without parsing it, takes the
-engine's quick input check, calls the compiled ONNX Runtime session directly and is answered in one piece; a
-request head repeated on its connection skips the parser, a repeated response layout reuses its encoded head,
-and the engine runs a lone request straight through (no queue, no batch).
+engine's quick input check, runs the compiled ONNX Runtime session through an IOBinding bound to its layout
+(edged.backends._ort_binding) and is answered in one piece; a request head repeated on its connection skips the
+parser, a repeated response layout reuses its encoded head, and the engine runs a lone request straight through
+(no queue, no batch).
 """
 
 from __future__ import annotations
@@ -77,6 +78,9 @@ def test_a_repeated_small_binary_request_costs_the_loop_only_the_short_path(
     assert python["codec.py:_decode"] == 0, "a header seen before was parsed again"
     assert python["validation.py:_check"] == 0, "the engine's quick input check missed (dtype identity)"
     assert python["onnxruntime_inference_collection.py:run"] == 0, "ORT's Python wrapper ran"
+    # the first request's layout was bound (edged.backends._ort_binding): this one runs through the binding
+    ort_calls = sorted(name.rsplit(".", 1)[-1] for name in calls.builtin if name.endswith(("run", "iobinding")))
+    assert ort_calls == ["run_with_iobinding"], ort_calls
     assert python["registry.py:resolve"] == 1, "the model version was looked up more than once"
     # uvloop's transport.write is compiled and invisible to the hook; the response is built and handed to it
     # once (Connection.respond joins nothing for a single-part response)
@@ -88,8 +92,10 @@ def test_a_repeated_small_binary_request_costs_the_loop_only_the_short_path(
     # path stays two straight calls, with no hop into the queue's or the workers' side
     engine = sorted(name for name in python if name.split(":")[0] in _SCHEDULER_MODULES)
     assert engine == ["scheduler.py:_run_alone", "scheduler.py:submit_one"], engine
-    # All of it, as a ceiling with a little room: dd4723b made 73 Python calls here, 833ddca 48, this 23.
-    assert sum(python.values()) <= 25, sorted(python.items())
+    # All of it, as a ceiling: dd4723b made 73 Python calls here, 833ddca 48, 12f6c68 23, this 21. A weak
+    # reference's callback runs on whichever thread a collection happens on, so it is not the request's own work.
+    own = {name: count for name, count in python.items() if not name.startswith(("weakref.py:", "_weakrefset.py:"))}
+    assert sum(own.values()) <= 21, sorted(python.items())
 
 
 def test_the_profile_hook_sees_the_loop_thread() -> None:

@@ -1,0 +1,26 @@
+"""The infer path's per-request object is the engine's InferRequest itself (edged.serving._infer._Call)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from edged.engine import InferRequest, RequestedOutput
+from edged.protocol import DecodedRequest
+from edged.serving._infer import _Call
+from edged.serving._messages import Incoming
+
+
+def test_the_call_sets_every_field_of_the_engines_request_as_the_request_says() -> None:
+    # _Call sets InferRequest's fields itself (no second __init__ per request): a field added to InferRequest
+    # must be set there too, or the engine would read an unset slot
+    inputs = {"input": np.zeros((1, 4), np.float32)}
+    decoded = DecodedRequest(inputs, (), "req-7", {"sequence_id": 3}, 2, 1500)
+    outputs = (RequestedOutput("output", True, 0),)
+    slot = Incoming(b"POST", b"/v2/models/m/infer", {}, b"", True, 0)
+    call = _Call(None, None, slot, "m", "2", decoded, outputs, True)  # type: ignore[arg-type]
+    expected = InferRequest("m", inputs, "2", "req-7", outputs, {"sequence_id": 3}, 2, 1500)
+    assert isinstance(call, InferRequest)
+    for field in dataclasses.fields(InferRequest):
+        assert getattr(call, field.name) == getattr(expected, field.name), field.name
