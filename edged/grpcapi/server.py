@@ -137,7 +137,8 @@ class GrpcServer:
         the stream bound with its high mark."""
         return {"listeners": list(self.addresses), "activated": self.inherited,
                 "connections": len(self._connections),
-                "stream_in_flight_limit": STREAM_IN_FLIGHT, "stream_in_flight_peak": self._streams.peak}
+                "stream_in_flight_limit": STREAM_IN_FLIGHT, "stream_in_flight_peak": self._streams.peak,
+                "stream_holds": self._streams.holds}
 
     def prometheus_lines(self) -> str:
         """The ``edged_grpc_*`` families, for the daemon to add to ``/metrics`` (front ends never import each other)."""

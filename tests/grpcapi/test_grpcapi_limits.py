@@ -194,17 +194,18 @@ def test_a_stream_client_that_does_not_read_is_held_at_the_bound_and_then_gets_e
     count = 10_000
     body = _stream_requests(count)
     assert len(body) <= min(STREAM_WINDOW, CONNECTION_WINDOW)  # all of it within the windows granted at once
+    holds = _status(process, "grpc")["stream_holds"]
     with RawH2(address) as client:
         client.start()
         client.send(frame(HEADERS, END_HEADERS, 1, request_block("ModelStreamInfer")), *data_frames(1, body))
         # nothing is read yet: the answers fill the client's 64 KB window and the daemon stops taking requests
-        _wait(lambda: _status(process, "grpc")["stream_in_flight_peak"] >= STREAM_IN_FLIGHT,
-              "the stream's requests in flight at the bound")
+        # (tiny_mlp runs inline, each answered as it is taken: the answers waiting hold the stream, not the bound)
+        _wait(lambda: _status(process, "grpc")["stream_holds"] > holds, "the stream held")
         answers, fields = _read_answers(client, 1)
     assert fields[b"grpc-status"] == b"0"
     assert len(answers) == count and not any(answer.error_message for answer in answers)
     grpc = _status(process, "grpc")
-    assert grpc["stream_in_flight_peak"] == grpc["stream_in_flight_limit"] == STREAM_IN_FLIGHT
+    assert 1 <= grpc["stream_in_flight_peak"] <= grpc["stream_in_flight_limit"] == STREAM_IN_FLIGHT
 
 
 def test_tritonclient_writing_a_stream_as_fast_as_it_can_gets_every_answer_within_the_bound(
