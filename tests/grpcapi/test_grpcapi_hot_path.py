@@ -87,8 +87,8 @@ def test_a_unary_model_infer_costs_the_loop_only_the_short_path(served: tuple[Pa
     assert sum(python.values()) <= 43, "\n".join(f"{k} {v}" for k, v in sorted(python.items()))
 
 
-def _stream_message(values: np.ndarray, request_id: str = "") -> bytes:
-    request = pb.ModelInferRequest(model_name="tiny_mlp", id=request_id)
+def _stream_message(values: np.ndarray, request_id: str = "", version: str = "") -> bytes:
+    request = pb.ModelInferRequest(model_name="tiny_mlp", id=request_id, model_version=version)
     request.inputs.add(name="input", datatype="FP32", shape=[1, 64])
     request.raw_input_contents.append(values.tobytes())
     return frame(DATA, 0, 1, message(request.SerializeToString()))
@@ -149,22 +149,24 @@ def test_a_streamed_model_infer_costs_the_loop_only_the_short_path(served: tuple
 
 
 def test_a_streamed_repeated_layout_is_reused_and_a_differing_one_is_not(served: tuple[Path, LoopCalls]) -> None:
+    """perf_analyzer --streaming numbers its requests: a layout differing only in the id is still the same."""
     path, calls = served
     values = np.arange(64, dtype=np.float32)
     with RawH2.unix(path) as client:
         client.start()
         client.send(frame(HEADERS, END_HEADERS, 1, request_block("ModelStreamInfer")),
-                    _stream_message(values, "a"))
+                    _stream_message(values, "1"))
         first = _stream_answer(client)
-        repeated = _record(calls, client, _stream_message(values, "a"))
-        reused = calls.python.get("_tensors.py:decode_infer", 0)
-        differing = _record(calls, client, _stream_message(values, "b"))
+        repeated = _record(calls, client, _stream_message(values, "2"))
+        reused = calls.python.get("_tensors.py:decode_infer", 0), calls.python.get("_tensors.py:encode_infer", 0)
+        differing = _record(calls, client, _stream_message(values, "3", version="1"))
         parsed = calls.python.get("_tensors.py:decode_infer", 0)
         assert _end_stream(client)[b"grpc-status"] == b"0"
     calls.python.clear()
     calls.builtin.clear()
-    assert reused == 0, "a repeated layout on a stream went through protobuf's parser"
+    assert reused == (0, 0), "a repeated layout on a stream (another id) went through protobuf"
     assert parsed == 1, "a request whose bytes before its tensors differ was served from another's layout"
-    assert first.infer_response.id == repeated.infer_response.id == "a" and differing.infer_response.id == "b"
+    assert (first.infer_response.id, repeated.infer_response.id, differing.infer_response.id) == ("1", "2", "3")
+    assert differing.infer_response.model_version == "1"
     assert repeated.infer_response.raw_output_contents == first.infer_response.raw_output_contents
     assert differing.infer_response.raw_output_contents == first.infer_response.raw_output_contents
