@@ -134,7 +134,7 @@ class GrpcServer:
 
     def status(self) -> dict[str, Any]:
         """For the daemon's status document: listeners (``activated``: those systemd passed), connections and
-        the stream bound with its high mark."""
+        the stream bound with its high mark, and how often a stream held its input (``StreamStats``)."""
         return {"listeners": list(self.addresses), "activated": self.inherited,
                 "connections": len(self._connections),
                 "stream_in_flight_limit": STREAM_IN_FLIGHT, "stream_in_flight_peak": self._streams.peak,
