@@ -1,7 +1,7 @@
 """HTTP and gRPC side by side in one run, with perf_analyzer against one spawned daemon.
 
 Usage: python scripts/bench_grpc.py [PERF_ANALYZER]  (default .cache/perf_analyzer/perf_analyzer)
-       python scripts/bench_grpc.py --ab BASE_CHECKOUT [--rounds N] [PERF_ANALYZER]
+       python scripts/bench_grpc.py --ab BASE_CHECKOUT [--rounds N] [--streaming] [PERF_ANALYZER]
 
 tiny_mlp at concurrency 1 and 4 over both protocols, then camera_frame ([1,1080,1920,3] UINT8) at concurrency 1
 with the frame in the message body and in system shared memory. Scenarios alternate (HTTP, gRPC, ...) so that
@@ -10,7 +10,8 @@ machine load hits both alike. Prints one line per scenario: infer/s, p50 and p99
 ``--ab``: two daemons, one running BASE_CHECKOUT's edged and one this checkout's, both serving gRPC; for
 tiny_mlp c1 and c4 perf_analyzer ``-i grpc`` alternates between them, and each run reports the daemon's CPU
 per call: its user+system time from /proc/PID/stat over the model's inference_count (the statistics route),
-which machine load moves far less than infer/s.
+which machine load moves far less than infer/s. With ``--streaming`` perf_analyzer calls ModelStreamInfer (its
+``--streaming``: one bidirectional stream per concurrent client) instead of ModelInfer.
 """
 
 from __future__ import annotations
@@ -50,11 +51,13 @@ def _wait_ready(port: int, deadline_s: float = 120.0) -> None:
     raise SystemExit(f"the daemon was not ready on port {port}")
 
 
-def _run(perf: str, protocol: str, port: int, model: str, concurrency: int, shm: str, work: Path) -> str:
+def _run(perf: str, protocol: str, port: int, model: str, concurrency: int, shm: str, work: Path,
+         streaming: bool = False) -> str:
     out = work / f"{protocol}-{model}-{concurrency}-{shm}.csv"
     done = subprocess.run([perf, "-m", model, "-i", protocol, "-u", f"127.0.0.1:{port}", "--concurrency-range",
                     str(concurrency), "--measurement-interval", "3000", "--stability-percentage", "1000",
-                    "--max-trials", "3", "--shared-memory", shm, "-H", f"{KEY[0]}:{KEY[1]}", "-f", str(out)],
+                    "--max-trials", "3", "--shared-memory", shm, "-H", f"{KEY[0]}:{KEY[1]}", "-f", str(out),
+                    *(["--streaming"] if streaming else [])],
                           check=False, capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         raise SystemExit(f"perf_analyzer failed ({protocol} {model}):\n{done.stdout[-3000:]}{done.stderr[-2000:]}")
@@ -87,7 +90,7 @@ def _start(checkout: Path, work: Path, name: str) -> tuple[subprocess.Popen[byte
     return daemon, http, grpc
 
 
-def ab(perf: str, base: Path, rounds: int) -> int:
+def ab(perf: str, base: Path, rounds: int, streaming: bool) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         daemons = {"base": _start(base, work, "base"), "new": _start(ROOT, work, "new")}
@@ -100,7 +103,7 @@ def ab(perf: str, base: Path, rounds: int) -> int:
                     for name in order:
                         daemon, http, grpc = daemons[name]
                         cpu, count = _cpu_s(daemon.pid), _inferences(http)
-                        line = _run(perf, "grpc", grpc, "tiny_mlp", concurrency, "none", work)
+                        line = _run(perf, "grpc", grpc, "tiny_mlp", concurrency, "none", work, streaming)
                         per_call = (_cpu_s(daemon.pid) - cpu) / max(1, _inferences(http) - count) * 1e6
                         print(f"round {round_ + 1} {name:4} {line}  daemon CPU {per_call:6.0f} us/call", flush=True)
         finally:
@@ -116,8 +119,10 @@ def main() -> int:
         base = Path(args[1])
         rounds = int(args[3]) if args[2:3] == ["--rounds"] else 2
         rest = args[4:] if args[2:3] == ["--rounds"] else args[2:]
+        streaming = rest[:1] == ["--streaming"]
+        rest = rest[1:] if streaming else rest
         perf = rest[0] if rest else str(ROOT / ".cache" / "perf_analyzer" / "perf_analyzer")
-        return ab(perf, base, rounds)
+        return ab(perf, base, rounds, streaming)
     perf = args[0] if args else str(ROOT / ".cache" / "perf_analyzer" / "perf_analyzer")
     http, grpc = _free_port(), _free_port()
     with tempfile.TemporaryDirectory() as tmp:

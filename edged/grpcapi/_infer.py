@@ -4,10 +4,8 @@ A request is decoded on the loop (``decode``: through a cached layout when the b
 ``_layouts``), submitted with ``InferenceService.submit`` (inline when the engine says the model is fast enough)
 and its done callback encodes the response to its serialised bytes and hands them on (``begin``: the unary
 path, with no task or future), hopping back to the loop with ``call_soon_threadsafe`` when it runs on a worker
-thread. A lazily loaded model is loaded in the executor first. On a stream every request is served
-concurrently and its response (or its ``error_message``) is sent when it completes, so one bad request in the
-middle of a stream costs that request only; the stream ends when the client half-closes and every response has
-been sent.
+thread. A lazily loaded model is loaded in the executor first. ModelStreamInfer takes the same ``decode`` and
+``begin`` for each of its messages (``_stream_infer``).
 """
 
 from __future__ import annotations
@@ -15,20 +13,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 from edged.engine import InferenceService, InferResponse
 from edged.errors import EdgedError, InferenceFailed
-from edged.grpcapi._layouts import RequestLayouts, ResponseLayouts, encode_varint
-from edged.grpcapi._tensors import Decoded, decode_infer
-from edged.grpcapi.proto import grpc_service_pb2 as pb
+from edged.grpcapi._layouts import RequestLayouts, ResponseLayouts
+from edged.grpcapi._tensors import Decoded
 from edged.protocol.shm_params import ShmReference
 from edged.shm import TCP_CALLER, Caller, SharedMemoryRegistry
 
 log = logging.getLogger(__name__)
 _Result = InferResponse | EdgedError
 _Answer = bytes | EdgedError  # a serialised ModelInferResponse, or why there is none
-_INFER_RESPONSE_TAG = b"\x12"  # ModelStreamInferResponse.infer_response: field 2, length-delimited
 
 
 def _tcp_caller() -> Caller:
@@ -52,10 +48,14 @@ class GrpcInfer:
     def needs_load(self, decoded: Decoded) -> bool:
         return self._service.needs_load(decoded.request.model)
 
+    async def load(self, decoded: Decoded) -> None:
+        """Load the model ``decoded`` names (in the executor: loading blocks); EdgedError if it cannot be."""
+        await self._loop.run_in_executor(None, self._service.ensure_loaded, decoded.request.model)
+
     async def infer(self, decoded: Decoded) -> bytes:
         """The serialised response, or an EdgedError raised for the caller to turn into a status."""
         if self.needs_load(decoded):
-            await self._loop.run_in_executor(None, self._service.ensure_loaded, decoded.request.model)
+            await self.load(decoded)
         future: asyncio.Future[_Answer] = self._loop.create_future()
         self.begin(decoded, lambda answer: _resolve(future, answer))
         answer = await future
@@ -94,49 +94,6 @@ class GrpcInfer:
             finish(InferenceFailed(f"internal error: {e}"))
             return
         finish(answer)
-
-    async def stream(self, requests: AsyncIterator[pb.ModelInferRequest]) -> AsyncIterator[bytes]:
-        """Serialised ModelStreamInferResponses, one per request, as each completes."""
-        answers: asyncio.Queue[bytes | None] = asyncio.Queue()
-        pending: set[asyncio.Task[None]] = set()
-
-        async def serve(message: pb.ModelInferRequest) -> None:
-            await answers.put(await self._stream_answer(message))
-
-        async def read() -> None:
-            try:
-                async for message in requests:
-                    task = self._loop.create_task(serve(message))
-                    pending.add(task)
-                    task.add_done_callback(pending.discard)
-                while pending:
-                    await asyncio.wait(set(pending))
-            finally:
-                await answers.put(None)
-
-        reader = self._loop.create_task(read())
-        try:
-            while (answer := await answers.get()) is not None:
-                yield answer
-            await reader  # re-raise what ended the reading, if anything did
-        finally:
-            reader.cancel()
-            for task in list(pending):
-                task.cancel()
-
-    async def _stream_answer(self, message: pb.ModelInferRequest) -> bytes:
-        try:
-            response = await self.infer(decode_infer(message, self._max_elements, self._read))
-            # ModelStreamInferResponse(infer_response=response) without parsing the response back
-            return _INFER_RESPONSE_TAG + encode_varint(len(response)) + response
-        except EdgedError as e:
-            answer = pb.ModelStreamInferResponse(
-                error_message=str(e), infer_response=pb.ModelInferResponse(
-                    model_name=message.model_name, model_version=message.model_version, id=message.id))
-        except Exception as e:  # a bug must not end the stream for the requests after it
-            log.exception("unexpected error in a gRPC stream request (model %s)", message.model_name)
-            answer = pb.ModelStreamInferResponse(error_message=f"internal error: {e}")
-        return answer.SerializeToString()
 
     def _read(self, reference: ShmReference) -> memoryview:
         return self._shm.readable(reference, self._caller())

@@ -3,17 +3,21 @@
 A client in a loop (perf_analyzer, a camera pipeline) sends the same model, inputs' names, datatypes and shapes,
 and requested outputs every time: only the tensors' bytes change. Protobuf serialises fields in number order, so
 ``raw_input_contents`` (field 7 of ModelInferRequest, the last) is the message's tail and what precedes it, the
-*prefix*, is byte-identical from one request to the next. Likewise a response's model, version, id and outputs'
-metadata precede ``raw_output_contents`` (field 6 of ModelInferResponse, the last).
+*prefix*, is byte-identical from one request to the next, but for the request's ``id`` (field 3), which a
+streaming client sets per request (perf_analyzer --streaming numbers them): layouts are keyed without it and the
+id is read from each request's bytes. Likewise a response's model, version and outputs' metadata precede
+``raw_output_contents`` (field 6 of ModelInferResponse, the last), with the id between them.
 
 Invariants:
-- A layout is a pure function of the bytes it is keyed by: a request's prefix (with ``[server]
-  max_tensor_elements``, fixed per server) or a response's model, version, id and each output's name, numpy dtype
-  and shape. So the caches may be shared by every connection: no request reuses anything another request's bytes
+- A layout is a pure function of the bytes it is keyed by: a request's prefix less its one id field (with
+  ``[server] max_tensor_elements``, fixed per server; the id decides nothing the parser checks but its UTF-8,
+  which is checked per request) or a response's model, version and each output's name, numpy dtype and shape.
+  So the caches may be shared by every connection: no request reuses anything another request's bytes
   did not also determine. Access decisions are not made here (they are the call's, from its headers).
-- A request takes the fast path only when its prefix equals one that protobuf's parser and ``decode_infer``
-  accepted, every input of that layout took its bytes from ``raw_input_contents``, and its tail is exactly one
-  field-7 entry per input, each of the byte length the input's datatype and shape need, ending the message.
+- A request takes the fast path only when its prefix (less the id) equals one that protobuf's parser and
+  ``decode_infer`` accepted, every input of that layout took its bytes from ``raw_input_contents``, and its tail
+  is exactly one field-7 entry per input, each of the byte length the input's datatype and shape need, ending
+  the message. A prefix with two id fields goes to the parser (the last one wins there).
   Anything else (another field in the tail, unknown fields, a length off by one, shared memory, typed contents)
   goes through protobuf's parser and ``decode_infer`` as before, which give the errors.
 - A response takes the fast path unless an output goes to shared memory; its bytes parse to the message
@@ -45,9 +49,11 @@ _PREFIX_BYTES = 4096
 _RAW_INPUT_TAG = 7 << 3 | 2  # field 7, length-delimited
 _RAW_OUTPUT_TAG = 6 << 3 | 2  # field 6, length-delimited
 _RAW_OUTPUT_HEAD = bytes((_RAW_OUTPUT_TAG,))
+_ID_HEAD = bytes((3 << 3 | 2,))  # ModelInferResponse.id: field 3, length-delimited
 _LITTLE_ENDIAN = ("<", "|", "=") if sys.byteorder == "little" else ("<", "|")
 # ModelInferRequest's fields 1-6 are all length-delimited: their one-byte tags
 _PREFIX_TAGS = frozenset(number << 3 | 2 for number in range(1, 7))
+_ID_TAG = 3 << 3 | 2  # ModelInferRequest.id, field 3: a streaming client's per-request id, kept out of the key
 
 Array = np.ndarray[Any, Any]
 # name, wire dtype, shape, byte length, and the field-7 tag and length that must precede its bytes
@@ -68,25 +74,32 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
     return -1, pos
 
 
-def raw_start(data: bytes) -> int:
+def raw_start(data: bytes) -> tuple[int, int, int]:
     """Where ``raw_input_contents`` begins in a serialised ModelInferRequest whose top-level fields before it are
-    fields 1-6 with one-byte tags; -1 for any other shape (the parser's path)."""
+    fields 1-6 with one-byte tags, and where its one ``id`` field (3) begins and ends ((0, 0) without one); -1
+    for any other shape, a repeated id included (the parser's path)."""
     pos, size = 0, len(data)
+    id_start = id_end = 0
     while pos < size:
         tag = data[pos]
         if tag == _RAW_INPUT_TAG:
-            return pos
+            return pos, id_start, id_end
         if tag not in _PREFIX_TAGS or pos + 1 >= size:
-            return -1
+            return -1, 0, 0
+        start = pos
         length = data[pos + 1]  # a one-byte length, the usual case, without a call
         if length < 0x80:
             pos += 2 + length
-            continue
-        length, pos = _varint(data, pos + 1)
-        if length < 0:
-            return -1
-        pos += length
-    return -1 if pos > size else pos
+        else:
+            length, pos = _varint(data, pos + 1)
+            if length < 0:
+                return -1, 0, 0
+            pos += length
+        if tag == _ID_TAG:
+            if id_end:
+                return -1, 0, 0
+            id_start, id_end = start, pos
+    return (-1 if pos > size else pos), id_start, id_end
 
 
 class RequestLayout:
@@ -105,8 +118,9 @@ class RequestLayout:
         self.parameters = dict(request.parameters)  # its own: the first request's went to the engine
         self.priority, self.timeout_us = request.priority, request.timeout_us
 
-    def decode(self, data: bytes, pos: int) -> Decoded | None:
-        """The request whose raw contents start at ``pos``, or None unless the tail is exactly this layout's."""
+    def decode(self, data: bytes, pos: int, request_id: str | None = None) -> Decoded | None:
+        """The request whose raw contents start at ``pos`` (its id ``request_id``; None: the layout's), or None
+        unless the tail is exactly this layout's."""
         view = memoryview(data)
         inputs: dict[str, Array] = {}
         size = len(data)
@@ -119,7 +133,8 @@ class RequestLayout:
             inputs[name] = np.frombuffer(view[end:pos], dtype).reshape(shape)
         if pos != size:
             return None
-        request = InferRequest(self.model, inputs, self.version, self.id, self.requested, dict(self.parameters),
+        request = InferRequest(self.model, inputs, self.version, self.id if request_id is None else request_id,
+                               self.requested, dict(self.parameters),
                                self.priority, self.timeout_us)
         return Decoded(request, self.outputs)
 
@@ -146,11 +161,17 @@ class RequestLayouts:
             if decoded is not None:
                 self.hits += 1
                 return decoded
-        pos = raw_start(data)
-        key = data[:pos] if 0 < pos <= _PREFIX_BYTES else b""
-        layout = self._cache.get(key) if key else None
+        pos, id_start, id_end = raw_start(data)
+        key = b""
+        request_id: str | None = None
+        if 0 < pos <= _PREFIX_BYTES:
+            # the id is each request's own on a stream (perf_analyzer --streaming numbers them): the layout is
+            # keyed by the prefix without it and the id is read from the bytes
+            key = data[:id_start] + data[id_end:pos] if id_end else data[:pos]
+            request_id = _request_id(data, id_start, id_end) if id_end else ""
+        layout = self._cache.get(key) if key and request_id is not None else None
         if layout is not None:
-            decoded = layout.decode(data, pos)
+            decoded = layout.decode(data, pos, request_id)
             if decoded is not None:
                 self.hits += 1
                 self._last = layout
@@ -160,8 +181,8 @@ class RequestLayouts:
         except DecodeError as e:
             raise InvalidInput(f"the request is not a valid ModelInferRequest message: {e}") from e
         decoded = decode_infer(message, self._max_elements, self._read)
-        if key and layout is None and _all_raw(message, decoded):
-            layout = RequestLayout(key, decoded)
+        if key and request_id is not None and layout is None and _all_raw(message, decoded):
+            layout = RequestLayout(data[:pos], decoded)
             # Kept only if the tail is nothing but the raw contents: a field after them (a second model_name,
             # last one wins) would otherwise be folded into a layout that requests without it reuse.
             if layout.decode(data, pos) is not None:
@@ -170,6 +191,15 @@ class RequestLayouts:
                 self._cache[key] = layout
                 self._last = layout
         return decoded
+
+
+def _request_id(data: bytes, start: int, end: int) -> str | None:
+    """The id field's value at ``data[start:end]`` (its tag, length and UTF-8 bytes); None if not UTF-8."""
+    _, value_start = _varint(data, start + 1)
+    try:
+        return data[value_start:end].decode()
+    except UnicodeDecodeError:
+        return None  # the parser's path, which refuses it
 
 
 def _all_raw(message: pb.ModelInferRequest, decoded: Decoded) -> bool:
@@ -181,32 +211,39 @@ def _all_raw(message: pb.ModelInferRequest, decoded: Decoded) -> bool:
 
 
 class ResponseLayouts:
-    """InferResponse → serialised ModelInferResponse, its prefix cached by model, version, id and outputs."""
+    """InferResponse → serialised ModelInferResponse, its prefix cached by model, version and outputs (the id,
+    field 3, is put between the cached bytes of fields 1-2 and those of 4-5: a stream's ids differ per request)."""
 
     __slots__ = ("_cache", "hits")
 
     def __init__(self) -> None:
-        self._cache: dict[tuple[Any, ...], tuple[bytes, bool]] = {}  # the prefix, and whether tobytes() will do
+        # the bytes before the id, those after it, and whether tobytes() will do
+        self._cache: dict[tuple[Any, ...], tuple[bytes, bytes, bool]] = {}
         self.hits = 0
 
     def encode(self, result: InferResponse, outputs: Sequence[OutputSpec], write: ShmWriter) -> bytes:
         if outputs and any(spec.shm is not None for spec in outputs):
             return encode_infer(result, outputs, write).SerializeToString()
         arrays = result.outputs
-        key: tuple[Any, ...] = (result.model, result.version, result.id)
+        key: tuple[Any, ...] = (result.model, result.version)
         for name, array in arrays.items():
             key += (name, array.dtype, array.shape)
         layout = self._cache.get(key)
         if layout is None:
-            layout = _prefix(result), all(_plain(array.dtype) for array in arrays.values())
-            if len(layout[0]) <= _PREFIX_BYTES:  # a long request id is the client's: not kept
+            head, tail = _prefix(result)
+            layout = head, tail, all(_plain(array.dtype) for array in arrays.values())
+            if len(head) + len(tail) <= _PREFIX_BYTES:
                 if len(self._cache) >= _ENTRIES:
                     self._cache.clear()
                 self._cache[key] = layout
         else:
             self.hits += 1
-        prefix, plain = layout
-        parts = [prefix]
+        head, tail, plain = layout
+        parts = [head]
+        if result.id:
+            request_id = result.id.encode()
+            parts.append(_ID_HEAD + encode_varint(len(request_id)) + request_id)
+        parts.append(tail)
         for array in arrays.values():
             raw = array.tobytes() if plain else tensor_bytes(array)
             size = len(raw)
@@ -220,11 +257,14 @@ def _plain(dtype: np.dtype[Any]) -> bool:
     return dtype.kind not in "OSU" and dtype.byteorder in _LITTLE_ENDIAN
 
 
-def _prefix(result: InferResponse) -> bytes:
-    response = pb.ModelInferResponse(model_name=result.model, model_version=result.version, id=result.id)
+def _prefix(result: InferResponse) -> tuple[bytes, bytes]:
+    """ModelInferResponse's fields before the id (model name, version) and after it (the outputs' metadata),
+    serialised: protobuf writes fields in number order, so head + id + tail is the message's prefix."""
+    head = pb.ModelInferResponse(model_name=result.model, model_version=result.version).SerializeToString()
+    response = pb.ModelInferResponse()
     for name, array in result.outputs.items():
         response.outputs.add(name=name, datatype=kserve_datatype(array), shape=array.shape)
-    return response.SerializeToString()
+    return head, response.SerializeToString()
 
 
 def encode_varint(value: int) -> bytes:

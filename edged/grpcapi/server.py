@@ -134,10 +134,11 @@ class GrpcServer:
 
     def status(self) -> dict[str, Any]:
         """For the daemon's status document: listeners (``activated``: those systemd passed), connections and
-        the stream bound with its high mark."""
+        the stream bound with its high mark, and how often a stream held its input (``StreamStats``)."""
         return {"listeners": list(self.addresses), "activated": self.inherited,
                 "connections": len(self._connections),
-                "stream_in_flight_limit": STREAM_IN_FLIGHT, "stream_in_flight_peak": self._streams.peak}
+                "stream_in_flight_limit": STREAM_IN_FLIGHT, "stream_in_flight_peak": self._streams.peak,
+                "stream_holds": self._streams.holds}
 
     def prometheus_lines(self) -> str:
         """The ``edged_grpc_*`` families, for the daemon to add to ``/metrics`` (front ends never import each other)."""

@@ -85,3 +85,88 @@ def test_a_unary_model_infer_costs_the_loop_only_the_short_path(served: tuple[Pa
     # All of it (engine and codec included), as a ceiling with a little room: 12f6c68 made 93 Python calls here,
     # this 42 (over the Unix socket, peer credentials judged per call; TCP one less).
     assert sum(python.values()) <= 43, "\n".join(f"{k} {v}" for k, v in sorted(python.items()))
+
+
+def _stream_message(values: np.ndarray, request_id: str = "", version: str = "") -> bytes:
+    request = pb.ModelInferRequest(model_name="tiny_mlp", id=request_id, model_version=version)
+    request.inputs.add(name="input", datatype="FP32", shape=[1, 64])
+    request.raw_input_contents.append(values.tobytes())
+    return frame(DATA, 0, 1, message(request.SerializeToString()))
+
+
+def _stream_answer(client: RawH2) -> pb.ModelStreamInferResponse:
+    """The next answer of stream 1 (its DATA frame; the first one follows the response headers)."""
+    while (got := client.read()) is not None:
+        if got.stream == 1 and got.kind == DATA:
+            return pb.ModelStreamInferResponse.FromString(got.payload[5:])
+    raise AssertionError("the connection closed before the stream's answer")
+
+
+def _record(calls: LoopCalls, client: RawH2, data: bytes) -> pb.ModelStreamInferResponse:
+    """Send ``data`` on the open stream and count what the loop spends until its answer is read."""
+    calls.python.clear()
+    calls.builtin.clear()
+    calls.recording = True
+    client.send(data)
+    answer = _stream_answer(client)
+    calls.recording = False
+    return answer
+
+
+def _end_stream(client: RawH2) -> dict[bytes, bytes]:
+    client.send(frame(DATA, END_STREAM, 1))
+    return client.response(1)[0]
+
+
+def test_a_streamed_model_infer_costs_the_loop_only_the_short_path(served: tuple[Path, LoopCalls]) -> None:
+    path, calls = served
+    rng = np.random.default_rng(1)
+    with RawH2.unix(path) as client:
+        client.start()
+        client.send(frame(HEADERS, END_HEADERS, 1, request_block("ModelStreamInfer")),
+                    _stream_message(rng.random(64, np.float32)))
+        first = _stream_answer(client)
+        answer = _record(calls, client, _stream_message(rng.random(64, np.float32)))
+        assert _end_stream(client)[b"grpc-status"] == b"0"
+    python, builtin = dict(calls.python), dict(calls.builtin)
+    calls.python.clear()
+    calls.builtin.clear()
+    assert first.error_message == answer.error_message == ""
+    assert list(answer.infer_response.outputs[0].shape) == [1, 10]
+    assert python.get("onnxruntime.py:run") == 1, "the model did not run on the loop thread: a thread hop"
+    assert python.get("_h2_connection.py:respond") == 1, "the answer did not leave in one piece"
+    # uvloop's create_task is not seen by the profile hook; what a task or future is then used for is
+    tasks = sorted(name for name in builtin if name.startswith(("Task.", "Future.", "create_task", "create_future")))
+    assert tasks == [], f"a task or future per request: {tasks}"
+    assert python.get("_tensors.py:decode_infer", 0) == 0, "a repeated request layout went through protobuf's parser"
+    assert python.get("_tensors.py:encode_infer", 0) == 0, "a repeated response layout was built as a message"
+    assert builtin.get("ModelInferRequest.FromString", 0) == 0
+    assert builtin.get("ModelStreamInferResponse.SerializeToString", 0) == 0, "the wrapper was built by protobuf"
+    assert python.get("registry.py:resolve") == 1, "the model version was looked up more than once"
+    # All of it (engine and codec included), as a ceiling with a little room: 45584a1 made 95 Python calls
+    # here (a task per request, protobuf's parser); this makes 35.
+    assert sum(python.values()) <= 37, "\n".join(f"{k} {v}" for k, v in sorted(python.items()))
+
+
+def test_a_streamed_repeated_layout_is_reused_and_a_differing_one_is_not(served: tuple[Path, LoopCalls]) -> None:
+    """perf_analyzer --streaming numbers its requests: a layout differing only in the id is still the same."""
+    path, calls = served
+    values = np.arange(64, dtype=np.float32)
+    with RawH2.unix(path) as client:
+        client.start()
+        client.send(frame(HEADERS, END_HEADERS, 1, request_block("ModelStreamInfer")),
+                    _stream_message(values, "1"))
+        first = _stream_answer(client)
+        repeated = _record(calls, client, _stream_message(values, "2"))
+        reused = calls.python.get("_tensors.py:decode_infer", 0), calls.python.get("_tensors.py:encode_infer", 0)
+        differing = _record(calls, client, _stream_message(values, "3", version="1"))
+        parsed = calls.python.get("_tensors.py:decode_infer", 0)
+        assert _end_stream(client)[b"grpc-status"] == b"0"
+    calls.python.clear()
+    calls.builtin.clear()
+    assert reused == (0, 0), "a repeated layout on a stream (another id) went through protobuf"
+    assert parsed == 1, "a request whose bytes before its tensors differ was served from another's layout"
+    assert (first.infer_response.id, repeated.infer_response.id, differing.infer_response.id) == ("1", "2", "3")
+    assert differing.infer_response.model_version == "1"
+    assert repeated.infer_response.raw_output_contents == first.infer_response.raw_output_contents
+    assert differing.infer_response.raw_output_contents == first.infer_response.raw_output_contents

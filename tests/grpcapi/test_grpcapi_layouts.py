@@ -151,23 +151,68 @@ def test_a_response_parses_to_the_message_encode_infer_builds(outputs: dict[str,
     assert layouts.hits == 1
 
 
-def test_a_response_of_another_shape_or_id_gets_its_own_prefix() -> None:
+def test_a_response_of_another_shape_or_dtype_gets_its_own_prefix() -> None:
     layouts = ResponseLayouts()
     specs = (OutputSpec("output", None),)
     layouts.encode(_response({"output": np.zeros((1, 10), np.float32)}), specs, _write)
     for other in (_response({"output": np.zeros((2, 5), np.float32)}),
-                  _response({"output": np.zeros((1, 10), np.float32)}, "id-2"),
                   _response({"output": np.zeros((1, 10), np.int32)})):
         encoded = pb.ModelInferResponse.FromString(layouts.encode(other, specs, _write))
         assert encoded == encode_infer(other, specs, _write)
     assert layouts.hits == 0
 
 
-def test_a_long_request_id_is_answered_but_not_kept() -> None:
+def test_responses_differing_only_in_id_share_a_prefix_and_each_carries_its_own_id() -> None:
+    layouts = ResponseLayouts()
+    specs = (OutputSpec("output", None),)
+    for request_id in ("", "1", "id-2", "\u00e9t\u00e9", "x" * 200):  # 200: a two-byte length
+        result = _response({"output": np.arange(10, dtype=np.float32).reshape(1, 10)}, request_id)
+        data = layouts.encode(result, specs, _write)
+        assert pb.ModelInferResponse.FromString(data) == encode_infer(result, specs, _write)
+        assert data == encode_infer(result, specs, _write).SerializeToString()
+    assert layouts.hits == 4 and len(layouts._cache) == 1
+
+
+def test_a_long_request_id_is_answered_and_kept_out_of_the_layout() -> None:
     layouts = ResponseLayouts()
     specs = (OutputSpec("output", None),)
     for n in range(3):
         long_id = f"{n}" * (_PREFIX_BYTES + 1)
         result = _response({"output": np.zeros((1, 10), np.float32)}, long_id)
         assert pb.ModelInferResponse.FromString(layouts.encode(result, specs, _write)).id == long_id
-    assert not layouts._cache
+    assert len(layouts._cache) == 1 and layouts.hits == 2
+
+
+def _with_id(values: np.ndarray[Any, Any], *ids: bytes) -> bytes:
+    """A request whose id fields hold ``ids`` as given (protobuf's serialiser would refuse bad UTF-8 or two)."""
+    data = _request(values)
+    model = pb.ModelInferRequest(model_name="tiny_mlp").SerializeToString()
+    fields = b"".join(b"\x1a" + bytes((len(request_id),)) + request_id for request_id in ids)
+    return model + fields + data[len(model):]
+
+
+def test_requests_differing_only_in_id_share_a_layout_and_each_gets_its_own_id() -> None:
+    layouts = RequestLayouts(MAX_ELEMENTS, _read)
+    for n, request_id in enumerate((b"", b"1", b"22", b"1", b"\xc3\xa9")):
+        data = _with_id(_values(n), request_id)
+        decoded = layouts.decode(data)
+        _same(decoded, _slow(data))
+        assert decoded.request.id == request_id.decode()
+    assert layouts.hits == 4 and len(layouts._cache) == 1
+
+
+def test_an_id_that_is_not_utf8_goes_to_the_parser_which_refuses_it() -> None:
+    layouts = RequestLayouts(MAX_ELEMENTS, _read)
+    layouts.decode(_with_id(_values(0), b"1"))
+    with pytest.raises(InvalidInput, match="not a valid ModelInferRequest"):
+        layouts.decode(_with_id(_values(1), b"\xff"))
+    assert layouts.hits == 0
+
+
+def test_a_repeated_id_field_goes_to_the_parser_last_one_winning() -> None:
+    layouts = RequestLayouts(MAX_ELEMENTS, _read)
+    layouts.decode(_with_id(_values(0), b"1"))
+    twice = _with_id(_values(1), b"a", b"b")
+    decoded = layouts.decode(twice)
+    assert decoded.request.id == "b" == _slow(twice).request.id
+    assert layouts.hits == 0

@@ -194,10 +194,41 @@ def test_a_stream_client_that_does_not_read_is_held_at_the_bound_and_then_gets_e
     count = 10_000
     body = _stream_requests(count)
     assert len(body) <= min(STREAM_WINDOW, CONNECTION_WINDOW)  # all of it within the windows granted at once
+    holds = _status(process, "grpc")["stream_holds"]
     with RawH2(address) as client:
         client.start()
         client.send(frame(HEADERS, END_HEADERS, 1, request_block("ModelStreamInfer")), *data_frames(1, body))
         # nothing is read yet: the answers fill the client's 64 KB window and the daemon stops taking requests
+        # (tiny_mlp runs inline, each answered as it is taken: the answers waiting hold the stream, not the bound)
+        _wait(lambda: _status(process, "grpc")["stream_holds"] > holds, "the stream held")
+        answers, fields = _read_answers(client, 1)
+    assert fields[b"grpc-status"] == b"0"
+    assert len(answers) == count and not any(answer.error_message for answer in answers)
+    grpc = _status(process, "grpc")
+    assert 1 <= grpc["stream_in_flight_peak"] <= grpc["stream_in_flight_limit"] == STREAM_IN_FLIGHT
+
+
+@pytest.fixture(scope="module")
+def worker_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DaemonProcess, str]]:
+    """No model runs on the loop (``inline_execution_max_us = 0``): answers come back from worker threads, so
+    requests of one stream pile up in flight and meet the bound."""
+    # the body lands in config_with_fakes' [models] table before its own [server]
+    config = config_with_fakes('inline_execution_max_us = 0\n[server]\ngrpc_port = 0\n')
+    process = start_daemon(tmp_path_factory.mktemp("grpc-workers"), config=config)
+    try:
+        yield process, process.client().status()["grpc_listeners"][0]
+    finally:
+        process.stop()
+
+
+def test_a_stream_whose_model_runs_on_workers_takes_at_most_the_bound_in_flight(
+        worker_daemon: tuple[DaemonProcess, str]) -> None:
+    process, address = worker_daemon
+    count = 10_000
+    with RawH2(address) as client:
+        client.start()
+        client.send(frame(HEADERS, END_HEADERS, 1, request_block("ModelStreamInfer")),
+                    *data_frames(1, _stream_requests(count)))
         _wait(lambda: _status(process, "grpc")["stream_in_flight_peak"] >= STREAM_IN_FLIGHT,
               "the stream's requests in flight at the bound")
         answers, fields = _read_answers(client, 1)
