@@ -161,6 +161,9 @@ def _grpc(grpc: Mapping[str, Any]) -> str:
     parts = [f"connections {grpc.get('connections', '?')}",
              f"stream in flight peak {grpc.get('stream_in_flight_peak', '?')} of "
              f"{grpc.get('stream_in_flight_limit', '?')}"]
+    holds = grpc.get("stream_holds")
+    if holds:  # streams that stopped taking input: clients not reading their answers, or at the bound
+        parts.append(f"streams held {holds} times")
     activated = grpc.get("activated") or []
     if activated:
         parts.append("socket-activated " + " ".join(str(address) for address in activated))

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import queue
 import struct
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -206,6 +208,10 @@ def test_a_stream_client_that_does_not_read_is_held_at_the_bound_and_then_gets_e
     assert len(answers) == count and not any(answer.error_message for answer in answers)
     grpc = _status(process, "grpc")
     assert 1 <= grpc["stream_in_flight_peak"] <= grpc["stream_in_flight_limit"] == STREAM_IN_FLIGHT
+    shown = subprocess.run([sys.executable, "-m", "edged", "status", "--socket", str(process.socket_path)],
+                           capture_output=True, text=True, timeout=60, check=False)
+    assert shown.returncode == 0, shown.stderr
+    assert f"streams held {grpc['stream_holds']} times" in shown.stdout, shown.stdout  # what a technician sees
 
 
 @pytest.fixture(scope="module")
