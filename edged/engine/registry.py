@@ -20,7 +20,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any
@@ -75,6 +75,9 @@ class Registry:
         self._lazy: set[str] = set()
         # read-only to others: the models a first request loads (front ends test it per request, without a call)
         self.lazy: AbstractSet[str] = self._lazy
+        # read-only to others: the service's submit takes a record's cached default version from it (`resolve`'s
+        # first branch without the call); never rebound, so a reference to it stays current
+        self.by_name: Mapping[str, ModelRecord] = self._records
         self._unloaded: dict[str, str] = {}  # model name → why it is no longer loaded, for the index
         self._backends: dict[str, Backend] = {}
         self._lock = threading.RLock()

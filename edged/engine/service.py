@@ -60,6 +60,7 @@ class InferenceService:
                                   self.intake)
         self._closed = False
         self.lazy_models = self._registry.lazy  # `needs_load` as a set, for paths that run per request
+        self._records = self._registry.by_name
         self.generation = GenerationService(self)  # generative models: prompt in, a stream of text out
         # One submitter per event loop; a closed loop's entry goes away with the loop.
         self._submitters: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopSubmitter] = (
@@ -211,8 +212,16 @@ class InferenceService:
         """
         if self._closed:
             raise Unavailable("the server is shutting down")
-        # ModelVersion.submit refuses a version that is not READY, with the same message
-        served = self._registry.resolve(request.model, request.version)
+        # ModelVersion.submit refuses a version that is not READY, with the same message. The default version's
+        # cached choice is taken here as Registry.resolve takes it (one call less per request); anything else,
+        # a choice made from an older dict of versions or a version no longer READY included, asks resolve.
+        record = self._records.get(request.model)
+        if record is not None and not request.version:
+            chosen_from, served = record.chosen
+            if chosen_from is not record.versions or served is None or served.lifecycle.state is not _READY:
+                served = self._registry.resolve(request.model, "")
+        else:
+            served = self._registry.resolve(request.model, request.version)
         if inline is None:
             p50 = served.exec_p50_us  # _fast, without the call: this runs for every request
             inline = p50 is not None and p50 <= self.settings.inline_execution_max_us

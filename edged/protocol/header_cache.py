@@ -4,7 +4,7 @@ A client of the binary-data extension repeats one JSON header request after requ
 Triton's clients do; only the tensor bytes after it change), and parsing and checking that header is a good
 part of a small request's cost (docs/benchmarks.md). The first request with a header is decoded in full by
 `decode_request`; if all its inputs are numeric binary data (no shared memory, no BYTES, no JSON data), what
-the header says is kept as a `_Layout`, keyed by the header's exact bytes. Later requests with the same bytes
+the header says is kept as a `Layout`, keyed by the header's exact bytes. Later requests with the same bytes
 only have their tensors viewed in place.
 
 Guarantees: a request decoded from the cache equals what `decode_request` returns for it (the same inputs,
@@ -17,7 +17,7 @@ time) costs a parse per request, as without it, and cannot grow memory.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import orjson
@@ -30,7 +30,29 @@ MAX_ENTRIES = 64
 MAX_HEADER_BYTES = 4096  # headers of a few tensors are a few hundred bytes; larger ones are not kept
 
 
-class _Layout(NamedTuple):
+class RequestHeader(Protocol):
+    """What an infer request's JSON header says besides its inputs: a `DecodedRequest`, or a kept `Layout`
+    (shared by every request that repeats its header: read only)."""
+
+    @property
+    def outputs(self) -> tuple[OutputRequest, ...]: ...
+    @property
+    def id(self) -> str: ...
+    @property
+    def parameters(self) -> dict[str, Any]: ...
+    @property
+    def priority(self) -> int: ...
+    @property
+    def timeout_us(self) -> int: ...
+    @property
+    def binary_outputs(self) -> dict[str, bool]: ...
+    @property
+    def binary_default(self) -> bool: ...
+
+
+class Layout(NamedTuple):
+    """What a kept header says; its field names are DecodedRequest's, so it answers as one for the response."""
+
     inputs: tuple[tuple[str, np.dtype[Any], tuple[int, ...], int, int], ...]  # name, wire dtype, shape, count, size
     data_bytes: int
     outputs: tuple[OutputRequest, ...]
@@ -47,30 +69,46 @@ class HeaderCache:
 
     def __init__(self, max_elements: int) -> None:
         self._max_elements = max_elements
-        self._layouts: dict[bytes, _Layout] = {}
+        self._layouts: dict[bytes, Layout] = {}
 
     def __len__(self) -> int:
         return len(self._layouts)
 
     def decode(self, body: bytes | bytearray, header_length: int | None,
                shm: ShmReader | None = None) -> DecodedRequest:
+        seen = self.seen(body, header_length)
+        if seen is None:
+            return self.decode_unseen(body, header_length, shm)
+        inputs, layout = seen
+        # each request its own dicts; a display, not dict(): no call per copy
+        return DecodedRequest(inputs, layout.outputs, layout.id, {**layout.parameters}, layout.priority,
+                              layout.timeout_us, {**layout.binary_outputs}, layout.binary_default)
+
+    def seen(self, body: bytes | bytearray, header_length: int | None) -> tuple[dict[str, Any], Layout] | None:
+        """The inputs viewed in place and the header's layout, for a body whose header was kept and whose tensor
+        bytes add up to it; None for any other body (`decode_unseen` decodes it). The layout's dicts are shared
+        by every request with this header: read them, never change them."""
         if header_length is None or not 0 < header_length <= MAX_HEADER_BYTES or header_length > len(body):
-            return decode_request(body, header_length, self._max_elements, shm=shm)
-        header = bytes(body[:header_length])
-        layout = self._layouts.get(header)
+            return None
+        layout = self._layouts.get(bytes(body[:header_length]))
         if layout is None or layout.data_bytes != len(body) - header_length:
-            decoded = decode_request(body, header_length, self._max_elements, shm=shm)
-            if layout is None:
-                self._remember(header, decoded)
-            return decoded
+            return None
         inputs = {}
         offset = header_length
         for name, wire, shape, count, size in layout.inputs:
             inputs[name] = np.frombuffer(body, wire, count, offset).reshape(shape)
             offset += size
-        # each request its own dicts; a display, not dict(): no call per copy
-        return DecodedRequest(inputs, layout.outputs, layout.id, {**layout.parameters}, layout.priority,
-                              layout.timeout_us, {**layout.binary_outputs}, layout.binary_default)
+        return inputs, layout
+
+    def decode_unseen(self, body: bytes | bytearray, header_length: int | None,
+                      shm: ShmReader | None = None) -> DecodedRequest:
+        """`decode_request`, keeping the header's layout if it qualifies and is new."""
+        decoded = decode_request(body, header_length, self._max_elements, shm=shm)
+        if header_length is not None and 0 < header_length <= MAX_HEADER_BYTES and header_length <= len(body):
+            header = bytes(body[:header_length])
+            if header not in self._layouts:
+                self._remember(header, decoded)
+        return decoded
 
     def _remember(self, header: bytes, decoded: DecodedRequest) -> None:
         """Keep the layout of a request that decoded without error, if its inputs are all numeric binary."""
@@ -89,6 +127,6 @@ class HeaderCache:
             data_bytes += size
         if len(self._layouts) >= MAX_ENTRIES:
             self._layouts.clear()
-        self._layouts[header] = _Layout(tuple(entries), data_bytes, decoded.outputs, decoded.id,
+        self._layouts[header] = Layout(tuple(entries), data_bytes, decoded.outputs, decoded.id,
                                         dict(decoded.parameters), decoded.priority, decoded.timeout_us,
                                         dict(decoded.binary_outputs), decoded.binary_default)

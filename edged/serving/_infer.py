@@ -21,11 +21,12 @@ import asyncio
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from edged.engine import InferenceService, InferRequest, InferResponse, RequestedOutput
 from edged.errors import EdgedError, Unavailable
 from edged.protocol import DecodedRequest, decode_request
-from edged.protocol.header_cache import HeaderCache
+from edged.protocol.header_cache import HeaderCache, RequestHeader
 from edged.protocol.shm_params import ShmReader
 from edged.serving._access import Peer
 from edged.serving._http import Connection
@@ -48,15 +49,16 @@ class _Call(InferRequest):
     __slots__ = ("connection", "decoded", "keep_alive", "path", "slot")
 
     def __init__(self, path: InferPath, connection: Connection, slot: Slot, model: str, version: str,
-                 decoded: DecodedRequest, outputs: tuple[RequestedOutput, ...], keep_alive: bool) -> None:
+                 decoded: RequestHeader, inputs: dict[str, Any], parameters: dict[str, Any],
+                 outputs: tuple[RequestedOutput, ...], keep_alive: bool) -> None:
         # InferRequest's fields, set here rather than by its generated __init__ (a second call per request);
         # tests/serving/test_serving_infer_call.py checks that every field of InferRequest is set
         self.model = model
-        self.inputs = decoded.inputs
+        self.inputs = inputs
         self.version = version
         self.id = decoded.id
         self.outputs = outputs
-        self.parameters = decoded.parameters
+        self.parameters = parameters  # the request's own: a kept header's dict is shared
         self.priority = decoded.priority
         self.timeout_us = decoded.timeout_us
         self.path = path
@@ -123,15 +125,24 @@ class InferPath:
                 future.add_done_callback(lambda done: self._decoded(connection, incoming, slot, model, version,
                                                                     done))
                 return
-            decoded = self._headers.decode(incoming.body, header_length, reader)
+            seen = self._headers.seen(incoming.body, header_length)
+            if seen is None:
+                decoded = self._headers.decode_unseen(incoming.body, header_length, reader)
+                self._queue(connection, incoming, slot, model, version, decoded, decoded.inputs,
+                            decoded.parameters)
+                return
         except EdgedError as e:
             connection.respond(slot, render(error_for(e), incoming.keep_alive), not incoming.keep_alive)
             return
-        if decoded.outputs:
-            self._queue(connection, incoming, slot, model, version, decoded)
+        inputs, layout = seen
+        if layout.outputs:
+            self._queue(connection, incoming, slot, model, version, layout, inputs, {**layout.parameters})
             return
-        # _queue without the call, for the request that names no outputs (it wants them all)
-        self._queued.append(_Call(self, connection, slot, model, version, decoded, (), incoming.keep_alive))
+        # _queue without the call, for the request that names no outputs (it wants them all); a header seen
+        # before goes from its kept layout to the call, with no DecodedRequest between
+        parameters = layout.parameters
+        self._queued.append(_Call(self, connection, slot, model, version, layout, inputs,
+                                  {**parameters} if parameters else {}, (), incoming.keep_alive))
         if not connection.feeding and not self._scheduled:
             self._schedule()
 
@@ -144,16 +155,20 @@ class InferPath:
             connection.fail(slot, error, incoming.keep_alive)
         else:
             try:
-                self._queue(connection, incoming, slot, model, version, done.result())
+                decoded = done.result()
+                self._queue(connection, incoming, slot, model, version, decoded, decoded.inputs,
+                            decoded.parameters)
             except Exception as e:  # a loop callback: nothing else would answer the slot
                 connection.fail(slot, e, incoming.keep_alive)
 
     def _queue(self, connection: Connection, incoming: Incoming, slot: Slot, model: str, version: str,
-               decoded: DecodedRequest) -> None:
+               decoded: RequestHeader, inputs: dict[str, Any], parameters: dict[str, Any]) -> None:
+        """Queue a `DecodedRequest` or a kept header's layout, with the request's own inputs and parameters."""
         outputs: tuple[RequestedOutput, ...] = ()
         if decoded.outputs:
             outputs = tuple(RequestedOutput(o.name, o.binary_data, o.class_count) for o in decoded.outputs)
-        self._queued.append(_Call(self, connection, slot, model, version, decoded, outputs, incoming.keep_alive))
+        self._queued.append(_Call(self, connection, slot, model, version, decoded, inputs, parameters, outputs,
+                                  incoming.keep_alive))
         if not connection.feeding and not self._scheduled:  # e.g. after a lazy load: no end_of_input follows
             self._schedule()
 

@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from edged.engine import InferResponse
-from edged.protocol import DecodedRequest, encode_response
+from edged.protocol import encode_response
+from edged.protocol.header_cache import RequestHeader
 
 MAX_ENTRIES = 64
 
@@ -41,14 +42,14 @@ class ResponseHeads:
     def __len__(self) -> int:
         return len(self._heads)
 
-    def encode(self, result: InferResponse, decoded: DecodedRequest, keep_alive: bool,
+    def encode(self, result: InferResponse, decoded: RequestHeader, keep_alive: bool,
                placed: frozenset[str]) -> bytes:
         """The whole HTTP response (head and body) for ``result``."""
         key: list[Any] | None = None
         if not (result.id or result.parameters or placed):
             binary_outputs, binary_default = decoded.binary_outputs, decoded.binary_default
             key = [result.model, result.version, keep_alive]
-            raws = []
+            raws: list[Any] = []
             for name, array in result.outputs.items():
                 dtype = array.dtype
                 if (not binary_outputs.get(name, binary_default) or dtype.kind not in _NUMERIC
@@ -56,12 +57,15 @@ class ResponseHeads:
                     key = None
                     break
                 key += (name, dtype, array.shape)
-                raws.append(array.tobytes())  # row-major whatever the array's memory layout, as encode_response
+                raws.append(array)
             if key is not None:
                 head = self._heads.get(tuple(key))
                 if head is not None:
                     raws.insert(0, head)
-                    return b"".join(raws)
+                    try:  # join reads a C-contiguous array's buffer in place: no tobytes copy per output
+                        return b"".join(raws)
+                    except TypeError:  # an array that is not C-contiguous exports no plain buffer
+                        return b"".join([head, *(array.tobytes() for array in raws[1:])])  # row-major
         body, header_length = encode_response(result, decoded.binary_outputs, decoded.binary_default,
                                               placed=placed)
         tail = b"" if keep_alive else _CLOSE

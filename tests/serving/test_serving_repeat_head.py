@@ -312,3 +312,16 @@ def test_a_repeated_response_layout_gives_the_bytes_a_full_encode_gives(
             assert heads.encode(result, decoded, keep_alive, frozenset()) == _encoded_in_full(result, decoded,
                                                                                              keep_alive)
     assert len(heads) == (2 if cached else 0)
+
+
+def test_a_cached_response_of_arrays_not_in_row_major_memory_gives_their_row_major_bytes() -> None:
+    # the cached path hands C-contiguous arrays to bytes.join as they are; the others must still be row-major
+    heads = ResponseHeads()
+    decoded = DecodedRequest({}, binary_default=True)
+    base = np.arange(12, dtype=np.float32).reshape(3, 4)
+    for arrays in ({"output": base}, {"output": np.ascontiguousarray(base.T)}, {"output": base.T},
+                   {"output": np.asfortranarray(base.T)}, {"output": base.T[::2]}):
+        result = InferResponse("m", "1", arrays, "")
+        for _ in range(2):  # the second is answered from the cached head
+            assert heads.encode(result, decoded, True, frozenset()) == _encoded_in_full(result, decoded, True)
+    assert len(heads) == 3  # shapes (3, 4), (4, 3) and (2, 3)
