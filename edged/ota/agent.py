@@ -84,7 +84,10 @@ class OtaAgent:
     # --- start-up ------------------------------------------------------------------------------------------
     def recover_files(self) -> None:
         """Before the engine starts: an update interrupted after its switch leaves the repository again, so the
-        version that was never confirmed does not serve for a moment at start-up. `resume` records the rest."""
+        version that was never confirmed does not serve for a moment at start-up. `resume` records the rest.
+        edged-update's outcome is read here too, before the daemon is ready: a release it rolled back to (or
+        installed) never reports the update as still installing."""
+        self.release.poll()
         current = self.store.current
         if current is not None and resume_action(current) == "roll_back":
             self.activator.roll_back_files(current.model, current.version)

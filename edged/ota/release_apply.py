@@ -92,12 +92,13 @@ class ReleaseApplier:
         write_atomic(self.journal_file, json.dumps(doc, sort_keys=True).encode())
         return doc
 
-    def _outcome(self, doc: dict[str, Any], state: str, reason: str) -> str:
+    def _outcome(self, doc: dict[str, Any], state: str, reason: str, *, logged: bool = True) -> str:
         outcome = {k: doc.get(k, "") for k in ("target", "sha256", "version", "previous")}
         write_atomic(self.s.work_dir / "outcome.json",
                      json.dumps({**outcome, "state": state, "reason": reason, "at": time.time()}).encode())
-        (log.info if state in ("installing", "active") else log.error)("release %s: %s: %s", doc.get("version"),
-                                                                       state, reason)
+        if logged:
+            (log.info if state in ("installing", "active") else log.error)("release %s: %s: %s", doc.get("version"),
+                                                                           state, reason)
         return state
 
     def _finish(self, doc: dict[str, Any], state: str, reason: str) -> str:
@@ -228,6 +229,9 @@ class ReleaseApplier:
             restored = restore_migrated(list(self.s.databases), self.s.work_dir / "backup", doc.get("databases", {}))
             if restored:
                 notes.append(f"restored the databases it migrated: {', '.join(restored)}")
+            # the outcome before the start: the previous release reads it as it starts, so it never reports
+            # the update as still installing (a kill -9 from here on finds the journal and rolls back again)
+            self._outcome(doc, "rolled_back", "; ".join([reason, *notes]), logged=False)
             self.manager.start()
         except UpdateRejected as e:
             notes.append(str(e))
