@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from modelgen import add_custom_model
 
 from edged.backends.base import InstanceInfo
 from edged.config import ModelsConfig
 from edged.engine import InferenceService
+from edged.engine.scheduler import Scheduler
 from edged.errors import InferenceFailed, ModelLoadError
 from edged.repository.model_config import ModelConfig, ModelSignature
 
@@ -104,3 +106,16 @@ def wait_until_running() -> None:
             return
         threading.Event().wait(0.001)
     raise AssertionError("the first request never started running")
+
+
+def delayed_service(repo: Path, delay_us: int) -> InferenceService:
+    """A service whose one model "m" doubles its input, batches up to 16 and waits ``delay_us`` for a batch."""
+    add_custom_model(repo, "m", "doubling", f"dynamic_batching {{ max_queue_delay_microseconds: {delay_us} }}",
+                     max_batch=16)
+    return start_service(repo)
+
+
+def scheduler_of(service: InferenceService) -> Scheduler:
+    scheduler = service.record_for("m").versions[1].scheduler
+    assert scheduler is not None
+    return scheduler

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import engine_fakes
 import numpy as np
-from modelgen import add_custom_model
+from engine_fakes import scheduler_of
 
 from edged.engine import InferenceService, InferRequest, InferResponse
 from edged.engine.scheduler import Scheduler
@@ -19,15 +19,7 @@ from edged.errors import EdgedError
 
 
 def serve(tmp_path: Path, delay_us: int) -> InferenceService:
-    add_custom_model(tmp_path, "m", "doubling", f"dynamic_batching {{ max_queue_delay_microseconds: {delay_us} }}",
-                     max_batch=16)
-    return engine_fakes.start_service(tmp_path)
-
-
-def scheduler_of(service: InferenceService) -> Scheduler:
-    scheduler = service.record_for("m").versions[1].scheduler
-    assert scheduler is not None
-    return scheduler
+    return engine_fakes.delayed_service(tmp_path, delay_us)
 
 
 class Results:
