@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from modelgen import add_custom_model
 
 from edged.backends.base import InstanceInfo
 from edged.config import ModelsConfig
@@ -110,6 +109,10 @@ def wait_until_running() -> None:
 
 def delayed_service(repo: Path, delay_us: int) -> InferenceService:
     """A service whose one model "m" doubles its input, batches up to 16 and waits ``delay_us`` for a batch."""
+    # imported here: daemons load this module as a backend (engine_fakes:DoublingBackend) where tests/ is not
+    # on the path, so it may import only edged and numpy at its top
+    from modelgen import add_custom_model
+
     add_custom_model(repo, "m", "doubling", f"dynamic_batching {{ max_queue_delay_microseconds: {delay_us} }}",
                      max_batch=16)
     return start_service(repo)
