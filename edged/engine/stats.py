@@ -41,6 +41,15 @@ class _BatchStat:
     compute_infer: _Duration = field(default_factory=_Duration)
     compute_output: _Duration = field(default_factory=_Duration)
 
+    def add(self, input_ns: int, infer_ns: int, output_ns: int) -> None:
+        """One execution of this batch size."""
+        self.compute_input.count += 1
+        self.compute_input.ns += input_ns
+        self.compute_infer.count += 1
+        self.compute_infer.ns += infer_ns
+        self.compute_output.count += 1
+        self.compute_output.ns += output_ns
+
 
 class VersionStats:
     def __init__(self, model: str, version: str) -> None:
@@ -115,12 +124,7 @@ class VersionStats:
             batch = batches.get(batch_size)
             if batch is None:
                 batch = batches[batch_size] = _BatchStat()
-            batch.compute_input.count += 1
-            batch.compute_input.ns += input_ns
-            batch.compute_infer.count += 1
-            batch.compute_infer.ns += infer_ns
-            batch.compute_output.count += 1
-            batch.compute_output.ns += output_ns
+            batch.add(input_ns, infer_ns, output_ns)
             self._inference_count += batch_size
             self.compute_input.ns += input_ns
             self.compute_infer.ns += infer_ns
@@ -155,12 +159,7 @@ class VersionStats:
         batch = self._batches.get(batch_size)
         if batch is None:
             batch = self._batches[batch_size] = _BatchStat()
-        batch.compute_input.count += 1
-        batch.compute_input.ns += input_ns
-        batch.compute_infer.count += 1
-        batch.compute_infer.ns += infer_ns
-        batch.compute_output.count += 1
-        batch.compute_output.ns += output_ns
+        batch.add(input_ns, infer_ns, output_ns)
         self.last_inference_ms = time.time_ns() // 1_000_000
 
     def record_request(self, ok: bool, total_ns: int, queue_ns: int) -> None:
