@@ -1,8 +1,9 @@
 """Measure what max_queue_delay_microseconds costs a lone request, and how full batches get at concurrency 16.
 
-One edged HttpServer process, on a Unix socket and loopback TCP, serves copies of tiny_mlp that differ only in
-their batching: tiny_d0, tiny_d100, tiny_d200 (max_batch_size 64, delays 0, 100, 200 µs) for the lone-request
-overshoot, and tiny_b16_d<D> (max_batch_size 16) for each ``--delays`` D for the batch sizes at concurrency 16.
+One edged process (HttpServer on a Unix socket and loopback TCP, GrpcServer on the next port) serves copies of
+tiny_mlp that differ only in their batching: tiny_d0, tiny_d100, tiny_d200 (max_batch_size 64, delays 0, 100,
+200 µs) for the lone-request overshoot, and tiny_b16_d<D> (max_batch_size 16) for each ``--delays`` D for the
+batch sizes at concurrency 16.
 
 - c=1: one client alternates between tiny_d0/100/200 request by request (so drift in the machine's load hits all
   three alike) and reports each model's p50 latency and the overshoot: p50(D) - p50(0) - D.
@@ -10,10 +11,11 @@ overshoot, and tiny_b16_d<D> (max_batch_size 16) for each ``--delays`` D for the
   execution_count from the model's statistics, over that run only):
   ``procs``: 16 processes with ``http.client`` on the Unix socket (they need the same cores as the server);
   ``asyncio``: one process, 16 connections on loopback TCP, each sending its next request once its answer is in;
-  ``pa``: perf_analyzer (C++, one process, 16 threads) over loopback TCP, ``--concurrency-range 16``.
+  ``pa``: perf_analyzer (C++, one process, 16 threads) over loopback TCP, ``--concurrency-range 16``;
+  ``pa-grpc``: the same over gRPC (``-i grpc``, the server's gRPC front end on the next port).
 
-    PYTHONPATH=$PWD .venv/bin/python scripts/bench_batch_delay.py [--seconds 10] [--clients procs asyncio burst pa]
-        [--delays 200 1000 5000] [--skip-c1] [--trees /tmp/base . --rounds 4]
+    PYTHONPATH=$PWD .venv/bin/python scripts/bench_batch_delay.py [--seconds 10]
+        [--clients procs asyncio burst pa pa-grpc] [--delays 200 1000 5000] [--skip-c1] [--trees /tmp/base . --rounds 4]
     PYTHONPATH=$PWD .venv/bin/python scripts/bench_batch_delay.py --lateness
 
 ``--lateness`` only measures how late this machine's timed waits end (the thread's timer slack set to 1 µs, as
@@ -145,11 +147,12 @@ def _model(repo: Path, name: str, max_batch: int, delay_us: int) -> None:
     (repo / name / "config.pbtxt").write_text(config)
 
 
-def serve(path: str, port: int, delays: list[int]) -> None:
+def serve(path: str, port: int, grpc_port: int, delays: list[int]) -> None:
     import uvloop
 
     from edged.config import ModelsConfig, ServerConfig
     from edged.engine import InferenceService
+    from edged.grpcapi import GrpcServer
     from edged.serving import HttpServer, open_listeners
 
     repo = Path(tempfile.mkdtemp())
@@ -159,12 +162,14 @@ def serve(path: str, port: int, delays: list[int]) -> None:
         _model(repo, f"tiny_b16_d{delay}", 16, delay)
     service = InferenceService(repo, ModelsConfig())
     service.start()
-    config = ServerConfig(http_port=port)
+    config = ServerConfig(http_port=port, grpc_port=grpc_port)
 
     async def main() -> None:
         listeners = open_listeners(config, Path(path), environ={})
         server = HttpServer(service, config)
         await server.start([item.socket for item in listeners])
+        grpc = GrpcServer(service, config, server.shared_memory)  # perf_analyzer -i grpc (the pa-grpc client)
+        await grpc.start(server.body_budget)
         print("ready", flush=True)
         await asyncio.Event().wait()
     uvloop.run(main())
@@ -189,8 +194,8 @@ def _late_ns(lock: threading.Lock, wait_us: int) -> int:
 
 # --- the driver ----------------------------------------------------------------------------------------
 def _clients(path: str, models: list[str], seconds: float, count: int) -> list[dict[str, list[int]]]:
-    procs = [subprocess.Popen([sys.executable, __file__, "--client", path, ",".join(models), str(seconds)],
-                              stdout=subprocess.PIPE, text=True) for _ in range(count)]
+    command = [sys.executable, __file__, "--client", path, ",".join(models), str(seconds)]
+    procs = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True) for _ in range(count)]
     return [json.loads(proc.communicate()[0]) for proc in procs]
 
 
@@ -205,10 +210,12 @@ def _load(kind: str, path: str, port: int, model: str, seconds: float, concurren
     if kind == "procs":
         _clients(path, [model], seconds, concurrency)
     elif kind in ("asyncio", "burst"):
-        subprocess.run([sys.executable, __file__, "--asyncio-client", str(port), model, str(seconds),
-                        str(concurrency), kind], check=True, stdout=subprocess.DEVNULL)
-    else:
-        subprocess.run([str(PERF_ANALYZER), "-m", model, "-i", "http", "-u", f"127.0.0.1:{port}",
+        subprocess.run([sys.executable, __file__, "--asyncio-client", str(port), model,
+                        str(seconds), str(concurrency), kind], check=True, stdout=subprocess.DEVNULL)
+    else:  # pa: perf_analyzer over HTTP, pa-grpc: over gRPC (HTTP/2: several requests in one read)
+        protocol, target = ("grpc", port + 1) if kind == "pa-grpc" else ("http", port)
+        subprocess.run([str(PERF_ANALYZER), "-m", model, "-i", protocol,
+                        "-u", f"127.0.0.1:{target}",
                         "--concurrency-range", str(concurrency), "--measurement-interval",
                         str(int(seconds * 1000)), "--stability-percentage", "1000", "--max-trials", "3"],
                        check=True, stdout=subprocess.DEVNULL, timeout=120)
@@ -231,12 +238,24 @@ def _mean_batch(kind: str, server: tuple[str, int], delay: int, seconds: float, 
     return (after[0] - before[0]) / max(1, after[1] - before[1])
 
 
+def _free_port_pair() -> int:
+    """A port P with P + 1 also free (HTTP on P, gRPC on P + 1)."""
+    while True:
+        with socket.socket() as probe, socket.socket() as second:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+            try:
+                second.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+            return int(port)
+
+
 def _start(tree: str, delays: list[int]) -> tuple[subprocess.Popen[str], tuple[str, int]]:
     path = str(Path(tempfile.mkdtemp()) / "edged.sock")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = subprocess.Popen([sys.executable, __file__, "--serve", path, str(port), *map(str, delays)],
+    port = _free_port_pair()
+    server = subprocess.Popen([sys.executable, __file__, "--serve", path, str(port),
+                               str(port + 1), *map(str, delays)],
                               stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": tree})
     assert server.stdout is not None
     if server.stdout.readline().strip() != "ready":
@@ -248,7 +267,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--clients", nargs="*", choices=("procs", "asyncio", "burst", "pa"), default=["procs"])
+    parser.add_argument("--clients", nargs="*", choices=("procs", "asyncio", "burst", "pa", "pa-grpc"),
+                        default=["procs"])
     parser.add_argument("--delays", nargs="+", type=int, default=[200])
     parser.add_argument("--skip-c1", action="store_true")
     parser.add_argument("--trees", nargs="+", default=[os.environ.get("PYTHONPATH", str(ROOT))],
@@ -287,6 +307,6 @@ if __name__ == "__main__":
     elif len(sys.argv) > 1 and sys.argv[1] == "--lateness":
         lateness()
     elif len(sys.argv) > 1 and sys.argv[1] == "--serve":
-        serve(sys.argv[2], int(sys.argv[3]), [int(value) for value in sys.argv[4:]])
+        serve(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), [int(value) for value in sys.argv[5:]])
     else:
         main()

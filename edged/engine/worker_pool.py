@@ -17,7 +17,10 @@ wait sleeps only until shortly before its end (edged.engine.delay_wait): a sleep
 A submit that fills the batch wakes that caller and no worker. Only a submit that finds nothing queued, running
 or waiting, no front end holding requests it has read, and the model's previous batch run alone after its
 delay (solo traffic) is lone: the caller's thread (an event loop) does nothing else while it waits, so the bet
-is taken only where nothing else was arriving, and lost at most once when a burst begins.
+is taken only where nothing else was seen arriving. What arrives while it waits stays unread, so a batch run alone
+after such a wait proves nothing: every CALLER_PROBE_EVERY-th lone batch in a row is left to a worker, with the
+loop free to read, and under concurrent traffic that batch fills and the bet stops (at most that many batches of
+one when a burst begins).
 """
 
 from __future__ import annotations
@@ -50,6 +53,12 @@ WORKER_TIMER_SLACK_NS = 1000
 # meanwhile, as by an inline execution, so no longer than the inline work a loop already lends (INLINE_MAX_NS,
 # inline_execution_max_us); past a few hundred µs the two hops are a small share of the delay anyway.
 CALLER_DELAY_MAX_NS = 500_000
+# A caller that waits out a delay blocks its event loop, so requests arriving meanwhile stay unread and the batch
+# runs alone: under concurrent traffic the bet would confirm itself forever (a gRPC client at concurrency 16 got
+# batches of one). Every so many lone batches in a row, one is left to a worker instead, with the loop free to
+# read: if others were waiting, they join it and the traffic is no longer taken for lone.
+CALLER_PROBE_EVERY = 8
+SOLO_EVIDENCE = 2
 
 
 class WorkerPool(BatchExecution):
@@ -75,7 +84,10 @@ class WorkerPool(BatchExecution):
         # batch must wake it, and never a worker in its place.
         self._caller_waiting = False
         self._caller_wake = threading.Condition(self._lock)
-        self._solo = False  # the last batch taken ran one request alone after its delay: lone traffic
+        # Batches in a row that a worker took and ran one request alone after the delay; from SOLO_EVIDENCE on,
+        # the traffic is taken for lone (one such batch also happens now and then under concurrent traffic).
+        self._solo = 0
+        self._caller_runs = 0  # lone batches in a row whose caller waited the delay out (CALLER_PROBE_EVERY)
         self._lateness = Lateness()  # of the caller's sleeps, so it wakes before the delay's end and spins the rest
         self._precise = threading.local()  # .set: this thread's timer slack is WORKER_TIMER_SLACK_NS
         # `close` waits here for the queue to drain. Its own condition: a notify meant for a worker must never
@@ -165,6 +177,8 @@ class WorkerPool(BatchExecution):
                 instance = self._idle.pop()
                 self._executing += 1
                 batch, expired = self._take_batch_locked()
+                if self._delay_ns:  # only a worker's batch says it: the loop was free to read while it waited
+                    self._solo = self._solo + 1 if len(batch) == 1 else 0
                 self._lock.release()
                 try:
                     for item in expired:
@@ -210,9 +224,15 @@ class WorkerPool(BatchExecution):
 
     def _caller_waits_locked(self, inline: bool) -> bool:
         """Whether the caller of the lone request just queued waits out the delay itself (module docstring)."""
-        return (inline and self._solo and 0 < self._delay_ns <= CALLER_DELAY_MAX_NS and bool(self._idle)
+        if not (inline and self._solo >= SOLO_EVIDENCE and 0 < self._delay_ns <= CALLER_DELAY_MAX_NS and self._idle
                 and self._queue.count == 1 and not (self._executing or self._delaying or self._closed)
-                and not (self._intake is not None and self._intake.is_open))
+                and not (self._intake is not None and self._intake.is_open)):
+            return False
+        if self._caller_runs >= CALLER_PROBE_EVERY - 1:  # this one goes to a worker: the probe
+            self._caller_runs = 0
+            return False
+        self._caller_runs += 1
+        return True
 
     def _wait_out_delay(self, instance: ModelInstance) -> None:
         """Wait on the caller's thread, which holds ``instance``, until the batch is full or its delay is over (or
@@ -275,10 +295,7 @@ class WorkerPool(BatchExecution):
             now = time.perf_counter_ns()
             if queue.next_deadline_ns < now:
                 expired = queue.expire(now)
-        batch = queue.take()
-        if self._delay_ns:
-            self._solo = len(batch) == 1
-        return batch, expired
+        return queue.take(), expired
 
     # --- shutdown ------------------------------------------------------------------------------------------
     def close(self, timeout_s: float) -> bool:

@@ -143,11 +143,12 @@ class GrpcCall:
 
     __slots__ = ("_buffer", "_conn", "_deadline", "_end_seen", "_held", "_held_charge", "_input_over", "_limits",
                  "_open_since", "_partial_since", "_reserved", "_started", "done", "on_cancel", "on_drained", "on_end",
-                 "on_message", "request", "stream_id", "tally", "task")
+                 "on_message", "request", "sender", "stream_id", "tally", "task")
 
     def __init__(self, conn: H2Connection, stream_id: int, request: Request, limits: CallLimits,
                  tally: dict[Status, int]) -> None:
         self._conn = conn
+        self.sender: object = conn  # tells concurrent clients apart (GrpcInfer.begin gathers their requests)
         self.tally = tally  # how calls of this RPC ended, by status (``GrpcMetrics.calls``): counted in _finish
         self.stream_id = stream_id
         self.request = request

@@ -6,6 +6,12 @@ and its done callback encodes the response to its serialised bytes and hands the
 path, with no task or future), hopping back to the loop with ``call_soon_threadsafe`` when it runs on a worker
 thread. A lazily loaded model is loaded in the executor first. ModelStreamInfer takes the same ``decode`` and
 ``begin`` for each of its messages (``_stream_infer``).
+
+Several clients: requests from two senders (connections, or streams) within ``_OVERLAP_S`` of each other mean
+concurrent traffic, and for the next ``_HOLD_S`` the requests of a loop iteration are gathered and submitted
+in one call_soon flush, by model as one group, with the engine's intake open meanwhile (`edged.engine.intake`):
+a batch whose delay ends while the loop is still reading them waits for them, and they batch together, as on
+the HTTP path (`edged.serving._infer`). A single client's requests are submitted at once.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from edged.engine import InferenceService, InferResponse
+from edged.engine import InferenceService, InferRequest, InferResponse
 from edged.errors import EdgedError, InferenceFailed
 from edged.grpcapi._layouts import RequestLayouts, ResponseLayouts
 from edged.grpcapi._tensors import Decoded
@@ -25,6 +31,11 @@ from edged.shm import TCP_CALLER, Caller, SharedMemoryRegistry
 log = logging.getLogger(__name__)
 _Result = InferResponse | EdgedError
 _Answer = bytes | EdgedError  # a serialised ModelInferResponse, or why there is none
+_Done = Callable[[_Result], None]
+# Infer requests from two different senders this close together (loop time) mean several clients are sending:
+# gather the requests of each loop iteration into one flush for the next _HOLD_S (the HTTP path's figures).
+_OVERLAP_S = 0.002
+_HOLD_S = 0.05
 
 
 def _tcp_caller() -> Caller:
@@ -44,6 +55,10 @@ class GrpcInfer:
         # a serialised ModelInferRequest as the engine's request; InvalidInput when it is not a valid one
         self.decode: Callable[[bytes], Decoded] = requests.decode
         self._responses = ResponseLayouts()
+        self._last_sender: object = None
+        self._last_sent = 0.0
+        self._gather_until = 0.0  # loop time until which requests are gathered (several senders seen)
+        self._queued: list[tuple[InferRequest, _Done, Callable[[_Answer], None]]] = []
 
     def needs_load(self, decoded: Decoded) -> bool:
         return self._service.needs_load(decoded.request.model)
@@ -63,9 +78,10 @@ class GrpcInfer:
             raise answer
         return answer
 
-    def begin(self, decoded: Decoded, finish: Callable[[_Answer], None]) -> None:
+    def begin(self, decoded: Decoded, finish: Callable[[_Answer], None], sender: object = None) -> None:
         """Submit ``decoded`` and have ``finish`` called on the loop with the response or the error: the unary
-        path, with no task and no future (the model is loaded: see ``needs_load``)."""
+        path, with no task and no future (the model is loaded: see ``needs_load``). ``sender`` (its connection
+        or stream) tells concurrent clients apart, whose requests are gathered (module docstring)."""
         try:
             loop_thread = self._loop_thread
 
@@ -75,10 +91,49 @@ class GrpcInfer:
                 else:
                     self._loop.call_soon_threadsafe(self._encode, result, decoded, finish)
 
+            if sender is not None:
+                now = self._loop.time()
+                if sender is not self._last_sender:
+                    if now - self._last_sent < _OVERLAP_S:
+                        self._gather_until = now + _HOLD_S
+                    self._last_sender = sender
+                self._last_sent = now
+                if now < self._gather_until:
+                    if not self._queued:
+                        self._service.intake.open()  # closed by the flush
+                        self._loop.call_soon(self._flush)
+                    self._queued.append((decoded.request, done, finish))
+                    return
             # inline if the model is fast, decided on the version submit resolves anyway (one lookup)
             self._service.submit(decoded.request, done, inline=None)
         except EdgedError as e:
             finish(e)
+
+    def _flush(self) -> None:
+        """Submit the requests gathered in this loop iteration: those of one model version as one group."""
+        queued, self._queued = self._queued, []
+        service = self._service
+        try:
+            groups: dict[tuple[str, str], list[tuple[InferRequest, _Done, Callable[[_Answer], None]]]] = {}
+            for item in queued:
+                groups.setdefault((item[0].model, item[0].version), []).append(item)
+            for (model, version), group in groups.items():
+                if len(group) == 1:
+                    request, done, finish = group[0]
+                    try:
+                        service.submit(request, done, inline=None)
+                    except EdgedError as e:
+                        finish(e)
+                    continue
+                try:  # every error, one found before queueing too, reaches each request's done
+                    service.submit_many(model, version, [(request, done) for request, done, _ in group],
+                                        service.should_inline(model, version))
+                except Exception as e:  # a flush runs outside any call's handler: nobody else would answer
+                    log.exception("unexpected error submitting gathered gRPC requests (model %s)", model)
+                    for _, _, finish in group:
+                        finish(InferenceFailed(f"internal error: {e}"))
+        finally:
+            service.intake.close()
 
     def _encode(self, result: _Result, decoded: Decoded, finish: Callable[[_Answer], None]) -> None:
         if isinstance(result, EdgedError):

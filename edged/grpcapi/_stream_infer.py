@@ -85,7 +85,7 @@ class StreamCall:
                 self._loads.add(task)
                 task.add_done_callback(self._loads.discard)
             else:
-                self._infer.begin(decoded, lambda answer: self._answer(decoded, answer))
+                self._infer.begin(decoded, lambda answer: self._answer(decoded, answer), self)
         except Exception as e:  # a bug costs this request only: its error is its answer, the stream goes on
             log.exception("unexpected error in a gRPC stream request (model %s)", decoded.request.model)
             self._answer(decoded, InferenceFailed(f"internal error: {e}"))
@@ -109,7 +109,7 @@ class StreamCall:
         except EdgedError as e:
             self._answer(decoded, e)
             return
-        self._infer.begin(decoded, lambda answer: self._answer(decoded, answer))
+        self._infer.begin(decoded, lambda answer: self._answer(decoded, answer), self)
 
     def _answer(self, decoded: Decoded, answer: bytes | EdgedError) -> None:
         if isinstance(answer, bytes):

@@ -304,7 +304,7 @@ class GrpcServer:
         if infer.needs_load(decoded):
             call.task = asyncio.get_running_loop().create_task(self._run(call, infer.infer, decoded))
         else:
-            infer.begin(decoded, call.answer)
+            infer.begin(decoded, call.answer, call.sender)
 
     def _unary_starter(self, name: str, peer: Peer | None) -> Callable[[GrpcCall, bytes], None]:
         function = self._table[name]
