@@ -139,7 +139,7 @@ class Daemon:
             how = "inherited from systemd" if listener.inherited else "opened"
             print(f"edged {__version__}: listening on {listener.kind}:{listener.address} ({how})", flush=True)
         if self.grpc is not None:  # one in-flight limit for both front ends
-            await self.grpc.start(self.server.body_budget, activated.grpc)
+            await self.grpc.start(self.server.body_budget, activated.grpc, self.server.denied)
             for address in self.grpc.addresses:
                 how = "inherited from systemd" if address in self.grpc.inherited else "opened"
                 print(f"edged {__version__}: listening on grpc:{address} ({how})", flush=True)

@@ -123,6 +123,7 @@ class GrpcServer:
         self._peered: dict[H2Connection, _Peered | None] = {}
         self._listeners: list[GrpcListener] = []
         self.addresses: list[str] = []
+        self.denied: dict[str, int] = {}  # refusals by action; the HTTP server's own dict under a daemon (start)
 
     @property
     def configured(self) -> bool:
@@ -145,9 +146,14 @@ class GrpcServer:
         return self._metrics.render(len(self._connections))
 
     async def start(self, body_budget: BodyBudget | None = None,
-                    inherited: list[tuple[str, socket.socket]] | None = None) -> None:
+                    inherited: list[tuple[str, socket.socket]] | None = None,
+                    denied: dict[str, int] | None = None) -> None:
         """Listen; ``body_budget`` is the HTTP server's, for one in-flight limit across both front ends;
-        ``inherited`` the sockets systemd passed under the name ``grpc`` (`edged.access.activated_sockets`)."""
+        ``inherited`` the sockets systemd passed under the name ``grpc`` (`edged.access.activated_sockets`);
+        ``denied`` the HTTP server's refusal counts by action, which gRPC's refusals are added to (one
+        ``edged_access_denied_total`` for the daemon)."""
+        if denied is not None:
+            self.denied = denied
         config = self._config
         loop = asyncio.get_running_loop()
         if body_budget is not None:
@@ -291,6 +297,8 @@ class GrpcServer:
         try:
             self._access.check(peer, rpc.category, rpc.permission, metadata, _ACTIONS.get(name, name))
         except EdgedError as e:
+            action = _ACTIONS.get(name, name)
+            self.denied[action] = self.denied.get(action, 0) + 1
             log.warning("gRPC %s refused: %s", name, e)
             raise
         if rpc.permission == "admin":

@@ -47,7 +47,8 @@ def render_metrics(service: InferenceService, denied: Mapping[str, int], extra: 
         families.append(family)
     families.append(_histogram(versions))
     access = MetricFamily("edged_access_denied_total", "counter",
-                          "Requests refused by peer-credential access control")
+                          "Requests refused by access control (peer credentials on the Unix sockets, "
+                          "server.tcp_restricted keys over TCP), HTTP and gRPC, by action")
     for action, count in sorted(denied.items()):
         access.add(count, {"action": action})
     families.append(access)

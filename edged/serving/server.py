@@ -72,6 +72,14 @@ class HttpServer:
         return self._app.body_budget
 
     @property
+    def denied(self) -> dict[str, int]:
+        """Refusals by access control, by action (``edged_access_denied_total``); the daemon hands it to the gRPC
+        front end, whose refusals it counts too (after ``start``)."""
+        if self._app is None:
+            raise RuntimeError("HttpServer.start() has not run")
+        return self._app.handlers.denied
+
+    @property
     def connection_count(self) -> int:
         return len(self._app.connections) if self._app is not None else 0
 

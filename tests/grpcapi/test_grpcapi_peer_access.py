@@ -134,11 +134,26 @@ def test_over_tcp_the_same_calls_still_need_the_metadata_key(served: tuple[Daemo
     daemon, _ = served
     tcp = next(a for a in daemon.client().status()["grpc_listeners"] if not a.startswith("unix:"))
     client = triton_grpc.InferenceServerClient(tcp)  # root's process, but TCP carries no credentials
+    before = _denied(daemon)
     with pytest.raises(InferenceServerException, match=r"shared memory over gRPC over TCP is off") as refused:
         client.get_system_shared_memory_status()
     assert refused.value.status() == "StatusCode.PERMISSION_DENIED"
     with pytest.raises(InferenceServerException, match="gRPC over TCP client may not unload models"):
         client.unload_model("tiny_mlp")
+    # counted with the HTTP front end's refusals, in the daemon's one edged_access_denied_total
+    after = _denied(daemon)
+    assert after.get("unload models", 0) == before.get("unload models", 0) + 1, (before, after)
+    assert after.get("SystemSharedMemoryStatus", 0) == before.get("SystemSharedMemoryStatus", 0) + 1
+
+
+def _denied(daemon: DaemonProcess) -> dict[str, float]:
+    """edged_access_denied_total by action, from the daemon's /metrics."""
+    found = {}
+    for line in daemon.client().metrics().splitlines():
+        if line.startswith("edged_access_denied_total{"):
+            labels, value = line.rsplit(" ", 1)
+            found[labels.split('action="', 1)[1].split('"', 1)[0]] = float(value)
+    return found
 
 
 @needs_root
