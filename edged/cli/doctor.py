@@ -92,6 +92,7 @@ def collect(args: argparse.Namespace, env: Any) -> list[Check]:
         results.append(daemon_memory(path, config.memory.allocator))
         if config.mqtt.broker:
             results.append(daemon_outbox(path))
+    results.extend(sockets.check_grpc(config.server))
     results.append(sockets.check_broker(config.mqtt.broker))
     results.append(checks.check_disk("state", config.state_dir or _default_state_dir(env)))
     results.append(checks.check_disk("models", config.models.repository))

@@ -220,6 +220,43 @@ def test_broker_reachability_is_a_real_tcp_connect(tmp_path: Path, ready_socket:
     assert code == 1
 
 
+def test_grpc_listeners_are_probed_with_the_http2_preface_and_fail_with_the_fix_when_gone(tmp_path: Path) -> None:
+    with socket.socket() as probe:  # the config must name the port doctor probes: one free a moment ago
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    grpc_socket = tmp_path / "grpc.sock"
+    config = tmp_path / "edged.toml"
+    config.write_text(config_with_fakes(f'[server]\ngrpc_port = {port}\ngrpc_socket = "{grpc_socket}"\n'
+                                        'socket_mode = "0660"\n'))
+    daemon = start_daemon(tmp_path / "d", config=config.read_text())
+    try:
+        _, checks = doctor("--root", str(tmp_path), "--socket", str(daemon.socket_path), "--config", str(config))
+    finally:
+        daemon.stop()
+    grpc = [c for c in checks if c["name"].startswith("gRPC")]
+    assert [c["name"] for c in grpc] == ["gRPC socket", "gRPC daemon", "gRPC daemon"], grpc
+    assert grpc[0]["status"] == "ok" and "mode 0660" in grpc[0]["detail"]
+    assert grpc[1]["status"] == grpc[2]["status"] == "ok", grpc
+    assert f"unix:{grpc_socket}" in grpc[1]["detail"] and f"127.0.0.1:{port}" in grpc[2]["detail"]
+    # the daemon is gone: its gRPC socket with it, and nothing answers on the port
+    _, checks = doctor("--root", str(tmp_path), "--socket", str(tmp_path / "none.sock"), "--config", str(config))
+    grpc = [c for c in checks if c["name"].startswith("gRPC")]
+    assert [(c["name"], c["status"]) for c in grpc] == [("gRPC socket", "fail"), ("gRPC daemon", "fail")], grpc
+    assert all(c["fix"] for c in grpc)
+
+
+def test_a_grpc_address_answered_by_something_else_fails_and_grpc_off_is_info(tmp_path: Path,
+                                                                              ready_socket: Path) -> None:
+    config = tmp_path / "edged.toml"
+    config.write_text(f'[server]\ngrpc_socket = "{ready_socket}"\n')  # an HTTP/1.1 server, not HTTP/2
+    _, checks = doctor("--root", str(tmp_path), "--socket", str(ready_socket), "--config", str(config))
+    answer = [c for c in checks if c["name"] == "gRPC daemon"]
+    assert len(answer) == 1 and answer[0]["status"] == "fail", answer
+    assert "not as an HTTP/2 server" in answer[0]["detail"] and answer[0]["fix"]
+    _, checks = doctor("--root", str(tmp_path), "--socket", str(ready_socket))
+    assert by_name(checks)["gRPC"]["status"] == "info"
+
+
 def test_table_output_shows_status_words_and_fixes(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-m", "edged.cli.main", "doctor", "--root", str(tmp_path),
                              "--socket", str(tmp_path / "none.sock")], capture_output=True, text=True,
