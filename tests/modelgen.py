@@ -112,3 +112,15 @@ def write_chain_onnx(path: Path, width: int = 2048, layers: int = 3) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(model, str(path))
     return layers * width * width * 4
+
+
+def add_tiny_delay_model(repo: Path, name: str, max_batch: int, delay_us: int) -> Path:
+    """The bundled tiny_mlp as ``name``, with ``max_batch_size`` and a ``max_queue_delay_microseconds``."""
+    models = ROOT / "models" / "tiny_mlp"
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "1" / "model.onnx").write_bytes((models / "1" / "model.onnx").read_bytes())
+    config = (models / "config.pbtxt").read_text().replace('"tiny_mlp"', f'"{name}"')
+    config = config.replace("max_batch_size: 64", f"max_batch_size: {max_batch}").replace(
+        "dynamic_batching { }", f"dynamic_batching {{ max_queue_delay_microseconds: {delay_us} }}")
+    (repo / name / "config.pbtxt").write_text(config)
+    return repo

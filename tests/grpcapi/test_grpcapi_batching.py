@@ -9,31 +9,23 @@ several connections read in one loop iteration are submitted together (edged.grp
 
 from __future__ import annotations
 
-import shutil
 import threading
 from pathlib import Path
 
 import numpy as np
 import tritonclient.grpc as triton_grpc
 from integration.edged_daemon import config_with_fakes, start_daemon
+from modelgen import add_tiny_delay_model
 
 from edged.engine.worker_pool import CALLER_DELAY_MAX_NS
 
-MODELS = Path(__file__).resolve().parents[2] / "models"
 CLIENTS = 16
 REQUESTS_EACH = 40
 DELAY_US = 400  # at most CALLER_DELAY_MAX_NS: a lone request's caller would wait it out
 
 
 def _repo(tmp_path: Path) -> Path:
-    repo = tmp_path / "repo"
-    (repo / "tiny_d" / "1").mkdir(parents=True)
-    shutil.copyfile(MODELS / "tiny_mlp" / "1" / "model.onnx", repo / "tiny_d" / "1" / "model.onnx")
-    config = (MODELS / "tiny_mlp" / "config.pbtxt").read_text().replace('"tiny_mlp"', '"tiny_d"')
-    config = config.replace("max_batch_size: 64", f"max_batch_size: {CLIENTS}").replace(
-        "dynamic_batching { }", f"dynamic_batching {{ max_queue_delay_microseconds: {DELAY_US} }}")
-    (repo / "tiny_d" / "config.pbtxt").write_text(config)
-    return repo
+    return add_tiny_delay_model(tmp_path / "repo", "tiny_d", CLIENTS, DELAY_US)
 
 
 def test_sixteen_grpc_clients_with_a_short_delay_get_batches_of_several(tmp_path: Path) -> None:

@@ -6,13 +6,13 @@ and run on the event loop's thread once its traffic is solo: no worker is woken 
 
 from __future__ import annotations
 
-import shutil
 import socket
 import threading
 from pathlib import Path
 
 import numpy as np
-from conftest import MODELS, RunningServer
+from conftest import RunningServer
+from modelgen import add_tiny_delay_model
 
 from edged.config import ServerConfig
 from edged.engine.worker_pool import SOLO_EVIDENCE
@@ -22,15 +22,8 @@ CLIENTS = 16
 
 
 def delay_model(tmp_path: Path, delay_us: int = 2_000_000) -> Path:
-    repo = tmp_path / "repo"
-    (repo / "tiny_d" / "1").mkdir(parents=True)
-    shutil.copyfile(MODELS / "tiny_mlp" / "1" / "model.onnx", repo / "tiny_d" / "1" / "model.onnx")
-    config = (MODELS / "tiny_mlp" / "config.pbtxt").read_text().replace('"tiny_mlp"', '"tiny_d"')
     # 2 s by default: the batch runs once it holds 16 rows, long before; only arrivals spread over 2 s split it
-    config = config.replace("max_batch_size: 64", f"max_batch_size: {CLIENTS}").replace(
-        "dynamic_batching { }", f"dynamic_batching {{ max_queue_delay_microseconds: {delay_us} }}")
-    (repo / "tiny_d" / "config.pbtxt").write_text(config)
-    return repo
+    return add_tiny_delay_model(tmp_path / "repo", "tiny_d", CLIENTS, delay_us)
 
 
 def raw_request() -> bytes:
