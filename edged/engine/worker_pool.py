@@ -223,7 +223,9 @@ class WorkerPool(BatchExecution):
         return remaining / 1e9, True
 
     def _caller_waits_locked(self, inline: bool) -> bool:
-        """Whether the caller of the lone request just queued waits out the delay itself (module docstring)."""
+        """Whether the caller of the lone request just queued waits out the delay itself (module docstring). A
+        yes is counted: it is the decision itself, taken once per such request, and every CALLER_PROBE_EVERY-th
+        is a no (the probe)."""
         if not (inline and self._solo >= SOLO_EVIDENCE and 0 < self._delay_ns <= CALLER_DELAY_MAX_NS and self._idle
                 and self._queue.count == 1 and not (self._executing or self._delaying or self._closed)
                 and not (self._intake is not None and self._intake.is_open)):

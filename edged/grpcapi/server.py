@@ -294,10 +294,10 @@ class GrpcServer:
         """Raise PermissionDenied unless the Unix-socket ``peer`` (None: TCP, judged by ``metadata``) may
         make the call."""
         rpc = RPCS[name]
+        action = _ACTIONS.get(name, name)
         try:
-            self._access.check(peer, rpc.category, rpc.permission, metadata, _ACTIONS.get(name, name))
+            self._access.check(peer, rpc.category, rpc.permission, metadata, action)
         except EdgedError as e:
-            action = _ACTIONS.get(name, name)
             self.denied[action] = self.denied.get(action, 0) + 1
             log.warning("gRPC %s refused: %s", name, e)
             raise
