@@ -16,10 +16,17 @@ batch sizes at concurrency 16.
 
     PYTHONPATH=$PWD .venv/bin/python scripts/bench_batch_delay.py [--seconds 10]
         [--clients procs asyncio burst pa pa-grpc] [--delays 200 1000 5000] [--skip-c1] [--trees /tmp/base . --rounds 4]
+        [--triton]
     PYTHONPATH=$PWD .venv/bin/python scripts/bench_batch_delay.py --lateness
 
 ``--lateness`` only measures how late this machine's timed waits end (the thread's timer slack set to 1 µs, as
 edged's waiting threads have it): what edged.engine.delay_wait spins to cover, p50/p90/p99 per wait length.
+
+``--triton`` also starts NVIDIA Triton 2.51 (the nvidia-pytriton wheel of scripts/bench_vs_triton.py, its Python
+backend running onnxruntime) on the same tiny_b16_d<D> models, whose ``model.py`` runs each batch Triton's
+dynamic batcher forms as one onnxruntime call, and measures it in the same alternation with the TCP clients
+(``asyncio``, ``burst``, ``pa``, ``pa-grpc``; ``procs`` and the c=1 part use edged's Unix socket and skip it):
+the reference for how full a batch any server gets from these clients on this machine.
 
 ``burst`` is the asyncio client in rounds: every connection sends at once, the next round when all answers are
 in (requests that arrive together, as the best case). ``--trees`` runs one server per edged checkout (its
@@ -42,6 +49,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 LONE_DELAYS_US = (0, 100, 200)
@@ -175,6 +183,79 @@ def serve(path: str, port: int, grpc_port: int, delays: list[int]) -> None:
     uvloop.run(main())
 
 
+# --- Triton (--triton) ----------------------------------------------------------------------------------
+# The stub embeds the system's libpython and does not see the venv (as in bench_vs_triton.py). A batching model:
+# the requests of one batch are concatenated and run as one onnxruntime call, as edged's engine runs a batch.
+TRITON_BATCH_MODEL_PY = """import os
+import sys
+
+sys.path.insert(0, {site!r})
+
+import numpy as np  # noqa: E402
+import onnxruntime as ort  # noqa: E402
+import triton_python_backend_utils as pb_utils  # noqa: E402
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        path = os.path.join(args["model_repository"], args["model_version"], "model.onnx")
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        self.session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        self.inputs = [i.name for i in self.session.get_inputs()]
+        self.outputs = [o.name for o in self.session.get_outputs()]
+
+    def execute(self, requests):
+        feeds = [[pb_utils.get_input_tensor_by_name(r, name).as_numpy() for name in self.inputs] for r in requests]
+        merged = {{name: np.concatenate([feed[i] for feed in feeds]) for i, name in enumerate(self.inputs)}}
+        values = self.session.run(None, merged)
+        responses, offset = [], 0
+        for feed in feeds:
+            rows = feed[0].shape[0]
+            responses.append(pb_utils.InferenceResponse(
+                [pb_utils.Tensor(name, value[offset:offset + rows]) for name, value in zip(self.outputs, values)]))
+            offset += rows
+        return responses
+"""
+
+
+def _start_triton(delays: list[int]) -> tuple[subprocess.Popen[bytes], tuple[str | None, int]]:
+    from bench_vs_triton import TRITON_VENV, Ports, ensure_triton_venv, start_triton
+    install = ensure_triton_venv(TRITON_VENV)
+    work = Path(tempfile.mkdtemp())
+    repo = work / "models"
+    repo.mkdir()
+    names = [f"tiny_b16_d{delay}" for delay in delays]
+    for delay, name in zip(delays, names, strict=True):
+        _model(repo, name, 16, delay)
+        config = repo / name / "config.pbtxt"
+        config.write_text(config.read_text().replace('platform: "onnxruntime_onnx"', 'backend: "python"'))
+        (repo / name / "1" / "model.py").write_text(TRITON_BATCH_MODEL_PY.format(site=str(install.site)))
+    backends = work / "backends" / "python"
+    shutil.copytree(install.backend_files, backends, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(install.stub, backends / "triton_python_backend_stub")
+    port = _free_port_pair()
+    log = work / "triton.log"
+    server = start_triton(install, repo, backends.parent, Ports(port, port + 1), log)
+    deadline = time.monotonic() + 180
+    while names:
+        if server.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"Triton did not get ready; its log {log}:\n" + log.read_text(errors="replace")[-3000:])
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+        try:
+            conn.request("GET", f"/v2/models/{names[0]}/ready")
+            if conn.getresponse().status == 200:
+                names.pop(0)
+                continue
+        except OSError:
+            pass
+        finally:
+            conn.close()
+        time.sleep(0.2)
+    return server, (None, port)
+
+
 def lateness(waits_us: tuple[int, ...] = (20, 50, 100, 200, 400), count: int = 2000) -> None:
     from edged.engine.worker_pool import precise_timers
     precise_timers()
@@ -199,8 +280,9 @@ def _clients(path: str, models: list[str], seconds: float, count: int) -> list[d
     return [json.loads(proc.communicate()[0]) for proc in procs]
 
 
-def _counts(path: str, model: str) -> tuple[int, int]:
-    conn = _UnixConnection(path)
+def _counts(server: tuple[str | None, int], model: str) -> tuple[int, int]:
+    path, port = server
+    conn = _UnixConnection(path) if path else http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     conn.request("GET", f"/v2/models/{model}/stats")
     stats = json.loads(conn.getresponse().read())["model_stats"][0]
     return stats["inference_count"], stats["execution_count"]
@@ -229,12 +311,12 @@ def _lone(path: str, seconds: float) -> dict[int, float]:
     return {delay: p50[model] - p50["tiny_d0"] - delay for delay, model in zip(LONE_DELAYS_US, models, strict=True)}
 
 
-def _mean_batch(kind: str, server: tuple[str, int], delay: int, seconds: float, concurrency: int) -> float:
+def _mean_batch(kind: str, server: tuple[str | None, int], delay: int, seconds: float, concurrency: int) -> float:
     path, port = server
     model = f"tiny_b16_d{delay}"
-    before = _counts(path, model)
-    _load(kind, path, port, model, seconds, concurrency)
-    after = _counts(path, model)
+    before = _counts(server, model)
+    _load(kind, path or "", port, model, seconds, concurrency)
+    after = _counts(server, model)
     return (after[0] - before[0]) / max(1, after[1] - before[1])
 
 
@@ -274,19 +356,30 @@ def main() -> None:
     parser.add_argument("--trees", nargs="+", default=[os.environ.get("PYTHONPATH", str(ROOT))],
                         help="edged checkouts to compare, one server each, measured in alternation")
     parser.add_argument("--rounds", type=int, default=1, help="rounds over the trees, the order reversed each round")
+    parser.add_argument("--triton", action="store_true", help="also Triton 2.51 (Python backend), TCP clients only")
     args = parser.parse_args()
-    started = [_start(tree, args.delays) for tree in args.trees]
-    servers = {tree: address for tree, (_, address) in zip(args.trees, started, strict=True)}
+    started: list[tuple[subprocess.Popen[Any], tuple[str | None, int]]] = [_start(tree, args.delays)
+                                                                          for tree in args.trees]
+    names = list(args.trees)
+    if args.triton:
+        started.append(_start_triton(args.delays))
+        names.append("triton")
+    servers = {name: address for name, (_, address) in zip(names, started, strict=True)}
     results: dict[tuple[str, str], list[float]] = {}
     try:
         for round_index in range(args.rounds):
-            order = args.trees if round_index % 2 == 0 else args.trees[::-1]
+            order = names if round_index % 2 == 0 else names[::-1]
             for tree in order if not args.skip_c1 else []:
-                for delay, overshoot in _lone(servers[tree][0], args.seconds).items():
+                path = servers[tree][0]
+                if path is None:
+                    continue  # Triton: no Unix socket
+                for delay, overshoot in _lone(path, args.seconds).items():
                     results.setdefault((f"c=1 overshoot D={delay}", tree), []).append(overshoot)
             for kind in args.clients:
                 for delay in args.delays:
                     for tree in order:
+                        if servers[tree][0] is None and kind == "procs":
+                            continue  # Triton: the procs clients speak to a Unix socket
                         batch = _mean_batch(kind, servers[tree], delay, args.seconds / 2, args.concurrency)
                         label = f"c={args.concurrency} {kind} D={delay} mean batch"
                         results.setdefault((label, tree), []).append(batch)
