@@ -47,6 +47,22 @@ class GrpcAccess:
                                    f"be read may not {action}")
         self._peers.check(peer, permission, action)
 
+    @property
+    def tcp_shm_configured(self) -> bool:
+        """Whether ``[server.tcp_restricted]`` has a shared-memory key: without one no TCP call uses shared memory."""
+        return self._tcp.configured("shared-memory")
+
+    def tcp_admits_shm(self, metadata: Mapping[bytes, bytes]) -> bool:
+        """Whether a TCP call's metadata carry the shared-memory key (a ModelInfer is admitted as inference,
+        which says nothing about the regions it names)."""
+        return self._tcp.admits("shared-memory", metadata)
+
+    def refuse_tcp_shm(self) -> Caller:
+        """The caller of a TCP call without the shared-memory key: it may name no region (PermissionDenied,
+        saying which key to send, or that shared memory over TCP is off)."""
+        self._tcp.check("shared-memory", "admin", {}, "use shared memory")
+        raise AssertionError("TcpRestrictions.check admits no shared-memory call without its key")
+
     def caller(self, peer: Peer | None) -> Caller:
         """Who a call uses shared memory as: the Unix-socket peer with its groups (peer cache), else TCP's."""
         if peer is None:

@@ -39,6 +39,7 @@ _HOLD_S = 0.05
 
 
 def _tcp_caller() -> Caller:
+    """A TCP call admitted to shared memory by its [server.tcp_restricted] key (GrpcServer picks the path)."""
     return TCP_CALLER
 
 

@@ -115,6 +115,7 @@ class GrpcServer:
         self._streams = StreamStats()
         self._metrics = GrpcMetrics(RPCS)
         self._infer: GrpcInfer | None = None
+        self._tcp_shm: _Peered | None = None  # the TCP path of calls that carry the shared-memory key (start)
         self._servers: list[asyncio.Server] = []
         self._connections: set[H2Connection] = set()
         # Unix-socket connections, with their inference path once the peer is known (shared memory as the peer)
@@ -158,7 +159,13 @@ class GrpcServer:
         loop = asyncio.get_running_loop()
         if body_budget is not None:
             self._limits = CallLimits(self._limits.message_bytes, body_budget, config.request_timeout_s)
-        self._infer = GrpcInfer(self._service, self._shm, config.max_tensor_elements)
+        # TCP calls share one inference path that may use no shared memory, and one that may, for the calls that
+        # carry the [server.tcp_restricted] shared-memory key (when one is configured)
+        self._infer = GrpcInfer(self._service, self._shm, config.max_tensor_elements,
+                                caller=self._access.refuse_tcp_shm)
+        if self._access.tcp_shm_configured:
+            shm_infer = GrpcInfer(self._service, self._shm, config.max_tensor_elements)
+            self._tcp_shm = (None, shm_infer, _bound(self._start_infer, shm_infer))
         hpack.warm_up()  # before listening: the first request would pay for the Huffman table
         self._listeners = open_grpc_listeners(config, inherited or [])
         for listener in self._listeners:
@@ -271,6 +278,8 @@ class GrpcServer:
             return call
         call.tally = calls[name]
         peered = self._peered.get(conn, _TCP)
+        if peered is _TCP and self._tcp_shm is not None and self._access.tcp_admits_shm(call.request.metadata):
+            peered = self._tcp_shm
         peer, infer, start_infer = peered or self._peer(conn)
         try:
             self._admit(name, call.request.metadata, peer)

@@ -77,7 +77,7 @@ class App:
         self.active = 0
         self.draining = False
         self.shared_memory = SharedMemoryRegistry() if shared_memory is None else shared_memory
-        self.infer = InferPath(service, config.max_tensor_elements, self.shared_memory, access.caller)
+        self.infer = InferPath(service, config.max_tensor_elements, self.shared_memory, access.shm_caller)
         self.end_of_input = self.infer.end_of_input
         self.chat = ChatPath(service)
         self.generate = GeneratePath(service)
@@ -174,7 +174,8 @@ class App:
             self._daemon_action(connection, incoming, slot, route)
         elif route.kind in SHARED_MEMORY_KINDS:
             try:
-                response = handle_shm(self.shared_memory, route, incoming.body, self.access.caller(connection.peer))
+                caller = self.access.shm_caller(connection.kind == "tcp", connection.peer, incoming.headers)
+                response = handle_shm(self.shared_memory, route, incoming.body, caller)
             except EdgedError as e:
                 response = error_for(e)
             self._answer(connection, incoming, slot, response)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -28,13 +28,13 @@ from edged.errors import EdgedError, Unavailable
 from edged.protocol import DecodedRequest, decode_request
 from edged.protocol.header_cache import HeaderCache, RequestHeader
 from edged.protocol.shm_params import ShmReader
-from edged.serving._access import Peer
+from edged.serving._access import ShmCallerOf
 from edged.serving._http import Connection
 from edged.serving._limits import OFFLOAD_BYTES
 from edged.serving._messages import Incoming, Slot, header_int
 from edged.serving._response import error_for, render
 from edged.serving._response_heads import ResponseHeads
-from edged.shm import TCP_CALLER, Caller, SharedMemoryRegistry, write_output
+from edged.shm import TCP_CALLER, SharedMemoryRegistry, write_output
 
 # Infer requests from two different connections this close together (loop time, which has millisecond
 # resolution) mean several clients are sending: gather requests in a call_soon flush for the next _HOLD_S.
@@ -46,11 +46,11 @@ class _Call(InferRequest):
     """One infer request in flight: the engine's request itself, and, called with the result, what answers the
     client. One object per request where a request and its callback were two."""
 
-    __slots__ = ("connection", "decoded", "keep_alive", "path", "slot")
+    __slots__ = ("connection", "decoded", "headers", "keep_alive", "path", "slot")
 
     def __init__(self, path: InferPath, connection: Connection, slot: Slot, model: str, version: str,
                  decoded: RequestHeader, inputs: dict[str, Any], parameters: dict[str, Any],
-                 outputs: tuple[RequestedOutput, ...], keep_alive: bool) -> None:
+                 outputs: tuple[RequestedOutput, ...], keep_alive: bool, headers: Mapping[bytes, bytes]) -> None:
         # InferRequest's fields, set here rather than by its generated __init__ (a second call per request);
         # tests/serving/test_serving_infer_call.py checks that every field of InferRequest is set
         self.model = model
@@ -66,6 +66,7 @@ class _Call(InferRequest):
         self.slot = slot
         self.decoded = decoded
         self.keep_alive = keep_alive
+        self.headers = headers  # over TCP, what decides whether its outputs may go to shared memory
 
     def __call__(self, result: InferResponse | EdgedError) -> None:
         """Answer the client; from a worker thread, by coming back here on the loop thread."""
@@ -93,7 +94,7 @@ class _Call(InferRequest):
 class InferPath:
     def __init__(self, service: InferenceService, max_elements: int,
                  shared_memory: SharedMemoryRegistry | None = None,
-                 caller_of: Callable[[Peer], Caller] = lambda peer: TCP_CALLER) -> None:
+                 caller_of: ShmCallerOf = lambda tcp, peer, headers: TCP_CALLER) -> None:
         self._service = service
         self._max_elements = max_elements
         self._shm = SharedMemoryRegistry() if shared_memory is None else shared_memory
@@ -117,8 +118,8 @@ class InferPath:
             raw_length = incoming.headers.get(b"inference-header-content-length")
             header_length = (int(raw_length) if raw_length is not None and raw_length.isdigit()
                              else header_int(incoming.headers, b"inference-header-content-length"))
-            reader = connection.shm_reader or self._reader(connection)
             if len(incoming.body) >= OFFLOAD_BYTES:
+                reader = connection.shm_reader or self._reader(connection, incoming.headers)
                 validator = self._service.version_info(model, version).validator
                 future = self.loop.run_in_executor(self._decoder, decode_request, incoming.body, header_length,
                                                    self._max_elements, validator.check_shapes, reader)
@@ -126,7 +127,8 @@ class InferPath:
                                                                     done))
                 return
             seen = self._headers.seen(incoming.body, header_length)
-            if seen is None:
+            if seen is None:  # a kept header names no shared memory (HeaderCache): only a full decode reads it
+                reader = connection.shm_reader or self._reader(connection, incoming.headers)
                 decoded = self._headers.decode_unseen(incoming.body, header_length, reader)
                 self._queue(connection, incoming, slot, model, version, decoded, decoded.inputs,
                             decoded.parameters)
@@ -142,7 +144,7 @@ class InferPath:
         # before goes from its kept layout to the call, with no DecodedRequest between
         parameters = layout.parameters
         self._queued.append(_Call(self, connection, slot, model, version, layout, inputs,
-                                  {**parameters} if parameters else {}, (), incoming.keep_alive))
+                                  {**parameters} if parameters else {}, (), incoming.keep_alive, incoming.headers))
         if not connection.feeding and not self._scheduled:
             self._schedule()
 
@@ -168,16 +170,21 @@ class InferPath:
         if decoded.outputs:
             outputs = tuple(RequestedOutput(o.name, o.binary_data, o.class_count) for o in decoded.outputs)
         self._queued.append(_Call(self, connection, slot, model, version, decoded, inputs, parameters, outputs,
-                                  incoming.keep_alive))
+                                  incoming.keep_alive, incoming.headers))
         if not connection.feeding and not self._scheduled:  # e.g. after a lazy load: no end_of_input follows
             self._schedule()
 
-    def _reader(self, connection: Connection) -> ShmReader:
-        """Reads a region on behalf of the connection's peer; the caller (its groups) is looked up only when an
-        input names a region, through the access policy's peer cache. One per connection: its peer is fixed."""
+    def _reader(self, connection: Connection, headers: Mapping[bytes, bytes]) -> ShmReader:
+        """Reads a region on behalf of the request's caller, judged only when an input names a region: on the
+        Unix socket its peer (groups from the access policy's peer cache; one reader per connection, whose peer
+        is fixed), over TCP the request's own ``[server.tcp_restricted]`` shared-memory header (one per request:
+        an infer request is admitted as inference, which says nothing about shared memory)."""
+        tcp = connection.kind == "tcp"
         peer = connection.peer
-        reader: ShmReader = lambda reference: self._shm.readable(reference, self._caller_of(peer))  # noqa: E731
-        connection.shm_reader = reader
+        caller_of, shm = self._caller_of, self._shm
+        reader: ShmReader = lambda reference: shm.readable(reference, caller_of(tcp, peer, headers))  # noqa: E731
+        if not tcp:
+            connection.shm_reader = reader
         return reader
 
     def end_of_input(self, connection: Connection) -> None:
@@ -264,6 +271,8 @@ class InferPath:
             array = result.outputs.get(output.name)
             if reference is None or array is None:
                 continue
-            write_output(output.name, array, self._shm.writable(reference, self._caller_of(call.connection.peer)))
+            connection = call.connection
+            caller = self._caller_of(connection.kind == "tcp", connection.peer, call.headers)
+            write_output(output.name, array, self._shm.writable(reference, caller))
             placed.append(output.name)
         return frozenset(placed)

@@ -222,7 +222,11 @@ try:
                                          headers={{"edged-key": "SECRET"}})
     tensor = httpclient.InferInput("input", [1, 64], "FP32")
     tensor.set_shared_memory("in0", x.nbytes)
-    print(client.infer("tiny_mlp", [tensor]).as_numpy("output").shape)
+    try:
+        client.infer("tiny_mlp", [tensor])
+    except InferenceServerException as e:
+        print("infer naming a region without the key:", e.status())
+    print(client.infer("tiny_mlp", [tensor], headers={{"edged-key": "SECRET"}}).as_numpy("output").shape)
     client.unregister_system_shared_memory("in0", headers={{"edged-key": "SECRET"}})
 finally:
     shm.destroy_shared_memory_region(handle)
@@ -232,4 +236,4 @@ finally:
     finally:
         daemon.stop()
         shutil.rmtree(workdir, ignore_errors=True)
-    assert out.split("\n")[:2] == ["without the key: 403", "(1, 10)"], out
+    assert out.split("\n")[:3] == ["without the key: 403", "infer naming a region without the key: 403", "(1, 10)"], out

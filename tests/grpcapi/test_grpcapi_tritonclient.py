@@ -112,7 +112,13 @@ def test_system_shared_memory_inputs_and_outputs_with_tritonclient_utils(url: st
         tensor.set_shared_memory("grpc_in", data.nbytes)
         output = triton_grpc.InferRequestedOutput("output")
         output.set_shared_memory("grpc_out", 80)
-        result = client.infer("tiny_mlp", [tensor], outputs=[output])
+        if not url.startswith("unix"):  # over TCP a ModelInfer naming regions needs the key too, as HTTP's infer
+            triton_shm.set_shared_memory_region(handle_out, [np.full((2, 10), 7.0, np.float32)])
+            with pytest.raises(InferenceServerException, match="edged-key") as refused:
+                client.infer("tiny_mlp", [tensor], outputs=[output])
+            assert refused.value.status() == "StatusCode.PERMISSION_DENIED"
+            np.testing.assert_array_equal(triton_shm.get_contents_as_numpy(handle_out, np.float32, [2, 10]), 7.0)
+        result = client.infer("tiny_mlp", [tensor], outputs=[output], headers=KEY)
         assert not result.get_response().raw_output_contents[0]  # the data went to the region, not the reply
         placed = triton_shm.get_contents_as_numpy(handle_out, np.float32, [2, 10])
         direct = client.infer("tiny_mlp", [_inline(data)]).as_numpy("output")

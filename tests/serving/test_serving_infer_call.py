@@ -20,7 +20,7 @@ def test_the_call_sets_every_field_of_the_engines_request_as_the_request_says() 
     outputs = (RequestedOutput("output", True, 0),)
     slot = Incoming(b"POST", b"/v2/models/m/infer", {}, b"", True, 0)
     call = _Call(None, None, slot, "m", "2", decoded, decoded.inputs, decoded.parameters, outputs,  # type: ignore[arg-type]
-                 True)
+                 True, {})
     expected = InferRequest("m", inputs, "2", "req-7", outputs, {"sequence_id": 3}, 2, 1500)
     assert isinstance(call, InferRequest)
     for field in dataclasses.fields(InferRequest):

@@ -5,6 +5,7 @@ unlinked objects, another user's object, key tricks, too many regions)."""
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import shutil
@@ -96,7 +97,13 @@ def test_tritonclient_shared_memory_round_trip_matches_a_plain_inference(served:
     shm_input.set_shared_memory("in0", FRAME)
     shm_output = httpclient.InferRequestedOutput("output", binary_data=True)
     shm_output.set_shared_memory("out0", RESULT)
-    result = client.infer("tiny_mlp", [shm_input], outputs=[shm_output])
+    # an infer request is admitted as inference: naming a region over TCP needs the shared-memory key as well,
+    # and a refused one neither reads the input region nor writes the output region
+    shm.set_shared_memory_region(out_handle, [np.full((1, 10), 7.0, np.float32)])
+    with pytest.raises(httpclient.InferenceServerException, match="edged-key"):
+        client.infer("tiny_mlp", [shm_input], outputs=[shm_output])
+    np.testing.assert_array_equal(shm.get_contents_as_numpy(out_handle, np.float32, [1, 10]), 7.0)
+    result = client.infer("tiny_mlp", [shm_input], outputs=[shm_output], headers=HEADERS)
     entry = result.get_output("output")
     assert entry == {"name": "output", "datatype": "FP32", "shape": [1, 10]}  # no data: it is in the region
     got = shm.get_contents_as_numpy(out_handle, np.float32, entry["shape"])
@@ -258,3 +265,53 @@ def test_another_users_object_and_regions_are_out_of_reach(served: RunningServer
     assert [r["name"] for r in json.loads(grouped_status[1])] == ["grouped"]
     names = {r["name"] for r in json.loads(served.request("GET", "/v2/systemsharedmemory/status")[2])}
     assert names == {"mine_in", "mine_out", "grouped"}
+
+
+def _tcp_infer(port: int, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, str]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("POST", "/v2/models/tiny_mlp/infer", body, {"Content-Type": "application/json", **(headers or {})})
+        response = conn.getresponse()
+        return response.status, response.read().decode()
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("configured", [False, True], ids=["no-key-configured", "key-configured-not-sent"])
+def test_an_infer_request_over_tcp_names_no_region_without_the_shared_memory_key(
+        tmp_path: Path, configured: bool) -> None:
+    """A region registered over the Unix socket by its owner: a TCP client's infer request that names it (input
+    and output) is admitted as inference, but may neither read the region nor write into it without the
+    shared-memory key, whether none is configured (shared memory over TCP off) or it is not sent."""
+    running = make_server(tmp_path, tcp_restricted={"shared-memory": KEY} if configured else {},
+                          models=ModelsConfig(control_mode="explicit", startup_models=("tiny_mlp",)))
+    handle = shm.create_shared_memory_region("cam", _key("cam"), 1024 + RESULT)
+    try:
+        frame = np.random.default_rng(3).random((1, 64), np.float32)
+        shm.set_shared_memory_region(handle, [frame])
+        shm.set_shared_memory_region(handle, [np.full((1, 10), 7.0, np.float32)], offset=1024)
+        assert _register(running, "cam", _key("cam"), 1024 + RESULT)[0] == 200  # its owner, on the Unix socket
+        body = json.dumps({
+            "inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 64],
+                        "parameters": {"shared_memory_region": "cam", "shared_memory_byte_size": FRAME}}],
+            "outputs": [{"name": "output", "parameters": {"shared_memory_region": "cam", "shared_memory_offset": 1024,
+                                                          "shared_memory_byte_size": RESULT}}],
+        }).encode()
+        status, text = _tcp_infer(running.tcp_port, body)
+        assert status == 403, text
+        assert ("edged-key" if configured else "shared memory over loopback TCP is off") in text, text
+        only_output = json.dumps({  # the input in the body, the output into the region
+            "inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 64], "data": frame.ravel().tolist()}],
+            "outputs": [{"name": "output", "parameters": {"shared_memory_region": "cam", "shared_memory_offset": 1024,
+                                                          "shared_memory_byte_size": RESULT}}],
+        }).encode()
+        status, text = _tcp_infer(running.tcp_port, only_output)
+        assert status == 403, text
+        np.testing.assert_array_equal(shm.get_contents_as_numpy(handle, np.float32, [1, 10], offset=1024), 7.0)
+        if configured:  # with the key it is served, the output written in place
+            assert _tcp_infer(running.tcp_port, body, HEADERS)[0] == 200
+            assert not np.array_equal(shm.get_contents_as_numpy(handle, np.float32, [1, 10], offset=1024),
+                                      np.full((1, 10), 7.0, np.float32))
+    finally:
+        running.stop()
+        shm.destroy_shared_memory_region(handle)
