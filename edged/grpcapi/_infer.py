@@ -43,9 +43,23 @@ def _tcp_caller() -> Caller:
     return TCP_CALLER
 
 
+class Gathering:
+    """Which sender sent last and the requests gathered for this loop iteration's flush: one per server, shared
+    by every inference path (each Unix-socket connection has its own, for its caller), so that concurrent
+    clients are told apart and gathered whichever socket they came by."""
+
+    __slots__ = ("gather_until", "last_sender", "last_sent", "queued")
+
+    def __init__(self) -> None:
+        self.last_sender: object = None
+        self.last_sent = 0.0
+        self.gather_until = 0.0  # loop time until which requests are gathered (several senders seen)
+        self.queued: list[tuple[InferRequest, _Done, Callable[[_Answer], None]]] = []
+
+
 class GrpcInfer:
     def __init__(self, service: InferenceService, shared_memory: SharedMemoryRegistry, max_elements: int,
-                 caller: Callable[[], Caller] = _tcp_caller) -> None:
+                 caller: Callable[[], Caller] = _tcp_caller, gathering: Gathering | None = None) -> None:
         self._caller = caller  # who shared memory is read and written as (per use: groups from the peer cache)
         self._service = service
         self._shm = shared_memory
@@ -56,10 +70,7 @@ class GrpcInfer:
         # a serialised ModelInferRequest as the engine's request; InvalidInput when it is not a valid one
         self.decode: Callable[[bytes], Decoded] = requests.decode
         self._responses = ResponseLayouts()
-        self._last_sender: object = None
-        self._last_sent = 0.0
-        self._gather_until = 0.0  # loop time until which requests are gathered (several senders seen)
-        self._queued: list[tuple[InferRequest, _Done, Callable[[_Answer], None]]] = []
+        self._gathering = Gathering() if gathering is None else gathering
 
     def needs_load(self, decoded: Decoded) -> bool:
         return self._service.needs_load(decoded.request.model)
@@ -94,16 +105,17 @@ class GrpcInfer:
 
             if sender is not None:
                 now = self._loop.time()
-                if sender is not self._last_sender:
-                    if now - self._last_sent < _OVERLAP_S:
-                        self._gather_until = now + _HOLD_S
-                    self._last_sender = sender
-                self._last_sent = now
-                if now < self._gather_until:
-                    if not self._queued:
+                gathering = self._gathering
+                if sender is not gathering.last_sender:
+                    if now - gathering.last_sent < _OVERLAP_S:
+                        gathering.gather_until = now + _HOLD_S
+                    gathering.last_sender = sender
+                gathering.last_sent = now
+                if now < gathering.gather_until:
+                    if not gathering.queued:
                         self._service.intake.open()  # closed by the flush
                         self._loop.call_soon(self._flush)
-                    self._queued.append((decoded.request, done, finish))
+                    gathering.queued.append((decoded.request, done, finish))
                     return
             # inline if the model is fast, decided on the version submit resolves anyway (one lookup)
             self._service.submit(decoded.request, done, inline=None)
@@ -112,7 +124,8 @@ class GrpcInfer:
 
     def _flush(self) -> None:
         """Submit the requests gathered in this loop iteration: those of one model version as one group."""
-        queued, self._queued = self._queued, []
+        gathering = self._gathering
+        queued, gathering.queued = gathering.queued, []
         service = self._service
         try:
             groups: dict[tuple[str, str], list[tuple[InferRequest, _Done, Callable[[_Answer], None]]]] = {}

@@ -47,7 +47,7 @@ from edged.grpcapi import _hpack as hpack
 from edged.grpcapi._access import GrpcAccess
 from edged.grpcapi._grpc_stream import CallLimits, GrpcCall, RequestHeads, open_call
 from edged.grpcapi._h2_connection import H2Connection
-from edged.grpcapi._infer import GrpcInfer
+from edged.grpcapi._infer import Gathering, GrpcInfer
 from edged.grpcapi._listeners import GrpcListener, open_grpc_listeners
 from edged.grpcapi._metrics import UNKNOWN, GrpcMetrics
 from edged.grpcapi._service import Service
@@ -116,6 +116,7 @@ class GrpcServer:
         self._metrics = GrpcMetrics(RPCS)
         self._infer: GrpcInfer | None = None
         self._tcp_shm: _Peered | None = None  # the TCP path of calls that carry the shared-memory key (start)
+        self._gathering = Gathering()  # shared by every inference path (edged.grpcapi._infer)
         self._servers: list[asyncio.Server] = []
         self._connections: set[H2Connection] = set()
         # Unix-socket connections, with their inference path once the peer is known (shared memory as the peer)
@@ -162,9 +163,9 @@ class GrpcServer:
         # TCP calls share one inference path that may use no shared memory, and one that may, for the calls that
         # carry the [server.tcp_restricted] shared-memory key (when one is configured)
         self._infer = GrpcInfer(self._service, self._shm, config.max_tensor_elements,
-                                caller=self._access.refuse_tcp_shm)
+                                caller=self._access.refuse_tcp_shm, gathering=self._gathering)
         if self._access.tcp_shm_configured:
-            shm_infer = GrpcInfer(self._service, self._shm, config.max_tensor_elements)
+            shm_infer = GrpcInfer(self._service, self._shm, config.max_tensor_elements, gathering=self._gathering)
             self._tcp_shm = (None, shm_infer, _bound(self._start_infer, shm_infer))
         hpack.warm_up()  # before listening: the first request would pay for the Huffman table
         self._listeners = open_grpc_listeners(config, inherited or [])
@@ -247,7 +248,7 @@ class GrpcServer:
         peer = conn.peer_credentials()
         access = self._access
         infer = GrpcInfer(self._service, self._shm, self._config.max_tensor_elements,
-                          caller=lambda: access.caller(peer))
+                          caller=lambda: access.caller(peer), gathering=self._gathering)
         peered = self._peered[conn] = (peer, infer, _bound(self._start_infer, infer))
         return peered
 

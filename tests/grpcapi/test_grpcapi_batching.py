@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 
 import numpy as np
+import pytest
 import tritonclient.grpc as triton_grpc
 from integration.edged_daemon import config_with_fakes, start_daemon
 from modelgen import add_tiny_delay_model
@@ -28,19 +29,24 @@ def _repo(tmp_path: Path) -> Path:
     return add_tiny_delay_model(tmp_path / "repo", "tiny_d", CLIENTS, DELAY_US)
 
 
-def test_sixteen_grpc_clients_with_a_short_delay_get_batches_of_several(tmp_path: Path) -> None:
+@pytest.mark.parametrize("listener", ["tcp", "unix"])
+def test_sixteen_grpc_clients_with_a_short_delay_get_batches_of_several(tmp_path: Path, listener: str) -> None:
+    """Over the Unix socket each connection has an inference path of its own (shared memory used as its peer):
+    the senders are still told apart and gathered across them (one ``Gathering`` per server)."""
     assert DELAY_US * 1000 <= CALLER_DELAY_MAX_NS
-    config = config_with_fakes(f'repository = "{_repo(tmp_path)}"\n\n[server]\ngrpc_port = 0\n')  # in [models]
+    where = "grpc_port = 0" if listener == "tcp" else f'grpc_socket = "{tmp_path}/grpc.sock"'
+    config = config_with_fakes(f'repository = "{_repo(tmp_path)}"\n\n[server]\n{where}\n')  # in [models]
     daemon = start_daemon(tmp_path / "d", config=config)
     try:
         client = daemon.client()
-        tcp = next(address for address in client.status()["grpc_listeners"] if not address.startswith("unix:"))
+        address = next(address for address in client.status()["grpc_listeners"]
+                   if address.startswith("unix:") == (listener == "unix"))
         errors: list[BaseException] = []
         start = threading.Barrier(CLIENTS)
 
         def one_client() -> None:
             try:
-                grpc_client = triton_grpc.InferenceServerClient(tcp)  # its own channel: its own connection
+                grpc_client = triton_grpc.InferenceServerClient(address)  # its own channel: its own connection
                 tensor = triton_grpc.InferInput("input", [1, 64], "FP32")
                 tensor.set_data_from_numpy(np.ones((1, 64), np.float32))
                 start.wait(30)
