@@ -272,6 +272,10 @@ def _from_json(name: str, data: Any, dtype: np.dtype[Any], datatype: str, shape:
                            f"{datatype} numbers")
     if array.size != count:
         raise InvalidInput(f"input {name!r}: {array.size} values for shape {list(shape)} ({count} elements)")
+    if (array.dtype.kind == "b") != (dtype.kind == "b"):  # as Triton: true/false for BOOL only, numbers otherwise
+        expected = "true/false" if dtype.kind == "b" else "numbers"
+        raise InvalidInput(f"input {name!r}: \"data\" holds {'true/false' if array.dtype.kind == 'b' else 'numbers'}, "
+                           f"expected {datatype} {expected}")
     if dtype.kind in "iu" and array.dtype.kind == "f":
         raise InvalidInput(f"input {name!r}: \"data\" holds fractional numbers, expected {datatype}")
     try:

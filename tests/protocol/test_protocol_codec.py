@@ -64,6 +64,11 @@ def test_nested_json_data_is_flattened_as_triton_does() -> None:
     (b'{"inputs": [{"name": "x", "datatype": "INT8", "shape": [1], "data": [300]}]}', None, "does not fit in INT8"),
     (b'{"inputs": [{"name": "x", "datatype": "INT32", "shape": [1], "data": [1.5]}]}', None, "fractional"),
     (b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": ["a"]}]}', None, "expected FP32"),
+    # as Triton's JSON reader: booleans only for BOOL, and numbers only for the other datatypes
+    (b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [2], "data": [true, false]}]}', None,
+     "holds true/false, expected FP32 numbers"),
+    (b'{"inputs": [{"name": "x", "datatype": "BOOL", "shape": [2], "data": [1, 0]}]}', None,
+     "holds numbers, expected BOOL true/false"),
     (b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [2], "parameters": {"binary_data_size": 8}}]}abcd',
      500, "Inference-Header-Content-Length is 500"),
 ])
