@@ -13,10 +13,16 @@ def read_json_argument(option: str, value: str, expected: str) -> Any:
     """Parse ``value`` (inline JSON, or ``@FILE``); errors name the option and say what was ``expected``."""
     text = value
     if value.startswith("@"):
+        path = value[1:]
         try:
-            text = Path(value[1:]).read_text(encoding="utf-8")
+            raw = Path(path).read_bytes()
         except OSError as e:
-            raise ConfigError(f"{option}: cannot read {value[1:]}: {e.strerror}") from e
+            raise ConfigError(f"{option}: cannot read {path}: {e.strerror}") from e
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{option}: {path} is not UTF-8 text (byte {e.start}); JSON files must be "
+                              "UTF-8") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:

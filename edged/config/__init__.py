@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,8 @@ DEFAULT_CONFIG_PATH = Path("/etc/edged/edged.toml")
 # release_work_dir.
 CONFIG_VERSION = 2
 log = logging.getLogger(__name__)
+# tomllib's messages quote an offending character, which may be one of a secret's: the repr ('x' or "'")
+_QUOTED_CHARACTER = re.compile(r"character (?:'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")")
 
 
 def _config_version(value: int) -> str | None:
@@ -68,7 +71,8 @@ def parse_config(text: str, source: str = "<config>", *, supported: int = CONFIG
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{source}: not valid TOML: {e}") from e
+        # from None: the parser's own error may quote a character of a secret value; ours names only the place
+        raise ConfigError(f"{source}: not valid TOML: {_without_quoted_characters(str(e))}") from None
     declared = data.get("config_version", supported)
     ignored: list[str] | None = [] if isinstance(declared, int) and declared > supported else None
     try:
@@ -88,10 +92,23 @@ def load_config(path: str | os.PathLike[str] | None = None) -> EdgedConfig:
             return EdgedConfig()
         path = DEFAULT_CONFIG_PATH
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        raw = Path(path).read_bytes()
     except OSError as e:
         raise ConfigError(f"cannot read config file {path}: {e.strerror}") from e
-    return parse_config(text, str(path))
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        bad_byte = e.start
+    else:
+        return parse_config(text, str(path))
+    # raised outside the except block, so not even as its __context__ does the UnicodeDecodeError travel with
+    # the error: it carries the whole file (API keys included), and its repr shows it
+    raise ConfigError(f"{path}: the file is not UTF-8 text (byte {bad_byte}); save it as UTF-8")
+
+
+def _without_quoted_characters(message: str) -> str:
+    """tomllib's "Illegal character 'x'" and "Found invalid character 'x'" with the character left out."""
+    return _QUOTED_CHARACTER.sub("character", message)
 
 
 def with_overrides(config: EdgedConfig, overrides: dict[str, Any]) -> EdgedConfig:

@@ -1,8 +1,9 @@
 """Builds frozen config dataclasses from parsed TOML, strictly.
 
 Unknown keys and values of the wrong form are errors that name the key path (``mqtt.pipelines[2].qos``) and
-the expected form. Field metadata may carry a ``check`` callable that returns an error string or None, and
-``internal`` for a field edged sets itself (such a key in a file is unknown).
+the expected form. Field metadata may carry a ``check`` callable that returns an error string or None,
+``internal`` for a field edged sets itself (such a key in a file is unknown), and ``secret`` for a value no error
+may quote (its errors name the key and the type found, never the value: config errors reach the journal).
 The one exception: with an ``ignored`` list (a file written for a newer config version, see
 `edged.config.parse_config`) unknown keys are recorded there and skipped, so an older release still starts
 after a rollback; known keys are checked as strictly as ever.
@@ -42,12 +43,13 @@ def build(cls: type[T], data: Mapping[str, Any], path: str = "", ignored: list[s
     kwargs: dict[str, Any] = {}
     for name, value in data.items():
         key_path = f"{path}.{name}" if path else name
-        converted = _convert(hints[name], value, key_path, ignored)
+        secret = bool(fields[name].metadata.get("secret"))
+        converted = _convert(hints[name], value, key_path, ignored, secret)
         check = fields[name].metadata.get("check")
         if check is not None:
             problem = check(converted)
             if problem:
-                raise ConfigError(f"{key_path}: {problem}, found {value!r}")
+                raise ConfigError(f"{key_path}: {problem}, found {_shown(value, secret)}")
         kwargs[name] = converted
     try:
         return cls(**kwargs)
@@ -55,7 +57,7 @@ def build(cls: type[T], data: Mapping[str, Any], path: str = "", ignored: list[s
         raise ConfigError(f"{path or 'config'}: {e}") from e
 
 
-def _convert(hint: Any, value: Any, path: str, ignored: list[str] | None = None) -> Any:
+def _convert(hint: Any, value: Any, path: str, ignored: list[str] | None = None, secret: bool = False) -> Any:
     origin = get_origin(hint)
     if hint is Any:
         return value
@@ -68,45 +70,45 @@ def _convert(hint: Any, value: Any, path: str, ignored: list[str] | None = None)
             if option is type(None):
                 continue
             try:
-                return _convert(option, value, path, ignored)
+                return _convert(option, value, path, ignored, secret)
             except ConfigError as e:
                 errors.append(str(e))
         raise ConfigError(errors[0] if len(errors) == 1 else f"{path}: expected {_hint_name(hint)}, "
-                          f"found {_describe(value)}")
+                          f"found {_describe(value, secret)}")
     if origin is typing.Literal:
         allowed = get_args(hint)
         if value not in allowed:
             choices = " | ".join(repr(a) for a in allowed)
-            raise ConfigError(f"{path}: expected one of {choices}, found {value!r}")
+            raise ConfigError(f"{path}: expected one of {choices}, found {_shown(value, secret)}")
         return value
     if origin in (tuple, list):
         if not isinstance(value, list | tuple):
-            raise ConfigError(f"{path}: expected a list, found {_describe(value)}")
+            raise ConfigError(f"{path}: expected a list, found {_describe(value, secret)}")
         (item,) = get_args(hint)[:1]
-        return tuple(_convert(item, v, f"{path}[{i}]", ignored) for i, v in enumerate(value))
+        return tuple(_convert(item, v, f"{path}[{i}]", ignored, secret) for i, v in enumerate(value))
     if origin in (dict, Mapping) or hint is dict:
         if not isinstance(value, Mapping):
-            raise ConfigError(f"{path}: expected a table, found {_describe(value)}")
+            raise ConfigError(f"{path}: expected a table, found {_describe(value, secret)}")
         args = get_args(hint)
         value_hint = args[1] if len(args) == 2 else Any
-        return {str(k): _convert(value_hint, v, f"{path}.{k}", ignored) for k, v in value.items()}
+        return {str(k): _convert(value_hint, v, f"{path}.{k}", ignored, secret) for k, v in value.items()}
     if dataclasses.is_dataclass(hint) and isinstance(hint, type):
         return build(hint, value, path, ignored)
     if hint is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{path}: expected true or false, found {_describe(value)}")
+            raise ConfigError(f"{path}: expected true or false, found {_describe(value, secret)}")
         return value
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{path}: expected an integer, found {_describe(value)}")
+            raise ConfigError(f"{path}: expected an integer, found {_describe(value, secret)}")
         return value
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{path}: expected a number, found {_describe(value)}")
+            raise ConfigError(f"{path}: expected a number, found {_describe(value, secret)}")
         return float(value)
     if hint is str:
         if not isinstance(value, str):
-            raise ConfigError(f"{path}: expected a string, found {_describe(value)}")
+            raise ConfigError(f"{path}: expected a string, found {_describe(value, secret)}")
         return value
     raise TypeError(f"unsupported config type {hint!r} at {path}")
 
@@ -115,9 +117,13 @@ def _hint_name(hint: Any) -> str:
     return getattr(hint, "__name__", str(hint))
 
 
-def _describe(value: Any) -> str:
+def _describe(value: Any, secret: bool = False) -> str:
     if isinstance(value, Mapping):
         return "a table"
     if isinstance(value, list | tuple):
         return "a list"
-    return f"{type(value).__name__} {value!r}"
+    return f"{type(value).__name__} {_shown(value, secret)}"
+
+
+def _shown(value: Any, secret: bool) -> str:
+    return "(a secret: the value is not shown)" if secret else repr(value)

@@ -42,7 +42,7 @@ def _api_key(value: str | None) -> str | None:
 
 
 # [server.tcp_restricted]: Triton API category -> "HEADER=VALUE" a loopback TCP request of it must carry
-_TCP_CHECK = {"check": _tcp_restricted}
+_TCP_CHECK = {"check": _tcp_restricted, "secret": True}
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ class ServerConfig:
     tcp_restricted: dict[str, str] = field(default_factory=dict, metadata=_TCP_CHECK)  # category = "HEADER=VALUE"
     # /v1 (OpenAI) routes over loopback TCP need "Authorization: Bearer <key>" when one of these is set; the
     # file (its first line) keeps the key out of the toml. The Unix socket's mode and group stay its control.
-    openai_api_key: str | None = field(default=None, metadata={"check": _api_key})
+    openai_api_key: str | None = field(default=None, metadata={"check": _api_key, "secret": True})
     openai_api_key_file: str | None = None
 
     @property

@@ -202,8 +202,10 @@ class Daemon:
     def _task_done(self, task: asyncio.Task[None]) -> None:
         if task in self._tasks:
             self._tasks.remove(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("background task failed: %r", task.exception())
+        error = None if task.cancelled() else task.exception()
+        if error is not None:
+            # its type and str(), not its repr: a UnicodeDecodeError's repr holds every byte it was decoding
+            log.error("background task failed: %s: %s", type(error).__name__, error)
 
     async def _shutdown(self) -> None:
         """One budget ([server] stop_timeout_s, below the unit's TimeoutStopSec) for the whole stop: the HTTP
@@ -302,21 +304,34 @@ class Daemon:
         if self.notifier is not None:
             self.notifier.reloading()
         log.info("SIGHUP: re-reading the config and rescanning the repository")
-        if self.config.source:
-            try:
-                fresh = load_config(self.config.source)
-            except ConfigError as e:
-                log.error("SIGHUP: config not reloaded, keeping the running one: %s", e)
-            else:
-                changed = [name for name in ("server", "mqtt", "memory", "telemetry")
-                           if getattr(fresh, name) != getattr(self.config, name)]
-                if changed:
-                    log.warning("SIGHUP: changes to [%s] take effect at the next restart", "], [".join(changed))
-                logging.getLogger().setLevel(fresh.logging.level.upper())
-        # An operator's rescan: the files are in place, so no waiting for them to settle over two polls.
-        await asyncio.get_running_loop().run_in_executor(None, lambda: self.service.poll(settle=False))
-        if self.notifier is not None:
-            self.notifier.ready(self.summary_line())
+        problems = [self._reread_config()]
+        try:
+            # An operator's rescan: the files are in place, so no waiting for them to settle over two polls.
+            await asyncio.get_running_loop().run_in_executor(None, lambda: self.service.poll(settle=False))
+        except Exception as e:  # a model's own failure is logged by the rescan: this is one of the rescan's
+            problems.append(f"rescan failed: {type(e).__name__}: {e}")
+            raise
+        finally:
+            # READY=1 after every RELOADING=1, also after a failure: systemd would otherwise keep the unit
+            # "reloading" and refuse the next reload
+            if self.notifier is not None:
+                self.notifier.ready("; ".join([*filter(None, problems), self.summary_line()]))
+
+    def _reread_config(self) -> str | None:
+        """Apply what a changed config file may change at run time (the log level); the failure, or None."""
+        if not self.config.source:
+            return None
+        try:
+            fresh = load_config(self.config.source)
+        except ConfigError as e:  # its message names the file and the place, never a value (edged.config)
+            log.error("SIGHUP: config not reloaded, keeping the running one: %s", e)
+            return f"config not reloaded: {e}"
+        changed = [name for name in ("server", "mqtt", "memory", "telemetry")
+                   if getattr(fresh, name) != getattr(self.config, name)]
+        if changed:
+            log.warning("SIGHUP: changes to [%s] take effect at the next restart", "], [".join(changed))
+        logging.getLogger().setLevel(fresh.logging.level.upper())
+        return None
 
     def _pressure_changed(self, state: Any) -> None:
         log.warning("memory pressure %s: %s", "began" if state.under_pressure else "ended", state.reason)

@@ -66,12 +66,19 @@ def read_password(config: MqttConfig, environ: dict[str, str] | None = None) -> 
         candidates.append(Path(env["CREDENTIALS_DIRECTORY"]) / CREDENTIAL_NAME)
     for path in candidates:
         try:
-            return path.read_text(encoding="utf-8").rstrip("\r\n")
+            raw = path.read_bytes()
         except FileNotFoundError:
             if config.password_file:
                 raise ConfigError(f"mqtt.password_file: {path} does not exist") from None
+            continue
         except OSError as e:
             raise ConfigError(f"mqtt password: cannot read {path}: {e}") from e
+        try:
+            return raw.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError as e:
+            bad_byte = e.start
+        # outside the except block: the UnicodeDecodeError holds the password, and its repr shows it
+        raise ConfigError(f"mqtt password: {path} is not UTF-8 text (byte {bad_byte}); save it as UTF-8")
     return None
 
 

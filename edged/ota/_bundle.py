@@ -2,8 +2,13 @@
 ``test_vectors.json``.
 
 Building is deterministic (sorted members, zero mtimes, no owners) so the same model gives the same hash.
-Extraction trusts nothing in the archive: only regular files and folders, every path confined below the model
-folder, the size of each member checked against what is left of a byte limit.
+Extraction trusts nothing in the archive (its signature says who built it, not that the build was sound): every
+header is checked before a byte is written: only regular files (no folders, links, devices, or sparse files,
+whose few stored bytes may declare gigabytes), every path confined below the model folder, and the declared
+sizes, each member's against what is left of the byte limit, their sum against the free space of the
+destination. The limit is the bundle's own size: an uncompressed tar stores every byte of a regular member, so
+members declaring more than the archive holds are refused. Members are copied to disk in 1 MiB chunks; only
+``test_vectors.json`` (at most `MAX_VECTORS_BYTES`) is read into memory.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import errno
 import io
 import json
+import shutil
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +26,11 @@ from edged.errors import DiskFull, UpdateRejected
 from edged.repository import check_model_name
 
 TEST_VECTORS = "test_vectors.json"
+MAX_VECTORS_BYTES = 64 << 20  # parsed in memory: a bound of its own, whatever the bundle's size
+MAX_MEMBERS = 10_000  # each header costs memory while the archive is checked
+COPY_CHUNK_BYTES = 1 << 20
+# tarfile's isfile() also accepts CONTTYPE and GNUTYPE_SPARSE: the two kinds of plain member are named instead
+_PLAIN_FILE_TYPES = (tarfile.REGTYPE, tarfile.AREGTYPE)
 
 
 @dataclass(frozen=True)
@@ -63,18 +74,25 @@ def _add(tar: tarfile.TarFile, arcname: str, data: bytes) -> None:
 
 
 def extract_bundle(bundle: Path, model: str, version: int, destination: Path) -> list[TestVector]:
-    """Unpack into ``destination/<model>/``; returns the test vectors. Anything unexpected is refused."""
-    vectors: bytes | None = None
+    """Unpack into ``destination/<model>/``; returns the test vectors. Anything unexpected is refused, every
+    header before anything is written."""
     try:
         with tarfile.open(bundle, "r:") as tar:
-            for member in tar.getmembers():
-                data = _member_bytes(tar, member, model, version)
-                if member.name == TEST_VECTORS:
-                    vectors = data
-                    continue
-                target = destination / member.name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(data)
+            members = _checked_members(tar, bundle, model, version)
+            _check_space(members, bundle, destination)
+            vectors = b""
+            for member in members:
+                stream = tar.extractfile(member)
+                if stream is None:
+                    raise UpdateRejected(f"bundle member {member.name!r} cannot be read")
+                with stream:
+                    if member.name == TEST_VECTORS:
+                        vectors = stream.read()  # its size was checked against MAX_VECTORS_BYTES
+                        continue
+                    target = destination / member.name
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    with target.open("wb") as out:
+                        shutil.copyfileobj(stream, out, COPY_CHUNK_BYTES)
     except OSError as e:
         if e.errno == errno.ENOSPC:
             raise DiskFull(f"disk: no space left unpacking {bundle.name} into {destination}: {e}") from e
@@ -85,24 +103,60 @@ def extract_bundle(bundle: Path, model: str, version: int, destination: Path) ->
         raise UpdateRejected(f"bundle {bundle.name}: no version folder {model}/{version}")
     if not (destination / model / "config.pbtxt").is_file():
         raise UpdateRejected(f"bundle {bundle.name}: no {model}/config.pbtxt")
-    if vectors is None:
+    if not any(member.name == TEST_VECTORS for member in members):
         raise UpdateRejected(f"bundle {bundle.name}: no {TEST_VECTORS}")
     return parse_vectors(vectors)
 
 
-def _member_bytes(tar: tarfile.TarFile, member: tarfile.TarInfo, model: str, version: int) -> bytes:
+def _checked_members(tar: tarfile.TarFile, bundle: Path, model: str, version: int) -> list[tarfile.TarInfo]:
+    """Every header, each checked; the declared sizes within the bundle's own size (see the module's doc)."""
+    limit = bundle.stat().st_size
+    left = limit
+    members: list[tarfile.TarInfo] = []
+    for member in tar:
+        if len(members) == MAX_MEMBERS:
+            raise UpdateRejected(f"bundle {bundle.name}: more than {MAX_MEMBERS} members")
+        _check_member(member, model, version)
+        if member.size > left:
+            raise UpdateRejected(f"bundle member {member.name!r}: declares {member.size} bytes, more than the "
+                                 f"{left} left of the bundle's {limit} (members cannot hold more than the "
+                                 "archive stores)")
+        if member.name == TEST_VECTORS and member.size > MAX_VECTORS_BYTES:
+            raise UpdateRejected(f"bundle member {member.name!r}: {member.size} bytes, more than the "
+                                 f"{MAX_VECTORS_BYTES} test vectors may have")
+        left -= member.size
+        members.append(member)
+    return members
+
+
+def _check_member(member: tarfile.TarInfo, model: str, version: int) -> None:
     parts = member.name.split("/")
-    if not member.isfile() or ".." in parts or member.name.startswith("/") or "" in parts:
+    if member.type not in _PLAIN_FILE_TYPES or member.issparse():
+        raise UpdateRejected(f"bundle member {member.name!r} is {_kind(member)}: only regular files are allowed")
+    if ".." in parts or member.name.startswith("/") or "" in parts:
         raise UpdateRejected(f"bundle member {member.name!r}: only plain files with relative paths are allowed")
     allowed = member.name == TEST_VECTORS or (parts[0] == model and (
         len(parts) == 2 or (len(parts) > 2 and parts[1] == str(version))))
     if not allowed:
         raise UpdateRejected(f"bundle member {member.name!r}: expected {TEST_VECTORS}, {model}/<file> or "
                              f"{model}/{version}/...")
-    stream = tar.extractfile(member)
-    if stream is None:
-        raise UpdateRejected(f"bundle member {member.name!r} cannot be read")
-    return stream.read()
+
+
+def _kind(member: tarfile.TarInfo) -> str:
+    if member.issparse() or member.type == tarfile.GNUTYPE_SPARSE:  # pax sparse files are REGTYPE with a map
+        return "a sparse file"
+    if member.isdir():
+        return "a folder"
+    if member.issym() or member.islnk():
+        return "a link"
+    return f"of tar type {member.type!r}"
+
+
+def _check_space(members: list[tarfile.TarInfo], bundle: Path, destination: Path) -> None:
+    needed = sum(member.size for member in members if member.name != TEST_VECTORS)
+    free = shutil.disk_usage(destination).free
+    if needed > free:
+        raise DiskFull(f"disk: unpacking {bundle.name} needs {needed} bytes in {destination}, {free} are free")
 
 
 def parse_vectors(raw: bytes) -> list[TestVector]:

@@ -126,3 +126,17 @@ def test_infer_over_shared_memory_gives_the_same_outputs_and_leaves_no_region(se
     # A parallel run's other worker makes and removes regions of its own meanwhile: the ones this CLI process
     # could have left carry its pid in their names.
     assert [p.name for p in set(Path("/dev/shm").iterdir()) - before if str(cli.pid) in p.name] == []
+
+
+def test_json_files_that_are_not_utf8_get_one_error_line_naming_the_file(server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    latin1 = tmp_path / "latin1.json"
+    latin1.write_bytes(b"[0.5, 0.5] # caf\xe9")  # byte 16 is a Latin-1 "e" with an acute accent
+    runs = {"infer": edged("infer", "tiny_mlp", "--input", f"input=@{latin1}", env=server.env()),
+            "models": edged("models", "load", "tiny_mlp", "--config", f"@{latin1}", env=server.env())}
+    option = {"infer": "--input input", "models": "--config"}
+    for command, done in runs.items():
+        assert done.returncode == 1, done.stderr
+        assert "Traceback" not in done.stderr, done.stderr
+        assert done.stderr.strip().splitlines() == [
+            f"edged {command}: error: {option[command]}: {latin1} is not UTF-8 text (byte 16); JSON files must be "
+            "UTF-8"], done.stderr

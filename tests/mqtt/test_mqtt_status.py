@@ -93,6 +93,11 @@ def test_settings_password_from_file_or_systemd_credential(tmp_path: Path) -> No
     assert read_password(MqttConfig(), {}) is None
     with pytest.raises(ConfigError, match="does not exist"):
         read_password(MqttConfig(password_file=str(tmp_path / "missing")), {})
+    (tmp_path / "latin1").write_bytes(b"s3cr\xe9t\n")
+    with pytest.raises(ConfigError) as refused:
+        read_password(MqttConfig(password_file=str(tmp_path / "latin1")), {})
+    assert str(refused.value) == f"mqtt password: {tmp_path / 'latin1'} is not UTF-8 text (byte 4); save it as UTF-8"
+    assert refused.value.__context__ is None and refused.value.__cause__ is None  # nothing carries the password
     settings = connection_settings(MqttConfig(broker="mqtts://broker.local", device_id="cam 1/x#"), {})
     assert (settings.host, settings.port, settings.tls) == ("broker.local", 8883, True)
     assert settings.client_id == "edged-cam_1_x_"

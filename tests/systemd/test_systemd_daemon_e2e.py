@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import os
 import signal
 import socket
 import threading
@@ -19,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from activation import wrapper
-from integration.edged_daemon import config_with_fakes, start_daemon
+from integration.edged_daemon import DaemonProcess, config_with_fakes, start_daemon
 from modelgen import add_custom_model
 from notify_reader import NotifyReader
 
@@ -164,3 +165,43 @@ def test_socket_activation_serves_on_the_inherited_socket(tmp_path: Path, notify
     finally:
         early.close()
         daemon.stop()
+
+
+def _reload(daemon: DaemonProcess, notify: NotifyReader) -> list[str]:
+    """SIGHUP, then the fields of the READY=1 that must follow RELOADING=1."""
+    os.kill(daemon.pid, signal.SIGHUP)
+    notify.wait_for("RELOADING=1", 10)
+    return notify.wait_for("READY=1", 20)
+
+
+def test_sighup_with_a_config_that_is_not_utf8_keeps_the_config_rescans_and_is_ready_again(
+        tmp_path: Path, notify: NotifyReader) -> None:
+    secret = "sk-never-in-the-journal-0123456789"
+    repo = tmp_path / "models"
+    add_custom_model(repo, "first", "doubling")
+    with socket.socket() as probe:  # the key guards only a TCP listener: the daemon refuses it without one
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = config_with_fakes(f'warmup = false\n\n[server]\nhttp_port = {port}\nopenai_api_key = "{secret}"\n')
+    daemon = start_daemon(tmp_path, config=config, args=["--model-repository", str(repo)], env=_notify_env(notify))
+    try:
+        notify.wait_for("READY=1", 30)
+        add_custom_model(repo, "added", "doubling")
+        config_file = tmp_path / "edged.toml"
+        with config_file.open("ab") as f:
+            f.write(b"# caf\xe9\n")  # an editor in a Latin-1 locale
+        bad_byte = config_file.read_bytes().index(b"\xe9")
+        fields = _reload(daemon, notify)
+        problem = f"config not reloaded: {config_file}: the file is not UTF-8 text (byte {bad_byte})"
+        status = next(field for field in fields if field.startswith("STATUS="))
+        assert status.startswith(f"STATUS={problem}"), fields
+        assert daemon.client().model_ready("added"), "the rescan SIGHUP promises was skipped"
+
+        config_file.write_text(config)  # fixed: the next reload is a clean one
+        fields = _reload(daemon, notify)
+        assert not any("not reloaded" in field for field in fields), fields
+    finally:
+        daemon.stop(wait_s=5)
+    log = daemon.output()
+    assert secret not in log and "Traceback" not in log and "UnicodeDecodeError" not in log, log
+    assert log.count("SIGHUP: config not reloaded") == 1, log
