@@ -48,10 +48,18 @@ def api_key_for(config: ServerConfig) -> ApiKey | None:
         return None
     path = Path(config.openai_api_key_file)
     try:
-        key = path.read_text().split("\n", 1)[0].strip()
+        raw = path.read_bytes()
         mode = path.stat().st_mode
-    except (OSError, UnicodeDecodeError) as e:
+    except OSError as e:
         raise ConfigError(f"server.openai_api_key_file {path}: cannot read it: {e}") from e
+    bad_byte = None
+    try:
+        key = raw.decode("utf-8").split("\n", 1)[0].strip()
+    except UnicodeDecodeError as e:
+        bad_byte = e.start
+    if bad_byte is not None:  # raised outside the handler: the decode error holds the file's bytes, the key too
+        raise ConfigError(f"server.openai_api_key_file {path}: the file is not UTF-8 text (byte {bad_byte}); "
+                          "save the key as UTF-8")
     if len(key) < _MIN_LENGTH:
         raise ConfigError(f"server.openai_api_key_file {path}: the key on its first line must be at least "
                           f"{_MIN_LENGTH} characters, found {len(key)}")

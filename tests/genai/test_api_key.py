@@ -122,6 +122,11 @@ def test_an_unreadable_or_empty_key_file_is_refused_when_the_server_is_built(tmp
     empty.write_text("\n")
     with pytest.raises(ConfigError, match="at least 16 characters"):
         HttpServer(service, ServerConfig(openai_api_key_file=str(empty)))
+    latin1 = tmp_path / "latin1.key"
+    latin1.write_bytes("sécret-key-0123456789\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"not UTF-8 text \(byte 1\)") as refused:
+        HttpServer(service, ServerConfig(openai_api_key_file=str(latin1)))
+    assert refused.value.__cause__ is None and refused.value.__context__ is None  # the key's bytes go nowhere
 
 
 def test_a_key_without_a_tcp_listener_is_refused(tmp_path: Path) -> None:
