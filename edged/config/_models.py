@@ -28,6 +28,9 @@ class ModelsConfig:
     reload: Literal["auto", "side_by_side", "replace"] = "auto"
     # As Triton's --disable-auto-complete-config when false: configs must list inputs and outputs themselves.
     autocomplete: bool = True
+    # The most instances one model version may ask for (instance_group count, summed over its groups): each is
+    # a copy of the model of its own, so thousands would exhaust the device's memory (Triton sets no limit).
+    max_instance_count: int = field(default=64, metadata={"check": _positive})
     # An execution running longer than this means a wedged backend: the systemd watchdog pings stop.
     stall_timeout_s: float = field(default=120.0, metadata={"check": _positive})
     # Extra backends by name, "module:Class" (a Triton-style custom backend implementing edged's Backend

@@ -121,7 +121,7 @@ class Daemon:
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._stop.set)
+            loop.add_signal_handler(sig, self._begin_stop)
         loop.add_signal_handler(signal.SIGHUP, lambda: self._spawn(self._reload()))
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._record_start()
@@ -158,6 +158,12 @@ class Daemon:
         await self._stop.wait()
         await self._shutdown()
         return 0
+
+    def _begin_stop(self) -> None:
+        """SIGTERM/SIGINT: a model load in progress (the start's, or one a client asked for) gives up before its
+        next instance rather than holding the stop for the rest of its length."""
+        self.service.stop_loading()
+        self._stop.set()
 
     def _record_start(self) -> None:
         self.starts = StartHistory(self.state_dir, self.clock)  # the one clock of this state directory
@@ -237,6 +243,12 @@ class Daemon:
             self.starts.record_clean_stop()
         print(f"edged: stopped in {budget.spent():.1f} s"
               + (f", {len(abandoned)} unload(s) abandoned at the budget" if abandoned else ""), flush=True)
+        if any(item.endswith(" (load)") for item in abandoned):
+            # A backend still loading one instance cannot be interrupted, and its thread is an executor's, which
+            # the interpreter joins at exit: leave without waiting, so the stop fits the budget. Everything that
+            # outlives the process was written above (clock checkpoint, clean stop record).
+            logging.shutdown()
+            os._exit(0)
 
     def _remove_socket_files(self) -> None:
         """Unlink the socket files this process bound (closing a server leaves them behind), unless another

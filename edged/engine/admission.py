@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -29,8 +30,9 @@ log = logging.getLogger(__name__)
 class Admission:
     def __init__(self, memory: MemoryGovernor | None, settings: ModelsConfig,
                  candidates: Callable[[], list[ModelVersion]], evict: Callable[[ModelVersion], None],
-                 unload_now: Callable[[ModelVersion], None]) -> None:
+                 unload_now: Callable[[ModelVersion], None], stopping: threading.Event | None = None) -> None:
         self._memory = memory
+        self._stopping = stopping  # set: a load gives up at its next instance (the daemon stops)
         self._settings = settings
         self._candidates = candidates
         self._evict = evict
@@ -112,7 +114,7 @@ class Admission:
         """Reserve the load's expected peak (``admit`` decides how), load while measuring, charge the result."""
         memory = self._memory
         if memory is None:
-            version.load(backend, self._settings.warmup)
+            version.load(backend, self._settings.warmup, self._stopping)
             return
         key = memory.charge_key(version)
         try:
@@ -124,7 +126,7 @@ class Admission:
         memory.charged(version, key)
         try:
             with memory.measure() as probe:
-                version.load(backend, self._settings.warmup)
+                version.load(backend, self._settings.warmup, self._stopping)
                 memory.trim()
         except BaseException:
             memory.forget(version)

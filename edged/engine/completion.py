@@ -8,7 +8,7 @@ import dataclasses
 from pathlib import Path
 
 from edged.backends import Backend
-from edged.errors import ModelLoadError
+from edged.errors import ModelConfigError, ModelLoadError
 from edged.repository import autocomplete, confined_path, normalize
 from edged.repository.model_config import ModelConfig
 
@@ -53,3 +53,14 @@ def _with_export_file(config: ModelConfig, runtime: str, model_dir: Path, availa
         return dataclasses.replace(config, default_model_filename="model.pt2")
     return config
 
+
+
+def check_instance_count(config: ModelConfig, limit: int) -> None:
+    """Refuse a config whose instance groups ask for more instances than ``[models] max_instance_count``: every
+    instance is a copy of the model of its own (a session, an engine), so a count of thousands exhausts the
+    device's memory and holds the registry for minutes. A config error (HTTP 400): the config asks for it."""
+    count = config.instance_count
+    if count > limit:
+        raise ModelConfigError(f"model {config.name}: instance_group count asks for {count} instances (summed over "
+                               f"its instance groups), more than the limit of {limit} per model version ([models] "
+                               "max_instance_count); lower instance_group count or raise [models] max_instance_count")

@@ -2,7 +2,8 @@
 
 Before a load: refuse under memory pressure, then reserve the load's expected peak in the budget, evicting
 least-recently-used idle versions when the policy allows. Around the load: measure the real footprint and the
-peak (VmHWM), charge the footprint instead and remember the peak for the next load of the same file. After an
+peak (VmHWM), charge the footprint instead and remember the peak for the next load of the same file (scaled to
+the number of instances that load creates: each instance is a copy of its own). After an
 unload: discharge it and give freed memory back to the system.
 
 Each loaded copy has its own charge: a reload's new copy is charged as ``"<name>/<version> (reload)"`` beside
@@ -80,17 +81,21 @@ class MemoryGovernor:
         self._keys: dict[ModelVersion, str] = {}  # each charged copy → its key in the budget
         self._free_at_admission: int | None = None
 
-    def peak_estimate(self, key: str, path: Path) -> int:
-        """What loading the file ``path`` of version ``key`` is expected to add to the process's peak."""
-        return self.budget.estimate(file_key(key, path), file_size(path))
+    def peak_estimate(self, key: str, path: Path, instances: int = 1) -> int:
+        """What loading ``instances`` instances of the file ``path`` of version ``key`` is expected to add to the
+        process's peak: every backend builds each instance from the file on its own (edged.memory's budget)."""
+        return self.budget.estimate(file_key(key, path), file_size(path), instances)
 
     def load_estimate(self, version: ModelVersion) -> int:
-        """The expected peak of loading ``version`` plus what it reserves beyond the load (a KV cache)."""
+        """The expected peak of loading ``version`` (all its instances) plus what it reserves beyond the load
+        (a KV cache)."""
         key = version_key(version)
+        instances = version.config.instance_count
         if version.config.runtime != GENAI_RUNTIME:
-            return self.peak_estimate(key, version.path)
-        # genai_config.json is what names the version; the weights are the ONNX files beside it
-        weights = self.budget.estimate(file_key(key, version.path), weight_bytes(version.path.parent))
+            return self.peak_estimate(key, version.path, instances)
+        # genai_config.json is what names the version; the weights are the ONNX files beside it. The KV caches
+        # are reserved once: generation runs on the first instance only (edged.engine.generation).
+        weights = self.budget.estimate(file_key(key, version.path), weight_bytes(version.path.parent), instances)
         return weights + self.reserved_bytes(version)
 
     def reserved_bytes(self, version: ModelVersion) -> int:
@@ -178,7 +183,7 @@ class MemoryGovernor:
         version.load_peak_bytes = footprint.peak_bytes
         key = self._keys.get(version, version_key(version))
         self.budget.commit(key, version.footprint_bytes)
-        self.remember_peak(version_key(version), version.path, probe)
+        self.remember_peak(version_key(version), version.path, probe, version.config.instance_count)
         free = self._free_at_admission
         within = free is None or footprint.peak_bytes <= free
         if not within:
@@ -187,10 +192,11 @@ class MemoryGovernor:
         self.last_load = {"key": key, "peak_bytes": footprint.peak_bytes, "footprint_bytes": version.footprint_bytes,
                           "free_before_bytes": free, "within_budget": within, "hwm_reset": probe.hwm_reset}
 
-    def remember_peak(self, key: str, path: Path, probe: FootprintProbe) -> None:
-        """The next estimate for ``key`` loading this same file is the peak measured now."""
+    def remember_peak(self, key: str, path: Path, probe: FootprintProbe, instances: int = 1) -> None:
+        """The next estimates for ``key`` loading this same file are the peak measured now for ``instances``
+        instances, scaled to the number they load."""
         if probe.footprint is not None:
-            self.budget.remember_peak(file_key(key, path), probe.footprint.peak_bytes)
+            self.budget.remember_peak(file_key(key, path), probe.footprint.peak_bytes, instances)
 
     def forget(self, version: ModelVersion) -> None:
         """The copy is unloaded, evicted, or failed to load: it no longer counts against the budget. A

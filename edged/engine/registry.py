@@ -12,6 +12,10 @@ reload unloads first are drained before the load takes the lock (``_vacate``). E
 in flight and are closed at once: their memory must be free before the load that follows. Only a replace
 decided inside a change (the budget refusing a step of a load already under way) drains under the lock,
 bounded by the unload timeout.
+
+A load holds the lock for its whole length, so loads of different models run one after another. The stop does
+not wait for one: ``stop_loading`` makes it give up before its next instance, and ``close`` waits for the lock
+only until its deadline.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from typing import Any
 from edged.backends import Backend
 from edged.config import ModelsConfig
 from edged.engine.admission import Admission
-from edged.engine.completion import complete_config
+from edged.engine.completion import check_instance_count, complete_config
 from edged.engine.intake import Intake
 from edged.engine.lifecycle import ModelState
 from edged.engine.memory_governor import MemoryGovernor
@@ -81,10 +85,15 @@ class Registry:
         self._unloaded: dict[str, str] = {}  # model name → why it is no longer loaded, for the index
         self._backends: dict[str, Backend] = {}
         self._lock = threading.RLock()
+        # Set when the daemon stops: a load in progress gives up between two instances (ModelVersion.load) and
+        # no new load starts, so the stop is not held by a load for its whole length.
+        self._stopping = threading.Event()
+        self._loading = ""  # the model whose load holds the lock now, for the stop's message
         self._depth = 0  # nesting of _changing() in the thread holding the lock
         self._retired: list[ModelVersion] = []  # out of service, to unload when the change ends
         self._settling = Settling()
-        self._admission = Admission(memory, settings, self._eviction_candidates, self._evict, self._unload_now)
+        self._admission = Admission(memory, settings, self._eviction_candidates, self._evict, self._unload_now,
+                                    self._stopping)
         self.started = False
 
     # --- queries -------------------------------------------------------------------------------------------
@@ -190,6 +199,8 @@ class Registry:
             names = names if "*" in wanted else [n for n in names if n in wanted]
         with self._changing():
             for name in names:
+                if self._stopping.is_set():
+                    break  # the daemon stops before its start has loaded everything
                 if self._settings.load == "lazy":
                     self._lazy.add(name)
                     continue
@@ -208,8 +219,10 @@ class Registry:
         check_model_name(name)
         if not (self._root / name).is_dir():
             raise ModelNotFound(f"unknown model: {name!r} is not in the repository {self._root}")
+        self._refuse_if_stopping(name)
         self._vacate(name, override, seen)
-        with self._changing():
+        with self._changing(), self._loading_model(name):
+            self._refuse_if_stopping(name)  # the stop may have begun while this load waited for the lock
             self._unloaded.pop(name, None)
             record = self._records.setdefault(name, ModelRecord(name))
             record.loaded_explicitly = explicit
@@ -219,11 +232,26 @@ class Registry:
             except EdgedError as e:
                 if not record.versions:
                     record.error = str(e)
+                if self._stopping.is_set():
+                    log.warning("%s", e)  # the load's caller may be gone with the server: the log says why
                 raise
             finally:
                 # Only now: callers of ensure_loaded() that saw the model as lazy wait on the lock until here.
                 self._lazy.discard(name)
             record.fingerprint = seen if seen is not None else fingerprint(self._root / name)
+
+    def _refuse_if_stopping(self, name: str) -> None:
+        if self._stopping.is_set():
+            raise Unavailable(f"model {name}: not loaded, the daemon is stopping")
+
+    @contextlib.contextmanager
+    def _loading_model(self, name: str) -> Iterator[None]:
+        """Name the model being loaded (under the lock) for a stop that finds the lock held."""
+        outer, self._loading = self._loading, name
+        try:
+            yield
+        finally:
+            self._loading = outer
 
     def _load_record(self, record: ModelRecord, override: ModelConfig | None, changed: set[int] | None) -> None:
         model_dir = self._root / record.name
@@ -244,6 +272,7 @@ class Registry:
         with self._admission.describing(record, config, runtime, model_dir, available, reloading):
             config = complete_config(record.name, config, runtime, backend, model_dir, available,
                                      self._settings.autocomplete)
+        check_instance_count(config, self._settings.max_instance_count)
         wanted = select_versions(config.version_policy, available)
         if not wanted:
             raise ModelLoadError(f"model {record.name}: no version to serve in {model_dir} (found versions: "
@@ -281,6 +310,7 @@ class Registry:
         if backend is None:
             backend = self._backends[runtime] = self._backend_loader(runtime)
         config = complete_config(name, config, runtime, backend, model_dir, available, self._settings.autocomplete)
+        check_instance_count(config, self._settings.max_instance_count)
         return config, backend
 
     def load_detached(self, name: str, model_dir: Path, number: int) -> ModelVersion:
@@ -317,7 +347,8 @@ class Registry:
             fresh[number] = version
             record.failed.pop(number, None)
         if errors and not fresh:
-            raise ModelLoadError("; ".join(errors))
+            # a load abandoned because the daemon stops is no fault of the model: 503, not 400
+            raise (Unavailable if self._stopping.is_set() else ModelLoadError)("; ".join(errors))
         old = record.versions
         record.versions = {**{n: v for n, v in old.items() if n not in fresh and n in wanted
                               and (errors or n in unchanged)}, **fresh}
@@ -393,17 +424,31 @@ class Registry:
                         record.fingerprint = seen  # retried when the files change again, not on every poll
                 log.error("model %s: reload failed, previous versions keep serving: %s", name, e)
 
+    def stop_loading(self) -> None:
+        """The daemon is stopping: loads in progress give up at their next instance, new ones are refused."""
+        self._stopping.set()
+
     def close(self, timeout_s: float) -> list[str]:
         """Unload every version in parallel within one deadline, outside the registry lock (see the module
         docstring). Versions still unloading at the deadline are abandoned (returned and logged): the process is
-        about to exit and the OS frees what they hold."""
+        about to exit and the OS frees what they hold. A load in progress is told to stop; one still holding
+        the lock at the deadline (a backend loading one instance cannot be interrupted) is abandoned with
+        everything loaded (returned as ``"<model> (load)"``)."""
         deadline = time.monotonic() + timeout_s
-        with self._lock:
+        self.stop_loading()
+        if not self._lock.acquire(timeout=timeout_s):
+            loading = self._loading or "a model"
+            log.warning("stop budget of %.1f s spent: abandoning the load of %s still running, and the unloads",
+                        timeout_s, loading)
+            return [f"{loading} (load)"]
+        try:
             versions = [v for record in self._records.values() for v in record.all_versions()]
             for version in versions:
                 if version.lifecycle.state is READY:
                     version.lifecycle.move(ModelState.UNLOADING)  # no new requests from here on
             self._records.clear()
+        finally:
+            self._lock.release()
         workers = [(version, threading.Thread(target=version.unload, args=(timeout_s,),
                                               name=f"unload-{version.config.name}-{version.version}", daemon=True))
                    for version in versions]

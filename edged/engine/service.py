@@ -72,8 +72,13 @@ class InferenceService:
         """Load (or, with load = "lazy", register) the models the control mode asks for."""
         self._registry.start()
 
+    def stop_loading(self) -> None:
+        """The stop begins: a load in progress gives up before its next instance, and no new load starts."""
+        self._registry.stop_loading()
+
     def close(self, timeout_s: float = 10.0) -> list[str]:
-        """Unload everything within ``timeout_s``; the versions abandoned at the deadline ("name/version")."""
+        """Unload everything within ``timeout_s``; the versions abandoned at the deadline ("name/version", or
+        "name (load)" for a load the backend could not interrupt: its thread is still running)."""
         self._closed = True
         return self._registry.close(timeout_s)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import statistics
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,7 +19,7 @@ from edged.engine.stats import VersionStats
 from edged.engine.types import InferRequest, InferResponse
 from edged.engine.validation import RequestValidator
 from edged.engine.warmup import warmup_samples
-from edged.errors import EdgedError, ModelLoadError, ModelNotReady
+from edged.errors import EdgedError, ModelLoadError, ModelNotReady, Unavailable
 from edged.repository import confined_path, with_confined_parameters
 from edged.repository.model_config import ModelConfig
 
@@ -57,8 +58,10 @@ class ModelVersion:
     def last_used(self) -> float:
         return self.scheduler.last_used if self.scheduler else 0.0
 
-    def load(self, backend: Backend, warmup: bool) -> None:
-        """Create the instances and warm them up; on failure the version is FAILED and holds nothing."""
+    def load(self, backend: Backend, warmup: bool, stopping: threading.Event | None = None) -> None:
+        """Create the instances and warm them up; on failure the version is FAILED and holds nothing. When
+        ``stopping`` is set (the daemon stops) the load gives up before its next instance and closes the ones
+        it made: one instance's load is the most a stop waits for."""
         started = time.monotonic()
         try:
             # confined again here: the folder may have changed since the registry checked the config
@@ -68,11 +71,13 @@ class ModelVersion:
                 raise ModelLoadError(f"model {self.config.name} version {self.version}: model file {self.path} "
                                      "does not exist")
             runtime_config = with_confined_parameters(self.config, self.model_dir)
-            for index in range(self.config.instance_count):
+            count = self.config.instance_count
+            for index in range(count):
+                self._give_up_if_stopping(stopping, f"after {index} of its {count} instances")
                 self.instances.append(backend.load(self.path, runtime_config, index))
             self.scheduler = Scheduler(self.config, self.version_str, self.instances, self.stats, self._intake)
             if warmup:
-                self._warm_up()
+                self._warm_up(stopping)
         except EdgedError as e:
             self._close_instances()
             self.lifecycle.move(ModelState.FAILED, str(e))
@@ -85,12 +90,18 @@ class ModelVersion:
         self.load_seconds = time.monotonic() - started
         self.lifecycle.move(ModelState.READY)
 
-    def _warm_up(self) -> None:
+    def _give_up_if_stopping(self, stopping: threading.Event | None, progress: str) -> None:
+        if stopping is not None and stopping.is_set():
+            raise Unavailable(f"model {self.config.name} version {self.version}: load abandoned {progress}: the "
+                              "daemon is stopping")
+
+    def _warm_up(self, stopping: threading.Event | None) -> None:
         samples = warmup_samples(self.config, self.model_dir)
         output_names = [t.name for t in self.config.output]
         timings: list[float] = []
         for inputs, count in samples:
             for instance in self.instances:
+                self._give_up_if_stopping(stopping, "during warm-up")
                 for _ in range(count + 2):  # two extra runs to time the steady state
                     began = time.perf_counter_ns()
                     try:

@@ -7,9 +7,14 @@ measured footprint once loaded (``commit``), and discharged when unloaded (``rel
 reload stay charged while both are loaded. The expected peak of a file never loaded before is its size x
 ``memory.load_estimate_factor`` (by default the allocator's entry in PEAK_FACTORS); a file loaded before keeps
 the peak measured then (``remember_peak``). Measured with ONNX Runtime on the CPU through the daemon
-(scripts/bench_reload_peak.py, 48-49 MiB of weights, warm-up included): the load's peak is 3.1-5.3x the file
-on glibc, whose freed 16 MiB blocks stay in its heap, and 2.4-3.1x under jemalloc and tcmalloc (file bytes,
-parsed weights and prepacked copies coexist).
+(scripts/bench_reload_peak.py, 48-49 MiB of weights, its default two instances, warm-up included): the load's
+peak is 3.1-5.3x the file on glibc, whose freed 16 MiB blocks stay in its heap, and 2.4-3.1x under jemalloc and
+tcmalloc (file bytes, parsed weights and prepacked copies coexist).
+Estimates scale with the number of instances the load creates: every backend builds each instance from the file
+on its own (an ONNX Runtime session, a deserialised TensorRT engine, a torch module, an ORT GenAI model), nothing
+is shared, and the peak grows with the count (1, 2, 4, 8 sessions of that 48 MiB file: +92, +201, +377, +697
+MiB). A load of M instances is estimated at max(1, M / FACTOR_INSTANCES) x file size x factor, or at M/N of a
+peak measured with N instances, and never below INSTANCE_MIN_BYTES per instance.
 Invariants: admitted charges never exceed the budget except while the keys ``admit`` returned for eviction
 are still being unloaded; a candidate with requests in flight is never chosen; policy "refuse" chooses none.
 """
@@ -27,6 +32,11 @@ MIB = 1024 * 1024
 # Load peak / file size for a file never loaded before, by the allocator serving malloc (measured maxima,
 # rounded up; see the module docstring). Unknown allocators get glibc's.
 PEAK_FACTORS = {"system": 5.5, "jemalloc": 3.5, "tcmalloc": 3.5}
+# The loads the factors were measured with: ONNX Runtime's default CPU instance count (Triton's, too).
+FACTOR_INSTANCES = 2
+# The least one instance is expected to add, whatever its file: an ONNX Runtime CPU session of a 10 KB model
+# adds about 140 KiB (3000 sessions of digits_onnx: +420 MiB RSS).
+INSTANCE_MIN_BYTES = 128 * 1024
 
 
 @dataclass(frozen=True)
@@ -53,7 +63,7 @@ class MemoryBudget:
         self._policy = config.policy
         self.factor = config.load_estimate_factor or PEAK_FACTORS.get(allocator, PEAK_FACTORS["system"])
         self._charges: dict[str, int] = {}
-        self._measured: dict[str, int] = {}  # peaks measured per file identity
+        self._measured: dict[str, tuple[int, int]] = {}  # per file identity: (peak, instances) measured
         self._lock = threading.Lock()
 
     @property
@@ -71,11 +81,19 @@ class MemoryBudget:
         limit = self.limit_bytes
         return None if limit is None else max(0, limit - self.used_bytes)
 
-    def estimate(self, key: str, file_bytes: int) -> int:
-        """Bytes ``key`` is expected to need: what was measured for it, else file size x factor."""
+    def estimate(self, key: str, file_bytes: int, instances: int = 1) -> int:
+        """Bytes a load of ``instances`` instances of ``key`` is expected to need at its peak: the peak measured
+        for it scaled to that many instances, else file size x factor (for up to FACTOR_INSTANCES instances,
+        proportionally more beyond); never less than INSTANCE_MIN_BYTES per instance."""
+        instances = max(1, instances)
         with self._lock:
             measured = self._measured.get(key)
-        return measured if measured is not None else int(file_bytes * self.factor)
+        if measured is not None:
+            peak, measured_instances = measured
+            expected = peak * instances // measured_instances
+        else:
+            expected = int(file_bytes * self.factor * max(1.0, instances / FACTOR_INSTANCES))
+        return max(expected, instances * INSTANCE_MIN_BYTES)
 
     def admit(self, key: str, needed_bytes: int, evictable: Evictable) -> list[str]:
         """Reserve ``needed_bytes`` for ``key``; return the keys the caller must unload first (LRU first).
@@ -99,10 +117,11 @@ class MemoryBudget:
         with self._lock:
             self._charges[key] = measured_bytes
 
-    def remember_peak(self, key: str, peak_bytes: int) -> None:
-        """The peak a load of ``key`` (a file's identity) was measured to need: the next estimate for it."""
+    def remember_peak(self, key: str, peak_bytes: int, instances: int = 1) -> None:
+        """The peak a load of ``instances`` instances of ``key`` (a file's identity) was measured to need: what
+        the next estimates for it are scaled from."""
         with self._lock:
-            self._measured[key] = peak_bytes
+            self._measured[key] = (peak_bytes, max(1, instances))
 
     def rename(self, old_key: str, new_key: str) -> None:
         """Move ``old_key``'s charge to ``new_key`` (a reload's new copy becomes the serving one)."""

@@ -1,6 +1,6 @@
 """Test backends that stand in for a runtime at the hardware edge: they compute y = 2x (output "output") and
 -x (output "negated", when the config lists it), and can be told by their config parameters to fail on a marker
-value, to be slow, or to count concurrent executions."""
+value, to be slow (to run, to load each instance, to close), or to count concurrent executions."""
 
 from __future__ import annotations
 
@@ -70,6 +70,12 @@ class DoublingBackend:
         raise ModelLoadError("the doubling test backend needs a full config")
 
     def load(self, model_path: Path, config: ModelConfig, instance_index: int) -> DoublingInstance:
+        # A runtime slow to build each instance (a large engine): uninterruptible, as a real backend's load is.
+        # The line on stdout lets a test see from the daemon's log that the load is under way.
+        load_delay_s = float(config.parameters.get("load_delay_s", "0"))
+        if load_delay_s:
+            print(f"doubling backend: loading {config.name} instance {instance_index}", flush=True)
+            time.sleep(load_delay_s)
         return DoublingInstance(config)
 
     def runtime_info(self) -> dict[str, Any]:

@@ -88,6 +88,23 @@ def test_the_charge_is_the_measured_footprint_and_the_next_estimate_the_measured
     assert b.estimate("a@file", file_bytes=10 * MIB) == 20 * MIB
 
 
+def test_the_estimate_scales_with_the_instances_the_load_creates() -> None:
+    b = budget()
+    # the factor is a load of two instances' (ONNX Runtime's default); each one past them adds its share
+    assert b.estimate("a@file", 10 * MIB, instances=1) == b.estimate("a@file", 10 * MIB, instances=2) == 55 * MIB
+    assert b.estimate("a@file", 10 * MIB, instances=8) == 4 * 55 * MIB
+    # a tiny file's instances cost at least their session each (3000 sessions of a 10 KB model: +420 MiB)
+    assert b.estimate("t@file", 10_000, instances=3000) >= 3000 * 128 * 1024
+
+
+def test_a_peak_measured_with_n_instances_is_scaled_to_the_m_of_the_next_load() -> None:
+    b = budget()
+    b.remember_peak("a@file", 20 * MIB, instances=2)
+    assert b.estimate("a@file", 10 * MIB, instances=2) == 20 * MIB
+    assert b.estimate("a@file", 10 * MIB, instances=1) == 10 * MIB
+    assert b.estimate("a@file", 10 * MIB, instances=3000) == 30_000 * MIB
+
+
 def test_the_default_peak_factor_follows_the_allocator_and_a_configured_one_wins() -> None:
     config = MemoryConfig(budget_mb=100)
     assert MemoryBudget(config, 0, "jemalloc").estimate("f", 10 * MIB) == 35 * MIB
