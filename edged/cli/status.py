@@ -158,9 +158,12 @@ def _health(health: Any) -> list[str]:
 
 def _grpc(grpc: Mapping[str, Any]) -> str:
     """The gRPC front end's counters (its listeners are on the daemon line)."""
-    parts = [f"connections {grpc.get('connections', '?')}",
+    limit = f" of {grpc['max_connections']}" if "max_connections" in grpc else ""
+    parts = [f"connections {grpc.get('connections', '?')}{limit}",
              f"stream in flight peak {grpc.get('stream_in_flight_peak', '?')} of "
              f"{grpc.get('stream_in_flight_limit', '?')}"]
+    if grpc.get("connections_refused"):  # past max_connections: GOAWAY ENHANCE_YOUR_CALM
+        parts.append(f"{grpc['connections_refused']} connections refused")
     holds = grpc.get("stream_holds")
     if holds:  # streams that stopped taking input: clients not reading their answers, or at the bound
         parts.append(f"streams held {holds} times")

@@ -138,8 +138,10 @@ class Daemon:
         for listener in listeners:
             how = "inherited from systemd" if listener.inherited else "opened"
             print(f"edged {__version__}: listening on {listener.kind}:{listener.address} ({how})", flush=True)
-        if self.grpc is not None:  # one in-flight limit for both front ends
-            await self.grpc.start(self.server.body_budget, activated.grpc, self.server.denied)
+        if self.grpc is not None:  # one in-flight limit for both front ends, and one descriptor budget
+            limit = self.server.connection_limit
+            await self.grpc.start(self.server.body_budget, activated.grpc, self.server.denied,
+                                  max_connections=limit.effective, lingering=limit.lingering)
             for address in self.grpc.addresses:
                 how = "inherited from systemd" if address in self.grpc.inherited else "opened"
                 print(f"edged {__version__}: listening on grpc:{address} ({how})", flush=True)

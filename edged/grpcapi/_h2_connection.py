@@ -73,17 +73,21 @@ class H2Connection(H2Control):
     # --- asyncio.Protocol -----------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # a stream server's transport
+        if self._dead:  # aborted before it was made: a refused connection past the lingering ones
+            self._transport.abort()
+            return
         self.now = asyncio.get_running_loop().time
         self._last_frame = self.now()
         self._transport.write(f.settings_frame(OUR_SETTINGS) + f.window_update(0, CONNECTION_WINDOW - f.DEFAULT_WINDOW))
         if self._refuse:
-            self.fail(ErrorCode.ENHANCE_YOUR_CALM, "too many gRPC connections ([server] max_connections)")
+            self._shut(ErrorCode.ENHANCE_YOUR_CALM, "too many gRPC connections ([server] max_connections)")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._dead = True
         if self._linger is not None:
             self._linger.cancel()
         streams, self._streams = self._streams, {}
+        self._blocked = {}
         for stream in streams.values():
             if stream.call is not None:
                 stream.call.cancel()
@@ -93,8 +97,10 @@ class H2Connection(H2Control):
         self._sender.paused = True
 
     def resume_writing(self) -> None:
+        self._sender.paused = False
         self._unread_control = 0
-        self._flush()
+        if self._blocked:
+            self._flush(list(self._blocked.items()))
 
     def data_received(self, data: bytes) -> None:
         if self._dead:
@@ -289,7 +295,9 @@ class H2Connection(H2Control):
         ended = self._sender.send(out, stream_id, stream, body, trailers)
         if out:
             self._write(b"".join(out))
-        if ended:  # after the write: closing the stream may close the connection (GOAWAY sent)
+        if not ended and (stream.pending or stream.trailers is not None):
+            self._blocked[stream_id] = stream  # revisited when a window opens or the transport resumes
+        elif ended:  # after the write: closing the stream may close the connection (GOAWAY sent)
             self._closed(stream_id, stream)
 
     def respond_message(self, stream_id: int, head: bytes, message: bytes, trailers: bytes) -> None:

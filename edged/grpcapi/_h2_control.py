@@ -3,7 +3,11 @@ and answered): the connection's state, the peer's control frames (SETTINGS, PING
 the flood guards, a stream's end, and the connection's own (GOAWAY, linger, the sweeper's idle check).
 
 Invariants (the connection's, stated in ``_h2_connection``): a control frame answered while the peer is not
-reading counts toward ``MAX_UNREAD_CONTROL``; a reset of a stream still owed an answer spends ``RESET_BUDGET``,
+reading counts toward ``MAX_UNREAD_CONTROL``; SETTINGS frames spend a budget of ``SETTINGS_BURST`` refilled
+at ``SETTINGS_PER_S``, and one costs its entries plus at most one pass over the streams (a new initial window
+is applied once per frame); a stream whose output waits is in ``_blocked``, and only those streams are
+revisited when a window opens or the transport resumes, so a WINDOW_UPDATE with nothing waiting costs what a
+PING costs; a reset of a stream still owed an answer spends ``RESET_BUDGET``,
 which answered streams refill; our GOAWAY is sent once, and after ``fail`` nothing more is written but the
 GOAWAY, nothing the peer sends is read, and the transport is aborted ``LINGER_S`` later at the latest.
 """
@@ -29,6 +33,10 @@ MAX_HEADER_BLOCK = 64 << 10
 MAX_UNREAD_CONTROL = 1024
 LINGER_S = 2.0
 RESET_BUDGET = 256  # client resets of streams still owed an answer, refilled one per answered stream
+# A client sends SETTINGS at its start and now and then after (grpc-core when its BDP estimate changes): a
+# burst of 64 and 16 a second leave any client room, and bound what a flood of them costs the loop.
+SETTINGS_BURST = 64
+SETTINGS_PER_S = 16.0
 OUR_SETTINGS = {f.MAX_CONCURRENT_STREAMS: MAX_STREAMS, f.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
                 f.MAX_FRAME_SIZE: f.DEFAULT_FRAME_SIZE, f.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST,
                 f.ENABLE_PUSH: 0}
@@ -52,12 +60,16 @@ class H2Control(asyncio.Protocol):
         self._counts = counts
         self._transport: asyncio.Transport | None = None
         self._streams: dict[int, H2Stream] = {}
+        # streams whose output waits for a window or the transport (DATA pending, or trailers behind it)
+        self._blocked: dict[int, H2Stream] = {}
         self._last_id = 0
         self._peer_window = f.DEFAULT_WINDOW
         self._sender = Sender()
         self._inflow = Inflow()
         self._unread_control = 0
         self._reset_budget = RESET_BUDGET
+        self._settings_budget = float(SETTINGS_BURST)
+        self._settings_at = 0.0  # when the budget was last refilled, on the loop's clock
         self._closing = False  # our GOAWAY is out: no new streams
         self._dead = False
         self._linger: asyncio.TimerHandle | None = None
@@ -85,11 +97,15 @@ class H2Control(asyncio.Protocol):
         if not stream_id:
             if not increment:
                 raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "WINDOW_UPDATE of zero on the connection")
-            self._sender.window += increment
-            if self._sender.window > f.MAX_WINDOW:
+            sender = self._sender
+            spent = sender.window <= 0
+            sender.window += increment
+            if sender.window > f.MAX_WINDOW:
                 raise H2ConnectionError(ErrorCode.FLOW_CONTROL_ERROR, "the connection's window past 2^31-1")
-            if self._streams:  # gRPC clients send one after every answer, mostly when no stream is left
-                self._flush()
+            # While the connection's window is open and the transport writes, every waiting stream waits for its
+            # own window (each drain ran until one of the three closed): only a spent window holds output back.
+            if spent and self._blocked and not sender.paused:
+                self._flush(list(self._blocked.items()))
             return
         if stream_id > self._last_id:
             raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, f"WINDOW_UPDATE on idle stream {stream_id}")
@@ -101,8 +117,8 @@ class H2Control(asyncio.Protocol):
         stream.send_window += increment
         if stream.send_window > f.MAX_WINDOW:
             raise H2StreamError(stream_id, ErrorCode.FLOW_CONTROL_ERROR, "the stream's window past 2^31-1")
-        if stream.pending or stream.trailers is not None:  # only this stream's output can move
-            self._flush()
+        if stream_id in self._blocked:  # only this stream's output can move
+            self._flush([(stream_id, stream)])
 
     def _rst_stream(self, stream_id: int, payload: memoryview) -> None:
         if len(payload) != 4:
@@ -120,41 +136,67 @@ class H2Control(asyncio.Protocol):
         self._maybe_finish()
 
     def _settings(self, flags: int, stream_id: int, payload: memoryview) -> None:
-        for key, value in f.settings_of(flags, stream_id, payload):
-            self._setting(key, value)
-        if not flags & f.ACK:
-            self._control(f.frame(f.SETTINGS, f.ACK, 0))
+        pairs = f.settings_of(flags, stream_id, payload)
+        if flags & f.ACK:
+            return
+        self._spend_settings()
+        window = highest = -1  # the last and the largest SETTINGS_INITIAL_WINDOW_SIZE of the frame
+        for key, value in pairs:
+            if key == f.INITIAL_WINDOW_SIZE:
+                window = value
+                highest = max(highest, value)
+            elif key == f.MAX_FRAME_SIZE:
+                self._sender.frame_size = value
+            elif key == f.HEADER_TABLE_SIZE:
+                self._sender.table_update = hpack.table_size_update(0) if value < 4096 else b""
+        if window >= 0:
+            self._initial_window(window, highest)
+        self._control(f.frame(f.SETTINGS, f.ACK, 0))
 
-    def _setting(self, key: int, value: int) -> None:
-        if key == f.INITIAL_WINDOW_SIZE:
-            delta, self._peer_window = value - self._peer_window, value
-            for stream in self._streams.values():
-                stream.send_window += delta
-                if stream.send_window > f.MAX_WINDOW:
-                    raise H2ConnectionError(ErrorCode.FLOW_CONTROL_ERROR, "a stream's window past 2^31-1")
-            self._flush()
-        elif key == f.MAX_FRAME_SIZE:
-            self._sender.frame_size = value
-        elif key == f.HEADER_TABLE_SIZE:
-            self._sender.table_update = hpack.table_size_update(0) if value < 4096 else b""
+    def _spend_settings(self) -> None:
+        now = self.now()
+        budget = min(SETTINGS_BURST, self._settings_budget + (now - self._settings_at) * SETTINGS_PER_S) - 1
+        self._settings_at = now
+        if budget < 0:
+            raise H2ConnectionError(ErrorCode.ENHANCE_YOUR_CALM, f"SETTINGS frames past {SETTINGS_BURST} at once "
+                                    f"and {SETTINGS_PER_S:g} a second")
+        self._settings_budget = budget
+
+    def _initial_window(self, value: int, highest: int) -> None:
+        """A SETTINGS frame's INITIAL_WINDOW_SIZE entries, ``value`` the last: every stream's window moves by the
+        net change once (RFC 9113 §6.9.2). Entry by entry, a window would pass 2^31-1 at the frame's ``highest``
+        value if at all, so that is where the limit is checked."""
+        old, self._peer_window = self._peer_window, value
+        streams = self._streams.values()
+        if streams and highest > old and max(s.send_window for s in streams) + highest - old > f.MAX_WINDOW:
+            raise H2ConnectionError(ErrorCode.FLOW_CONTROL_ERROR, "a stream's window past 2^31-1")
+        delta = value - old
+        if not delta:
+            return
+        for stream in streams:
+            stream.send_window += delta
+        if delta > 0 and self._blocked and not self._sender.paused:
+            self._flush(list(self._blocked.items()))
 
     def _ping(self, flags: int, stream_id: int, payload: memoryview) -> None:
         if f.check_ping(flags, stream_id, payload):
             self._control(f.frame(f.PING, f.ACK, 0, bytes(payload)))
 
     # --- a stream's end, and our writes ---------------------------------------------------------------------
-    def _flush(self) -> None:
+    def _flush(self, waiting: list[tuple[int, H2Stream]]) -> None:
+        """Let out what the windows allow of ``waiting``'s output (streams of ``_blocked``)."""
         out: list[bytes] = []
-        waiting = [(stream_id, stream) for stream_id, stream in list(self._streams.items())
-                   if stream.pending or stream.trailers is not None]
         ended = [(stream_id, stream) for stream_id, stream in waiting if self._sender.drain(out, stream_id, stream)]
         if out:
             self._write(b"".join(out))
         for stream_id, stream in ended:
-            self._closed(stream_id, stream)
-        for _, stream in waiting:
-            if stream.held and not stream.pending and stream.call is not None:
-                stream.call.drained()
+            self._closed(stream_id, stream)  # forgotten: out of _blocked
+        blocked = self._blocked
+        for stream_id, stream in waiting:
+            if not stream.pending and blocked.get(stream_id) is stream:
+                del blocked[stream_id]
+                if stream.held and stream.call is not None:
+                    stream.call.drained()
 
     def _closed(self, stream_id: int, stream: H2Stream) -> None:
         """We ended the stream: forget it, and stop a client that is still sending (RFC 9113 §8.1)."""
@@ -167,6 +209,8 @@ class H2Control(asyncio.Protocol):
 
     def _forget(self, stream_id: int) -> H2Stream | None:
         stream = self._streams.pop(stream_id, None)
+        if self._blocked:
+            self._blocked.pop(stream_id, None)
         if stream is not None and (update := self._inflow.forget(stream)):
             self._write(update)
         return stream
@@ -246,6 +290,10 @@ class H2Control(asyncio.Protocol):
         dropped for up to ``LINGER_S``: closing with unread bytes would reset the connection and could destroy
         the GOAWAY before the peer reads it."""
         log.info("gRPC connection closed: %s (%s)", message, code.name)
+        self._shut(code, message)
+
+    def _shut(self, code: ErrorCode, message: str) -> None:
+        """``fail`` without its log line (a refused connection: the server logs refusals, a few lines a flood)."""
         transport = self._transport
         if transport is None or self._dead:
             return
@@ -256,6 +304,8 @@ class H2Control(asyncio.Protocol):
         self._linger = asyncio.get_running_loop().call_later(LINGER_S, transport.abort)
 
     def abort(self) -> None:
+        """Close at once, dropping what is unsent; before ``connection_made``, as soon as it is made."""
+        self._dead = True
         if self._transport is not None:
             self._transport.abort()
 

@@ -23,8 +23,11 @@ Listeners (``_listeners``) and access control (``_access``):
   RESOURCE_EXHAUSTED. A message whose bytes stop arriving meets ``request_timeout_s`` (DEADLINE_EXCEEDED), a
   connection with no stream and no frame meets ``idle_timeout_s`` (GOAWAY, then closed).
 - A ModelStreamInfer takes at most 64 requests in flight, by back-pressure (``_stream_infer``).
-- At most ``[server] max_connections`` gRPC connections (counted apart from HTTP's): one more is answered
-  GOAWAY (ENHANCE_YOUR_CALM) and closed.
+- At most ``[server] max_connections`` gRPC connections (counted apart from HTTP's; under a daemon the limit
+  ``edged.serving`` clamped to RLIMIT_NOFILE, whose budget counts both front ends): one more is answered GOAWAY
+  (ENHANCE_YOUR_CALM) and closed; at most ``listen_backlog`` refused connections linger for their GOAWAY to be
+  read (past them the oldest is closed at once), and refusals are logged once per ``REFUSAL_LOG_S`` with a
+  count.
 - Stopping sends GOAWAY on every connection, lets calls in flight finish within the timeout, then closes.
 - ``prometheus_lines`` renders the ``edged_grpc_*`` families (``_metrics``); the daemon adds them to ``/metrics``.
 """
@@ -98,6 +101,7 @@ _LAZY = frozenset({"ModelMetadata", "ModelConfig"})
 
 
 _MB = 1024 * 1024
+REFUSAL_LOG_S = 10.0  # a flood of refused connections logs one line per interval, with the count
 
 
 class GrpcServer:
@@ -119,6 +123,11 @@ class GrpcServer:
         self._gathering = Gathering()  # shared by every inference path (edged.grpcapi._infer)
         self._servers: list[asyncio.Server] = []
         self._connections: set[H2Connection] = set()
+        self._max_connections = config.max_connections  # under a daemon, what descriptors allow (start)
+        self._lingering = config.listen_backlog
+        self._refused: dict[H2Connection, None] = {}  # refused, their GOAWAY sent, not closed yet; oldest first
+        self._refusals_unlogged = 0
+        self._refusal_logged_at = float("-inf")
         # Unix-socket connections, with their inference path once the peer is known (shared memory as the peer)
         # A Unix-socket connection's peer, its own inference path and ModelInfer starter, made on its first
         # stream (None until then); TCP connections are not in it.
@@ -139,7 +148,8 @@ class GrpcServer:
         """For the daemon's status document: listeners (``activated``: those systemd passed), connections and
         the stream bound with its high mark, and how often a stream held its input (``StreamStats``)."""
         return {"listeners": list(self.addresses), "activated": self.inherited,
-                "connections": len(self._connections),
+                "connections": len(self._connections), "max_connections": self._max_connections,
+                "connections_refused": self._metrics.connections_refused,
                 "stream_in_flight_limit": STREAM_IN_FLIGHT, "stream_in_flight_peak": self._streams.peak,
                 "stream_holds": self._streams.holds}
 
@@ -149,13 +159,19 @@ class GrpcServer:
 
     async def start(self, body_budget: BodyBudget | None = None,
                     inherited: list[tuple[str, socket.socket]] | None = None,
-                    denied: dict[str, int] | None = None) -> None:
+                    denied: dict[str, int] | None = None, max_connections: int | None = None,
+                    lingering: int | None = None) -> None:
         """Listen; ``body_budget`` is the HTTP server's, for one in-flight limit across both front ends;
         ``inherited`` the sockets systemd passed under the name ``grpc`` (`edged.access.activated_sockets`);
         ``denied`` the HTTP server's refusal counts by action, which gRPC's refusals are added to (one
-        ``edged_access_denied_total`` for the daemon)."""
+        ``edged_access_denied_total`` for the daemon); ``max_connections`` and ``lingering`` the HTTP server's
+        connection limit, sized in the descriptor budget for both front ends (alone: the config's)."""
         if denied is not None:
             self.denied = denied
+        if max_connections is not None:
+            self._max_connections = max_connections
+        if lingering is not None:
+            self._lingering = lingering
         config = self._config
         loop = asyncio.get_running_loop()
         if body_budget is not None:
@@ -197,7 +213,7 @@ class GrpcServer:
         deadline = loop.time() + timeout_s
         while self._connections and loop.time() < deadline:
             await asyncio.sleep(0.02)
-        for conn in list(self._connections):
+        for conn in [*self._connections, *self._refused]:
             conn.abort()
         if self._sweeper is not None:
             self._sweeper.cancel()
@@ -229,17 +245,42 @@ class GrpcServer:
 
     # --- connections --------------------------------------------------------------------------------------
     def _connection(self, unix: bool) -> H2Connection:
-        refuse = len(self._connections) >= self._config.max_connections
-        if refuse:
-            self._metrics.connections_refused += 1
+        refuse = len(self._connections) >= self._max_connections
         conn = H2Connection(self._open, self._closed, self._metrics.h2, refuse=refuse)
+        if refuse:
+            self._refuse(conn)
+            return conn
         self._connections.add(conn)
         if unix:
             self._peered[conn] = None  # its peer is read on its first stream
         return conn
 
+    def _refuse(self, conn: H2Connection) -> None:
+        """Count and log a connection refused past the limit, and keep the lingering ones within their
+        descriptors: past ``lingering`` the oldest is closed, which had the longest to read its GOAWAY."""
+        self._metrics.connections_refused += 1
+        self._refusals_unlogged += 1
+        now = asyncio.get_running_loop().time()
+        if now - self._refusal_logged_at >= REFUSAL_LOG_S:
+            configured = self._config.max_connections
+            limit = (f"[server] max_connections = {configured}" if self._max_connections >= configured else
+                     f"{self._max_connections}: [server] max_connections = {configured} clamped to what "
+                     "RLIMIT_NOFILE leaves")
+            log.warning("gRPC connection limit reached: %d connections open (limit %s); %d refused with GOAWAY "
+                        "ENHANCE_YOUR_CALM since the last such line, %d since start", len(self._connections), limit,
+                        self._refusals_unlogged, self._metrics.connections_refused)
+            self._refusal_logged_at = now
+            self._refusals_unlogged = 0
+        refused = self._refused
+        if len(refused) >= self._lingering:
+            oldest = next(iter(refused))
+            del refused[oldest]
+            oldest.abort()
+        refused[conn] = None
+
     def _closed(self, conn: H2Connection) -> None:
         self._connections.discard(conn)
+        self._refused.pop(conn, None)
         self._peered.pop(conn, None)
 
     def _peer(self, conn: H2Connection) -> _Peered:

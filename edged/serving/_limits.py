@@ -8,7 +8,10 @@ descriptor per refused connection for as long as its answer takes, so the effect
 what RLIMIT_NOFILE leaves after the descriptors open at start, ``fd_reserve`` for the daemon's own files
 (SQLite, sysfs, model files), one listen backlog of refused connections lingering at once (past it the
 oldest is closed) and one more backlog for a burst accepted in one loop iteration before any of them is
-seen: a flood never takes the descriptors the telemetry sampler or a model load need.
+seen: a flood never takes the descriptors the telemetry sampler or a model load need. With gRPC configured
+(``grpc_port`` or ``grpc_socket``) its front end has the same limit, counted apart, and the same two backlogs
+(it closes refused connections past one lingering backlog as HTTP does): the descriptors left are shared
+between the two front ends, each getting the effective limit, which the daemon hands to ``GrpcServer.start``.
 
 The in-flight body budget bounds the memory all requests' bodies hold together, from their first byte (or
 their Content-Length, reserved before the body is read) until their response; a request that would pass it
@@ -54,15 +57,18 @@ class ConnectionLimit:
     nofile: int  # RLIMIT_NOFILE's soft limit, after raising it towards the hard limit where needed
     open_at_start: int
     reserve: int
-    lingering: int  # refused connections that may linger at once, past the effective limit
+    lingering: int  # refused connections that may linger at once, past the effective limit (per front end)
+    front_ends: int = 1  # 2 with gRPC: each serves up to ``effective`` connections
 
 
 def connection_limit(config: ServerConfig) -> ConnectionLimit:
-    """Raise the soft RLIMIT_NOFILE as far as needed and allowed, then clamp max_connections to it."""
+    """Raise the soft RLIMIT_NOFILE as far as needed and allowed, then clamp max_connections to it (for each
+    front end that takes connections: HTTP, and gRPC when configured)."""
     open_now = _open_descriptors()
     lingering = config.listen_backlog
     headroom = 2 * lingering  # refused connections lingering, plus one accept burst
-    needed = open_now + config.fd_reserve + headroom + config.max_connections
+    front_ends = 2 if config.grpc_port is not None or config.grpc_socket is not None else 1
+    needed = open_now + config.fd_reserve + front_ends * (headroom + config.max_connections)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < needed:
         target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
@@ -72,16 +78,19 @@ def connection_limit(config: ServerConfig) -> ConnectionLimit:
         except (ValueError, OSError) as e:
             log.warning("could not raise RLIMIT_NOFILE from %d to %d: %s", soft, target, e)
     nofile = needed if soft == resource.RLIM_INFINITY else soft
-    effective = min(config.max_connections, nofile - open_now - config.fd_reserve - headroom)
+    effective = min(config.max_connections, (nofile - open_now - config.fd_reserve) // front_ends - headroom)
+    each = " for each of HTTP and gRPC" if front_ends == 2 else ""
     if effective < 1:
         raise ConfigError(f"server.max_connections: RLIMIT_NOFILE is {nofile} and {open_now} descriptors are "
                           f"open; with server.fd_reserve = {config.fd_reserve} and twice the listen backlog "
-                          f"({headroom}) no connection is left; raise LimitNOFILE, or lower fd_reserve or "
+                          f"({headroom}){each} no connection is left; raise LimitNOFILE, or lower fd_reserve or "
                           "listen_backlog")
     if effective < config.max_connections:
-        log.warning("serving at most %d connections, not server.max_connections = %d: RLIMIT_NOFILE is %d "
-                    "(raise LimitNOFILE in the unit to allow more)", effective, config.max_connections, nofile)
-    return ConnectionLimit(config.max_connections, effective, nofile, open_now, config.fd_reserve, lingering)
+        log.warning("serving at most %d connections%s, not server.max_connections = %d: RLIMIT_NOFILE is %d "
+                    "(raise LimitNOFILE in the unit to allow more)", effective, each, config.max_connections,
+                    nofile)
+    return ConnectionLimit(config.max_connections, effective, nofile, open_now, config.fd_reserve, lingering,
+                           front_ends)
 
 
 def _open_descriptors() -> int:

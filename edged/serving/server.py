@@ -25,7 +25,7 @@ from edged.serving._api_key import api_key_for
 from edged.serving._app import App
 from edged.serving._handlers import Handlers
 from edged.serving._http import Connection
-from edged.serving._limits import connection_limit
+from edged.serving._limits import ConnectionLimit, connection_limit
 from edged.serving._openapi import openapi_document
 from edged.shm import SharedMemoryRegistry, ShmLimits
 
@@ -78,6 +78,14 @@ class HttpServer:
         if self._app is None:
             raise RuntimeError("HttpServer.start() has not run")
         return self._app.handlers.denied
+
+    @property
+    def connection_limit(self) -> ConnectionLimit:
+        """The connections each front end serves (``effective``) and lets linger refused, which the daemon hands
+        to the gRPC front end: ``connection_limit`` counted both in the descriptors (after ``start``)."""
+        if self._app is None:
+            raise RuntimeError("HttpServer.start() has not run")
+        return self._app.connection_limit
 
     @property
     def connection_count(self) -> int:

@@ -5,11 +5,15 @@ and a connection with nothing open meets ``idle_timeout_s``."""
 from __future__ import annotations
 
 import queue
+import shutil
+import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,7 +25,9 @@ from h2_raw import (
     END_STREAM,
     GOAWAY,
     HEADERS,
+    PREFACE,
     RST_STREAM,
+    SETTINGS,
     WINDOW_UPDATE,
     RawH2,
     data_frames,
@@ -294,3 +300,54 @@ def test_a_held_stream_past_the_budget_ends_resource_exhausted_and_gives_the_bud
     assert len(answers) < 16_000
     _wait(lambda: _status(process)["inflight_body_bytes"] == 0, "the budget whole again after the stream ended")
     _served(address)
+
+
+NOFILE = 400
+FLOOD = 500
+
+
+def _descriptors(pid: int) -> int:
+    return len(list(Path(f"/proc/{pid}/fd").iterdir()))
+
+
+def test_a_grpc_connection_flood_leaves_the_descriptor_reserve_and_the_http_api_served() -> None:
+    """Both front ends are in the descriptor budget: under a hard RLIMIT_NOFILE gRPC serves the clamped limit,
+    refused connections linger at most one backlog, the Unix-socket HTTP API still answers, and the flood
+    logs a line, not one per refusal."""
+    workdir = Path(tempfile.mkdtemp(prefix="edged-grpc-fd-", dir="/tmp"))  # AF_UNIX paths: 107 bytes at most
+    config = config_with_fakes('[server]\ngrpc_port = 0\nmax_connections = 5000\nfd_reserve = 64\n'
+                               'listen_backlog = 32\n')
+    process = start_daemon(workdir, config=config, args=["--model-control-mode", "explicit"],
+                           argv_prefix=["prlimit", f"--nofile={NOFILE}:{NOFILE}", "--"])
+    held: list[socket.socket] = []
+    try:
+        status = process.client().status()
+        limit, grpc = status["limits"]["max_connections"], status["grpc"]
+        host, port = status["grpc_listeners"][0].rsplit(":", 1)
+        assert 0 < limit == grpc["max_connections"] < (NOFILE - 64) // 2, (limit, grpc)
+        peak, opening = 0, PREFACE + frame(SETTINGS, 0, 0)
+        for count in range(FLOOD):
+            sock = socket.create_connection((host, int(port)), timeout=5)
+            held.append(sock)
+            sock.sendall(opening)
+            if count % 50 == 0:
+                peak = max(peak, _descriptors(process.pid))
+        time.sleep(0.5)  # the last ones accepted
+        peak = max(peak, _descriptors(process.pid))
+        answered = process.client().status()["grpc"]  # the HTTP API over its Unix socket, during the flood
+        assert peak <= NOFILE - 64, f"{peak} descriptors open, the limit leaves {NOFILE - 64}"
+        assert answered["connections"] == limit and answered["connections_refused"] >= FLOOD - limit, answered
+        for sock in held:
+            sock.close()
+        held = []
+        _wait(lambda: process.client().status()["grpc"]["connections"] < limit, "the flood's connections closed")
+        _served(f"{host}:{port}")
+    finally:
+        for sock in held:
+            sock.close()
+        process.stop()
+        output = process.output()
+        shutil.rmtree(workdir, ignore_errors=True)
+    assert "Too many open files" not in output
+    assert "too many gRPC connections" not in output, "a log line per refused connection"
+    assert 1 <= output.count("gRPC connection limit reached") <= 2, output[-2000:]
