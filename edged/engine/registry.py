@@ -334,6 +334,7 @@ class Registry:
         unchanged = {n for n in record.versions if changed is not None and n in wanted and n not in changed}
         fresh: dict[int, ModelVersion] = {}
         errors: list[str] = []
+        kinds: set[type[EdgedError]] = set()
         for number in wanted:
             if number in unchanged:
                 continue
@@ -343,12 +344,19 @@ class Registry:
             except EdgedError as e:
                 record.failed[number] = version
                 errors.append(str(e))
+                kinds.add(type(e))
                 continue
             fresh[number] = version
             record.failed.pop(number, None)
         if errors and not fresh:
-            # a load abandoned because the daemon stops is no fault of the model: 503, not 400
-            raise (Unavailable if self._stopping.is_set() else ModelLoadError)("; ".join(errors))
+            # a load abandoned because the daemon stops is no fault of the model: 503, not 400; and the one kind
+            # of failure every version had keeps its family (MemoryBudgetExceeded is a 503 the caller may retry)
+            (kind,) = kinds if len(kinds) == 1 else (ModelLoadError,)
+            if self._stopping.is_set():
+                kind = Unavailable
+            elif not issubclass(kind, ModelLoadError):
+                kind = ModelLoadError
+            raise kind("; ".join(errors))
         old = record.versions
         record.versions = {**{n: v for n, v in old.items() if n not in fresh and n in wanted
                               and (errors or n in unchanged)}, **fresh}

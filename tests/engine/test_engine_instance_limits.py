@@ -14,7 +14,7 @@ from modelgen import add_custom_model, add_model, mlp_weights
 from edged.config import MemoryConfig, ModelsConfig, parse_config
 from edged.engine import InferenceService, ModelState
 from edged.engine.memory_governor import MemoryGovernor
-from edged.errors import ConfigError, EdgedError, ModelConfigError
+from edged.errors import ConfigError, MemoryBudgetExceeded, ModelConfigError
 
 BUDGET_MB = 8
 
@@ -31,7 +31,7 @@ def test_a_load_of_many_instances_is_refused_when_they_do_not_fit_the_budget(tmp
         service.start()
         service.load_model("one")
         service.unload_model("one")
-        with pytest.raises(EdgedError) as refused:
+        with pytest.raises(MemoryBudgetExceeded) as refused:  # its family kept: a 503 over HTTP, not a 400/500
             service.load_model("eight")
         message = str(refused.value)
         assert "cannot load eight/1" in message and f"the memory budget is {BUDGET_MB:.1f} MiB" in message
