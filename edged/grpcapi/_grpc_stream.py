@@ -11,7 +11,10 @@ Invariants:
 - Bytes of a request message still arriving are reserved, from its length prefix, in the in-flight body budget
   the daemon shares between its front ends (``[server] max_inflight_body_bytes``) and released once the
   message is whole or the call ends: a prefix that does not fit ends the call with RESOURCE_EXHAUSTED, so
-  many streams each sending part of a large message hold at most that budget together. Bytes a held call
+  many streams each sending part of a large message hold at most that budget together. A unary call's whole
+  message waiting for the client's half-close stays charged (``_kept``: one that arrived in one frame is
+  charged then, and refused the same way) until it is handed to the handler on the half-close, or the call
+  ends, whichever comes first: the charge is released once. Bytes a held call
   keeps unparsed (a ModelStreamInfer at its bound) are charged too, as they arrive, and released once taken
   or when the call ends; past the budget the call ends with RESOURCE_EXHAUSTED, so no client parks memory
   outside it.
@@ -141,9 +144,9 @@ def status_block(code: Status, message: str, head: bool) -> bytes:
 class GrpcCall:
     """The call side of one stream; ``on_message`` and ``on_end`` are set by the handler that serves it."""
 
-    __slots__ = ("_buffer", "_conn", "_deadline", "_end_seen", "_held", "_held_charge", "_input_over", "_limits",
-                 "_open_since", "_partial_since", "_reserved", "_started", "done", "on_cancel", "on_drained", "on_end",
-                 "on_message", "request", "sender", "stream_id", "tally", "task")
+    __slots__ = ("_buffer", "_conn", "_deadline", "_end_seen", "_held", "_held_charge", "_input_over", "_kept",
+                 "_limits", "_open_since", "_parks", "_partial_since", "_reserved", "_started", "done", "on_cancel",
+                 "on_drained", "on_end", "on_message", "request", "sender", "stream_id", "tally", "task")
 
     def __init__(self, conn: H2Connection, stream_id: int, request: Request, limits: CallLimits,
                  tally: dict[Status, int]) -> None:
@@ -154,6 +157,8 @@ class GrpcCall:
         self.request = request
         self._limits = limits
         self._reserved = 0  # budget bytes held for the message being received
+        self._parks = False  # a unary call: its handler keeps a whole message until the half-close
+        self._kept = 0  # budget bytes held for whole messages kept so, until the half-close or the end
         self._partial_since: float | None = None  # when the prefix of the message being received arrived
         self._held = False  # the handler takes no request messages for now
         self._held_charge = 0  # budget bytes held for input kept unparsed while held
@@ -185,6 +190,8 @@ class GrpcCall:
                 and size - 5 == int.from_bytes(chunk[1:5], "big") <= self._limits.message_bytes):
             # the usual unary DATA frame: one whole uncompressed message within the limit, nothing buffered
             # before it; what _cut would do, without copying the frame into the buffer and out again
+            if self._parks and not end_stream and not self._keep(size - 5):
+                return
             self.on_message(bytes(chunk[5:]))
         else:
             if size:
@@ -207,6 +214,8 @@ class GrpcCall:
             if buffer:
                 self.fail(Status.INTERNAL, f"the request ended inside a message ({len(buffer)} bytes of it)")
                 return
+            if self._kept:  # the handler takes its message now: decoded and submitted before anything else runs
+                self._release_kept()
             self.on_end()
 
     def _cut(self, buffer: bytearray) -> int:
@@ -228,7 +237,10 @@ class GrpcCall:
                 return pos
             message = bytes(buffer[pos + 5:pos + 5 + length])
             pos += 5 + length
-            if self._reserved:
+            if self._parks and not self._end_seen:
+                if not self._keep(length):
+                    return pos
+            elif self._reserved:
                 self._release()
             self.on_message(message)
             if self.done:
@@ -269,6 +281,20 @@ class GrpcCall:
         self._partial_since = self._conn.now()
         return True
 
+    def _keep(self, length: int) -> bool:
+        """Charge a whole message of ``length`` bytes that waits for the half-close (its reservation, if it
+        arrived in pieces, carries over); False once the call is failed, as a reservation that does not fit."""
+        if not self._reserved and not self._reserve(length):
+            return False
+        self._kept += self._reserved
+        self._reserved = 0
+        self._partial_since = None  # whole: what is still to come is the half-close (``_open_since``)
+        return True
+
+    def _release_kept(self) -> None:
+        self._limits.budget.release(self._kept)
+        self._kept = 0
+
     def _charge_held(self) -> None:
         """Charge the bytes kept unparsed beyond the message being received (which its reservation covers)."""
         covered = 5 + self._reserved if self._reserved else 0
@@ -296,7 +322,9 @@ class GrpcCall:
 
     def expect_whole_request(self) -> None:
         """A unary call: its request (message and half-close) must all arrive within ``request_timeout_s``,
-        as an HTTP request must, so a stream opened and left silent does not hold its slot for ever."""
+        as an HTTP request must, so a stream opened and left silent does not hold its slot for ever; and its
+        message, kept by the handler until the half-close, stays charged to the budget until then."""
+        self._parks = True
         if not self._end_seen:
             self._open_since = self._conn.now()
 
@@ -312,8 +340,9 @@ class GrpcCall:
         """The client reset the stream (or the connection went): stop the work, answer nothing."""
         if self.done:
             return
+        on_cancel = self.on_cancel  # _finish lets go of the handler's callbacks
         self._finish(Status.CANCELLED)
-        self.on_cancel()
+        on_cancel()
         if self.task is not None:
             self.task.cancel()
 
@@ -373,8 +402,15 @@ class GrpcCall:
             self._release()
         if self._held_charge:
             self._release_held()
+        if self._kept:
+            self._release_kept()
         if self._deadline is not None:
             self._deadline.cancel()
+            self._deadline = None
+        # The handler's callbacks close over this call: dropped now, the cycle does not keep a parked message
+        # (up to grpc_max_message_mb) alive until the garbage collector runs.
+        self.on_message = _nothing
+        self.on_end = self.on_cancel = self.on_drained = _none
 
     def _expired(self) -> None:
         self._deadline = None

@@ -11,10 +11,12 @@ Invariants:
 - Work per frame is bounded: a header block (HEADERS + CONTINUATION) larger than ``MAX_HEADER_BLOCK`` ends the
   connection (CVE-2024-27316), streams beyond MAX_CONCURRENT_STREAMS are refused, resets of streams still owed
   an answer spend a budget that answered streams refill (rapid reset, CVE-2023-44487), and control frames
-  answered while the peer is not reading are counted until ``MAX_UNREAD_CONTROL`` ends the connection.
+  answered and streams ended (trailers-only errors, resets) while the peer is not reading are counted until
+  ``MAX_UNREAD_CONTROL`` ends the connection (ENHANCE_YOUR_CALM).
 - Our DATA never exceeds the peer's windows nor is written while the transport is paused: a response waits in
   its stream until WINDOW_UPDATE or resume_writing, so a client that does not read holds at most what flow
-  control lets it.
+  control lets it; the other frames written regardless (headers, trailers, control frames) are bounded by
+  ``MAX_STREAMS`` for streams still open and by ``MAX_UNREAD_CONTROL`` for the rest.
 - A connection with no stream open that sends no frame for ``[server] idle_timeout_s`` is sent GOAWAY
   (NO_ERROR) and closed; a call whose message stops arriving is ended by its call (``sweep``, from the
   server's sweeper, on the loop's clock).

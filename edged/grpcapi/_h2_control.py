@@ -2,12 +2,13 @@
 and answered): the connection's state, the peer's control frames (SETTINGS, PING, WINDOW_UPDATE, RST_STREAM),
 the flood guards, a stream's end, and the connection's own (GOAWAY, linger, the sweeper's idle check).
 
-Invariants (the connection's, stated in ``_h2_connection``): a control frame answered while the peer is not
-reading counts toward ``MAX_UNREAD_CONTROL``; SETTINGS frames spend a budget of ``SETTINGS_BURST`` refilled
-at ``SETTINGS_PER_S``, and one costs its entries plus at most one pass over the streams (a new initial window
-is applied once per frame); a stream whose output waits is in ``_blocked``, and only those streams are
-revisited when a window opens or the transport resumes, so a WINDOW_UPDATE with nothing waiting costs what a
-PING costs; a reset of a stream still owed an answer spends ``RESET_BUDGET``,
+Invariants (the connection's, stated in ``_h2_connection``): a control frame answered, or a stream ended by us
+(a trailers-only error, its RST_STREAM), while the peer is not reading counts toward ``MAX_UNREAD_CONTROL``;
+SETTINGS frames spend a budget of ``SETTINGS_BURST`` refilled at ``SETTINGS_PER_S``, and one costs its entries
+plus at most one pass over the streams (a new initial window is applied once per frame); a stream whose output
+waits is in ``_blocked``, and only those streams are revisited when a window opens or the transport resumes, so
+a WINDOW_UPDATE with nothing waiting costs what a PING costs; a reset of a stream still owed an answer spends
+``RESET_BUDGET``,
 which answered streams refill; our GOAWAY is sent once, and after ``fail`` nothing more is written but the
 GOAWAY, nothing the peer sends is read, and the transport is aborted ``LINGER_S`` later at the latest.
 """
@@ -200,6 +201,8 @@ class H2Control(asyncio.Protocol):
 
     def _closed(self, stream_id: int, stream: H2Stream) -> None:
         """We ended the stream: forget it, and stop a client that is still sending (RFC 9113 §8.1)."""
+        if self._sender.paused:  # its end was written regardless: the frames a new stream costs are bounded so
+            self._unread_answer()
         self._forget(stream_id)
         self._reset_budget = min(RESET_BUDGET, self._reset_budget + 1)
         if not stream.remote_closed:
@@ -234,6 +237,16 @@ class H2Control(asyncio.Protocol):
         else:
             counts.errors[code] = counts.errors.get(code, 0) + 1
         self._maybe_finish()
+
+    def _unread_answer(self) -> None:
+        """A stream's end written while the peer does not read, counted with the control frames: a client that
+        opens streams answered at once (errors) and reads nothing gets ENHANCE_YOUR_CALM, not a growing buffer.
+        Not raised: a call may end outside the parsing of frames (the engine's callback, a deadline)."""
+        self._unread_control += 1
+        if self._unread_control > MAX_UNREAD_CONTROL and not self._dead:
+            errors = self._counts.errors
+            errors[ErrorCode.ENHANCE_YOUR_CALM] = errors.get(ErrorCode.ENHANCE_YOUR_CALM, 0) + 1
+            self.fail(ErrorCode.ENHANCE_YOUR_CALM, "answers and control frames the client does not read")
 
     def _control(self, data: bytes) -> None:
         if self._sender.paused:

@@ -18,10 +18,11 @@ Listeners (``_listeners``) and access control (``_access``):
   inference where ``[server.access]`` limits it to listed users.
 - Messages up to ``grpc_max_message_mb`` (a 6.2 MB 1080p frame fits the default); a larger one gets
   RESOURCE_EXHAUSTED from its length prefix, before its bytes are read.
-- Request messages being received are charged to the in-flight body budget the daemon shares with the HTTP
-  server (``[server] max_inflight_body_bytes``, one budget for both front ends); past it a call gets
-  RESOURCE_EXHAUSTED. A message whose bytes stop arriving meets ``request_timeout_s`` (DEADLINE_EXCEEDED), a
-  connection with no stream and no frame meets ``idle_timeout_s`` (GOAWAY, then closed).
+- Request messages being received, and a unary call's message until its half-close hands it to the engine,
+  are charged to the in-flight body budget the daemon shares with the HTTP server (``[server]
+  max_inflight_body_bytes``, one budget for both front ends); past it a call gets RESOURCE_EXHAUSTED. A
+  message whose bytes stop arriving meets ``request_timeout_s`` (DEADLINE_EXCEEDED), a connection with no
+  stream and no frame meets ``idle_timeout_s`` (GOAWAY, then closed).
 - A ModelStreamInfer takes at most 64 requests in flight, by back-pressure (``_stream_infer``).
 - At most ``[server] max_connections`` gRPC connections (counted apart from HTTP's; under a daemon the limit
   ``edged.serving`` clamped to RLIMIT_NOFILE, whose budget counts both front ends): one more is answered GOAWAY
@@ -419,7 +420,8 @@ def _as_caller(function: Callable[..., Any], caller: Caller) -> Callable[[Any], 
 
 
 def _expect_one(call: GrpcCall, start: Callable[[GrpcCall, bytes], None]) -> None:
-    """A unary call: exactly one request message, served once the client has half-closed."""
+    """A unary call: exactly one request message, served once the client has half-closed (until then the call
+    keeps it charged to the in-flight budget: ``GrpcCall.expect_whole_request``)."""
     messages: list[bytes] = []
 
     def on_message(data: bytes) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import struct
+import time
 
 import numpy as np
 import pytest
@@ -33,6 +34,7 @@ from h2_raw import (
     STREAM_CLOSED,
     WINDOW_UPDATE,
     RawH2,
+    block,
     data_frames,
     frame,
     message,
@@ -147,6 +149,66 @@ def test_a_ping_flood_from_a_client_that_does_not_read_is_cut_off(grpc_daemon: G
                 codes.add(got.code)
         assert codes <= {ENHANCE_YOUR_CALM}
     _served(grpc_daemon)
+
+
+def test_error_answers_to_a_client_that_does_not_read_are_cut_off(grpc_daemon: GrpcDaemon) -> None:
+    """Each stream answered at once (trailers-only UNIMPLEMENTED) frees its slot, so MAX_STREAMS does not bound
+    them: past the transport's high-water mark they count as unread control frames do."""
+    path = "/inference.GRPCInferenceService/" + "X" * 1000  # an answer of about 1 KB names it
+    opening = block([(b":method", b"POST"), (b":scheme", b"http"), (b":path", path.encode()),
+                     (b"content-type", b"application/grpc")])
+    # 16 MB of answers: four times what the socket buffers hold (the daemon's at most 4 MB: tcp_wmem), so half
+    # of them cannot have gone out before the cut (64 KB over the transport's high-water mark, and 1024 more)
+    count = 16_000
+    with RawH2(grpc_daemon.tcp, receive_buffer=4096) as client:
+        client.start()
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            for first in range(1, 2 * count, 2000):
+                client.send(*(frame(HEADERS, END_HEADERS | END_STREAM, stream, opening)
+                              for stream in range(first, min(first + 2000, 2 * count), 2)))
+        # without the bound every answer is queued and the connection stays open (the read would time out)
+        answered, codes = 0, set()
+        while (got := client.read()) is not None:
+            if got.kind == HEADERS:
+                answered += 1
+            elif got.kind == GOAWAY:
+                codes.add(got.code)
+        assert codes <= {ENHANCE_YOUR_CALM}
+        assert answered < count // 2, f"{answered} answers were queued for a client that reads nothing"
+    _served(grpc_daemon)
+
+
+def test_a_stream_paused_by_a_full_transport_goes_on_once_the_client_reads(grpc_daemon: GrpcDaemon) -> None:
+    """Windows wide open, so what stops the answers is the transport's high-water mark (pause_writing: a Unix
+    socket's buffers are small and fixed); once the client reads, resume_writing lets them out again."""
+    status = grpc_daemon.daemon.client().status
+    request = pb.ModelInferRequest(model_name="tiny_mlp")
+    request.inputs.add(name="input", datatype="FP32", shape=[1, 64])
+    request.raw_input_contents.append(np.ones(64, np.float32).tobytes())
+    count = 10_000  # 3 MB of requests (within the stream's window), 1 MB of answers: past the socket's buffers
+    holds = status()["grpc"]["stream_holds"]
+    with RawH2.unix(grpc_daemon.socket_path) as client:
+        client.start(struct.pack(">HI", 4, (1 << 31) - 1))  # SETTINGS_INITIAL_WINDOW_SIZE
+        client.send(_window_update(0, (1 << 31) - 1 - 65535),
+                    frame(HEADERS, END_HEADERS, 1, request_block("ModelStreamInfer")),
+                    *data_frames(1, message(request.SerializeToString()) * count))
+        deadline = time.monotonic() + 30  # a bound for a hang, not a measure
+        while status()["grpc"]["stream_holds"] == holds:
+            assert time.monotonic() < deadline, "the stream was never held by its unread answers"
+            time.sleep(0.05)
+        data, answers, fields = b"", 0, {}
+        while not fields and (got := client.read()) is not None:
+            if got.kind == DATA and got.stream == 1:
+                data += got.payload
+            elif got.kind == HEADERS and got.stream == 1:
+                decoded = dict(client.decoder.decode(got.payload))
+                fields = decoded if got.flags & END_STREAM else {}
+    assert fields.get(b"grpc-status") == b"0", fields
+    while data:
+        length = int.from_bytes(data[1:5], "big")
+        assert not pb.ModelStreamInferResponse.FromString(data[5:5 + length]).error_message
+        data, answers = data[5 + length:], answers + 1
+    assert answers == count
 
 
 def test_streams_beyond_the_advertised_maximum_are_refused(grpc_daemon: GrpcDaemon) -> None:

@@ -125,6 +125,47 @@ def test_partial_messages_share_the_in_flight_budget_and_release_it_on_reset(dae
         _wait(lambda: _status(process)["inflight_body_bytes"] == 0, "the budget released after the resets")
 
 
+def _parked(stream: int, body: bytes) -> list[bytes]:
+    """A ModelInfer whose message ``body`` arrives whole and the stream is left open (no half-close)."""
+    return [frame(HEADERS, END_HEADERS, stream, request_block("ModelInfer")), *data_frames(stream, body, False)]
+
+
+def test_whole_unary_messages_waiting_for_the_half_close_stay_in_the_budget_until_reset(
+        daemon: tuple[DaemonProcess, str]) -> None:
+    process, address = daemon
+    rss_before = process.rss_kib()
+    streams = list(range(1, 80, 2))  # 40 streams, each a whole 1.5 MB message never half-closed: 60 MB unbounded
+    with RawH2(address) as client:
+        client.start()
+        for stream in streams:
+            client.send(*_parked(stream, message(bytes(DECLARED))))
+        refused = _trailers(client, set(streams[2:]))
+        for fields in refused.values():
+            assert fields[b"grpc-status"] == RESOURCE_EXHAUSTED
+            assert b"max_inflight_body_bytes" in fields[b"grpc-message"]
+        _wait(lambda: _status(process)["inflight_body_bytes"] == 2 * DECLARED, "the two first messages kept")
+        assert process.rss_kib() - rss_before < 24 << 10, "the refused streams' messages were kept"
+        client.send(*(frame(RST_STREAM, 0, stream, bytes(4)) for stream in streams[:2]))
+        _wait(lambda: _status(process)["inflight_body_bytes"] == 0, "the budget released after the resets")
+    _served(address)
+
+
+def test_a_one_frame_unary_message_is_charged_until_the_half_close_hands_it_to_the_engine(
+        daemon: tuple[DaemonProcess, str]) -> None:
+    process, address = daemon
+    request = _stream_requests(1)  # one tiny_mlp request, framed: it fits one DATA frame
+    with RawH2(address) as client:
+        client.start()
+        client.send(*_parked(1, request), *_parked(3, request))
+        _wait(lambda: _status(process)["inflight_body_bytes"] == 2 * (len(request) - 5), "both messages charged")
+        client.send(frame(DATA, END_STREAM, 1))
+        fields, body = client.response(1)
+        assert fields[b"grpc-status"] == b"0" and list(pb.ModelInferResponse.FromString(body).outputs[0].shape)
+        _wait(lambda: _status(process)["inflight_body_bytes"] == len(request) - 5, "the answered one released")
+    # the connection went with stream 3 still waiting: its message is released with it
+    _wait(lambda: _status(process)["inflight_body_bytes"] == 0, "the budget released with the connection")
+
+
 def test_a_message_that_stops_arriving_meets_the_request_timeout(daemon: tuple[DaemonProcess, str]) -> None:
     process, address = daemon
     with RawH2(address) as client:
