@@ -57,7 +57,9 @@ class Connection(Responder, asyncio.Protocol):
         self._url = b""
         self._headers: dict[bytes, bytes] = {}
         self._header_bytes = 0
-        self._body: list[bytes] = []
+        # A body the parser delivers: its one piece as it came (the common case, no copy), or, from its second
+        # piece on, one buffer grown in place (_add_piece).
+        self._body: bytes | bytearray = b""
         # A large body declared by Content-Length is read into one buffer, after its head's read by the
         # transport itself (see _body_reader): joining its chunks would copy it all on the loop (170 ms for 53 MB).
         self._large: LargeBody | None = None
@@ -197,7 +199,7 @@ class Connection(Responder, asyncio.Protocol):
         self._url = b""
         self._headers = {}
         self._header_bytes = 0
-        self._body = []
+        self._body = b""
         self._large = None
         self._body_bytes = 0
 
@@ -242,10 +244,34 @@ class Connection(Responder, asyncio.Protocol):
             return
         self._body_bytes += len(body)
         if self._body_bytes > self._limits.max_body_bytes:
+            self._drop_body()
             raise Reject(413, f"request body is larger than the limit of {self._limits.max_body_bytes} bytes")
         if self._body_bytes > self._reserved:  # a chunked body, or one longer than declared
-            self._reserve(self._body_bytes)
-        self._body.append(body)
+            try:
+                self._reserve(self._body_bytes)
+            except Reject:
+                self._drop_body()
+                raise
+        if self._body:
+            self._add_piece(body)
+        else:
+            self._body = body
+
+    def _add_piece(self, piece: bytes) -> None:
+        """Grow the body by a piece in one buffer. A chunked body comes in hundreds of parser pieces: kept apart
+        and joined, they are thousands of heap blocks that glibc could not give back once freed (each 70 MB body
+        left RSS ~60 MiB higher, for good); one buffer is one block, mapped on its own once it is large."""
+        body = self._body
+        if isinstance(body, bytearray):
+            body += piece
+        else:
+            grown = bytearray(body)
+            grown += piece
+            self._body = grown
+
+    def _drop_body(self) -> None:
+        """Free a refused body now, not when the connection goes (it lingers up to LINGER_S after the answer)."""
+        self._body = b""
 
     def on_message_complete(self) -> None:
         self.request_started = 0.0
@@ -257,7 +283,7 @@ class Connection(Responder, asyncio.Protocol):
         if self._large is not None:
             body, self._large = self._large.buffer, None
         else:
-            body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+            body, self._body = self._body, b""
         method = self._parser.get_method()
         keep_alive = self._parser.should_keep_alive()
         if self._begins == 1 and len(body) <= self._small_body:
