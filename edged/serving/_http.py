@@ -101,6 +101,8 @@ class Connection(Responder, asyncio.Protocol):
         self._closing = True
         if self._linger is not None:
             self._linger.cancel()
+        if self._gone_check is not None:
+            self._gone_check.cancel()
         self._release_reserved()
         for slot in self._slots:
             if slot.cancel is not None and slot.data is None:
@@ -181,15 +183,7 @@ class Connection(Responder, asyncio.Protocol):
         self.app.end_of_input(self)
 
     def eof_received(self) -> bool | None:
-        # A client that hangs up while its answer is being generated is gone: HTTP clients do not half-close
-        # while they wait (uvicorn reads EOF as a disconnect too), so its generation stops now, not at the
-        # first write that fails.
-        for slot in self._slots:
-            if slot.cancel is not None and slot.data is None:
-                slot.cancel()
-        if self._slots:
-            return True  # half-closed: keep the write side open for the responses still owed
-        return None
+        return self.half_closed()  # a FIN is not a hang-up (see _responder)
 
     # --- parser callbacks ----------------------------------------------------------------------------------
     def on_message_begin(self) -> None:
@@ -227,6 +221,8 @@ class Connection(Responder, asyncio.Protocol):
         version = self._parser.get_http_version()
         if version not in ("1.1", "1.0"):
             raise Reject(505, f"HTTP version {version} is not supported; use HTTP/1.1")
+        if version == "1.0":
+            self.interim_allowed = False
         headers = self._headers
         if not headers:
             return
