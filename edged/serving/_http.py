@@ -29,6 +29,7 @@ import httptools
 from edged.protocol.shm_params import ShmReader
 from edged.serving._access import peer_of
 from edged.serving._body_reader import LARGE_BODY_BYTES, BodyReader, LargeBody
+from edged.serving._content_coding import check_transfer_coding, content_coding, decode_body
 from edged.serving._limits import RETRY, over_limit_response
 from edged.serving._messages import WANTED_HEADERS, Incoming, Reject, Slot, header_int
 from edged.serving._repeat import Repeat, learn
@@ -64,6 +65,7 @@ class Connection(Responder, asyncio.Protocol):
         # transport itself (see _body_reader): joining its chunks would copy it all on the loop (170 ms for 53 MB).
         self._large: LargeBody | None = None
         self._body_bytes = 0
+        self._coding: int | None = None  # the request's Content-Encoding as zlib window bits (_content_coding)
         self._refused = False  # accepted past max_connections, answered 503, lingering until closed
         self._limits = app.limits
         self._max_header_bytes = app.limits.max_header_bytes
@@ -196,6 +198,7 @@ class Connection(Responder, asyncio.Protocol):
         self._body = b""
         self._large = None
         self._body_bytes = 0
+        self._coding = None
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -226,6 +229,12 @@ class Connection(Responder, asyncio.Protocol):
         headers = self._headers
         if not headers:
             return
+        coding = headers.get(b"content-encoding")
+        if coding is not None:
+            self._coding = content_coding(coding)
+        framing = headers.get(b"transfer-encoding")
+        if framing is not None:
+            check_transfer_coding(framing)
         length = headers.get(b"content-length")
         if length is not None and length.isdigit():
             declared = int(length)
@@ -280,11 +289,27 @@ class Connection(Responder, asyncio.Protocol):
             body, self._large = self._large.buffer, None
         else:
             body, self._body = self._body, b""
+        coding = self._coding
+        if coding is not None:
+            try:
+                body = self._decoded(body, coding)
+            except Reject as e:
+                self.reject(e.status, str(e), e.headers)
+                return
         method = self._parser.get_method()
         keep_alive = self._parser.should_keep_alive()
         if self._begins == 1 and len(body) <= self._small_body:
             self._learnable = (method, self._url, self._headers, body, keep_alive)
         self._complete(method, self._url, self._headers, body, keep_alive)
+
+    def _decoded(self, body: bytes | bytearray, coding: int) -> bytearray:
+        """A Content-Encoding body decoded (at most max_body_bytes of it) and charged to the in-flight budget.
+        On the loop, like the parse of a body that size: a coded body is rare, and what decompresses costs less
+        than what reads it."""
+        decoded = decode_body(body, coding, self._limits.max_body_bytes)
+        if len(decoded) > self._reserved:
+            self._reserve(len(decoded))
+        return decoded
 
     def _complete(self, method: bytes, url: bytes, headers: dict[bytes, bytes], body: bytes | bytearray,
                   keep_alive: bool) -> None:
