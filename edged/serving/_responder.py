@@ -5,13 +5,14 @@ it has been; a response that closes the connection is the last thing written on 
 first and then reads and drops what the client still sends, so that a client owed an answer is never reset.
 
 A client's FIN is not a hang-up: HTTP/1.1 lets a client half-close and still read (``nc -N``, some proxies),
-so what it is owed is still written. Only a generation (chat, completions, generate) is worth stopping for a
-client that is gone, so while one is owed the socket is looked at soon after the FIN and then every second: on a
-Unix socket a peer that closed shows as a hang-up (POLLHUP; a half-close does not); over TCP a FIN cannot tell,
-but a socket the client closed answers the next bytes sent to it with a reset, so an interim ``100 Continue`` goes
-out first (legal before the final response of an HTTP/1.1 request, and skipped by its clients) unless a response
-has begun or the client spoke HTTP/1.0 (which knows no 1xx), and the reset shows as the socket's error. A client
-found gone, or a failed write, closes the connection, whose loss cancels the generations.
+so what it is owed is still written, and the connection closes once it owes nothing. Only a generation (chat,
+completions, generate) is worth stopping for a client that is gone, so while one is owed the socket is looked at
+soon after the FIN and then every second: on a Unix socket a peer that closed shows as a hang-up (POLLHUP; a
+half-close does not); over TCP a FIN cannot tell, but a socket the client closed answers the next bytes sent to
+it with a reset, so an interim ``100 Continue`` goes out first (legal before the final response of an HTTP/1.1
+request, and skipped by its clients) unless a response has begun or the client spoke HTTP/1.0 (which knows no
+1xx), and the reset shows as the socket's error. A client found gone, or a failed write, closes the connection,
+whose loss cancels the generations.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class Responder:
         self._front_begun = False  # a part of the first slot's response has been written
         self.interim_allowed = True  # no request on this connection spoke HTTP/1.0, which knows no 1xx answers
         self._gone_check: asyncio.TimerHandle | None = None
+        self._peer_finished = False  # the client's FIN came: once nothing is owed, the connection is done
 
     def pause_writing(self) -> None:
         self._writing_paused = True
@@ -99,6 +101,9 @@ class Responder:
             transport.write(b"".join(slots[0].pending))  # a stream that is now first in line
             slots[0].pending = None
             self._front_begun = True
+        elif not slots and self._peer_finished:
+            self._close_after_write()  # a client that half-closed sends no further request
+            return
         if self._reading_paused:
             self._update_reading()
 
@@ -123,6 +128,7 @@ class Responder:
         open; None closes a connection that owes nothing."""
         if not self._slots:
             return None
+        self._peer_finished = True
         if self._owes_generation():
             transport = self._transport
             if transport is not None and self.kind != "uds" and not self._front_begun and self.interim_allowed:
@@ -211,8 +217,8 @@ class Responder:
         transport = self._transport
         if transport is None or self._linger is not None:
             return
-        if not transport.can_write_eof():
-            transport.close()
+        if self._peer_finished or not transport.can_write_eof():
+            transport.close()  # after its FIN, the client sends nothing to read and drop: no reset to fear
             return
         try:
             transport.write_eof()

@@ -157,9 +157,10 @@ def test_disconnect_mid_stream_leaves_the_server_serving(genai_server: harness.T
 
 
 def _half_close_and_read(sock: socket.socket, body: bytes) -> bytes:
-    """Send a chat request, half-close (shutdown(SHUT_WR), as ``nc -N`` does), and read until the server closes."""
+    """Send a chat request, half-close (shutdown(SHUT_WR), as ``nc -N`` does), and read until the server closes
+    (a keep-alive request: the server closes once it owes nothing, since no further request can come)."""
     sock.settimeout(30)
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nconnection: close\r\n"
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
                  b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
     sock.shutdown(socket.SHUT_WR)
     received = b""
