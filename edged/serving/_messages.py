@@ -13,7 +13,8 @@ from edged.errors import InvalidInput
 
 # The only request headers anything reads; the others are counted against the size limit and dropped. Most
 # headers are dismissed by their length, without lowercasing them.
-WANTED_HEADERS = frozenset({b"content-length", b"expect", b"inference-header-content-length"})
+WANTED_HEADERS = frozenset({b"content-encoding", b"content-length", b"expect", b"inference-header-content-length",
+                            b"transfer-encoding"})
 
 
 class Slot:

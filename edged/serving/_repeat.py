@@ -37,8 +37,8 @@ def learn(data: bytes, method: bytes, url: bytes, headers: dict[bytes, bytes], b
           keep_alive: bool) -> Repeat | None:
     """The head of ``data``, which httptools parsed as exactly one request with ``body``, if it can be
     replayed; None when the read's bytes do not frame that request alone."""
-    if not keep_alive or b"expect" in headers:
-        return None
+    if not keep_alive or b"expect" in headers or b"content-encoding" in headers:  # a coded body is decoded
+        return None  # on its head's word (on_headers_complete), which a replay skips
     declared = headers.get(b"content-length")
     if declared is None or not declared.isdigit() or int(declared) != len(body):
         return None

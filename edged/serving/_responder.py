@@ -3,12 +3,25 @@
 Invariants (see `edged.serving._http` for the whole connection's): a slot is written only once every slot before
 it has been; a response that closes the connection is the last thing written on it; closing sends our FIN
 first and then reads and drops what the client still sends, so that a client owed an answer is never reset.
+
+A client's FIN is not a hang-up: HTTP/1.1 lets a client half-close and still read (``nc -N``, some proxies),
+so what it is owed is still written, and the connection closes once it owes nothing. Only a generation (chat,
+completions, generate) is worth stopping for a client that is gone, so while one is owed the socket is looked at
+soon after the FIN and then every second: on a Unix socket a peer that closed shows as a hang-up (POLLHUP; a
+half-close does not); over TCP a FIN cannot tell, but a socket the client closed answers the next bytes sent to
+it with a reset, so an interim ``100 Continue`` goes out first (legal before the final response of an HTTP/1.1
+request, and skipped by its clients) unless a response has begun or the client spoke HTTP/1.0 (which knows no
+1xx), and the reset shows as the socket's error. A client found gone, or a failed write, closes the connection,
+whose loss cancels the generations.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import select
+import socket
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -24,6 +37,11 @@ log = logging.getLogger(__name__)
 
 MAX_PIPELINED = 32  # responses owed on one connection before we stop reading from it
 LINGER_S = 1.0  # how long a closing connection waits for the client's FIN before it is closed anyway
+# Sent once over TCP to a half-closed client owed a generation: a client that closed its socket answers with a reset.
+_INTERIM = b"HTTP/1.1 100 Continue\r\n\r\n"
+# After a half-close, when the socket is looked at: at once (a Unix socket, loopback and a LAN have answered by
+# then), a few times as a slow link's round trip may take, then every last one.
+_GONE_CHECKS_S = (0.0, 0.002, 0.01, 0.05, 0.25, 1.0)
 
 
 class Responder:
@@ -40,6 +58,10 @@ class Responder:
         self._reading_paused = False
         self._writing_paused = False
         self._linger: asyncio.TimerHandle | None = None
+        self._front_begun = False  # a part of the first slot's response has been written
+        self.interim_allowed = True  # no request on this connection spoke HTTP/1.0, which knows no 1xx answers
+        self._gone_check: asyncio.TimerHandle | None = None
+        self._peer_finished = False  # the client's FIN came: once nothing is owed, the connection is done
 
     def pause_writing(self) -> None:
         self._writing_paused = True
@@ -63,6 +85,7 @@ class Responder:
         if not slots or slots[0] is not slot:
             return
         transport = self._transport
+        self._front_begun = False
         while slots and slots[0].data is not None:
             done = slots.popleft()
             if transport is None:
@@ -77,6 +100,10 @@ class Responder:
         if slots and slots[0].pending and transport is not None:
             transport.write(b"".join(slots[0].pending))  # a stream that is now first in line
             slots[0].pending = None
+            self._front_begun = True
+        elif not slots and self._peer_finished:
+            self._close_after_write()  # a client that half-closed sends no further request
+            return
         if self._reading_paused:
             self._update_reading()
 
@@ -88,11 +115,59 @@ class Responder:
             return False
         if self._slots and self._slots[0] is slot and not slot.pending:
             transport.write(data)
+            self._front_begun = True
         elif slot.pending is None:
             slot.pending = [data]
         else:
             slot.pending.append(data)
         return True
+
+    def half_closed(self) -> bool | None:
+        """The client sent its FIN (``eof_received``): keep writing what it is owed, and if that includes a
+        generation, find out whether the client is gone (see the module docstring). True keeps the write side
+        open; None closes a connection that owes nothing."""
+        if not self._slots:
+            return None
+        self._peer_finished = True
+        if self._owes_generation():
+            transport = self._transport
+            if transport is not None and self.kind != "uds" and not self._front_begun and self.interim_allowed:
+                transport.write(_INTERIM)
+            self._check_gone(0)
+        return True
+
+    def _owes_generation(self) -> bool:
+        return any(slot.cancel is not None and slot.data is None for slot in self._slots)
+
+    def _check_gone(self, checks: int) -> None:
+        self._gone_check = None
+        transport = self._transport
+        if transport is None or not self._owes_generation():
+            return
+        gone = self._why_gone(transport)
+        if gone is not None:
+            log.info("a %s client from %s half-closed and is gone (%s): its generation is cancelled",
+                     self.kind, self.peer.describe(), gone)
+            transport.abort()  # connection_lost cancels what is owed
+            return
+        delay = _GONE_CHECKS_S[min(checks, len(_GONE_CHECKS_S) - 1)]
+        self._gone_check = self._loop.call_later(delay, self._check_gone, checks + 1)
+
+    def _why_gone(self, transport: asyncio.Transport) -> str | None:
+        """Why a half-closed client cannot read any more, None while it can (as far as the socket tells)."""
+        sock = transport.get_extra_info("socket")
+        if sock is None:
+            return None
+        try:
+            if self.kind == "uds":
+                watch = select.poll()
+                watch.register(sock.fileno(), select.POLLIN)
+                events = watch.poll(0)
+                return "it closed its socket" if events and events[0][1] & select.POLLHUP else None
+            error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)  # EPIPE once its reset came
+        except OSError:
+            return None
+        return os.strerror(error) if error else None
 
     def fail(self, slot: Slot, error: BaseException, keep_alive: bool) -> None:
         """Answer ``slot`` with a 500 for an unexpected exception, unless it was already answered."""
@@ -142,8 +217,8 @@ class Responder:
         transport = self._transport
         if transport is None or self._linger is not None:
             return
-        if not transport.can_write_eof():
-            transport.close()
+        if self._peer_finished or not transport.can_write_eof():
+            transport.close()  # after its FIN, the client sends nothing to read and drop: no reset to fear
             return
         try:
             transport.write_eof()

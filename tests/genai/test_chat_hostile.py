@@ -122,6 +122,27 @@ def test_hang_up_cancels_the_generation(genai_server: harness.ThreadedServer) ->
     assert reply.status_code == 200 and reply.json()["choices"][0]["finish_reason"] in ("stop", "length")
 
 
+def test_a_unix_socket_client_that_closes_cancels_its_generation(genai_server: harness.ThreadedServer) -> None:
+    # A Unix socket tells a closed peer from a half-closed one without a probe (POLLHUP): nothing is sent first.
+    body = orjson.dumps({**GOOD, "max_tokens": 230})
+    outcomes = []
+    for _ in range(6):  # as in test_hang_up_cancels_the_generation: a loaded loop may see the close too late
+        before = generation_counts(genai_server)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect(genai_server.socket_path)
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s"
+                         % (len(body), body))
+        deadline = time.monotonic() + 30  # a bound on waiting for the counters, not a timed assertion
+        now = generation_counts(genai_server)
+        while sum(now.values()) <= sum(before.values()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+            now = generation_counts(genai_server)
+        outcomes.append("cancelled" if now.get("cancelled", 0) > before.get("cancelled", 0) else "not cancelled")
+        if outcomes[-1] == "cancelled":
+            break
+    assert outcomes[-1] == "cancelled", outcomes
+
+
 def test_disconnect_mid_stream_leaves_the_server_serving(genai_server: harness.ThreadedServer) -> None:
     before = generation_counts(genai_server)
     body = orjson.dumps({**GOOD, "max_tokens": 230, "stream": True})
@@ -133,3 +154,51 @@ def test_disconnect_mid_stream_leaves_the_server_serving(genai_server: harness.T
     # each stream ended cancelled or (if it outran the hang-up) completed: none failed
     assert after["failed"] == before["failed"]
     assert sum(after.values()) - sum(before.values()) == 4
+
+
+def _half_close_and_read(sock: socket.socket, body: bytes) -> bytes:
+    """Send a chat request, half-close (shutdown(SHUT_WR), as ``nc -N`` does), and read until the server closes
+    (a keep-alive request: the server closes once it owes nothing, since no further request can come)."""
+    sock.settimeout(30)
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+                 b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+    sock.shutdown(socket.SHUT_WR)
+    received = b""
+    while piece := sock.recv(65536):
+        received += piece
+    return received
+
+
+@pytest.mark.parametrize("over", ["tcp", "uds"])
+def test_a_client_that_half_closes_and_reads_gets_its_answer(genai_server: harness.ThreadedServer,
+                                                            over: str) -> None:
+    # HTTP/1.1 lets a client half-close while it waits; the FIN once cancelled its generation, so it got nothing.
+    def connect() -> socket.socket:
+        if over == "tcp":
+            return socket.create_connection(("127.0.0.1", genai_server.port))
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(genai_server.socket_path)
+        return sock
+
+    before = generation_counts(genai_server)
+    with connect() as sock:
+        answer = _without_interim(_half_close_and_read(sock, orjson.dumps({**GOOD, "max_tokens": 16})), over)
+    assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), answer[:200]
+    reply = orjson.loads(answer.split(b"\r\n\r\n", 1)[1])
+    assert reply["choices"][0]["finish_reason"] in ("stop", "length")
+    with connect() as sock:
+        streamed = _half_close_and_read(sock, orjson.dumps({**GOOD, "max_tokens": 16, "stream": True}))
+    streamed = _without_interim(streamed, over)
+    assert streamed.startswith(b"HTTP/1.1 200 OK\r\n"), streamed[:200]
+    assert streamed.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n"), streamed[-200:]
+    after = generation_counts(genai_server)
+    assert after.get("cancelled", 0) == before.get("cancelled", 0)
+
+
+def _without_interim(answer: bytes, over: str) -> bytes:
+    """Over TCP a FIN before the answer began gets an interim 100 Continue: a client that closed its socket would
+    answer it with a reset. A Unix socket tells a close from a half-close by itself."""
+    interim = b"HTTP/1.1 100 Continue\r\n\r\n"
+    if over == "tcp" and answer.startswith(interim):
+        return answer[len(interim):]
+    return answer
