@@ -84,7 +84,8 @@ class Pipeline:
         ident = self._identify(message)
         job = Job(message, self.config.model, self.config.version or "", codec, topic, self._v5,
                   ident.message_id, self.config.input_name, answers=ident.answers)
-        dropped = self._queue.put(job)
+        # the broker sends only so many unacknowledged QoS 1/2 inputs (_settings.receive_maximum_of)
+        dropped = self._queue.put(job, flow_controlled=message.qos > 0)
         if dropped is job:  # closed: not acknowledged, so the broker redelivers it after a restart
             self._metrics.drop("shutdown")
         elif dropped is not None:
@@ -120,7 +121,11 @@ class Pipeline:
             body, header_length, ok = finish(job, labels, self.config.top_k)
             if not ok:
                 self._metrics.error("pipeline")
-            self._publisher.send(self._result(job, body, header_length))
+            # waiting for room in a full outbox helps only while the network thread reads (the PUBACKs)
+            self._publisher.send(self._result(job, body, header_length), room_wait=self._network_reads)
+
+    def _network_reads(self) -> bool:
+        return not self._queue.producer_waits()
 
     def _result(self, job: Job, body: bytes, header_length: int | None) -> Outbound:
         user = ((HEADER_LENGTH, str(header_length)),) if header_length is not None else ()

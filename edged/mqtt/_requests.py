@@ -28,7 +28,8 @@ MAX_ELEMENTS = 64 * 1024 * 1024
 
 
 class Publisher(Protocol):
-    def send(self, message: Outbound) -> None: ...
+    def send(self, message: Outbound, wait_s: float | None = None,
+             room_wait: Callable[[], bool] | None = None) -> None: ...
     def ack(self, message: Inbound) -> None: ...
 
 

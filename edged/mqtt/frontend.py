@@ -39,6 +39,10 @@ OUTBOX_FILE = "mqtt-outbox.sqlite3"
 DISK_LOW_BYTES = 1 << 20
 
 
+def _always() -> bool:
+    return True
+
+
 class MqttFrontEnd:
     def __init__(self, service: InferenceService, config: MqttConfig, state_dir: Path, *, version: str,
                  health: HealthBoard | None = None, clock: Clock | None = None,
@@ -169,11 +173,15 @@ class MqttFrontEnd:
                                               content_type=JSON_TYPE))
 
     # --- Publisher -----------------------------------------------------------------------------------------
-    def send(self, message: Outbound, wait_s: float | None = None) -> None:
+    def send(self, message: Outbound, wait_s: float | None = None,
+             room_wait: Callable[[], bool] | None = None) -> None:
+        """``room_wait``: while it says so, a full outbox makes the caller wait for room (default: always; never
+        on the network thread, which reads the PUBACKs that make room)."""
         if message.answers is not None:  # remember the input as answered before it is acknowledged
             message = dataclasses.replace(message, on_stored=self._ids.on_stored(message.answers, message.on_stored))
         if message.qos >= 1 and self._config.outbox.enabled:
-            self._outbox.put(message, wait_s)  # it calls on_stored after the group commit
+            waits = None if self._connection.on_network_thread() else room_wait or _always
+            self._outbox.put(message, wait_s, room_wait=waits)  # it calls on_stored after the group commit
             return
         if message.qos >= 1:
             self._connection.publish(message)  # paho queues it in memory while disconnected
