@@ -103,6 +103,21 @@ def check_topic_name(topic: str) -> str:
     return topic
 
 
+def check_reply_topic(topic: str, prefix: str, input_filters: tuple[str, ...]) -> str:
+    """A topic a requester may have its reply published to: publishable, not under edged's own ``prefix`` (its
+    status, requests, chat, telemetry, OTA and command topics: a reply there would be a confused deputy, e.g. a
+    result read as the device's status) and not one of the pipelines' inputs (the reply would be taken as one)."""
+    check_topic_name(topic)
+    if topic == prefix or topic.startswith(prefix + "/"):
+        raise PayloadError(f"reply topic {topic[:200]!r} is under edged's own topics {prefix}/ (status, infer, "
+                           "chat, telemetry, ota, commands); reply to a topic of your own")
+    for topic_filter in input_filters:
+        if filter_matches(topic_filter, topic) is not None:
+            raise PayloadError(f"reply topic {topic[:200]!r} matches the pipeline input {topic_filter!r}: the reply "
+                               "would be taken as an input; reply to a topic of your own")
+    return topic
+
+
 def parse_infer_topic(prefix: str, topic: str) -> tuple[str, str] | None:
     """(model, version) from ``{prefix}/infer/{model}[/{version}]``; None when the topic is not an infer topic."""
     head = f"{prefix}/infer/"

@@ -68,7 +68,8 @@ class MqttFrontEnd:
         self._ids = MessageIds(self._settings.client_id, *self._outbox.id_state(self._settings.client_id))
         v5 = config.protocol == "5"
         identify = self._ids.identify
-        self._requests = RequestHandler(service, config, v5, self, self._metrics, identify, self.health)
+        self._requests = RequestHandler(service, config, v5, self, self._metrics, identify, self.health,
+                                        prefix=self.prefix)
         self._pipelines = [Pipeline(i, service, p, config, v5, self, self._metrics, identify, self.health)
                            for i, p in enumerate(config.pipelines)]
         check_no_loops(config.pipelines)  # after each pipeline's own checks, which name a bad filter first
