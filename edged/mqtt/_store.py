@@ -156,7 +156,7 @@ class OutboxStore:
         bytes are gone: (rows, bytes, max seq)."""
         rows, freed, last = 0, 0, 0
         try:
-            for seq, length in self._db.execute("SELECT seq, LENGTH(payload) FROM outbox WHERE seq >= ? "
+            for seq, length in self._db.execute("SELECT seq, LENGTH(payload) FROM outbox WHERE ? <= seq "
                                                 "ORDER BY seq", (first,)):
                 if rows >= count and freed >= size:
                     break
@@ -169,8 +169,8 @@ class OutboxStore:
         """Delete the rows from seq ``first`` on up to the newest one produced before device elapsed time
         ``elapsed``."""
         try:
-            last = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM outbox WHERE seq >= ? AND elapsed < ?",
-                                    (first, elapsed)).fetchone()
+            last = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM outbox WHERE elapsed < ? AND seq >= ?",
+                                    (elapsed, first)).fetchone()
         except sqlite3.Error as e:
             raise OutboxError(f"outbox {self.path}: cannot read messages: {e}") from e
         return self._delete_range(first, int(last[0])) if last[0] else (0, 0, 0)
