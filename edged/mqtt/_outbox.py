@@ -8,6 +8,15 @@ count, bytes and age (device elapsed time from ``edged.clock``: a wall clock ste
 the backlog); each message dropped to keep a bound is counted. After a restart everything still stored is sent
 again, in order, with its original message id: delivery is at least once and duplicates are recognisable.
 
+The bounds never cost a result while the broker is connected: then a full outbox makes ``put`` wait for room
+(PUBACKs free it), which stops the pipeline worker taking inputs and so their acknowledgements (the intake
+slows: ``block`` pauses reading, ``drop_oldest`` drops queued inputs, counted). Only a put that cannot wait
+(the network thread's own, which must go on reading the PUBACKs that make room; telemetry) or one that waited
+``wait_s`` in vain goes over a bound. A bound is kept by dropping the oldest messages not yet sent (counted
+``outbox_full``, or ``outbox_expired`` for age): the send window keeps what is in flight within the bounds, so
+a message handed to the broker is never dropped, and each message is counted exactly once, published or
+dropped.
+
 Invariants: ``depth`` and ``stored_bytes`` follow what the file holds (every deletion reports what it removed),
 and ``depth`` counts a group being written. A failed write (a full disk) loses nothing: its messages and
 deletions stay queued, retried with backoff (``_retry``), stored messages keep being sent, ``write_error`` says
@@ -46,6 +55,7 @@ _ACK_DELAY_S = 0.05  # the longest a PUBACK waits for its deletion to ride along
 # PENDING_WAIT_S): a pipeline then stops taking and acknowledging inputs, which is the backpressure.
 PENDING_MAX = 4096
 PENDING_WAIT_S = 5.0
+_ROOM_POLL_S = 0.05  # how often a producer waiting for room asks whether waiting can still help
 
 
 class Outbox:
@@ -65,9 +75,11 @@ class Outbox:
         self._pending: list[Timed] = []
         self._acked: list[int] = []
         self._acked_since = 0.0  # monotonic time of the oldest PUBACK not yet deleted
-        self._window = SendWindow(config.max_in_flight)
+        # what is in flight must fit the bounds by itself: bounds are kept by dropping unsent messages only
+        self._window = SendWindow(min(config.max_in_flight, config.max_messages), config.max_bytes)
         self._count, self._bytes = self._store.totals()
         self._committing = 0  # messages taken for the current group commit and not yet counted as stored
+        self._unstored_bytes = 0  # payload bytes of the pending and committing messages
         self._connected = self._stopping = False
         self._woken = False  # a notify is on its way to the thread: producers need not send another
         self._passes = 0  # passes of the thread completed: what flush() waits for
@@ -85,9 +97,13 @@ class Outbox:
         return self._store.id_salt, self._store.answered(client)
 
     # --- producers and the connection (any thread) ---------------------------------------------------------
-    def put(self, message: Outbound, wait_s: float | None = None) -> bool:
+    def put(self, message: Outbound, wait_s: float | None = None, *,
+            room_wait: Callable[[], bool] | None = None) -> bool:
         """Queue a message for the next group commit; False (counted, ``on_stored`` never called: the broker
-        redelivers its input) when the thread made no room within ``wait_s`` (default: the pending wait)."""
+        redelivers its input) when the thread made no room within ``wait_s`` (default: the pending wait).
+        With ``room_wait`` a connected full outbox also makes it wait (up to ``wait_s``, and while ``room_wait()``
+        says waiting can help) for PUBACKs to make room; then the message goes in anyway and the bound drops the
+        oldest unsent one, counted."""
         deadline = time.monotonic() + (self._pending_wait_s if wait_s is None else wait_s)
         with self._cond:
             while len(self._pending) >= self._pending_max and not self._stopping:
@@ -96,14 +112,30 @@ class Outbox:
                     self._metrics.drop("outbox_busy")
                     return False
                 self._cond.wait(left)
+            while room_wait is not None and self._full(len(message.payload)) and room_wait():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(min(left, _ROOM_POLL_S))
             self._pending.append((message, self._clock.wall(), self._clock.elapsed()))
+            self._unstored_bytes += len(message.payload)
             self._wake()
             return True
+
+    def _full(self, size: int) -> bool:
+        """With the lock held: a connected outbox has no room for ``size`` more bytes (PUBACKs will make it).
+        PUBACKed messages not yet deleted are room already; an empty outbox always takes one message."""
+        if not self._connected or self._stopping:
+            return False
+        count = self._count - len(self._acked) + len(self._pending) + self._committing
+        size_after = self._bytes + self._unstored_bytes + size
+        return count > 0 and (count >= self._config.max_messages or size_after > self._config.max_bytes)
 
     def set_connected(self, connected: bool) -> None:
         with self._cond:
             self._connected = connected
             self._wake()
+            self._cond.notify_all()  # producers waiting for room: a disconnected outbox takes them at once
 
     def on_acked(self, mid: int, ok: bool) -> bool:
         """Record a PUBACK; False when the mid is not one of ours (yet)."""
@@ -268,7 +300,7 @@ class Outbox:
                 or (window.more and len(window.inflight) <= window.max_in_flight // 2))
 
     def _can_send(self) -> bool:
-        return self._connected and self._window.more and self._window.room() > 0
+        return self._connected and self._window.sendable()
 
     def _guarded(self, step: Callable[[], None]) -> None:
         try:
@@ -336,17 +368,22 @@ class Outbox:
         seqs, rows, freed = self._store.write(pending, acked)
         with self._cond:
             self._committing -= len(pending)
+            written = sum(len(m.payload) for m, _, _ in pending)
             self._count += len(pending) - rows
-            self._bytes += sum(len(m.payload) for m, _, _ in pending) - freed
+            self._bytes += written - freed
+            self._unstored_bytes -= written
             for seq, (message, _, elapsed) in zip(seqs, pending, strict=True):
                 self._window.stored(seq, message, elapsed)
         stored.extend(message for message, _, _ in pending)
 
     def _enforce_bounds(self) -> None:
+        """Drop the oldest unsent messages over a bound; what is in flight fits the bounds (the window)."""
         over_count = self._count - self._config.max_messages
         over_bytes = self._bytes - self._config.max_bytes
         if over_count > 0 or over_bytes > 0:
-            rows, freed, last = self._store.drop_oldest(max(0, over_count), max(0, over_bytes))
+            with self._cond:
+                first = self._window.first_unsent()
+            rows, freed, last = self._store.drop_oldest(max(0, over_count), max(0, over_bytes), first)
             self._forget_through(last, rows, freed, "outbox_full")
 
     def _expire(self) -> None:
@@ -354,7 +391,9 @@ class Outbox:
         if now < self._next_age_check:
             return
         self._next_age_check = now + self._age_check_s
-        rows, freed, last = self._store.drop_older_than(now - self._config.max_age_s)
+        with self._cond:
+            first = self._window.first_unsent()  # one in flight is delivered on its PUBACK: not expired
+        rows, freed, last = self._store.drop_older_than(now - self._config.max_age_s, first)
         self._forget_through(last, rows, freed, "outbox_expired")
 
     def _forget_through(self, last: int, rows: int, freed: int, reason: str) -> None:
@@ -391,8 +430,8 @@ class Outbox:
     def _settle(self, batch: list[Stored], mids: list[int]) -> bool:
         """Track what was sent, put the rest of the batch back in front; True when some was not sent."""
         with self._cond:
-            for (seq, _, _), mid in zip(batch, mids, strict=False):  # mids stop at a refusal
-                if self._window.track(seq, mid):  # its PUBACK came before its mid was known
+            for (seq, message, _), mid in zip(batch, mids, strict=False):  # mids stop at a refusal
+                if self._window.track(seq, mid, len(message.payload)):  # its PUBACK came before its mid was known
                     self._ack(seq)
                     self._metrics.add("published")
             if len(mids) < len(batch):

@@ -65,6 +65,7 @@ class Connection:
         self._session_present: bool | None = None  # set by on_connect, announced after the CONNACK
         self._refusal = ""
         self._generation = 0
+        self._network_ident = 0  # the network thread's id, once it runs
         self._prototype = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
         self._client = self._make_client(will)
 
@@ -75,6 +76,11 @@ class Connection:
     @property
     def connected(self) -> bool:
         return self._connected.is_set()
+
+    def on_network_thread(self) -> bool:
+        """True in the thread that reads the broker's packets (callbacks run there): it must never wait for
+        PUBACKs, which only it can read."""
+        return threading.get_ident() == self._network_ident
 
     @property
     def reads(self) -> int:
@@ -128,6 +134,8 @@ class Connection:
             return None
         props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
         props.SessionExpiryInterval = self._settings.session_expiry_s
+        if self._settings.receive_maximum is not None:
+            props.ReceiveMaximum = self._settings.receive_maximum
         return props
 
     # --- lifecycle -----------------------------------------------------------------------------------------
@@ -154,6 +162,7 @@ class Connection:
             self._thread.join(timeout_s + 1.0)
 
     def _run(self) -> None:
+        self._network_ident = threading.get_ident()
         if self._failed:  # restarted by the supervisor: start over with a fresh connection
             self._mark_down("the network thread failed; reconnecting")
             if self._client.socket() is not None:

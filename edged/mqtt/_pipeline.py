@@ -5,28 +5,62 @@ call so the dynamic batcher can batch it, and runs those batches itself while a 
 to an engine worker and back), then publishes the results in arrival order: results keep the order of their
 input topic. ``handoffs`` counts the times the worker had to be woken (checked per message by
 tests/mqtt/test_mqtt_outbox_cost.py). Failures are published to the output topic as ``{"error": ...}`` and
-counted.
+counted; an input for a model the repository does not have (yet: it may be loaded later) also counts under
+``errors{kind="model_missing"}``, and the start says so once. ``check_no_loops`` refuses pipelines whose
+results would come back to them as inputs.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from edged.config import MqttConfig, PipelineConfig
 from edged.engine import InferenceService
-from edged.errors import EdgedError, PayloadError
+from edged.errors import ConfigError, EdgedError, ModelNotFound, PayloadError
 from edged.mqtt._codecs import BINARY_TYPE, HEADER_LENGTH, JSON_TYPE, codec_for
 from edged.mqtt._message import Inbound, Outbound
 from edged.mqtt._metrics import Metrics
 from edged.mqtt._msgid import Identity
 from edged.mqtt._queue import BoundedQueue
 from edged.mqtt._requests import MAX_ELEMENTS, Publisher
-from edged.mqtt._topics import check_filter, check_template, filter_matches, render, wildcard_count
+from edged.mqtt._topics import check_filter, check_template, filter_matches, render, template_may_match, wildcard_count
 from edged.mqtt._work import Job, finish, load_labels, start_many
 from edged.supervision import HealthBoard, SupervisedThread
 
 log = logging.getLogger(__name__)
+
+
+def check_no_loops(pipelines: Sequence[PipelineConfig]) -> None:
+    """Refuse pipelines whose output template can match their own input filter, or another pipeline's that leads
+    back to them: edged subscribes to its inputs, so each result (and each error result) would come back as a
+    new input, forever (one input gave ~900 messages in 5 s)."""
+    feeds = {i: [j for j, q in enumerate(pipelines) if template_may_match(p.output, p.input, q.input)]
+             for i, p in enumerate(pipelines)}
+    for start in feeds:
+        path = _path_back(feeds, start)
+        if path is not None:
+            raise ConfigError("; ".join(
+                f"mqtt.pipelines[{a}] output {pipelines[a].output!r} can match "
+                f"{'its own' if a == b else f'mqtt.pipelines[{b}]'} input {pipelines[b].input!r}"
+                for a, b in itertools.pairwise(path))
+                + ": its results would come back as inputs, forever; change the output topic so that no input "
+                "filter matches it")
+
+
+def _path_back(feeds: dict[int, list[int]], start: int) -> list[int] | None:
+    """A path of pipelines from ``start`` back to ``start`` (its first hop included), or None."""
+    stack, seen = [(start, [start])], set()
+    while stack:
+        node, path = stack.pop()
+        for nxt in feeds[node]:
+            if nxt == start:
+                return [*path, start]
+            if nxt not in seen:
+                seen.add(nxt)
+                stack.append((nxt, [*path, nxt]))
+    return None
 
 
 class Pipeline:
@@ -59,6 +93,10 @@ class Pipeline:
         return filter_matches(self.config.input, topic)
 
     def start(self) -> None:
+        if self.config.model not in self._service.model_names():
+            log.warning("mqtt %s: model %r is not in the repository (yet); until it is loaded each input on %r gets "
+                        "an error result on %r, counted as errors{kind=\"model_missing\"}", self.name,
+                        self.config.model, self.config.input, self.config.output)
         self._thread = SupervisedThread(f"edged-mqtt-{self.name}", self._work, self._health)
         self._thread.start()
 
@@ -84,7 +122,8 @@ class Pipeline:
         ident = self._identify(message)
         job = Job(message, self.config.model, self.config.version or "", codec, topic, self._v5,
                   ident.message_id, self.config.input_name, answers=ident.answers)
-        dropped = self._queue.put(job)
+        # the broker sends only so many unacknowledged QoS 1/2 inputs (_settings.receive_maximum_of)
+        dropped = self._queue.put(job, flow_controlled=message.qos > 0)
         if dropped is job:  # closed: not acknowledged, so the broker redelivers it after a restart
             self._metrics.drop("shutdown")
         elif dropped is not None:
@@ -119,8 +158,12 @@ class Pipeline:
         for job in batch:
             body, header_length, ok = finish(job, labels, self.config.top_k)
             if not ok:
-                self._metrics.error("pipeline")
-            self._publisher.send(self._result(job, body, header_length))
+                self._metrics.error("model_missing" if isinstance(job.slot.result, ModelNotFound) else "pipeline")
+            # waiting for room in a full outbox helps only while the network thread reads (the PUBACKs)
+            self._publisher.send(self._result(job, body, header_length), room_wait=self._network_reads)
+
+    def _network_reads(self) -> bool:
+        return not self._queue.producer_waits()
 
     def _result(self, job: Job, body: bytes, header_length: int | None) -> Outbound:
         user = ((HEADER_LENGTH, str(header_length)),) if header_length is not None else ()

@@ -3,6 +3,13 @@
 ``block`` makes the producer (paho's network thread) wait for room, which stops reading from the broker: the
 broker queues for us (set its max_queued_messages). ``drop_oldest`` never waits: it drops the oldest queued
 message and counts it.
+
+A ``block`` queue takes a flow-controlled item over its capacity (``flow_controlled``: a QoS 1/2 input, of
+which the broker should send only so many unacknowledged: edged's v5 Receive Maximum, the broker's
+max_inflight_messages), up to ``FLOW_LIMIT`` items: the network thread then need not stop reading, and goes on
+reading the PUBACKs that make room in a full outbox, which the pipeline worker waits for. The limit is far
+above the capacity because brokers count loosely (mosquitto 2.0.11 sent most of a 1500-input burst to a
+Receive Maximum of 64); it bounds memory should a broker ignore flow control altogether.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from collections import deque
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
+FLOW_LIMIT = 4096
 
 
 class BoundedQueue(Generic[T]):
@@ -22,21 +30,27 @@ class BoundedQueue(Generic[T]):
         self._cond = threading.Condition()
         self._closed = False
         self._takers = 0  # threads waiting in take(): only they need a notify
+        self._blocked = 0  # producers waiting in put() for room
         self.wakeups = 0  # notifies of a waiting taker: hand-offs from the producer's thread to a worker's
 
     def __len__(self) -> int:
         return len(self._items)
 
-    def put(self, item: T) -> T | None:
+    def put(self, item: T, flow_controlled: bool = False) -> T | None:
         """Queue ``item``; returns the item dropped to make room (drop_oldest), the item itself when the queue
         is closed, else None."""
+        limit = max(self._capacity, FLOW_LIMIT) if flow_controlled else self._capacity
         with self._cond:
-            while self._policy == "block" and len(self._items) >= self._capacity and not self._closed:
-                self._cond.wait(0.5)
+            while self._policy == "block" and len(self._items) >= limit and not self._closed:
+                self._blocked += 1
+                try:
+                    self._cond.wait(0.5)
+                finally:
+                    self._blocked -= 1
             if self._closed:
                 return item
             dropped = None
-            if len(self._items) >= self._capacity:
+            if self._policy != "block" and len(self._items) >= self._capacity:
                 dropped = self._items.popleft()
             self._items.append(item)
             if self._takers:  # takers wait only while empty: one notify per burst, not one per item
@@ -68,6 +82,10 @@ class BoundedQueue(Generic[T]):
             count = len(self._items)
             self._items.clear()
             return count
+
+    def producer_waits(self) -> bool:
+        """A producer (the network thread) waits for room: it reads nothing, PUBACKs included, meanwhile."""
+        return self._blocked > 0
 
     @property
     def finished(self) -> bool:

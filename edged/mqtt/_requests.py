@@ -1,7 +1,8 @@
 """Request/response over ``{prefix}/infer/{model}[/{version}]``.
 
 The reply goes to the MQTT v5 ResponseTopic with the request's CorrelationData, or (MQTT 3.1.1) to the topic
-named by ``reply_to`` in the JSON request. A request with no usable reply topic is dropped and counted. A pool
+named by ``reply_to`` in the JSON request. A request with no usable reply topic is dropped and counted, and so is
+one whose reply topic is under edged's own prefix or a pipeline's input (``check_reply_topic``). A pool
 of workers serves requests in any order; a full queue answers its oldest request with an error.
 """
 
@@ -19,7 +20,7 @@ from edged.mqtt._message import Inbound, Outbound
 from edged.mqtt._metrics import Metrics
 from edged.mqtt._msgid import Identity
 from edged.mqtt._queue import BoundedQueue
-from edged.mqtt._topics import check_topic_name
+from edged.mqtt._topics import check_reply_topic
 from edged.mqtt._work import Job, finish, start
 from edged.supervision import HealthBoard, SupervisedPool
 
@@ -28,15 +29,19 @@ MAX_ELEMENTS = 64 * 1024 * 1024
 
 
 class Publisher(Protocol):
-    def send(self, message: Outbound) -> None: ...
+    def send(self, message: Outbound, wait_s: float | None = None,
+             room_wait: Callable[[], bool] | None = None) -> None: ...
     def ack(self, message: Inbound) -> None: ...
 
 
 class RequestHandler:
     def __init__(self, service: InferenceService, config: MqttConfig, v5: bool, publisher: Publisher,
                  metrics: Metrics, identify: Callable[[Inbound], Identity],
-                 health: HealthBoard | None = None) -> None:
+                 health: HealthBoard | None = None, *, prefix: str = "edged") -> None:
+        """``prefix``: edged's own topics (``edged/{device_id}``), which no reply may go to."""
         self._service = service
+        self._prefix = prefix
+        self._inputs = tuple(p.input for p in config.pipelines)
         self._config = config
         self._v5 = v5
         self._publisher = publisher
@@ -101,7 +106,7 @@ class RequestHandler:
                      message.topic[:200])
             return None
         try:
-            return check_topic_name(topic)
+            return check_reply_topic(topic, self._prefix, self._inputs)
         except PayloadError as e:
             self._metrics.drop("bad_topic")
             log.info("mqtt: request on %r: %s; dropped", message.topic[:200], e)

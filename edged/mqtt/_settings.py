@@ -33,6 +33,16 @@ class ConnectionSettings:
     cert_file: str | None = None
     key_file: str | None = None
     tls_insecure: bool = False
+    receive_maximum: int | None = None  # v5: unacknowledged inputs the broker may send at once (None: its 65535)
+
+
+def receive_maximum_of(config: MqttConfig) -> int | None:
+    """The smallest ``max_in_flight`` of the pipelines that block, or None. Inputs are acknowledged only once their
+    results are stored, so with this many at most unacknowledged the broker can never fill such a pipeline's
+    queue: the network thread then never stops reading, and keeps reading the PUBACKs that make room in a full
+    outbox (a worker waiting for that room is the backpressure; the broker holds the rest)."""
+    blocking = [p.max_in_flight for p in config.pipelines if p.backpressure == "block"]
+    return min(*blocking, 65535) if blocking else None
 
 
 def device_id_of(config: MqttConfig) -> str:
@@ -92,4 +102,4 @@ def connection_settings(config: MqttConfig, environ: dict[str, str] | None = Non
         session_expiry_s=config.session_expiry_s, reconnect_min_s=config.reconnect_min_s,
         reconnect_max_s=max(config.reconnect_min_s, config.reconnect_max_s), username=config.username,
         password=read_password(config, environ), ca_file=config.ca_file, cert_file=config.cert_file,
-        key_file=config.key_file, tls_insecure=config.tls_insecure)
+        key_file=config.key_file, tls_insecure=config.tls_insecure, receive_maximum=receive_maximum_of(config))

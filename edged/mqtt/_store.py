@@ -8,7 +8,8 @@ of the process but may lose the last commits on power loss.
 Each row records ``elapsed``, the device elapsed time (``edged.clock``) when it was produced: ages are measured
 by it and never by ``created``, the wall time kept for display. Every method that deletes rows returns what it
 actually deleted (rows and payload bytes), so the outbox's counters follow the file, never its own guesses.
-Rows are deleted either by seq (acknowledged) or as a prefix in seq order (bounds, age): the outbox is FIFO.
+Rows are deleted either by seq (acknowledged) or as a prefix in seq order of the rows not yet sent (bounds,
+age): the outbox is FIFO, and a row in flight is never dropped (it is delivered, and counted, on its PUBACK).
 Statements per group: one INSERT per message, one DELETE for all acknowledged seqs, one INSERT for the inputs
 the group's results answer (the message id state of ``_msgid``, in the same transaction), BEGIN and COMMIT.
 """
@@ -150,31 +151,34 @@ class OutboxStore:
             raise OutboxError(f"outbox {self.path}: cannot read messages: {e}") from e
         return [(int(r[0]), _from_row(r[1:]), float(r[10])) for r in rows]
 
-    def drop_oldest(self, count: int, size: int) -> tuple[int, int, int]:
-        """Delete the oldest rows until ``count`` messages and ``size`` bytes are gone: (rows, bytes, max seq)."""
+    def drop_oldest(self, count: int, size: int, first: int) -> tuple[int, int, int]:
+        """Delete the oldest rows from seq ``first`` on (those never sent) until ``count`` messages and ``size``
+        bytes are gone: (rows, bytes, max seq)."""
         rows, freed, last = 0, 0, 0
         try:
-            for seq, length in self._db.execute("SELECT seq, LENGTH(payload) FROM outbox ORDER BY seq"):
+            for seq, length in self._db.execute("SELECT seq, LENGTH(payload) FROM outbox WHERE ? <= seq "
+                                                "ORDER BY seq", (first,)):
                 if rows >= count and freed >= size:
                     break
                 rows, freed, last = rows + 1, freed + int(length), int(seq)
         except sqlite3.Error as e:
             raise OutboxError(f"outbox {self.path}: cannot read messages: {e}") from e
-        return self._delete_through(last) if rows else (0, 0, 0)
+        return self._delete_range(first, last) if rows else (0, 0, 0)
 
-    def drop_older_than(self, elapsed: float) -> tuple[int, int, int]:
-        """Delete the rows up to the newest one produced before device elapsed time ``elapsed``."""
+    def drop_older_than(self, elapsed: float, first: int) -> tuple[int, int, int]:
+        """Delete the rows from seq ``first`` on up to the newest one produced before device elapsed time
+        ``elapsed``."""
         try:
-            last = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM outbox WHERE elapsed < ?",
-                                    (elapsed,)).fetchone()
+            last = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM outbox WHERE elapsed < ? AND seq >= ?",
+                                    (elapsed, first)).fetchone()
         except sqlite3.Error as e:
             raise OutboxError(f"outbox {self.path}: cannot read messages: {e}") from e
-        return self._delete_through(int(last[0])) if last[0] else (0, 0, 0)
+        return self._delete_range(first, int(last[0])) if last[0] else (0, 0, 0)
 
-    def _delete_through(self, last: int) -> tuple[int, int, int]:
+    def _delete_range(self, first: int, last: int) -> tuple[int, int, int]:
         try:
-            sizes = self._db.execute("DELETE FROM outbox WHERE seq <= ? RETURNING LENGTH(payload)",
-                                     (last,)).fetchall()
+            sizes = self._db.execute("DELETE FROM outbox WHERE seq BETWEEN ? AND ? RETURNING LENGTH(payload)",
+                                     (first, last)).fetchall()
         except sqlite3.Error as e:
             raise OutboxError(f"outbox {self.path}: cannot drop messages: {e}") from e
         return len(sizes), sum(int(s[0]) for s in sizes), last

@@ -55,6 +55,38 @@ def check_template(template: str, wildcards: int) -> None:
     check_topic_name(_PLACEHOLDER.sub("x", template))
 
 
+def template_may_match(template: str, input_filter: str, topic_filter: str) -> bool:
+    """Whether some topic ``template`` renders (its placeholders filled from what ``input_filter`` matched) can
+    match ``topic_filter``: a placeholder of a ``+`` fills one level with anything, one of a ``#`` one level or
+    more. Conservative: a level mixing text and a ``#`` placeholder counts as any levels."""
+    kinds = [level for level in input_filter.split("/") if level in ("+", "#")]
+    levels: list[str | re.Pattern[str] | None] = []  # text, one level (a pattern), None: one level or more
+    for level in template.split("/"):
+        numbers = [int(m.group(1)) for m in _PLACEHOLDER.finditer(level)]
+        if any(kinds[n - 1] == "#" for n in numbers if 1 <= n <= len(kinds)):
+            levels.append(None)
+        elif numbers:
+            parts = _PLACEHOLDER.split(level)  # text, number, text, ...
+            levels.append(re.compile("".join(re.escape(p) if i % 2 == 0 else "[^/]*" for i, p in enumerate(parts))))
+        else:
+            levels.append(level)
+    return _overlap(levels, topic_filter.split("/"))
+
+
+def _overlap(levels: list[str | re.Pattern[str] | None], wanted: list[str]) -> bool:
+    if wanted and wanted[0] == "#":
+        return True  # the rest, zero levels included
+    if not levels or not wanted:
+        return not levels and not wanted
+    head, rest = levels[0], levels[1:]
+    if head is None:  # one level or more: try each length
+        return any(_overlap(rest, wanted[k:]) for k in range(1, len(wanted) + 1))
+    if wanted[0] == "+":
+        return _overlap(rest, wanted[1:])
+    text_matches = head == wanted[0] if isinstance(head, str) else head.fullmatch(wanted[0]) is not None
+    return text_matches and _overlap(rest, wanted[1:])
+
+
 def render(template: str, captures: tuple[str, ...]) -> str:
     topic = _PLACEHOLDER.sub(lambda m: captures[int(m.group(1)) - 1], template)
     check_topic_name(topic)
@@ -68,6 +100,21 @@ def check_topic_name(topic: str) -> str:
                            "or $-topic)")
     if len(topic.encode("utf-8", "surrogatepass")) > MAX_TOPIC_BYTES:
         raise PayloadError(f"topic is {len(topic)} characters, more than MQTT's {MAX_TOPIC_BYTES} bytes")
+    return topic
+
+
+def check_reply_topic(topic: str, prefix: str, input_filters: tuple[str, ...]) -> str:
+    """A topic a requester may have its reply published to: publishable, not under edged's own ``prefix`` (its
+    status, requests, chat, telemetry, OTA and command topics: a reply there would be a confused deputy, e.g. a
+    result read as the device's status) and not one of the pipelines' inputs (the reply would be taken as one)."""
+    check_topic_name(topic)
+    if topic == prefix or topic.startswith(prefix + "/"):
+        raise PayloadError(f"reply topic {topic[:200]!r} is under edged's own topics {prefix}/ (status, infer, "
+                           "chat, telemetry, ota, commands); reply to a topic of your own")
+    for topic_filter in input_filters:
+        if filter_matches(topic_filter, topic) is not None:
+            raise PayloadError(f"reply topic {topic[:200]!r} matches the pipeline input {topic_filter!r}: the reply "
+                               "would be taken as an input; reply to a topic of your own")
     return topic
 
 

@@ -27,7 +27,7 @@ from edged.mqtt._metrics import Metrics, render_prometheus
 from edged.mqtt._msgid import MessageIds
 from edged.mqtt._outbox import Outbox
 from edged.mqtt._paho import Connection
-from edged.mqtt._pipeline import Pipeline
+from edged.mqtt._pipeline import Pipeline, check_no_loops
 from edged.mqtt._requests import RequestHandler
 from edged.mqtt._settings import connection_settings, device_id_of
 from edged.mqtt._status import birth, offline, stopped
@@ -37,6 +37,10 @@ from edged.supervision import HealthBoard
 log = logging.getLogger(__name__)
 OUTBOX_FILE = "mqtt-outbox.sqlite3"
 DISK_LOW_BYTES = 1 << 20
+
+
+def _always() -> bool:
+    return True
 
 
 class MqttFrontEnd:
@@ -64,9 +68,11 @@ class MqttFrontEnd:
         self._ids = MessageIds(self._settings.client_id, *self._outbox.id_state(self._settings.client_id))
         v5 = config.protocol == "5"
         identify = self._ids.identify
-        self._requests = RequestHandler(service, config, v5, self, self._metrics, identify, self.health)
+        self._requests = RequestHandler(service, config, v5, self, self._metrics, identify, self.health,
+                                        prefix=self.prefix)
         self._pipelines = [Pipeline(i, service, p, config, v5, self, self._metrics, identify, self.health)
                            for i, p in enumerate(config.pipelines)]
+        check_no_loops(config.pipelines)  # after each pipeline's own checks, which name a bad filter first
         self._chat = None if chat is None else ChatHandler(service.generation, chat, config, self, self._metrics,
                                                           identify, self.health)
         subscriptions = [(f"{self.prefix}/infer/#", config.qos)]
@@ -169,11 +175,15 @@ class MqttFrontEnd:
                                               content_type=JSON_TYPE))
 
     # --- Publisher -----------------------------------------------------------------------------------------
-    def send(self, message: Outbound, wait_s: float | None = None) -> None:
+    def send(self, message: Outbound, wait_s: float | None = None,
+             room_wait: Callable[[], bool] | None = None) -> None:
+        """``room_wait``: while it says so, a full outbox makes the caller wait for room (default: always; never
+        on the network thread, which reads the PUBACKs that make room)."""
         if message.answers is not None:  # remember the input as answered before it is acknowledged
             message = dataclasses.replace(message, on_stored=self._ids.on_stored(message.answers, message.on_stored))
         if message.qos >= 1 and self._config.outbox.enabled:
-            self._outbox.put(message, wait_s)  # it calls on_stored after the group commit
+            waits = None if self._connection.on_network_thread() else room_wait or _always
+            self._outbox.put(message, wait_s, room_wait=waits)  # it calls on_stored after the group commit
             return
         if message.qos >= 1:
             self._connection.publish(message)  # paho queues it in memory while disconnected

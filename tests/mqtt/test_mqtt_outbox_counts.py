@@ -52,7 +52,9 @@ def file_totals(path: Path) -> tuple[int, int]:
 
 
 def test_pubacks_of_messages_dropped_in_flight_do_not_count_twice_and_drain_returns(tmp_path: Path) -> None:
-    """Issue #12: with max_messages=10 the depth went to -5 and wait_drained never returned True."""
+    """Issue #12: with max_messages=10 the depth went to -5 and wait_drained never returned True. And (review of
+    the bounded outbox) the bound dropped messages in flight, which were then PUBACKed and counted published as
+    well: now what is in flight fits the bound and is never dropped; only unsent messages are."""
     path = tmp_path / "outbox.sqlite3"
     metrics = Metrics()
     outbox = Outbox(path, OutboxConfig(max_messages=10, max_in_flight=256), metrics)
@@ -62,16 +64,55 @@ def test_pubacks_of_messages_dropped_in_flight_do_not_count_twice_and_drain_retu
     for i in range(10):
         outbox.put(Outbound("t/x", f"{i:04d}".encode(), 1, message_id=f"id-{i}"))
     wait_until(lambda: len(broker.sent) == 10, what="10 sent")
-    for i in range(10, 25):  # none acknowledged yet: the bound drops the 10 in flight and 5 more
+    for i in range(10, 25):  # none acknowledged yet, and no producer waits for room: 15 over the bound
         outbox.put(Outbound("t/x", f"{i:04d}".encode(), 1, message_id=f"id-{i}"))
-    wait_until(lambda: len(broker.sent) == 20 and metrics.snapshot()["drops"].get("outbox_full", 0) == 15,
-               what="20 sent, 15 dropped by the bound")
-    assert outbox.depth == file_totals(path)[0] == 10
+    wait_until(lambda: metrics.snapshot()["drops"].get("outbox_full", 0) == 15, what="15 dropped by the bound")
+    assert outbox.flush(5)
+    assert broker.sent == [f"id-{i}" for i in range(10)]  # the window keeps to the bound: nothing more went out
+    assert outbox.depth == file_totals(path)[0] == 10 and outbox.in_flight == 10
     while (mid := broker.take(0)) is not None:
         outbox.on_acked(mid, True)
     assert outbox.wait_drained(5), f"not drained: depth {outbox.depth}, in flight {outbox.in_flight}"
     assert outbox.depth == 0 and outbox.stored_bytes == 0 and file_totals(path) == (0, 0)
+    snapshot = metrics.snapshot()
+    assert snapshot["counts"]["published"] == 10 and snapshot["drops"]["outbox_full"] == 15  # 25 produced
     outbox.stop(5)
+
+
+def test_a_connected_bounded_outbox_makes_producers_wait_and_loses_nothing(tmp_path: Path) -> None:
+    """Review of the bounded outbox: max_messages = 50 and a burst of 1500 while the broker was connected, and
+    about 1000 results were dropped (those in flight counted dropped and published). A producer that may wait
+    for room now waits for the PUBACKs instead: every message is published once and nothing is dropped."""
+    metrics = Metrics()
+    outbox = Outbox(tmp_path / "outbox.sqlite3", OutboxConfig(max_messages=20, max_in_flight=256), metrics)
+    broker = Broker()
+    acking = threading.Event()
+
+    def puback_all() -> None:  # the broker's PUBACKs, as they come in on the network thread
+        while not acking.is_set():
+            while (mid := broker.take(0)) is not None:
+                outbox.on_acked(mid, True)
+            acking.wait(0.002)
+
+    acker = threading.Thread(target=puback_all)
+    outbox.start(broker.publish)
+    outbox.set_connected(True)
+    acker.start()
+    try:
+        peak = 0
+        for i in range(600):
+            assert outbox.put(Outbound("t/x", b"p" * 16, 1, message_id=f"id-{i}"), room_wait=lambda: True)
+            peak = max(peak, outbox.depth)
+        assert outbox.wait_drained(10), f"not drained: depth {outbox.depth}, in flight {outbox.in_flight}"
+    finally:
+        acking.set()
+        acker.join(5)
+        outbox.stop(5)
+    snapshot = metrics.snapshot()
+    assert snapshot["drops"] == {} and snapshot["counts"]["published"] == 600
+    assert sorted(broker.sent) == sorted(f"id-{i}" for i in range(600))
+    # the waiting producers kept it to the bound, plus PUBACKed messages whose deletion rides with the next write
+    assert peak <= 2 * 20, peak
 
 
 class OutboxMachine(RuleBasedStateMachine):

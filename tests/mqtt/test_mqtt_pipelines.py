@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from PIL import Image
 
 from edged.config import MqttConfig, PipelineConfig
 from edged.engine import InferenceService
+from edged.errors import ConfigError
 from edged.mqtt import MqttFrontEnd
 from edged.protocol import encode_request
 
@@ -183,3 +185,51 @@ def test_qos2_pipeline_delivers_each_result_exactly_once_in_order(service: Infer
         sub.close()
     finally:
         fe.stop(5)
+
+
+@pytest.mark.parametrize(("routes", "named"), [
+    ([("loop/+", "loop/{1}")], "mqtt.pipelines[0] output 'loop/{1}' can match its own input 'loop/+'"),
+    ([("a/#", "a/out/{1}")], "mqtt.pipelines[0] output 'a/out/{1}' can match its own input 'a/#'"),
+    ([("in/+", "mid/{1}"), ("mid/+", "in/{1}")],
+     "mqtt.pipelines[0] output 'mid/{1}' can match mqtt.pipelines[1] input 'mid/+'; "
+     "mqtt.pipelines[1] output 'in/{1}' can match mqtt.pipelines[0] input 'in/+'"),
+], ids=["own-input", "hash-own-input", "two-pipeline-cycle"])
+def test_a_pipeline_whose_results_would_come_back_as_its_inputs_is_refused(
+        service: InferenceService, tmp_path: Path, routes: list[tuple[str, str]], named: str) -> None:
+    """Review: `loop/+ -> loop/{1}` was accepted and one input flooded the broker (~900 messages in 5 s)."""
+    config = MqttConfig(broker="mqtt://127.0.0.1:1", device_id="loop", pipelines=tuple(
+        PipelineConfig(input=i, model="tiny_mlp", output=o) for i, o in routes))
+    with pytest.raises(ConfigError, match="come back as inputs") as refused:
+        MqttFrontEnd(service, config, tmp_path / "state", version="test")
+    assert named in str(refused.value)
+
+
+def test_pipelines_that_chain_without_a_cycle_are_accepted(service: InferenceService, tmp_path: Path) -> None:
+    config = MqttConfig(broker="mqtt://127.0.0.1:1", device_id="chain", pipelines=(
+        PipelineConfig(input="cam/+/raw", model="tiny_mlp", output="cam/{1}/feature"),
+        PipelineConfig(input="cam/+/feature", model="tiny_mlp", output="cam/{1}/label"),
+        PipelineConfig(input="x/#", model="tiny_mlp", output="y/{1}")))
+    MqttFrontEnd(service, config, tmp_path / "state", version="test")
+
+
+def test_a_pipeline_naming_a_missing_model_warns_at_start_and_counts_each_input(
+        service: InferenceService, broker: Broker, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Review: a pipeline naming a model that does not exist started without a word. The model may be loaded later,
+    so it starts, says so, and answers each input with an error result counted as model_missing."""
+    config = MqttConfig(broker=broker.url, device_id="nomodel", pipelines=(
+        PipelineConfig(input="nm/+/in", model="no_such_model", output="nm/{1}/out"),))
+    front = MqttFrontEnd(service, config, tmp_path / "state", version="test")
+    with caplog.at_level(logging.WARNING, logger="edged.mqtt"):
+        front.start()
+    sub = Subscriber(broker.port, ["nm/+/out"])
+    try:
+        assert any("'no_such_model' is not in the repository" in r.getMessage() for r in caplog.records)
+        wait_until(lambda: front.status()["connected"], what="connected")
+        wait_subscribed_to(sub, "nm/probe/out")
+        sub.client.publish("nm/a/in", frame(0.5, "r-1"), 1)
+        messages = sub.wait_for(1)
+        wait_until(lambda: front.status()["errors"].get("model_missing") == 1, what="counted")
+    finally:
+        sub.close()
+        front.stop(5)
+    assert len(messages) == 1 and "no_such_model" in orjson.loads(messages[0].payload)["error"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import logging
 import time
 import uuid
 from collections.abc import Iterator
@@ -13,12 +14,12 @@ import numpy as np
 import orjson
 import paho.mqtt.client as paho
 import pytest
-from conftest import Broker, Subscriber
+from conftest import Broker, Subscriber, wait_until
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from PIL import Image
 
-from edged.config import MqttConfig
+from edged.config import MqttConfig, PipelineConfig
 from edged.engine import InferenceService, InferRequest
 from edged.mqtt import MqttFrontEnd
 from edged.protocol import decode_response, encode_request
@@ -177,3 +178,38 @@ def test_request_errors_use_the_engine_wording(front: MqttFrontEnd, broker: Brok
         engine_message = str(e)
     assert orjson.loads(reply.payload)["error"] == engine_message
     client.close()
+
+
+def test_replies_to_edged_own_topics_or_pipeline_inputs_are_refused_and_counted(
+        service: InferenceService, broker: Broker, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Review: a v5 ResponseTopic or 3.1.1 reply_to of edged/{device}/status made edged publish a result on its own
+    status topic, under its own credentials (a confused deputy). Such replies are now dropped, counted bad_topic
+    and logged naming the topic, as are replies onto a pipeline's input; a good request still gets its reply."""
+    caplog.set_level(logging.INFO, logger="edged.mqtt")
+    config = MqttConfig(broker=broker.url, device_id="own1", pipelines=(
+        PipelineConfig(input="cams/+/frame", model="tiny_mlp", output="labels/{1}"),))
+    front = MqttFrontEnd(service, config, tmp_path / "state", version="test")
+    front.start()
+    watcher = Subscriber(broker.port, ["edged/own1/#", "cams/#"])
+    v311 = Subscriber(broker.port, [], protocol=paho.MQTTv311)
+    requester = Requester(broker.port)
+    doc = {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 64], "data": PIXELS.ravel().tolist()}]}
+    try:
+        watcher.wait_for(1, timeout_s=30)  # the retained birth: edged is subscribed
+        for topic in ("edged/own1/status", "edged/own1/ota/status", "cams/x/frame"):
+            props = Properties(PacketTypes.PUBLISH)
+            props.ResponseTopic, props.CorrelationData = topic, b"c"
+            requester.client.publish("edged/own1/infer/tiny_mlp", orjson.dumps(doc), 1, properties=props)
+        v311.client.publish("edged/own1/infer/tiny_mlp", orjson.dumps({**doc, "reply_to": "edged/own1/telemetry"}), 1)
+        good = requester.request("edged/own1/infer/tiny_mlp", orjson.dumps(doc))  # after them: they were handled
+        wait_until(lambda: front.status()["drops"].get("bad_topic", 0) == 4, what="4 refused reply topics counted")
+    finally:
+        requester.close()
+        v311.close()
+        front.stop(5)
+        watcher.close()
+    assert "outputs" in orjson.loads(good.payload)
+    published = [m for m in watcher.messages if not m.topic.endswith("/status") or b'"state"' not in m.payload]
+    assert [(m.topic, m.payload[:60]) for m in published if m.topic != "edged/own1/infer/tiny_mlp"] == []
+    logged = " ".join(r.getMessage() for r in caplog.records)
+    assert "'edged/own1/status' is under edged's own topics" in logged and "pipeline input 'cams/+/frame'" in logged
