@@ -123,7 +123,7 @@ class Pipeline:
         job = Job(message, self.config.model, self.config.version or "", codec, topic, self._v5,
                   ident.message_id, self.config.input_name, answers=ident.answers)
         # the broker sends only so many unacknowledged QoS 1/2 inputs (_settings.receive_maximum_of)
-        dropped = self._queue.put(job, flow_controlled=message.qos > 0)
+        dropped = self._queue.put(job, flow_controlled=message.qos > 0, size=len(message.payload))
         if dropped is job:  # closed: not acknowledged, so the broker redelivers it after a restart
             self._metrics.drop("shutdown")
         elif dropped is not None:

@@ -9,7 +9,8 @@ which the broker should send only so many unacknowledged: edged's v5 Receive Max
 max_inflight_messages), up to ``FLOW_LIMIT`` items: the network thread then need not stop reading, and goes on
 reading the PUBACKs that make room in a full outbox, which the pipeline worker waits for. The limit is far
 above the capacity because brokers count loosely (mosquitto 2.0.11 sent most of a 1500-input burst to a
-Receive Maximum of 64); it bounds memory should a broker ignore flow control altogether.
+Receive Maximum of 64); it bounds memory should a broker ignore flow control altogether, together with
+``FLOW_LIMIT_BYTES`` of such items' payloads past the capacity (4096 camera frames would be gigabytes).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Generic, TypeVar
 
 T = TypeVar("T")
 FLOW_LIMIT = 4096
+FLOW_LIMIT_BYTES = 64 << 20
 
 
 class BoundedQueue(Generic[T]):
@@ -27,6 +29,8 @@ class BoundedQueue(Generic[T]):
         self._capacity = capacity
         self._policy = policy
         self._items: deque[T] = deque()
+        self._sizes: deque[int] = deque()  # each item's payload bytes, as put() was told
+        self._bytes = 0  # their sum
         self._cond = threading.Condition()
         self._closed = False
         self._takers = 0  # threads waiting in take(): only they need a notify
@@ -36,12 +40,14 @@ class BoundedQueue(Generic[T]):
     def __len__(self) -> int:
         return len(self._items)
 
-    def put(self, item: T, flow_controlled: bool = False) -> T | None:
-        """Queue ``item``; returns the item dropped to make room (drop_oldest), the item itself when the queue
-        is closed, else None."""
+    def put(self, item: T, flow_controlled: bool = False, size: int = 0) -> T | None:
+        """Queue ``item`` (``size``: its payload bytes); returns the item dropped to make room (drop_oldest),
+        the item itself when the queue is closed, else None."""
         limit = max(self._capacity, FLOW_LIMIT) if flow_controlled else self._capacity
         with self._cond:
-            while self._policy == "block" and len(self._items) >= limit and not self._closed:
+            while self._policy == "block" and not self._closed and (
+                    len(self._items) >= limit
+                    or (len(self._items) >= self._capacity and self._bytes + size > FLOW_LIMIT_BYTES)):
                 self._blocked += 1
                 try:
                     self._cond.wait(0.5)
@@ -52,7 +58,10 @@ class BoundedQueue(Generic[T]):
             dropped = None
             if self._policy != "block" and len(self._items) >= self._capacity:
                 dropped = self._items.popleft()
+                self._bytes -= self._sizes.popleft()
             self._items.append(item)
+            self._sizes.append(size)
+            self._bytes += size
             if self._takers:  # takers wait only while empty: one notify per burst, not one per item
                 self._takers = 0  # all of them are woken now
                 self.wakeups += 1
@@ -66,7 +75,10 @@ class BoundedQueue(Generic[T]):
                 self._takers += 1
                 if not self._cond.wait(timeout_s):  # timed out: no put counted this taker off
                     self._takers = max(0, self._takers - 1)
-            batch = [self._items.popleft() for _ in range(min(most, len(self._items)))]
+            count = min(most, len(self._items))
+            batch = [self._items.popleft() for _ in range(count)]
+            for _ in range(count):
+                self._bytes -= self._sizes.popleft()
             if batch:
                 self._cond.notify_all()
             return batch
@@ -81,6 +93,8 @@ class BoundedQueue(Generic[T]):
         with self._cond:
             count = len(self._items)
             self._items.clear()
+            self._sizes.clear()
+            self._bytes = 0
             return count
 
     def producer_waits(self) -> bool:

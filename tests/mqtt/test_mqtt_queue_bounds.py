@@ -1,0 +1,49 @@
+"""The pipeline hand-off queue's bounds: a ``block`` queue takes QoS 1/2 inputs past its capacity (so paho's
+network thread keeps reading the PUBACKs a full outbox waits for), but only up to ``FLOW_LIMIT`` items and
+``FLOW_LIMIT_BYTES`` of payload: a broker that ignores Receive Maximum cannot make it hold gigabytes of frames."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from edged.mqtt._queue import FLOW_LIMIT_BYTES, BoundedQueue
+
+FRAME = 6_220_800  # a 1080p RGB frame
+
+
+def _wait_until(condition: object, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():  # type: ignore[operator]
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_flow_controlled_inputs_past_the_capacity_are_bounded_by_their_bytes() -> None:
+    queue: BoundedQueue[int] = BoundedQueue(2, "block")
+    fits = FLOW_LIMIT_BYTES // FRAME  # frames the overflow may hold, the capacity's included
+    for index in range(fits):
+        assert queue.put(index, flow_controlled=True, size=FRAME) is None  # none of these waits
+    assert len(queue) == fits > 2
+    producer = threading.Thread(target=queue.put, args=(fits,), kwargs={"flow_controlled": True, "size": FRAME})
+    producer.start()
+    try:
+        assert _wait_until(queue.producer_waits), "the frame past FLOW_LIMIT_BYTES must wait for room"
+        assert len(queue) == fits
+        assert queue.take(1) == [0]  # room: the waiting producer goes on
+        assert _wait_until(lambda: len(queue) == fits)
+    finally:
+        queue.close()
+        producer.join(5)
+    assert not producer.is_alive()
+
+
+def test_small_flow_controlled_inputs_still_queue_far_past_the_capacity() -> None:
+    queue: BoundedQueue[int] = BoundedQueue(2, "block")
+    for index in range(500):  # PUBACK-sized payloads: the count limit, not the bytes, is what bounds them
+        assert queue.put(index, flow_controlled=True, size=100) is None
+    assert len(queue) == 500
+    assert queue.take(600) == list(range(500))
+    assert len(queue) == 0
