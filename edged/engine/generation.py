@@ -81,7 +81,7 @@ class StopText:
         if found:
             out, self._text = self._text[:min(found)], ""
             return out, True
-        cut = len(self._text) - self._hold
+        cut = max(0, len(self._text) - self._hold)  # never negative: a short text is all held
         out, self._text = self._text[:cut], self._text[cut:]
         return out, False
 

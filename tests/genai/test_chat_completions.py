@@ -91,6 +91,22 @@ def test_stop_string_cuts_the_answer(genai_server: harness.ThreadedServer) -> No
     assert cut.choices[0].finish_reason == "stop"
 
 
+def test_longer_stop_strings_cut_the_answer_wherever_they_start(genai_server: harness.ThreadedServer) -> None:
+    """Stops of 3-5 characters at every place in the greedy answer (a stop longer than the text held so far was
+    missed: the hold went negative and released what it should keep)."""
+    client = tcp_client(genai_server)
+    whole = client.chat.completions.create(model="tiny_llama", messages=MESSAGES, max_tokens=16, temperature=0)
+    text = whole.choices[0].message.content
+    assert text is not None and len(text) >= 8, text
+    for length in (3, 4, 5):
+        for start in range(0, len(text) - length, 2):
+            stop = text[start:start + length]
+            cut = client.chat.completions.create(model="tiny_llama", messages=MESSAGES, max_tokens=16,
+                                                 temperature=0, stop=[stop])
+            assert (cut.choices[0].message.content, cut.choices[0].finish_reason) == \
+                (text[:text.find(stop)], "stop"), (stop, text)
+
+
 def test_seeded_sampling_repeats(genai_server: harness.ThreadedServer) -> None:
     client = tcp_client(genai_server)
     replies = [client.chat.completions.create(model="tiny_llama", messages=MESSAGES, max_tokens=12,
