@@ -181,11 +181,14 @@ class WorkerPool(BatchExecution):
                     self._solo = self._solo + 1 if len(batch) == 1 else 0
                 self._lock.release()
                 try:
-                    for item in expired:
-                        self._finish_timeout(item)
+                    for index in range(len(expired)):  # no loop variable left holding the last one
+                        self._finish_timeout(expired[index])
                     if batch:
                         self._execute(instance, batch)
                 finally:
+                    # wait for the next batch holding nothing of this one: its inputs may be views of a
+                    # shared-memory region, which cannot be unmapped while an array over it lives
+                    batch = expired = []
                     self._lock.acquire()
                     self._idle.append(instance)
                     self._executing -= 1

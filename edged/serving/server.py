@@ -159,6 +159,7 @@ class HttpServer:
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(interval)
+            self.shared_memory.sweep()  # mappings unregistered while a request held them
             app = self._app
             if app is None:
                 continue

@@ -64,7 +64,7 @@ class SharedMemoryRegistry:
                 raise PayloadTooLarge(f"failed to register shared memory region '{name}': {len(self._regions)} "
                                       f"regions are registered, the limit ([server] shm_max_regions) is "
                                       f"{self._limits.max_regions}")
-            mapped = sum(r.byte_size for r in self._regions.values())
+            mapped = self._mapped_locked()  # regions unregistered but still mapped count: their memory is real
             if mapped + byte_size > self._limits.max_bytes:
                 raise PayloadTooLarge(f"failed to register shared memory region '{name}': {byte_size} more bytes "
                                       f"would map {mapped + byte_size}, above the limit ([server] "
@@ -85,12 +85,21 @@ class SharedMemoryRegistry:
                 return
             _check_use(region, peer)
             self._release(name)
+            self._sweep()
 
     def unregister_all(self, peer: Caller) -> None:
         with self._lock:
             for name, region in list(self._regions.items()):
                 if _may_use(region, peer):
                     self._release(name)
+            self._sweep()
+
+    def sweep(self) -> None:
+        """Close the regions unregistered while a view of them was in use, once none is: the server calls it
+        periodically, so that a mapping outlives its unregister only as long as a request still holds it."""
+        if self._retired:
+            with self._lock:
+                self._sweep()
 
     def status(self, name: str, peer: Caller) -> list[dict[str, object]]:
         with self._lock:
@@ -117,7 +126,12 @@ class SharedMemoryRegistry:
     # --- accounting ---------------------------------------------------------------------------------------
     @property
     def mapped_bytes(self) -> int:
-        return sum(r.byte_size for r in self._regions.values())
+        """Bytes mapped: registered regions, and unregistered ones a request still holds (not yet swept)."""
+        with self._lock:
+            return self._mapped_locked()
+
+    def _mapped_locked(self) -> int:
+        return sum(r.byte_size for r in self._regions.values()) + sum(r.byte_size for r in self._retired)
 
     def __len__(self) -> int:
         return len(self._regions)

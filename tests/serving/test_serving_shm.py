@@ -12,12 +12,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import RunningServer, make_server
+from modelgen import add_tiny_delay_model
 
 from edged.config import ModelsConfig
 
@@ -312,6 +314,42 @@ def test_an_infer_request_over_tcp_names_no_region_without_the_shared_memory_key
             assert _tcp_infer(running.tcp_port, body, HEADERS)[0] == 200
             assert not np.array_equal(shm.get_contents_as_numpy(handle, np.float32, [1, 10], offset=1024),
                                       np.full((1, 10), 7.0, np.float32))
+    finally:
+        running.stop()
+        shm.destroy_shared_memory_region(handle)
+
+
+def test_an_unregistered_region_is_unmapped_once_a_worker_ran_its_request(tmp_path: Path) -> None:
+    """A request run by a worker thread (a batching delay longer than a caller waits out): once it is answered
+    and its region unregistered, the daemon maps the object no more and says so in /metrics (a worker waited for
+    its next batch still holding the last one's inputs, views of the region, so the mapping outlived its
+    unregister until the next request)."""
+    running = make_server(tmp_path, models=ModelsConfig(control_mode="explicit"))  # sweeps every second
+    key = _key("worker")
+    handle = shm.create_shared_memory_region("w", key, FRAME)
+    try:
+        add_tiny_delay_model(tmp_path / "repo", "tiny_d", 8, 2000)
+        assert running.request("POST", "/v2/repository/models/tiny_d/load")[0] == 200
+        shm.set_shared_memory_region(handle, [np.ones((1, 64), np.float32)])
+        object_name = key.lstrip("/")
+
+        def mappings() -> int:  # the server runs in this process, beside the client's own mapping
+            return sum(object_name in line for line in Path("/proc/self/maps").read_text().splitlines())
+
+        clients = mappings()
+        assert _register(running, "w", key, FRAME)[0] == 200
+        assert mappings() == clients + 1
+        body = json.dumps({"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 64], "parameters": {
+            "shared_memory_region": "w", "shared_memory_byte_size": FRAME}}]}).encode()
+        status, _, answer = running.request("POST", "/v2/models/tiny_d/infer", body)
+        assert status == 200, answer
+        assert running.request("POST", "/v2/systemsharedmemory/region/w/unregister")[0] == 200
+        deadline = time.monotonic() + 10
+        while mappings() > clients and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert mappings() == clients, "the unregistered region is still mapped by the server"
+        metrics = running.request("GET", "/metrics")[2].decode()
+        assert "edged_shm_mapped_bytes 0" in metrics.splitlines()
     finally:
         running.stop()
         shm.destroy_shared_memory_region(handle)
