@@ -93,5 +93,9 @@ def check(scenario: Scenario, where: str) -> None:
         value = getattr(scenario, name)
         if value is not None and value < 1:
             raise ConfigError(f"{where}: {name} must be at least 1, found {value}")
+    if not scenario.duration_s > 0:  # nothing measured is no figure: a table of zeros would read as one
+        raise ConfigError(f"{where}: the duration must be more than 0 s, found {scenario.duration_s}")
+    if not scenario.warmup_s >= 0:
+        raise ConfigError(f"{where}: the warm-up must be 0 s or more, found {scenario.warmup_s}")
     if any(level < 1 for level in scenario.concurrency) or not scenario.concurrency:
         raise ConfigError(f"{where}: concurrency levels must be at least 1, found {list(scenario.concurrency)}")

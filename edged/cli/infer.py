@@ -145,14 +145,18 @@ def fit_to_model(array: Array, entry: dict[str, Any]) -> Array:
 def write_result(result: InferResult, output_format: str, output_dir: Path | None) -> None:
     if output_format == "npy" or output_dir is not None:
         directory = output_dir or Path(".")
-        directory.mkdir(parents=True, exist_ok=True)
-        for name, array in result.outputs.items():
-            path = directory / f"{name}.{output_format}"
-            if output_format == "npy":
-                np.save(path, array, allow_pickle=False)
-            else:
-                path.write_text(json.dumps(_output_doc(name, array, result)) + "\n")
-            print(path)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            for name, array in result.outputs.items():
+                path = directory / f"{name}.{output_format}"
+                if output_format == "npy":
+                    np.save(path, array, allow_pickle=False)
+                else:
+                    path.write_text(json.dumps(_output_doc(name, array, result)) + "\n")
+                print(path)
+        except OSError as e:
+            raise ConfigError(f"--output-dir {directory}: cannot write the outputs there ({e.strerror or e}); "
+                              "name a folder you can write to") from e
         return
     doc = {"model_name": result.model_name, "model_version": result.model_version,
            "outputs": [_output_doc(name, array, result) for name, array in result.outputs.items()]}

@@ -44,6 +44,15 @@ def test_infer_from_json_over_the_json_transport_to_npy_files(server, tmp_path: 
     np.testing.assert_allclose(np.array(json.loads(inline.stdout)["outputs"][0]["data"]), out.ravel(), rtol=1e-6)
 
 
+def test_an_output_dir_that_cannot_be_written_is_one_error_line(server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "a-file").write_text("")
+    row = json.dumps([[0.5] * 64])
+    for where in (tmp_path / "a-file", tmp_path / "a-file" / "under", Path("/proc/edged-out")):
+        done = edged("infer", "tiny_mlp", "--input", row, "--output-dir", str(where), env=server.env())
+        assert done.returncode == 1, done.stderr
+        assert "Traceback" not in done.stderr and f"--output-dir {where}: cannot write" in done.stderr, done.stderr
+
+
 def test_infer_errors_exit_non_zero_with_the_servers_message(server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     np.save(tmp_path / "bad.npy", np.zeros((1, 63), np.float32))
     done = edged("infer", "tiny_mlp", "--input", f"input={tmp_path / 'bad.npy'}", env=server.env())
