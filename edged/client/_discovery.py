@@ -54,17 +54,34 @@ def find_sockets(explicit: str | os.PathLike[str] | None = None,
     return SocketSearch(candidates, tuple(path for path in candidates if os.path.exists(path)))
 
 
+_DENIED = "this user may not open the socket"
+
+
 def connect_failure(path: str, error: OSError) -> str:
     """Why connecting to ``path`` failed; a refused permission means a daemon may well be running, so the text says
-    how to get access rather than only how to start one."""
+    how to get access (naming the socket's own group) rather than how to start one."""
     reason = f"{path}: {error.strerror or error}"
     if error.errno in (errno.EACCES, errno.EPERM):
-        reason += (" (this user may not open the socket: run as a member of the socket's group, e.g. "
-                   "`sudo usermod -aG edged $USER` and log in again, or as the daemon's user)")
+        reason += (f" ({_DENIED}: run as a member of its group, e.g. `sudo usermod -aG {_group_of(path)} $USER` "
+                   "and log in again, or as the daemon's user)")
     return reason
+
+
+def _group_of(path: str) -> str:
+    try:
+        gid = os.stat(path).st_gid
+    except OSError:
+        return "edged"  # its folder is closed to this user too: the shipped unit's group
+    try:
+        import grp
+        return grp.getgrgid(gid).gr_name
+    except (ImportError, KeyError):
+        return str(gid)
 
 
 def unreachable_message(tried: tuple[str, ...] | list[str], reason: str = "") -> str:
     paths = ", ".join(tried)
     detail = f" ({reason})" if reason else ""
+    if _DENIED in reason:  # a daemon is there: starting one is not the fix
+        return f"edged's socket refused this user on {paths}{detail}"
     return f"no edged daemon answered on {paths}{detail}; {START_HINT}"
