@@ -58,6 +58,16 @@ class BackendUnavailable(ModelLoadError):
     """The runtime a model needs (onnxruntime, torch, TensorRT, an execution provider) is not available."""
 
 
+class UnknownBackend(BackendUnavailable):
+    """No backend of that name is known; ``known`` lists the names that are (the registry words it as an error
+    in the model's config)."""
+
+    def __init__(self, message: str, name: str, known: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.name = name
+        self.known = known
+
+
 # --- requests ----------------------------------------------------------------------------------------------
 class RequestError(EdgedError):
     """A request could not be served."""

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from edged.backends.base import Backend, InstanceInfo, ModelInstance
 from edged.backends.generative import GenerativeInstance, Sampling, Token
-from edged.errors import BackendUnavailable
+from edged.errors import BackendUnavailable, UnknownBackend
 
 __all__ = ["BACKENDS", "Backend", "GenerativeInstance", "InstanceInfo", "ModelInstance", "Sampling", "Token",
            "load_backend"]
@@ -33,7 +33,7 @@ def load_backend(name: str, extra: Mapping[str, str] | None = None) -> Backend:
     target = table.get(name)
     if target is None:
         known = ", ".join(sorted(table))
-        raise BackendUnavailable(f"unknown backend {name!r}: edged supports {known}")
+        raise UnknownBackend(f"unknown backend {name!r}: edged supports {known}", name, tuple(sorted(table)))
     module_name, _, class_name = target.partition(":")
     try:
         module = importlib.import_module(module_name)

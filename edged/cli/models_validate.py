@@ -17,11 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from edged.cli._validate_genai import GENAI_RUNTIME, describe_generative
+from edged.config import ServerConfig
 from edged.errors import EdgedError, ModelConfigError
 from edged.repository import (
+    BUILTIN_BACKENDS,
     CONFIG_FILENAME,
     autocomplete,
     check_config_files,
+    check_platform_backend,
+    check_warmup,
     detect_runtime,
     list_versions,
     load_model_config,
@@ -79,6 +83,12 @@ def validate_path(path: Path) -> Report:
     warnings: list[str] = []
     notes: list[str] = []
     config = _read_file(path, warnings) if path.is_file() else load_model_config(model_dir)
+    config_path = str(path if path.is_file() else model_dir / CONFIG_FILENAME)
+    if config is not None:  # the checks a load makes of the config alone, in the same words
+        check_platform_backend(config, config_path, backends=None)
+        if config.backend and config.backend not in BUILTIN_BACKENDS:
+            warnings.append(f"backend '{config.backend}' is not one of edged's ({', '.join(BUILTIN_BACKENDS)}); "
+                            "the daemon loads it only where [models] backends names it")
     versions = list_versions(model_dir)
     chosen = select_versions(config.version_policy, versions) if config is not None else versions[-1:]
     if config is not None and (missing := missing_versions(config.version_policy, versions)):
@@ -88,6 +98,8 @@ def validate_path(path: Path) -> Report:
     if config is not None:  # before any model file is read: the daemon refuses the same names
         check_config_files(config, model_dir, chosen)
     completed = _complete(config, model_dir, chosen, runtime, warnings, notes)
+    # the daemon's default [server] max_tensor_elements: validate reads no edged.toml
+    check_warmup(completed, config_path, ServerConfig().max_tensor_elements)
     return Report(model_config_to_json(completed), unknown_fields(completed), warnings, notes)
 
 

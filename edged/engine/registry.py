@@ -44,19 +44,24 @@ from edged.errors import (
     ModelNotFound,
     ModelNotReady,
     Unavailable,
+    UnknownBackend,
 )
 from edged.repository import (
+    CONFIG_FILENAME,
     Fingerprint,
     Settling,
     changed_versions,
     check_config_files,
     check_model_name,
+    check_platform_backend,
+    check_warmup,
     detect_runtime,
     find_models,
     fingerprint,
     list_versions,
     load_model_config,
     select_versions,
+    unknown_backend,
 )
 from edged.repository.model_config import ModelConfig
 
@@ -263,9 +268,8 @@ class Registry:
         if not runtime:
             raise ModelLoadError(f"model {record.name}: no config.pbtxt platform/backend and no model file "
                                  f"edged recognises in {model_dir} (model.onnx, model.plan, model.pt, model.pt2)")
-        backend = self._backends.get(runtime)
-        if backend is None:  # one backend object per runtime: TensorRT's scratch area is shared through it
-            backend = self._backends[runtime] = self._backend_loader(runtime)
+        config_path = str(model_dir / CONFIG_FILENAME)
+        backend = self._backend_for(runtime, config, config_path)
         reloading = [n for n in record.versions if changed is None or n in changed]
         if reloading and self._settings.reload == "replace":
             self._admission.replace(record, reloading)
@@ -273,6 +277,7 @@ class Registry:
             config = complete_config(record.name, config, runtime, backend, model_dir, available,
                                      self._settings.autocomplete)
         check_instance_count(config, self._settings.max_instance_count)
+        check_warmup(config, config_path, self._max_elements)
         wanted = select_versions(config.version_policy, available)
         if not wanted:
             raise ModelLoadError(f"model {record.name}: no version to serve in {model_dir} (found versions: "
@@ -306,12 +311,27 @@ class Registry:
         if not runtime:
             raise ModelLoadError(f"model {name}: no config.pbtxt platform/backend and no model file "
                                  f"edged recognises in {model_dir} (model.onnx, model.plan, model.pt, model.pt2)")
-        backend = self._backends.get(runtime)
-        if backend is None:
-            backend = self._backends[runtime] = self._backend_loader(runtime)
+        config_path = str(model_dir / CONFIG_FILENAME)
+        backend = self._backend_for(runtime, config, config_path)
         config = complete_config(name, config, runtime, backend, model_dir, available, self._settings.autocomplete)
         check_instance_count(config, self._settings.max_instance_count)
+        check_warmup(config, config_path, self._max_elements)
         return config, backend
+
+    def _backend_for(self, runtime: str, config: ModelConfig | None, config_path: str) -> Backend:
+        """The backend of ``runtime``, one object per runtime (TensorRT's scratch area is shared through it);
+        a platform or backend the config names wrongly is the config's error (400), not a failed load."""
+        if config is not None:
+            check_platform_backend(config, config_path, backends=None)  # names: the loader knows [models] backends
+        backend = self._backends.get(runtime)
+        if backend is None:
+            try:
+                backend = self._backends[runtime] = self._backend_loader(runtime)
+            except UnknownBackend as e:
+                if config is None or not config.runtime:
+                    raise
+                raise unknown_backend(e.name, e.known, config_path) from e
+        return backend
 
     def load_detached(self, name: str, model_dir: Path, number: int) -> ModelVersion:
         """Load one version from a folder outside the repository without serving it (OTA staging). Memory

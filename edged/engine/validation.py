@@ -177,6 +177,14 @@ class RequestValidator:
             raise InvalidInput(f"model {self._model}: input {spec.name!r} has shape {list(array.shape)}, "
                                f"expected {shown_expected}")
 
+    def reshaped(self, inputs: Mapping[str, Array]) -> dict[str, Array]:
+        """``inputs`` as the model takes them: each reshaped where its config has a ``reshape``. Warm-up goes
+        through this too, so its tensors reach the model in the shape a request's do."""
+        if self._no_reshape:
+            return dict(inputs)
+        return {name: self._reshape(self._inputs[name], array) if name in self._inputs else array
+                for name, array in inputs.items()}
+
     def _reshape(self, spec: TensorConfig, array: Array) -> Array:
         if spec.reshape is None:
             return array

@@ -96,7 +96,9 @@ class ModelVersion:
                               "daemon is stopping")
 
     def _warm_up(self, stopping: threading.Event | None) -> None:
-        samples = warmup_samples(self.config, self.model_dir)
+        # the config's dims are the client's shape: reshaped as a request's inputs are before they reach the model
+        samples = [(self.validator.reshaped(inputs), count)
+                   for inputs, count in warmup_samples(self.config, self.model_dir)]
         output_names = [t.name for t in self.config.output]
         timings: list[float] = []
         for inputs, count in samples:

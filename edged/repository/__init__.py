@@ -7,6 +7,7 @@ them into Triton's JSON form. It imports no runtime: signatures come from the ba
 from edged.durable import write_atomic as write_file_atomic
 from edged.repository._autocomplete import DEFAULT_MAX_BATCH_SIZE, autocomplete
 from edged.repository._build import build_model_config, parse_model_config, unknown_fields
+from edged.repository._checks import BUILTIN_BACKENDS, check_platform_backend, check_warmup, unknown_backend
 from edged.repository._from_json import model_config_from_json
 from edged.repository._json import model_config_to_json
 from edged.repository._normalize import normalize
@@ -29,6 +30,7 @@ from edged.repository.layout import (
 )
 
 __all__ = [
+    "BUILTIN_BACKENDS",
     "CONFIG_FILENAME",
     "DEFAULT_MAX_BATCH_SIZE",
     "Field",
@@ -41,6 +43,8 @@ __all__ = [
     "changed_versions",
     "check_config_files",
     "check_model_name",
+    "check_platform_backend",
+    "check_warmup",
     "confined_path",
     "detect_runtime",
     "dump",
@@ -57,6 +61,7 @@ __all__ = [
     "parse_model_config",
     "read_confined",
     "select_versions",
+    "unknown_backend",
     "unknown_fields",
     "with_confined_parameters",
     "write_file_atomic",

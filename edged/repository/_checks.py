@@ -1,0 +1,83 @@
+"""Checks of a model config against itself that a load and ``edged models validate`` share.
+
+Triton's ValidateModelConfig refuses these before it reads a model file: a platform or backend it does not
+serve, a platform and backend that name different runtimes, and ``model_warmup`` entries that do not fit the
+config's inputs or max_batch_size. Here they are ModelConfigErrors (HTTP 400) naming the file and the field, so a
+load refuses them before any runtime sees the warm-up tensors and validate refuses them offline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from math import prod
+
+from edged.errors import ModelConfigError
+from edged.repository._normalize import PLATFORM_BACKENDS
+from edged.repository.model_config import BACKEND_DEFAULT_FILENAME, ModelConfig, ModelWarmup, TensorConfig
+
+# The platforms edged serves, and the backend each one means (tensorflow_* are Triton's, not edged's).
+SERVED_PLATFORMS: dict[str, str] = {p: b for p, b in PLATFORM_BACKENDS.items() if b in BACKEND_DEFAULT_FILENAME}
+BUILTIN_BACKENDS: tuple[str, ...] = tuple(sorted(BACKEND_DEFAULT_FILENAME))
+
+
+def check_platform_backend(config: ModelConfig, path: str | None,
+                           backends: Collection[str] | None = BUILTIN_BACKENDS) -> None:
+    """Refuse a platform edged does not serve, a backend not in ``backends`` (None: any backend, for a caller
+    that checks the name where it looks the backend up) and a platform whose runtime is not the backend's."""
+    platform, backend = config.platform, config.backend
+    if platform and platform not in SERVED_PLATFORMS:
+        raise ModelConfigError(f"field 'platform' is {platform!r}, which edged does not serve; supported "
+                               f"platforms: {', '.join(SERVED_PLATFORMS)} (or set field 'backend' to one of "
+                               f"{', '.join(BUILTIN_BACKENDS)})", path)
+    if backend and backends is not None and backend not in backends:
+        raise unknown_backend(backend, backends, path)
+    if platform and backend and SERVED_PLATFORMS[platform] != backend:
+        raise ModelConfigError(f"field 'platform' is {platform!r} (backend {SERVED_PLATFORMS[platform]!r}) but "
+                               f"field 'backend' is {backend!r}; set one of them, or both to the same runtime",
+                               path)
+
+
+def unknown_backend(backend: str, backends: Collection[str], path: str | None) -> ModelConfigError:
+    return ModelConfigError(f"field 'backend' is {backend!r}, which edged does not know; supported backends: "
+                            f"{', '.join(sorted(backends))} (more can be named in [models] backends)", path)
+
+
+def check_warmup(config: ModelConfig, path: str | None, max_elements: int) -> None:
+    """Refuse ``model_warmup`` entries that cannot run on this config: checked on the completed config, whose
+    inputs are known, and before any tensor is made (a huge batch or dims would allocate without bound)."""
+    if not config.input:  # inputs unknown (validate without a model file to complete from): nothing to check against
+        return
+    inputs = {spec.name: spec for spec in config.input}
+    for index, entry in enumerate(config.model_warmup):
+        where = f"model_warmup[{index}]" + (f" ({entry.name!r})" if entry.name else "")
+        _check_entry(config, entry, where, inputs, path, max_elements)
+
+
+def _check_entry(config: ModelConfig, entry: ModelWarmup, where: str, inputs: dict[str, TensorConfig],
+                 path: str | None, max_elements: int) -> None:
+    limit = max(1, config.max_batch_size)
+    if entry.batch_size > limit:
+        raise ModelConfigError(f"{where}: field 'batch_size' is {entry.batch_size}, more than "
+                               f"{limit} (max_batch_size {config.max_batch_size})", path)
+    batch = max(1, entry.batch_size) if config.max_batch_size > 0 else 1
+    for name, given in entry.inputs.items():
+        spec = inputs.get(name)
+        field = f"{where}: field 'inputs[{name}]"
+        if spec is None:
+            raise ModelConfigError(f"{field}' names no input of the model (inputs: {', '.join(inputs)})", path)
+        if given.data_type != spec.data_type:
+            raise ModelConfigError(f"{field}.data_type' is {given.data_type}, but input {name!r} is "
+                                   f"{spec.data_type}", path)
+        fits = len(given.dims) == len(spec.dims) and all(
+            d in (-1, g) for g, d in zip(given.dims, spec.dims, strict=True))
+        if not fits:
+            raise ModelConfigError(f"{field}.dims' is {list(given.dims)}, but input {name!r} has dims "
+                                   f"{list(spec.dims)} (-1: any size)", path)
+        elements = batch * prod(max(1, d) for d in given.dims)
+        if elements > max_elements:
+            raise ModelConfigError(f"{field}' makes {elements} elements (batch_size x dims), more than the limit "
+                                   f"of {max_elements} ([server] max_tensor_elements)", path)
+    for tensor in config.input:
+        if tensor.name not in entry.inputs and not tensor.optional:
+            raise ModelConfigError(f"{where}: field 'inputs' has no entry for the model's input {tensor.name!r} "
+                                   f"(inputs: {', '.join(inputs)})", path)

@@ -1,0 +1,123 @@
+"""Loads of real ONNX models whose configs reshape inputs or carry warm-up entries, platforms and backends:
+warm-up reaches the model in the shape requests do, and config errors are refused as the config's (400)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from modelgen import add_model, mlp_reference, mlp_weights
+from onnx import TensorProto, helper, numpy_helper
+
+from edged.config import ModelsConfig
+from edged.engine import InferenceService, InferRequest, ModelState
+from edged.errors import ModelConfigError
+
+WARMUP = ('model_warmup [ {{ name: "w", batch_size: {batch}, inputs {{ key: "input" value: {{ data_type: '
+          '{dtype}, dims: {dims}, zero_data: true }} }} }} ]')
+
+
+def config(name: str, *, head: str = 'platform: "onnxruntime_onnx"', dims: str = "[ 64 ]", extra: str = "",
+           max_batch: int = 8) -> str:
+    return (f'name: "{name}"\n{head}\nmax_batch_size: {max_batch}\n'
+            f'input [ {{ name: "input", data_type: TYPE_FP32, dims: {dims} {extra} }} ]\n'
+            'output [ { name: "output", data_type: TYPE_FP32, dims: [ 10 ] } ]\n')
+
+
+@pytest.fixture
+def service(tmp_path: Path) -> Iterator[InferenceService]:
+    engine = InferenceService(tmp_path, ModelsConfig(control_mode="explicit"))
+    engine.start()
+    yield engine
+    engine.close()
+
+
+def test_a_reshaped_input_warms_up_loads_and_answers_as_the_flat_model(tmp_path: Path,
+                                                                       service: InferenceService) -> None:
+    weights = mlp_weights()
+    add_model(tmp_path, "flat", config("flat"), {1: weights})
+    add_model(tmp_path, "square", config("square", dims="[ 8, 8 ]", extra="reshape: { shape: [ 64 ] }"),
+              {1: weights})
+    service.load_model("flat")
+    service.load_model("square")  # warm-up ran on [1, 8, 8] reshaped to [1, 64]
+    assert service.version_info("square").state is ModelState.READY
+    x = np.random.default_rng(3).random((1, 64), dtype=np.float32)
+    flat = service.infer(InferRequest("flat", {"input": x})).outputs["output"]
+    square = service.infer(InferRequest("square", {"input": x.reshape(1, 8, 8)})).outputs["output"]
+    np.testing.assert_allclose(square, flat, rtol=1e-6)
+    np.testing.assert_allclose(square, mlp_reference(weights, x), rtol=1e-5, atol=1e-6)
+
+
+def test_a_warmup_entry_on_a_reshaped_input_is_reshaped_too(tmp_path: Path, service: InferenceService) -> None:
+    warmup = WARMUP.format(batch=2, dtype="TYPE_FP32", dims="[ 8, 8 ]")
+    add_model(tmp_path, "square", config("square", dims="[ 8, 8 ]", extra="reshape: { shape: [ 64 ] }") + warmup,
+              {1: mlp_weights()})
+    service.load_model("square")
+    assert service.version_info("square").state is ModelState.READY
+
+
+@pytest.mark.parametrize(("head", "match"), [
+    ('platform: "ensemble"', r"config\.pbtxt: field 'platform' is 'ensemble', which edged does not serve; "
+                             "supported platforms: onnxruntime_onnx"),
+    ('platform: "tensorflow_savedmodel"', "field 'platform' is 'tensorflow_savedmodel'"),
+    ('backend: "tensorflow"', r"config\.pbtxt: field 'backend' is 'tensorflow', which edged does not know; "
+                              "supported backends: onnxruntime, onnxruntime_genai, pytorch, tensorrt"),
+    ('platform: "onnxruntime_onnx"\nbackend: "pytorch"', "field 'platform' is 'onnxruntime_onnx' .*but field "
+                                                          "'backend' is 'pytorch'"),
+])
+def test_a_platform_or_backend_edged_does_not_serve_is_a_config_error(
+        tmp_path: Path, service: InferenceService, head: str, match: str) -> None:
+    add_model(tmp_path, "m", config("m", head=head), {1: mlp_weights()})
+    with pytest.raises(ModelConfigError, match=match):
+        service.load_model("m")
+
+
+@pytest.mark.parametrize(("warmup", "match"), [
+    (WARMUP.format(batch=100000, dtype="TYPE_FP32", dims="[ 64 ]"),
+     r"model_warmup\[0\] \('w'\): field 'batch_size' is 100000, more than 8"),
+    (WARMUP.format(batch=1, dtype="TYPE_INT32", dims="[ 64 ]"),
+     r"field 'inputs\[input\]\.data_type' is TYPE_INT32, but input 'input' is TYPE_FP32"),
+    (WARMUP.format(batch=1, dtype="TYPE_FP32", dims="[ 1000000000000 ]"),
+     r"field 'inputs\[input\]\.dims' is \[1000000000000\], but input 'input' has dims \[64\]"),
+    (WARMUP.format(batch=1, dtype="TYPE_FP32", dims="[ 64 ]").replace('key: "input"', 'key: "nope"'),
+     r"field 'inputs\[nope\]' names no input of the model \(inputs: input\)"),
+])
+def test_a_warmup_entry_that_does_not_fit_the_config_is_a_config_error(
+        tmp_path: Path, service: InferenceService, warmup: str, match: str) -> None:
+    add_model(tmp_path, "m", config("m") + warmup, {1: mlp_weights()})
+    with pytest.raises(ModelConfigError, match=r"config\.pbtxt: .*" + match):
+        service.load_model("m")
+
+
+def test_warmup_elements_are_bounded_by_the_tensor_limit(tmp_path: Path) -> None:
+    add_model(tmp_path, "m", config("m") + WARMUP.format(batch=8, dtype="TYPE_FP32", dims="[ 64 ]"),
+              {1: mlp_weights()})
+    engine = InferenceService(tmp_path, ModelsConfig(control_mode="explicit"), max_elements=100)
+    engine.start()
+    try:
+        with pytest.raises(ModelConfigError, match=r"makes 512 elements .*limit of 100 "
+                                                   r"\(\[server\] max_tensor_elements\)"):
+            engine.load_model("m")
+    finally:
+        engine.close()
+
+
+def test_an_autocompleted_per_item_scalar_input_warms_up_and_answers(tmp_path: Path,
+                                                                      service: InferenceService) -> None:
+    # input [batch]: auto-complete makes it dims [1] with an empty reshape, so warm-up's [1, 1] must become [1]
+    graph = helper.make_graph([helper.make_node("Add", ["x", "one"], ["y"])], "plus_one",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch"])],
+                              [numpy_helper.from_array(np.ones((), np.float32), "one")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    (tmp_path / "scalar" / "1").mkdir(parents=True)
+    onnx.save(model, str(tmp_path / "scalar" / "1" / "model.onnx"))
+    service.load_model("scalar")
+    spec = service.model_config("scalar").input[0]
+    assert spec.dims == (1,) and spec.reshape is not None and spec.reshape.shape == ()
+    out = service.infer(InferRequest("scalar", {"x": np.array([[2.0], [5.0]], np.float32)})).outputs["y"]
+    np.testing.assert_allclose(out.reshape(-1), [3.0, 6.0])

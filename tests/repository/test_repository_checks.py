@@ -1,0 +1,109 @@
+"""The config checks a load and ``edged models validate`` share: platform and backend, and model_warmup
+entries against the config's inputs and max_batch_size; validate on real folders exits 1 where a load refuses."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from modelgen import add_model, mlp_weights
+
+from edged.errors import ModelConfigError
+from edged.repository import check_platform_backend, check_warmup, parse_model_config
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PATH = "/repo/m/config.pbtxt"
+IO = ('input [ { name: "input", data_type: TYPE_FP32, dims: [ 64 ] } ]\n'
+      'output [ { name: "output", data_type: TYPE_FP32, dims: [ 10 ] } ]\n')
+
+
+def warmup(batch: int = 1, key: str = "input", dtype: str = "TYPE_FP32", dims: str = "[ 64 ]") -> str:
+    return (f'model_warmup [ {{ name: "w", batch_size: {batch}, inputs {{ key: "{key}" value: {{ data_type: '
+            f'{dtype}, dims: {dims}, zero_data: true }} }} }} ]\n')
+
+
+def config(head: str = 'platform: "onnxruntime_onnx"', max_batch: int = 8, extra: str = "") -> str:
+    return f'name: "m"\n{head}\nmax_batch_size: {max_batch}\n{IO}{extra}'
+
+
+@pytest.mark.parametrize(("head", "match"), [
+    ('platform: "ensemble"', "/repo/m/config.pbtxt: field 'platform' is 'ensemble', which edged does not serve; "
+                             "supported platforms: onnxruntime_onnx, tensorrt_plan, pytorch_libtorch, torch_export"),
+    ('platform: "tensorflow_savedmodel"', "field 'platform' is 'tensorflow_savedmodel'"),
+    ('backend: "tensorflow"', "field 'backend' is 'tensorflow', which edged does not know; supported backends: "
+                              "onnxruntime, onnxruntime_genai, pytorch, tensorrt"),
+    ('platform: "onnxruntime_onnx"\nbackend: "pytorch"',
+     "field 'platform' is 'onnxruntime_onnx' \\(backend 'onnxruntime'\\) but field 'backend' is 'pytorch'"),
+])
+def test_platform_and_backend_edged_does_not_serve_are_refused(head: str, match: str) -> None:
+    with pytest.raises(ModelConfigError, match=match):
+        check_platform_backend(parse_model_config(config(head)), PATH)
+
+
+@pytest.mark.parametrize("head", ['platform: "onnxruntime_onnx"', 'backend: "onnxruntime"',
+                                  'platform: "onnxruntime_onnx"\nbackend: "onnxruntime"',
+                                  'platform: "torch_export"\nbackend: "pytorch"', ""])
+def test_platforms_and_backends_edged_serves_pass(head: str) -> None:
+    check_platform_backend(parse_model_config(config(head)), PATH)
+
+
+def test_a_custom_backend_passes_when_the_caller_checks_names_itself() -> None:
+    check_platform_backend(parse_model_config(config('backend: "my_backend"')), PATH, backends=None)
+
+
+@pytest.mark.parametrize(("max_batch", "extra", "match"), [
+    (8, warmup(batch=9), r"field 'batch_size' is 9, more than 8 \(max_batch_size 8\)"),
+    (0, warmup(batch=2), r"field 'batch_size' is 2, more than 1 \(max_batch_size 0\)"),
+    (8, warmup(key="nope"), r"field 'inputs\[nope\]' names no input of the model \(inputs: input\)"),
+    (8, warmup(dtype="TYPE_FP16"), r"field 'inputs\[input\]\.data_type' is TYPE_FP16, but input 'input' is "
+                                   "TYPE_FP32"),
+    (8, warmup(dims="[ 8, 8 ]"), r"field 'inputs\[input\]\.dims' is \[8, 8\], but input 'input' has dims \[64\]"),
+    (8, warmup(dims="[ 1000000000000 ]"), r"field 'inputs\[input\]\.dims' is \[1000000000000\]"),
+    (8, 'model_warmup [ { name: "w", batch_size: 1 } ]',
+     r"field 'inputs' has no entry for the model's input 'input'"),
+])
+def test_warmup_entries_that_do_not_fit_the_config_are_refused(max_batch: int, extra: str, match: str) -> None:
+    with pytest.raises(ModelConfigError, match=r"^/repo/m/config\.pbtxt: model_warmup\[0\] \('w'\): " + match):
+        check_warmup(parse_model_config(config(max_batch=max_batch, extra=extra)), PATH, 1 << 26)
+
+
+def test_warmup_elements_are_bounded_and_fitting_entries_pass() -> None:
+    fitting = parse_model_config(config(extra=warmup(batch=8)))
+    check_warmup(fitting, PATH, 512)
+    with pytest.raises(ModelConfigError, match=r"makes 512 elements \(batch_size x dims\), more than the limit of "
+                                               r"511 \(\[server\] max_tensor_elements\)"):
+        check_warmup(fitting, PATH, 511)
+    variable = parse_model_config(config(extra=warmup(dims="[ 100 ]")).replace("dims: [ 64 ] }", "dims: [ -1 ] }"))
+    check_warmup(variable, PATH, 1 << 26)  # -1 allows any size
+
+
+def run_validate(folder: Path) -> subprocess.CompletedProcess[str]:
+    code = ("import sys, argparse\nfrom edged.cli.models_validate import register_validate\n"
+            "p = argparse.ArgumentParser(); s = p.add_subparsers(); register_validate(s)\n"
+            "a = p.parse_args(sys.argv[1:]); sys.exit(a.handler(a))")
+    return subprocess.run([sys.executable, "-c", code, "validate", str(folder)], capture_output=True, text=True,
+                          cwd=REPO_ROOT, timeout=120, check=False)
+
+
+def test_validate_exits_1_on_what_a_load_refuses_and_warns_of_a_custom_backend(tmp_path: Path) -> None:
+    refused = {"ens": config('platform: "ensemble"'), "tf": config('platform: "tensorflow_savedmodel"'),
+               "mix": config('platform: "onnxruntime_onnx"\nbackend: "pytorch"'),
+               "wname": config(extra=warmup(key="nope")), "wbatch": config(extra=warmup(batch=100000))}
+    for name, text in refused.items():
+        add_model(tmp_path, name, text.replace('name: "m"', f'name: "{name}"'), {1: mlp_weights()})
+    add_model(tmp_path, "custom", config('backend: "my_backend"').replace('name: "m"', 'name: "custom"'),
+              {1: mlp_weights()})
+    # one interpreter per folder is slow: check them in one child, the same code path as the CLI's
+    code = ("import sys\nfrom pathlib import Path\nfrom edged.cli.models_validate import validate_path\n"
+            "from edged.errors import EdgedError\nfor f in sys.argv[1:]:\n"
+            "    try:\n        r = validate_path(Path(f)); print(f'ok {Path(f).name}', r.warnings)\n"
+            "    except EdgedError as e:\n        print(f'error {Path(f).name}', e)\n")
+    out = subprocess.run([sys.executable, "-c", code, *(str(tmp_path / n) for n in [*refused, "custom"])],
+                         capture_output=True, text=True, cwd=REPO_ROOT, timeout=120, check=True).stdout
+    for name in refused:
+        assert f"error {name} {tmp_path / name / 'config.pbtxt'}: " in out, out
+    assert "ok custom" in out and "the daemon loads it only where [models] backends names it" in out, out
+    result = run_validate(tmp_path / "ens")  # and the CLI itself exits 1
+    assert result.returncode == 1 and "field 'platform' is 'ensemble'" in result.stderr, result.stderr
