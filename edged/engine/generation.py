@@ -292,10 +292,10 @@ def _prepare(instance: GenerativeInstance, request: GenerationRequest,
         text = instance.render_chat(request.messages, list(tools.definitions) if tools.active else None,
                                     add_generation_prompt=True)
     prompt = instance.encode(text)
+    prompt_field = "prompt" if request.prompt is not None else "messages"  # the request field that is too long
     if limits.max_prompt_tokens is not None and len(prompt) > limits.max_prompt_tokens:
         raise InvalidParameter(f"the prompt is {len(prompt)} tokens; model {request.model!r} takes at most "
-                               f"{limits.max_prompt_tokens} (parameter max_prompt_tokens)",
-                               "prompt" if request.prompt is not None else "messages")
+                               f"{limits.max_prompt_tokens} (parameter max_prompt_tokens)", prompt_field)
     room = instance.context_length - len(prompt)
     if limits.max_output_tokens is not None:
         if request.max_tokens is not None and request.max_tokens > limits.max_output_tokens:
@@ -305,7 +305,7 @@ def _prepare(instance: GenerativeInstance, request: GenerationRequest,
         room = min(room, limits.max_output_tokens)
     if room <= 0:
         raise InvalidParameter(f"the prompt is {len(prompt)} tokens; model {request.model!r} takes at most "
-                               f"{instance.context_length} tokens of prompt and output together", "messages")
+                               f"{instance.context_length} tokens of prompt and output together", prompt_field)
     if request.max_tokens is not None and request.max_tokens > room:
         raise InvalidParameter(f"max_tokens {request.max_tokens} does not fit: the prompt is {len(prompt)} "
                                f"tokens and model {request.model!r} takes {instance.context_length} in all",

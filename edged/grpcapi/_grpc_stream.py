@@ -423,7 +423,9 @@ def open_call(conn: H2Connection, stream_id: int, headers: list[tuple[bytes, byt
     try:
         request = heads.parse(headers)
     except _HttpRefusal as e:
-        conn.trailers_only(stream_id, _http_status(e.status))
+        # a 405 names the method that is allowed (RFC 9110 requires Allow); static index 22 is allow
+        allow = hpack.literal_static_name(22, b"POST") if e.status == b"405" else b""
+        conn.trailers_only(stream_id, _http_status(e.status) + allow)
         return None
     except ValueError as e:
         raise H2StreamError(stream_id, ErrorCode.PROTOCOL_ERROR, str(e)) from e

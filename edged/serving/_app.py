@@ -6,6 +6,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 import httptools
@@ -24,16 +25,17 @@ from edged.serving._http import Connection
 from edged.serving._infer import InferPath
 from edged.serving._limits import ConnectionLimit, model_body_bound
 from edged.serving._messages import WANTED_HEADERS, Incoming, Slot
-from edged.serving._openai import openai_error
+from edged.serving._openai import openai_error, openai_error_response
 from edged.serving._response import Response, error_for, error_response, json_response, render
-from edged.serving._routes import SHARED_MEMORY_KINDS, SPECS, Kind, Route, RouteSpec, match
+from edged.serving._routes import SHARED_MEMORY_KINDS, SPECS, Kind, Route, RouteSpec, is_openai_path, match
 from edged.serving._shm_routes import handle_shm
 from edged.shm import SharedMemoryRegistry
 
 log = logging.getLogger(__name__)
 
 _LAZY_KINDS = frozenset({Kind.INFER, Kind.MODEL_METADATA, Kind.MODEL_CONFIG, Kind.GENERATE, Kind.GENERATE_STREAM})
-_OPENAI_KINDS = frozenset({Kind.CHAT_COMPLETIONS, Kind.COMPLETIONS, Kind.OPENAI_MODELS})
+_OPENAI_KINDS = frozenset({Kind.CHAT_COMPLETIONS, Kind.COMPLETIONS, Kind.OPENAI_MODELS, Kind.OPENAI_MODEL})
+_OPENAI_ROUTES = "GET /v1/models, GET /v1/models/{model}, POST /v1/chat/completions and POST /v1/completions"
 _ACTIONS = {Kind.INFER: "run inference", Kind.LOAD: "load models", Kind.UNLOAD: "unload models"}
 # Request targets already matched, by their raw bytes: clients repeat a handful of URLs, so most requests skip
 # URL parsing, percent-decoding and route matching. Bounded, so that a client cycling through names cannot
@@ -47,11 +49,12 @@ class _Target(NamedTuple):
     lazy: bool  # a route that loads a lazily loaded model on first use
     action: str  # what access control says the caller may not do; looked up once per URL (Kind hashes slowly)
     infer: bool  # an infer route: compared once per URL, since reading an Enum member through its class is slow
+    openai: bool  # a /v1 route: its errors are OpenAI's JSON, not Triton's
 
 
 def _target(route: Route) -> _Target:
     return _Target(route, SPECS[route.kind], route.kind in _LAZY_KINDS, _ACTIONS.get(route.kind, route.kind.value),
-                   route.kind is Kind.INFER)
+                   route.kind is Kind.INFER, route.kind in _OPENAI_KINDS)
 
 
 class App:
@@ -92,12 +95,12 @@ class App:
             return  # answered
         route, spec = target.route, target.spec
         if incoming.method != spec.method:
-            self._answer(connection, incoming, slot, error_response(
-                405, f"method {incoming.method.decode('latin-1')} is not allowed here; use "
-                     f"{spec.method.decode()}"))
+            self._answer(connection, incoming, slot, _wrong_method(incoming.method, target))
             return
         if self.draining:
-            self._answer(connection, incoming, slot, error_response(503, "the server is shutting down", True))
+            message = "the server is shutting down"
+            self._answer(connection, incoming, slot, replace(openai_error_response(503, message), close=True)
+                         if target.openai else error_response(503, message, True))
             return
         permission = spec.permission  # _permitted's success without the call: open routes, and infer when open
         if connection.kind == "tcp" or (permission != "open" and (permission != "infer" or not self.access.infer_open)):
@@ -140,16 +143,19 @@ class App:
 
     def _match(self, connection: Connection, incoming: Incoming, slot: Slot) -> _Target | None:
         """The target of a URL not seen before; None when the request was answered with an error."""
+        path = incoming.url
         try:
-            route = match(httptools.parse_url(incoming.url).path)
+            path = httptools.parse_url(incoming.url).path
+            route = match(path)
         except httptools.HttpParserInvalidURLError:
-            self._answer(connection, incoming, slot, error_response(400, "malformed request URL"))
+            self._answer(connection, incoming, slot, openai_error_response(400, "malformed request URL")
+                         if is_openai_path(path) else error_response(400, "malformed request URL"))
             return None
         except InvalidInput as e:
-            self._answer(connection, incoming, slot, error_for(e))
+            self._answer(connection, incoming, slot, openai_error(e) if is_openai_path(path) else error_for(e))
             return None
         if route is None:
-            self._answer(connection, incoming, slot, error_response(404, "Not Found"))
+            self._answer(connection, incoming, slot, _not_found(incoming.method, path))
             return None
         target = _target(route)
         if len(self._targets) < _ROUTE_CACHE_SIZE:
@@ -168,6 +174,8 @@ class App:
                                  stream_route=route.kind is Kind.GENERATE_STREAM)
         elif route.kind is Kind.OPENAI_MODELS:
             self._answer(connection, incoming, slot, self.chat.models())
+        elif route.kind is Kind.OPENAI_MODEL:
+            self._answer(connection, incoming, slot, self.chat.model(route.model))
         elif route.kind is Kind.LOAD or route.kind is Kind.UNLOAD:
             self._repository_change(connection, incoming, slot, route)
         elif route.kind is Kind.DAEMON_READ or route.kind is Kind.DAEMON_ACTION:
@@ -204,7 +212,7 @@ class App:
         denied = self.handlers.denied
         denied[target.action] = denied.get(target.action, 0) + 1
         log.warning("%s (model %s)", error, target.route.model or "-")
-        self._answer(connection, incoming, slot, error_for(error))
+        self._answer(connection, incoming, slot, openai_error(error) if target.openai else error_for(error))
 
     def _repository_change(self, connection: Connection, incoming: Incoming, slot: Slot, route: Route) -> None:
         service = self.service
@@ -258,3 +266,23 @@ class App:
     def _answer(self, connection: Connection, incoming: Incoming, slot: Slot, response: Response) -> None:
         close = response.close or not incoming.keep_alive
         connection.respond(slot, render(response, incoming.keep_alive), close)
+
+
+def _wrong_method(method: bytes, target: _Target) -> Response:
+    """405 with ``Allow`` (RFC 9110 requires it: every route takes one method), in the shape of the route's API."""
+    allowed = target.spec.method
+    message = f"method {method.decode('latin-1')} is not allowed here; use {allowed.decode()}"
+    allow = ((b"allow", allowed),)
+    if target.openai:
+        return openai_error_response(405, message, headers=allow)
+    return replace(error_response(405, message), extra_headers=allow)
+
+
+def _not_found(method: bytes, path: bytes) -> Response:
+    """404 for a path no route has: OpenAI's error JSON under /v1 (its clients read the message from it, for
+    /v1/embeddings say), Triton's ``{"error": "Not Found"}`` elsewhere, as Triton's clients expect."""
+    if not is_openai_path(path):
+        return error_response(404, "Not Found")
+    shown = path[:200].decode("latin-1")
+    return openai_error_response(404, f"unknown request URL {method.decode('latin-1')} {shown}: edged's OpenAI API "
+                                      f"serves {_OPENAI_ROUTES}", code="unknown_url")

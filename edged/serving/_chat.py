@@ -1,5 +1,5 @@
-"""``GET /v1/models``, ``POST /v1/chat/completions`` and ``POST /v1/completions``: OpenAI's HTTP and SSE shapes
-over the engine's `GenerationService` (engine/generation.py), which does the work in its own threads.
+"""``GET /v1/models[/{model}]``, ``POST /v1/chat/completions`` and ``POST /v1/completions``: OpenAI's HTTP and SSE
+shapes over the engine's `GenerationService` (engine/generation.py), which does the work in its own threads.
 
 Invariants: nothing blocking runs on the event loop (the stream delivers each batch of waiting events to a
 callback on the loop, written in one socket write); every error before the first streamed byte is OpenAI's error JSON
@@ -19,7 +19,7 @@ import orjson
 from edged.engine import InferenceService
 from edged.engine.generation import GenerationRequest, GenerationService
 from edged.engine.generation_stream import Finished, GenerationEvent, GenerationStream, Started, TextDelta
-from edged.errors import EdgedError
+from edged.errors import EdgedError, ModelNotFound
 from edged.exposition import MetricFamily
 from edged.serving._http import Connection, Incoming, Slot
 from edged.serving._openai import (
@@ -28,6 +28,7 @@ from edged.serving._openai import (
     chat_completion,
     chunk,
     completion_id,
+    model_object,
     openai_calls,
     openai_error,
     parse_chat,
@@ -62,9 +63,15 @@ class ChatPath:
         self._loop = asyncio.get_running_loop()
 
     def models(self) -> Response:
-        data = [{"id": name, "object": "model", "created": 0, "owned_by": "edged"}
-                for name in self._generation.generative_models()]
+        data = [model_object(name) for name in self._generation.generative_models()]
         return json_response({"object": "list", "data": data})
+
+    def model(self, name: str) -> Response:
+        """``GET /v1/models/{model}``: the model as ``GET /v1/models`` lists it, else 404 ``model_not_found``."""
+        if name not in self._generation.generative_models():
+            return openai_error(ModelNotFound(f"model {name!r} is not a ready generative model of this server "
+                                              "(GET /v1/models lists them)"))
+        return json_response(model_object(name))
 
     def handle(self, connection: Connection, incoming: Incoming, slot: Slot, chat: bool = True) -> None:
         """``chat``: /v1/chat/completions, else /v1/completions (a prompt string, no chat template)."""

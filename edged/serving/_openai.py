@@ -17,6 +17,7 @@ import orjson
 from edged.backends.tool_calls import ToolCall
 from edged.engine.tool_output import NO_TOOLS, Constraint, Tools
 from edged.errors import EdgedError, InvalidParameter, ModelNotFound, PermissionDenied, QueueFull
+from edged.serving._limits import RETRY
 from edged.serving._response import Response, status_for
 from edged.serving._tools import message_tool_calls, parse_response_format, parse_tools
 
@@ -266,17 +267,31 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 
 _TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 403: "permission_error", 404: "not_found_error",
-          413: "invalid_request_error",
+          405: "invalid_request_error", 413: "invalid_request_error",
           429: "rate_limit_error", 503: "server_error"}
 
 
 def openai_error(error: BaseException) -> Response:
-    """OpenAI's error JSON, with the status of edged's error table; a full queue is 429 as OpenAI answers."""
+    """OpenAI's error JSON, with the status of edged's error table; a full queue is 429 as OpenAI answers, with
+    the ``Retry-After`` of edged's own 503s (OpenAI's clients wait that long before they retry)."""
     status = 429 if isinstance(error, QueueFull) else 401 if isinstance(error, Unauthenticated) else status_for(error)
     code = ("model_not_found" if isinstance(error, ModelNotFound)
             else "invalid_api_key" if isinstance(error, Unauthenticated) else None)
     param = error.param if isinstance(error, InvalidParameter) else None
     message = str(error) if isinstance(error, EdgedError) else f"internal error: {type(error).__name__}"
+    headers = (((b"www-authenticate", b'Bearer realm="edged"'),) if status == 401
+               else RETRY if status == 429 else ())
+    return openai_error_response(status, message, param, code, headers)
+
+
+def openai_error_response(status: int, message: str, param: str | None = None, code: str | None = None,
+                          headers: tuple[tuple[bytes, bytes], ...] = ()) -> Response:
+    """``{"error": {"message", "type", "param", "code"}}``, the shape every /v1 error has (OpenAI's clients read
+    the message from it; Triton's ``{"error": "..."}`` would reach them as an unreadable body)."""
     body = {"error": {"message": message, "type": _TYPES.get(status, "server_error"), "param": param, "code": code}}
-    headers = ((b"www-authenticate", b'Bearer realm="edged"'),) if status == 401 else ()
     return Response(status, orjson.dumps(body), extra_headers=headers)
+
+
+def model_object(name: str) -> dict[str, Any]:
+    """One entry of ``GET /v1/models``, and the answer of ``GET /v1/models/{model}`` (OpenAI's Model object)."""
+    return {"id": name, "object": "model", "created": 0, "owned_by": "edged"}

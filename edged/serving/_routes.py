@@ -42,6 +42,7 @@ class Kind(Enum):
     DAEMON_READ = "daemon_read"  # /v2/edged/ota/status|history: answered by a callable the daemon provides
     DAEMON_ACTION = "daemon_action"  # /v2/edged/ota/check|rollback
     OPENAI_MODELS = "openai_models"  # GET /v1/models: the generative models, in OpenAI's list shape
+    OPENAI_MODEL = "openai_model"  # GET /v1/models/{model}: one of them (OpenAI's models.retrieve)
     CHAT_COMPLETIONS = "chat_completions"
     COMPLETIONS = "completions"
     GENERATE = "generate"  # Triton's generate extension: one JSON answer
@@ -80,6 +81,7 @@ SPECS: dict[Kind, RouteSpec] = {
     Kind.DAEMON_READ: RouteSpec(b"GET", "open", "statistics"),
     Kind.DAEMON_ACTION: RouteSpec(b"POST", "admin", "model-repository"),
     Kind.OPENAI_MODELS: RouteSpec(b"GET", "infer", "inference"),
+    Kind.OPENAI_MODEL: RouteSpec(b"GET", "infer", "inference"),
     Kind.CHAT_COMPLETIONS: RouteSpec(b"POST", "infer", "inference"),
     Kind.COMPLETIONS: RouteSpec(b"POST", "infer", "inference"),
     Kind.GENERATE: RouteSpec(b"POST", "infer", "inference"),
@@ -122,6 +124,11 @@ class Route:
     version: str = ""
 
 
+def is_openai_path(path: bytes) -> bool:
+    """Whether a request path is under ``/v1``, whose errors are OpenAI's JSON (Triton's shape elsewhere)."""
+    return path == b"/v1" or path.startswith(b"/v1/")
+
+
 def match(path: bytes) -> Route | None:
     """The route for a request path (without the query), None when no route has that shape."""
     raw = path.split(b"/")
@@ -135,6 +142,8 @@ def match(path: bytes) -> Route | None:
         return Route(fixed)
     if len(parts) >= 3 and parts[:2] == ("v2", "models"):
         return _model_route(parts[2:])
+    if len(parts) == 3 and parts[:2] == ("v1", "models"):
+        return Route(Kind.OPENAI_MODEL, _name(parts[2]))
     if len(parts) == 5 and parts[:3] == ("v2", "repository", "models") and parts[4] in ("load", "unload"):
         return Route(Kind.LOAD if parts[4] == "load" else Kind.UNLOAD, _name(parts[3]))
     if len(parts) == 4 and parts[:2] == ("v2", "edged") and (parts[2], parts[3]) in DAEMON_ROUTES:

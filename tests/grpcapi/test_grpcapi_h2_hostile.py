@@ -246,7 +246,8 @@ def test_a_compressed_message_is_unimplemented(grpc_daemon: GrpcDaemon) -> None:
         assert fields[b"grpc-status"] == b"12" and b"gzip" in fields[b"grpc-message"]
 
 
-def test_an_unknown_method_is_unimplemented_and_a_bad_content_type_is_415(grpc_daemon: GrpcDaemon) -> None:
+def test_an_unknown_method_is_unimplemented_a_bad_content_type_is_415_and_get_is_405_with_allow(
+        grpc_daemon: GrpcDaemon) -> None:
     with RawH2(grpc_daemon.tcp) as client:
         client.start()
         fields, _ = client.call(1, "NoSuchMethod", b"")
@@ -255,6 +256,11 @@ def test_an_unknown_method_is_unimplemented_and_a_bad_content_type_is_415(grpc_d
             "ServerLive").replace(b"application/grpc", b"text/plain/xxxxx")))
         fields, _ = client.response(3)
         assert fields[b":status"] == b"415"
+        client.send(frame(HEADERS, END_HEADERS | END_STREAM, 5, block([
+            (b":method", b"GET"), (b":scheme", b"http"), (b":path", b"/inference.GRPCInferenceService/ServerLive"),
+            (b":authority", b"edged"), (b"content-type", b"application/grpc"), (b"te", b"trailers")])))
+        fields, _ = client.response(5)
+        assert fields[b":status"] == b"405" and fields[b"allow"] == b"POST"  # RFC 9110 15.5.6: Allow is a MUST
 
 
 def test_the_response_waits_for_the_clients_window_and_honours_a_new_initial_window(
