@@ -27,6 +27,7 @@ PLATFORM_TO_BACKEND: dict[str, str] = {
     "onnxruntime_onnx": "onnxruntime",
     "tensorrt_plan": "tensorrt",
     "pytorch_libtorch": "pytorch",
+    "torch_export": "pytorch",
 }
 BACKEND_DEFAULT_FILENAME: dict[str, str] = {
     "onnxruntime": "model.onnx",
