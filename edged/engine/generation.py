@@ -77,9 +77,11 @@ class StopText:
         if not self._stops:
             return text, False
         self._text += text
-        found = [i for i in (self._text.find(s) for s in self._stops) if i >= 0]
-        if found:
-            out, self._text = self._text[:min(found)], ""
+        # the stop completed first wins, as if the text had come one character at a time (a longer stop that
+        # began earlier but ends later would not have been generated); of two ending together, the longer
+        ends = [(i + len(s), i) for i, s in ((self._text.find(s), s) for s in self._stops) if i >= 0]
+        if ends:
+            out, self._text = self._text[:min(ends)[1]], ""
             return out, True
         cut = max(0, len(self._text) - self._hold)  # never negative: a short text is all held
         out, self._text = self._text[:cut], self._text[cut:]

@@ -1,6 +1,7 @@
 """StopText, the cut at the first stop string of a streamed generation, against the plain definition: whatever
-pieces the text comes in, what it lets out is the text up to the first place a stop starts, and nothing is let
-out that could still be the start of one."""
+pieces the text comes in, what it lets out is what it would let out were the text generated one character at a
+time (up to where the first stop to be completed starts), and nothing is let out that could still be the start
+of one."""
 
 from __future__ import annotations
 
@@ -13,8 +14,13 @@ ALPHABET = "ab~ "
 
 
 def _reference(text: str, stops: tuple[str, ...]) -> tuple[str, bool]:
-    found = [i for i in (text.find(stop) for stop in stops) if i >= 0]
-    return (text[:min(found)], True) if found else (text, False)
+    """As generated one character at a time: the text stops where a stop first ends (the longest of those ending
+    there), and what is let out is the text before it."""
+    for end in range(1, len(text) + 1):
+        ending = [len(stop) for stop in stops if text[:end].endswith(stop)]
+        if ending:
+            return text[:end - max(ending)], True
+    return text, False
 
 
 @st.composite
