@@ -62,12 +62,15 @@ def set_mode_and_group(path: Path, mode: str, group: str | None) -> None:
 
 
 def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 and ::ffff:127.x.y.z (an IPv6 socket's name for IPv4 loopback); never 0.0.0.0 or ::."""
     if host == "localhost":
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        address = ipaddress.ip_address(host)
     except ValueError:
         return False
+    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
 def next_step(error: OSError, path: Path | None = None, key: str = "") -> str:

@@ -61,8 +61,12 @@ def adopt(config: ServerConfig, inherited: list[tuple[str, socket.socket]]) -> G
                           "Unix socket (server.grpc_socket): give edged-grpc.socket one ListenStream=")
     _, sock = inherited[0]
     if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
-        raise ConfigError(f"the socket systemd passed as {GRPC_NAME!r} is not a Unix stream socket "
-                          f"(family {sock.family!r}); the gRPC TCP port is server.grpc_port, never socket-activated")
+        # never adopted at any address, loopback or not: gRPC TCP is only grpc_port, which follows the loopback rule
+        address = sock.getsockname()
+        where = f"{address[0]}:{address[1]}" if isinstance(address, tuple) else repr(address)
+        raise ConfigError(f"the socket systemd passed as {GRPC_NAME!r} (fd {sock.fileno()}, {where}) is not a Unix "
+                          f"stream socket (family {sock.family!r}); the gRPC TCP port is server.grpc_port, never "
+                          "socket-activated: give edged-grpc.socket a ListenStream= path")
     path = str(sock.getsockname())
     if config.grpc_socket is None:
         raise ConfigError(f"systemd passed a gRPC socket ({GRPC_NAME!r}, {path}) but server.grpc_socket is not "

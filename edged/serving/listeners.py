@@ -4,7 +4,10 @@ A Unix socket is bound under a restrictive umask (0o177), so it is never reachab
 chmod; only then is it given ``socket_mode`` and ``socket_group``. An existing socket file is replaced only
 when nothing answers on it (a live daemon would otherwise lose its socket). Inherited sockets (LISTEN_FDS)
 are used only when LISTEN_PID names this process, as sd_listen_fds(3) requires, and only those systemd named
-for the HTTP API (`edged.access.activated_sockets`: a socket named ``grpc`` is the gRPC front end's).
+for the HTTP API (`edged.access.activated_sockets`: a socket named ``grpc`` is the gRPC front end's). An
+inherited TCP socket follows the configured port's rule: the HTTP listener has no access control, so one bound
+to a non-loopback address (``ListenStream=8000`` binds every address) is refused unless
+``http_allow_non_loopback`` is set.
 """
 
 from __future__ import annotations
@@ -67,7 +70,7 @@ def open_listeners(config: ServerConfig, socket_path: Path, environ: Mapping[str
                    activated: Activated | None = None) -> list[Listener]:
     """Inherited sockets when systemd passed some for the HTTP API, else a new Unix socket; plus TCP if set.
     ``activated``: the sockets the daemon took from systemd (else they are read from ``environ`` here)."""
-    listeners = inherited_listeners(activated if activated is not None else activated_sockets(environ))
+    listeners = inherited_listeners(config, activated if activated is not None else activated_sockets(environ))
     if not listeners:
         listeners = [unix_listener(config, socket_path)]
     if config.http_port is not None and not any(item.kind == "tcp" for item in listeners):
@@ -80,7 +83,7 @@ def open_listeners(config: ServerConfig, socket_path: Path, environ: Mapping[str
     return listeners
 
 
-def inherited_listeners(activated: Activated) -> list[Listener]:
+def inherited_listeners(config: ServerConfig, activated: Activated) -> list[Listener]:
     """The HTTP API's sockets among those systemd passed (named ``edged`` or unnamed: `activated_sockets`)."""
     listeners = []
     for name, sock in activated.http:
@@ -89,6 +92,14 @@ def inherited_listeners(activated: Activated) -> list[Listener]:
             listeners.append(Listener(sock, "uds", address, inherited=True))
         elif sock.family in (socket.AF_INET, socket.AF_INET6):
             host, port = sock.getsockname()[:2]
+            if not config.http_allow_non_loopback and not _is_loopback(host):
+                fd = sock.fileno()
+                for _, each in activated.http:
+                    each.close()
+                raise ConfigError(f"the TCP socket systemd passed as fd {fd} ({name or 'unnamed'}) listens on "
+                                  f"{host}:{port}, not a loopback address; the HTTP listener has no access "
+                                  f"control, so bind it to loopback (ListenStream=127.0.0.1:{port}) or set "
+                                  "server.http_allow_non_loopback = true")
             listeners.append(Listener(sock, "tcp", f"{host}:{port}", inherited=True))
         else:
             fd = sock.detach()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from edged.access import is_loopback
 from edged.config import ServerConfig
 from edged.errors import ConfigError
 from edged.serving import default_socket_path, open_listeners
@@ -58,6 +59,15 @@ def test_tcp_listener_is_loopback_only_unless_allowed(tmp_path: Path) -> None:
         _close(listeners)
     with pytest.raises(ConfigError, match="not a loopback address"):
         open_listeners(ServerConfig(http_port=0, http_host="0.0.0.0"), tmp_path / "b.sock", environ={})
+
+
+@pytest.mark.parametrize(("host", "loopback"), [
+    ("127.0.0.1", True), ("127.9.9.9", True), ("::1", True), ("localhost", True),
+    ("::ffff:127.0.0.1", True),  # how an IPv6 socket that also takes IPv4 names IPv4 loopback
+    ("0.0.0.0", False), ("::", False), ("::ffff:0.0.0.0", False), ("192.0.2.2", False), ("fe80::1%eth0", False),
+])
+def test_the_loopback_rule_of_every_tcp_listener(host: str, loopback: bool) -> None:
+    assert is_loopback(host) is loopback
 
 
 def test_listen_fds_for_another_pid_are_ignored(tmp_path: Path) -> None:
