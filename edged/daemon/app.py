@@ -405,7 +405,9 @@ class Daemon:
             return {"source": "off"}
         snapshot = self.telemetry.snapshot()
         return {"source": self.telemetry.choice.name, "reason": self.telemetry.choice.reason,
-                "stale": snapshot["stale"], "last_sample_age_s": snapshot["last_sample_age_s"]}
+                "stale": snapshot["stale"], "last_sample_age_s": snapshot["last_sample_age_s"],
+                "bad_lines": snapshot["bad_lines"], "store_rejected": snapshot["store_rejected"],
+                "store_dropped": snapshot["store_dropped"], "store_error": snapshot["store_error"]}
 
     def _extra_metrics(self) -> str:
         lines = [self.memory_metrics(), render_health(self.health)]

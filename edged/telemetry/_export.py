@@ -64,6 +64,15 @@ def render_prometheus(snapshot: Mapping[str, Any]) -> str:
     families.append(_gauge("edged_telemetry_samples_total", "Telemetry samples taken.",
                            [({"source": str(snapshot.get("source"))}, float(snapshot.get("samples") or 0))],
                            "counter"))
+    source = {"source": str(snapshot.get("source"))}
+    families.append(_gauge("edged_telemetry_bad_lines_total", "Source lines refused as not tegrastats or corrupt "
+                           "(a value out of range); skipped, not stored.",
+                           [(source, float(snapshot.get("bad_lines") or 0))], "counter"))
+    families.append(_gauge("edged_telemetry_rows_rejected_total", "Samples the store skipped because a value "
+                           "does not fit 64 bits.", [({}, float(snapshot.get("store_rejected") or 0))], "counter"))
+    families.append(_gauge("edged_telemetry_samples_dropped_total", "Samples lost before the database: writer "
+                           "behind, or a failed write (disk full).",
+                           [({}, float(snapshot.get("store_dropped") or 0))], "counter"))
     families.append(_gauge("edged_telemetry_stale", "1 while the newest telemetry sample is too old to be "
                            "current (its readings are then not exported).", [({}, float(stale))]))
     age = snapshot.get("last_sample_age_s")

@@ -77,6 +77,10 @@ class JtopSource:
     def name(self) -> str:
         return "jtop"
 
+    @property
+    def bad_lines(self) -> int:
+        return 0  # structured readings, no lines to refuse; a value too large to store is counted by the store
+
     def next_sample(self, stop: threading.Event) -> Sample | None:
         try:
             alive = self._client.ok()  # blocks until the service pushes fresh data (one interval)

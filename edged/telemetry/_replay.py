@@ -3,7 +3,8 @@
 Spacing comes from the lines' own timestamps when they have them, else from the configured interval. Sample
 times (wall and device elapsed, see `edged.clock`) are laid out from the moment the replay starts, so a replayed
 history looks like a live one; pacing uses the monotonic clock, so a wall clock step neither stalls nor rushes
-it. Lines that are not tegrastats (comments, blanks, garbage) are skipped.
+it. Comments and blanks are skipped; lines the parser refuses (garbage, corrupt values) are skipped and
+counted (``bad_lines``), and logged rate-limited.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from edged.clock import Clock, DeviceClock
 from edged.errors import TelemetryError, TelemetryParseError
+from edged.telemetry._bad_lines import BadLines
 from edged.telemetry._sample import Sample
 from edged.telemetry.tegrastats import parse_tegrastats
 
@@ -46,6 +48,7 @@ class ReplaySource:
         self._speed = speed
         self._interval = interval_s
         self._loop = loop
+        self._bad = BadLines("replay", log)
         self._iter = self._samples()
         self._clock = clock or DeviceClock()
         self._start: tuple[float, float, float] | None = None  # (monotonic, wall, elapsed) at the first sample
@@ -53,6 +56,10 @@ class ReplaySource:
     @property
     def name(self) -> str:
         return "replay"
+
+    @property
+    def bad_lines(self) -> int:
+        return self._bad.count
 
     def _samples(self) -> Iterator[tuple[float, Sample]]:
         """Yield (offset in sample time, sample) forever when looping."""
@@ -63,7 +70,7 @@ class ReplaySource:
                 try:
                     sample = parse_tegrastats(line)
                 except TelemetryParseError as e:
-                    log.warning("replay: %s", e)
+                    self._bad.note(e)
                     continue
                 stamp = _stamp(sample.timestamp)
                 gap = stamp - prev if stamp is not None and prev is not None else None

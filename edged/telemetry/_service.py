@@ -188,6 +188,10 @@ class TelemetryService:
         store = self._store
         out["store_error"] = str(store.error) if store is not None and store.error else None
         out["store_dropped"] = store.dropped if store is not None else 0
+        out["store_rejected"] = store.rejected if store is not None else 0
+        source = self._source
+        # getattr: a caller's own source (a tool's, a test's) may predate the counter
+        out["bad_lines"] = getattr(source, "bad_lines", 0) if source is not None else 0
         return out
 
     def _age(self) -> tuple[float | None, bool]:

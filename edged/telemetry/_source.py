@@ -24,6 +24,9 @@ class TelemetrySource(Protocol):
     @property
     def name(self) -> str: ...
 
+    @property
+    def bad_lines(self) -> int: ...  # readings refused as corrupt (skipped, not stored)
+
     def next_sample(self, stop: threading.Event) -> Sample | None: ...
 
     def close(self) -> None: ...

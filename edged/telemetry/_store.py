@@ -7,10 +7,15 @@ tool, a test) is keyed by its sample's time.
 Durability: WAL with ``synchronous=NORMAL``. A killed process (SIGKILL) loses nothing that was committed and
 never corrupts the file; what it loses is the batch still in memory (at most ``batch_size`` samples or
 ``flush_interval_s`` of them). A power cut may also lose the last committed transactions, never consistency.
+
+Bad values: a record with a number SQLite cannot hold (beyond 64 bits) is skipped and counted (``rejected``),
+never allowed to fail its batch. A failed write (a full disk) is reported with SQLite's own reason, and the WAL
+is then checkpointed and truncated so that the space it holds comes back (see `edged.telemetry._db`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import queue
@@ -31,6 +36,8 @@ from edged.telemetry._schema import SAMPLE_SERIES, migrate
 
 log = logging.getLogger(__name__)
 _STOP = object()
+_INT64 = (-(2**63), 2**63 - 1)
+_SQLITE_FULL = 13  # "database or disk is full" (sqlite3 names the constant only from Python 3.11)
 
 
 @dataclass(frozen=True)
@@ -59,22 +66,30 @@ class _Names:
         return self.ids[name]
 
 
-def _rows(records: list[Record], nid: _Names) -> dict[str, list[tuple[object, ...]]]:
-    rows: dict[str, list[tuple[object, ...]]] = {
-        k: [] for k in ("samples", "rails", "temps", "engines", "models")}
-    for r in records:
-        s, t = r.sample, r.key
-        cpu = json.dumps([[c.load_pct, c.freq_mhz] for c in s.cpu], separators=(",", ":"))
-        rows["samples"].append((t, s.ram_used_mb, s.ram_total_mb, s.swap_used_mb, s.swap_total_mb,
-                                s.cpu_mean_load(), cpu, s.gpu_load_pct, s.gpu_freq_mhz, s.emc_load_pct,
-                                s.emc_freq_mhz, r.power_in_mw, r.wall if r.wall is not None else s.t))
-        rows["rails"] += [(t, nid(f"power_mw:{k}"), v.now_mw, v.avg_mw) for k, v in s.power_mw.items()]
-        rows["temps"] += [(t, nid(f"temp_c:{k}"), v) for k, v in s.temps_c.items()]
-        rows["engines"] += [(t, nid(f"engine_load_pct:{k}"), int(e.on), e.load_pct, e.freq_mhz)
-                            for k, e in s.engines.items()]
-        rows["models"] += [(t, nid(f"model:{m.model}"), m.dt_s, m.inferences, m.compute_ns, m.energy_mj)
-                           for m in r.models]
-    return rows
+_Rows = dict[str, list[tuple[object, ...]]]
+
+
+def _record_rows(r: Record, nid: _Names) -> _Rows:
+    s, t = r.sample, r.key
+    cpu = json.dumps([[c.load_pct, c.freq_mhz] for c in s.cpu], separators=(",", ":"))
+    return {
+        "samples": [(t, s.ram_used_mb, s.ram_total_mb, s.swap_used_mb, s.swap_total_mb, s.cpu_mean_load(), cpu,
+                     s.gpu_load_pct, s.gpu_freq_mhz, s.emc_load_pct, s.emc_freq_mhz, r.power_in_mw,
+                     r.wall if r.wall is not None else s.t)],
+        "rails": [(t, nid(f"power_mw:{k}"), v.now_mw, v.avg_mw) for k, v in s.power_mw.items()],
+        "temps": [(t, nid(f"temp_c:{k}"), v) for k, v in s.temps_c.items()],
+        "engines": [(t, nid(f"engine_load_pct:{k}"), int(e.on), e.load_pct, e.freq_mhz)
+                    for k, e in s.engines.items()],
+        "models": [(t, nid(f"model:{m.model}"), m.dt_s, m.inferences, m.compute_ns, m.energy_mj)
+                   for m in r.models],
+    }
+
+
+def _storable(rows: _Rows) -> bool:
+    """Whether every integer fits SQLite's 64 bits (a bigger one raises OverflowError, not sqlite3.Error)."""
+    low, high = _INT64
+    return all(not isinstance(v, int) or low <= v <= high
+               for table in rows.values() for row in table for v in row)
 
 
 class TelemetryStore:
@@ -90,6 +105,7 @@ class TelemetryStore:
         self._thread: SupervisedThread | None = None
         self._writer = (health or HealthBoard()).component("telemetry_writer")
         self.written = 0  # samples committed
+        self.rejected = 0  # records skipped because a value cannot be stored (beyond 64 bits)
         self.error: Exception | None = None
         import sqlite_utils  # imported here so that the read-only CLI does not pay for it
 
@@ -159,12 +175,23 @@ class TelemetryStore:
         try:
             self.flush(batch, events)
         except sqlite3.Error as e:  # a full disk must not kill the sampler; count and log instead
-            self.error = TelemetryError(f"telemetry write to {self.path} failed: {e}")
+            self.error = TelemetryError(self._failure(e))
+            self.dropped += len(batch)
             log.error("%s", self.error)
             self._writer.degraded(str(self.error))
+            # The WAL may hold the space: merge it into the database and truncate it, so the next batch can fit.
+            with contextlib.suppress(sqlite3.Error):
+                self._db.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
             return
         if batch or events:
+            self.error = None
             self._writer.ok()
+
+    def _failure(self, e: sqlite3.Error) -> str:
+        if getattr(e, "sqlite_errorcode", None) == _SQLITE_FULL or "full" in str(e):
+            return (f"telemetry write to {self.path} failed: disk full ({e}); samples are dropped until space "
+                    "is freed: free space on the state partition, or lower [telemetry] raw_retention_s")
+        return f"telemetry write to {self.path} failed: {e}"
 
     def flush(self, batch: list[Record], events: list[Event]) -> None:
         """Write one batch in one transaction, then roll up and apply retention (writer thread only)."""
@@ -178,7 +205,10 @@ class TelemetryStore:
                 self._maintain(max(r.key for r in batch))
             conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            # SQLite may have rolled back by itself (SQLITE_FULL): a ROLLBACK then fails and would hide the cause.
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
             raise
         self.written += len(batch)
         if self._on_flush is not None:
@@ -186,7 +216,16 @@ class TelemetryStore:
 
     def _insert(self, batch: list[Record], events: list[Event]) -> None:
         conn = self._db.conn
-        rows = _rows(batch, self._names)
+        rows: _Rows = {k: [] for k in ("samples", "rails", "temps", "engines", "models")}
+        for record in batch:
+            one = _record_rows(record, self._names)
+            if not _storable(one):
+                self.rejected += 1
+                log.warning("telemetry sample at %.1f skipped: a value does not fit 64 bits (%d so far)",
+                            record.key, self.rejected)
+                continue
+            for table, table_rows in one.items():
+                rows[table] += table_rows
         events = [e for r in batch for e in r.events] + events
         conn.executemany("INSERT OR REPLACE INTO samples VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", rows["samples"])
         conn.executemany("INSERT OR REPLACE INTO rails VALUES (?,?,?,?)", rows["rails"])

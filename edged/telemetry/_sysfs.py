@@ -28,6 +28,10 @@ class SysfsSource:
     def name(self) -> str:
         return "sysfs"
 
+    @property
+    def bad_lines(self) -> int:
+        return 0  # structured readings, no lines to refuse; a value too large to store is counted by the store
+
     def read(self) -> Sample:
         """One sample now; CPU loads are over the time since the previous call (since boot on the first)."""
         now_stat = read_proc_stat(self._root)

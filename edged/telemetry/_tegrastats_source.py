@@ -13,6 +13,7 @@ import time
 
 from edged.config import TelemetryConfig
 from edged.errors import TelemetryError, TelemetryParseError
+from edged.telemetry._bad_lines import BadLines
 from edged.telemetry._sample import Sample
 from edged.telemetry.tegrastats import parse_tegrastats
 
@@ -27,11 +28,16 @@ class TegrastatsSource:
         self._closed = False
         self._backoff = config.restart_backoff_s
         self.restarts = 0  # how many times the child had to be started again
-        self.bad_lines = 0
+        self._bad = BadLines("tegrastats", log)
 
     @property
     def name(self) -> str:
         return "tegrastats"
+
+    @property
+    def bad_lines(self) -> int:
+        """Lines refused by the parser (not tegrastats, or corrupt values); never stored."""
+        return self._bad.count
 
     def _spawn(self) -> subprocess.Popen[str]:
         interval_ms = max(1, round(self._config.interval_s * 1000))
@@ -73,8 +79,7 @@ class TegrastatsSource:
             try:
                 sample = parse_tegrastats(line, t=time.time())
             except TelemetryParseError as e:
-                self.bad_lines += 1
-                log.warning("tegrastats: %s", e)
+                self._bad.note(e)
                 continue
             self._backoff = self._config.restart_backoff_s
             return sample

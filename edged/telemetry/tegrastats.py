@@ -15,6 +15,10 @@ Decisions (documented in the module so that callers can rely on them):
   every core the shared frequency.
 - For a per-GPC GPU frequency list ``x%@[a,b]`` the list is kept in ``gpu_gpc_freq_mhz`` and ``gpu_freq_mhz``
   is the common value when all are equal, else the maximum.
+- A value no Jetson can report makes the whole line bad (`TelemetryParseError`, counted by the source, not
+  stored): a load outside 0-100 %, memory used above its total or above 16 TiB, a clock above 100 GHz, a rail
+  above 1 kW, a temperature outside -100..250 C. Such a line is corrupt (a torn write, a bad sensor driver), so
+  none of its fields can be trusted, and a value past 64 bits could not even be stored.
 """
 
 from __future__ import annotations
@@ -44,6 +48,11 @@ _ENGINE = re.compile(r"([A-Z][A-Z0-9_]*) " + _LOAD_FREQ + r"(?=\s|$)")
 _ENGINE_BARE = re.compile(r"([A-Z][A-Z0-9_]*) (\d+)(?=\s|$)")  # "APE 174", "NVENC 716": a frequency
 _TOKEN = re.compile(r"\S+")
 _TO_MB = {"kB": 1 / 1024, "MB": 1.0, "GB": 1024.0}
+# Physically sane bounds (far above any Jetson, far below 2**63): outside them the line is corrupt.
+_MAX_MB = 16 * 1024 * 1024  # 16 TiB
+_MAX_MHZ = 100_000
+_MAX_MW = 1_000_000  # 1 kW per rail; Thor's module draws at most ~130 W
+_TEMP_RANGE_C = (-100.0, 250.0)
 
 
 def _mb(value: str, unit: str) -> int:
@@ -162,6 +171,8 @@ def parse_tegrastats(line: str, t: float = 0.0) -> Sample:
     if b.ram is None:
         raise TelemetryParseError(
             f"not a tegrastats line (expected a 'RAM used/totalMB' field): {line.strip()[:80]!r}")
+    if problem := _out_of_range(b):
+        raise TelemetryParseError(f"corrupt tegrastats line ({problem}): {line.strip()[:80]!r}")
     return Sample(
         t=t, timestamp=timestamp, ram_used_mb=b.ram[0], ram_total_mb=b.ram[1],
         swap_used_mb=b.swap[0] if b.swap else None, swap_total_mb=b.swap[1] if b.swap else None,
@@ -169,3 +180,33 @@ def parse_tegrastats(line: str, t: float = 0.0) -> Sample:
         emc_load_pct=b.emc[0], emc_freq_mhz=b.emc[1], temps_c=b.temps, power_mw=b.rails,
         engines=b.engines, unparsed=tuple(b.unparsed),
     )
+
+
+def _out_of_range(b: _Builder) -> str | None:
+    """What in the line no Jetson can report, or None when every field is within bounds."""
+    assert b.ram is not None
+    for name, used_total in (("RAM", b.ram), ("SWAP", b.swap)):
+        if used_total is not None:
+            used, total = used_total
+            if not 0 <= used <= total <= _MAX_MB:
+                return f"{name} {used}/{total}MB: used must be at most total, total at most {_MAX_MB} MB"
+    loads = [("GR3D", b.gpu[0]), ("EMC", b.emc[0])] + [(f"CPU{i}", c.load_pct) for i, c in enumerate(b.cpu)]
+    loads += [(k, e.load_pct) for k, e in b.engines.items()] + [
+        (f"{k} {n}", v) for k, e in b.engines.items() for n, v in e.extra]
+    freqs = [("GR3D", b.gpu[1]), ("EMC", b.emc[1])] + [(f"CPU{i}", c.freq_mhz) for i, c in enumerate(b.cpu)]
+    freqs += [(k, e.freq_mhz) for k, e in b.engines.items()] + [("GR3D GPC", f) for f in b.gpu[2] or ()]
+    for name, pct in loads:
+        if pct is not None and not 0 <= pct <= 100:
+            return f"{name} load {pct}% is outside 0-100%"
+    for name, mhz in freqs:
+        if mhz is not None and not 0 <= mhz <= _MAX_MHZ:
+            return f"{name} clock {mhz} MHz is above {_MAX_MHZ} MHz"
+    for name, rail in b.rails.items():
+        for mw in (rail.now_mw, rail.avg_mw):
+            if mw is not None and not 0 <= mw <= _MAX_MW:
+                return f"rail {name} {mw} mW is above {_MAX_MW} mW"
+    low, high = _TEMP_RANGE_C
+    for name, celsius in b.temps.items():
+        if not low <= celsius <= high:
+            return f"{name} {celsius} C is outside {low:g}..{high:g} C"
+    return None

@@ -1,0 +1,125 @@
+"""Corrupt readings and a full disk: a bad line is refused and counted, one bad value never costs its batch, a
+small state partition is not filled by the WAL, and a full disk is reported as a full disk."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from edged.config import TelemetryConfig
+from edged.errors import TelemetryParseError
+from edged.supervision import HealthBoard
+from edged.telemetry import Rail, Sample, TelemetryService
+from edged.telemetry._replay import ReplaySource
+from edged.telemetry._store import Record, TelemetryStore
+from edged.telemetry.tegrastats import parse_tegrastats
+
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "tegrastats" / "orin_nano_jp6.log"
+GOOD = [ln for ln in FIXTURE.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+HUGE = "RAM 99999999999999999999/7620MB CPU [1%@729] VDD_IN 99999999999999999999mW/1mW tj@50C"
+
+
+@pytest.mark.parametrize("line", [
+    HUGE,
+    "RAM 9000/7620MB CPU [1%@729] tj@50C",  # used above total
+    "RAM 3000/7620MB CPU [1%@729] GR3D_FREQ 200%@[305] tj@50C",
+    "RAM 3000/7620MB CPU [150%@729] tj@50C",
+    "RAM 3000/7620MB SWAP 900/100MB CPU [1%@729]",
+    "RAM 3000/7620MB CPU [1%@729] VDD_IN 99999999999mW/1mW",
+    "RAM 3000/7620MB CPU [1%@729] tj@9000C",
+])
+def test_a_line_with_an_impossible_value_is_refused_as_bad(line):
+    with pytest.raises(TelemetryParseError, match="corrupt"):
+        parse_tegrastats(line)
+
+
+def test_every_recorded_fixture_line_is_still_accepted():
+    for path in FIXTURE.parent.glob("*.log"):
+        for line in path.read_text().splitlines():
+            if line.strip() and not line.startswith("#"):
+                parse_tegrastats(line)
+
+
+def _sample(t: float, ram_used_mb: int = 1000) -> Sample:
+    return Sample(t=t, ram_used_mb=ram_used_mb, ram_total_mb=8000, gpu_load_pct=5, temps_c={"cpu": 40.0},
+                  power_mw={"VDD_IN": Rail(5000, 5000)})
+
+
+def test_one_value_beyond_64_bits_skips_its_record_and_keeps_the_rest_of_the_batch(tmp_path):
+    path = str(tmp_path / "t.db")
+    health = HealthBoard()
+    store = TelemetryStore(path, TelemetryConfig(batch_size=10, flush_interval_s=0.05), health=health)
+    store.start()
+    t0 = 1_800_000_000.0
+    for i in range(5):
+        store.put(Record(_sample(t0 + i, ram_used_mb=10**20 if i == 2 else 1000)))
+    store.stop()
+    rows = sqlite3.connect(path).execute("SELECT COUNT(*) FROM samples").fetchone()[0]
+    assert (rows, store.rejected, store.dropped, store.error) == (4, 1, 0, None)
+    writer = health.component("telemetry_writer").health
+    assert (writer.state, writer.errors) == ("ok", 0)
+
+
+def test_replayed_bad_lines_are_counted_exported_and_logged_rate_limited(tmp_path, caplog):
+    replay = tmp_path / "replay.log"
+    replay.write_text("\n".join(GOOD[:2] + [HUGE, "garbage"] * 20 + GOOD[2:4]) + "\n")
+    service = TelemetryService(TelemetryConfig(flush_interval_s=0.05), str(tmp_path / "t.db"),
+                               source=ReplaySource(str(replay), speed=1e6))
+    with caplog.at_level(logging.WARNING, logger="edged.telemetry"):
+        service.start()
+        service.wait_samples(4, timeout=10)
+        service.stop()
+    snapshot = service.snapshot()
+    assert (service.samples, snapshot["bad_lines"]) == (4, 40)
+    assert "edged_telemetry_bad_lines_total{source=\"replay\"} 40" in service.render_prometheus()
+    bad_warnings = [r for r in caplog.records if "bad line" in r.getMessage()]
+    assert 1 <= len(bad_warnings) <= 5  # the first few in full, then a summary: not one per line
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(mount)],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {done.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_on_a_small_partition_the_wal_stays_small_and_a_full_disk_is_reported_as_full(small_tmpfs):
+    path = str(small_tmpfs / "telemetry.db")
+    health = HealthBoard()
+    store = TelemetryStore(path, TelemetryConfig(batch_size=50, flush_interval_s=0.05), health=health)
+    store.start()
+    t0 = 1_800_000_000.0
+    rails = {f"RAIL_{i}": Rail(5000 + i, 5000) for i in range(30)}
+    stop = threading.Event()  # set once the disk is full
+    for i in range(20_000):  # far more than 1 MiB holds
+        store.put(Record(Sample(t=t0 + i, ram_used_mb=1000, ram_total_mb=8000, power_mw=rails,
+                                temps_c={f"s{j}": 40.0 for j in range(10)})))
+        if store.error is not None:
+            stop.set()
+            break
+    store.stop()
+    wal = os.path.getsize(path + "-wal") if os.path.exists(path + "-wal") else 0
+    assert stop.is_set(), "the 1 MiB partition never filled up"
+    assert "disk full" in str(store.error) and "cannot rollback" not in str(store.error)
+    assert "raw_retention_s" in str(store.error)  # says what to do
+    # 128 pages (512 kB) between checkpoints, plus what one batch adds before its commit checkpoints
+    assert wal <= 720 * 1024, f"the WAL holds {wal} bytes of a 1 MiB partition"
+    assert store.dropped > 0
+    writer = health.component("telemetry_writer").health
+    assert writer.state == "degraded" and "disk full" in writer.reason
