@@ -4,6 +4,7 @@ exist), each through the command or call the README shows: each names what was w
 
 from __future__ import annotations
 
+import grp
 import os
 import re
 import shutil
@@ -92,7 +93,9 @@ def test_socket_the_user_may_not_open_says_how_to_get_access(server: ThreadedSer
         directory.chmod(0o700)
         Path(server.socket_path).chmod(0o660)
     assert "Permission denied" in message, message
-    assert "member of the socket's group" in message and "usermod -aG" in message
+    group = grp.getgrgid(Path(server.socket_path).stat().st_gid).gr_name
+    assert "member of its group" in message and f"usermod -aG {group} $USER" in message, message
+    assert "start the daemon" not in message, message  # it is running: starting one is not the fix
 
 
 def test_missing_model_repository_says_how_to_point_at_one(tmp_path: Path) -> None:
