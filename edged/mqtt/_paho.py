@@ -66,6 +66,8 @@ class Connection:
         self._refusal = ""
         self._generation = 0
         self._network_ident = 0  # the network thread's id, once it runs
+        self._subscribed_mid: int | None = None  # the SUBSCRIBE of this connection, until its SUBACK
+        self._subscribed = False  # the broker acknowledged this connection's subscriptions: inputs reach us
         self._prototype = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
         self._client = self._make_client(will)
 
@@ -76,6 +78,12 @@ class Connection:
     @property
     def connected(self) -> bool:
         return self._connected.is_set()
+
+    @property
+    def subscribed(self) -> bool:
+        """Connected and the broker has acknowledged the subscriptions (its SUBACK): a message published on an
+        input topic from now on reaches edged. ``connected`` comes one round trip earlier."""
+        return self._subscribed and self._connected.is_set()
 
     def on_network_thread(self) -> bool:
         """True in the thread that reads the broker's packets (callbacks run there): it must never wait for
@@ -122,6 +130,7 @@ class Connection:
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message  # QoS 2 only: WireClient delivers QoS 0 and 1 itself
         client.on_publish = self._on_publish
+        client.on_subscribe = self._on_subscribe
         client.on_socket_open = self._on_socket_open
         # With a callback here paho never writes to the socket from a publishing thread (it would, since we
         # run loop() ourselves and paho then sees no loop thread): two writers could interleave the halves of
@@ -215,6 +224,7 @@ class Connection:
 
     def _mark_down(self, reason: str) -> None:
         self.last_error = reason
+        self._subscribed = False
         if self._connected.is_set():
             self._connected.clear()
             self._listener.on_disconnected(reason)
@@ -233,14 +243,19 @@ class Connection:
             log.warning("mqtt: %s", self.last_error)
             return
         _nodelay(client.socket())  # paho never sets TCP_NODELAY; Nagle costs ~40 ms per reply
+        self._subscribed = not self._subscriptions
         if self._subscriptions:
-            client.subscribe(self._subscriptions)
+            _, self._subscribed_mid = client.subscribe(self._subscriptions)
         self.connects += 1
         self._generation += 1
         self._attempt = 0
         self.last_error = self._refusal = ""
         self._connected.set()
         self._session_present = bool(flags.session_present)
+
+    def _on_subscribe(self, client: paho.Client, userdata: Any, mid: int, reasons: Any, properties: Any) -> None:
+        if mid == self._subscribed_mid:
+            self._subscribed = True
 
     def _on_disconnect(self, client: paho.Client, userdata: Any, flags: Any, reason: ReasonCode,
                        properties: Any) -> None:

@@ -128,7 +128,7 @@ class MqttFrontEnd:
     def status(self) -> dict[str, Any]:
         snapshot = self._metrics.snapshot()
         return {
-            "enabled": True, "connected": self._connection.connected,
+            "enabled": True, "connected": self._connection.connected, "subscribed": self._connection.subscribed,
             "broker": f"{self._settings.host}:{self._settings.port}", "tls": self._settings.tls,
             "protocol": self._settings.protocol, "client_id": self._settings.client_id,
             "device_id": self.device_id, "prefix": self.prefix, "connects": self._connection.connects,

@@ -66,7 +66,7 @@ def test_every_redelivery_after_a_kill_9_carries_its_first_id_and_identical_payl
     try:
         daemon = start_daemon(tmp_path / "edged", config=pipeline_config(broker))
         first = daemon.client()
-        wait_until(lambda: first.status()["mqtt"]["connected"], 30, "edged connected")
+        wait_until(lambda: first.status()["mqtt"]["subscribed"], 30, "edged subscribed")  # inputs reach it
         for _ in range(2):  # two different messages, byte for byte the same
             sensor.publish("ids/s0/in", frame(TWIN), 1).wait_for_publish(10)
         wait_until(lambda: len(message_ids(list(results.messages)).get(TWIN, [])) >= 2, 30, "both twins")

@@ -288,7 +288,7 @@ def check(figures: dict[str, Any], ok: bool, failure: str) -> None:
 def run_faults(daemon: DaemonProcess, broker: Broker, sensor: Sensor, results: Subscriber, state: Path,
                figures: dict[str, Any]) -> None:
     client = daemon.client()
-    wait_until(lambda: client.status()["mqtt"]["connected"], 30, "edged connected")
+    wait_until(lambda: client.status()["mqtt"]["subscribed"], 30, "edged subscribed")
     sensor.burst(200)
     wait_until(lambda: len(answered(results)) >= 200, 60, "the warm-up answered")
     figures["rss_kib_start"] = daemon.rss_kib()

@@ -47,6 +47,35 @@ def test_birth_on_every_connect_and_stopped_on_clean_stop(service: InferenceServ
     sub.close()
 
 
+@pytest.mark.parametrize("protocol", ["5", "3.1.1"])
+def test_subscribed_follows_the_suback_and_a_request_sent_then_is_answered(service: InferenceService, broker: Broker,
+                                                                           tmp_path: Path, protocol: str) -> None:
+    """`subscribed` in the status means the broker has the subscriptions: a request published from then on is
+    answered (after only `connected` it could still miss the subscription and be lost); it is false again while
+    the broker is away."""
+    fe = MqttFrontEnd(service, MqttConfig(broker=broker.url, device_id="dev8", protocol=protocol,  # type: ignore[arg-type]
+                                          reconnect_min_s=0.05, reconnect_max_s=0.2), tmp_path, version="1")
+    assert fe.status()["subscribed"] is False
+    fe.start()
+    replies = Subscriber(broker.port, ["replies/dev8"])
+    try:
+        wait_until(lambda: fe.status()["subscribed"], what="subscribed")
+        assert fe.status()["connected"] is True
+        body = orjson.dumps({"reply_to": "replies/dev8", "inputs": [
+            {"name": "input", "datatype": "FP32", "shape": [1, 64], "data": [0.5] * 64}]})
+        publisher = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id="dev8-pub")
+        publisher.connect("127.0.0.1", broker.port)
+        publisher.loop_start()
+        publisher.publish("edged/dev8/infer/tiny_mlp", body, 1).wait_for_publish(10)
+        publisher.loop_stop()
+        assert replies.wait_for(1), "the request sent once subscribed was not answered"
+        broker.stop(signal.SIGKILL)
+        wait_until(lambda: not fe.status()["subscribed"], what="not subscribed with the broker gone")
+    finally:
+        replies.close()
+        fe.stop(2)
+
+
 def test_last_will_says_offline_when_edged_vanishes(service: InferenceService, broker: Broker,
                                                     tmp_path: Path) -> None:
     sub = Subscriber(broker.port, ["edged/dev6/status"])
