@@ -22,7 +22,7 @@ import sqlite3
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -171,25 +171,6 @@ class Sensor:
         self.client.disconnect()
 
 
-def wait_for_all(count: Callable[[], int], target: int, limit_s: float, what: str, stall_s: float = 15.0) -> None:
-    """Until ``count()`` reaches ``target``, at most ``limit_s``; raises AssertionError early once the count has not
-    grown for ``stall_s``: an input the broker lost to a kill -9 never arrives (it is counted at the end), and
-    waiting the whole limit for it made one such loss cost the soak minutes. Polls 5 times a second: each look
-    parses every result so far, which on two cores takes time from the daemon."""
-    deadline = time.monotonic() + limit_s
-    last, grew = -1, time.monotonic()
-    while True:
-        seen = count()
-        if seen >= target:
-            return
-        now = time.monotonic()
-        if seen != last:
-            last, grew = seen, now
-        elif now - grew > stall_s or now > deadline:
-            raise AssertionError(f"timed out waiting for {what} ({seen} of {target})")
-        time.sleep(0.2)
-
-
 def answered(results: Subscriber) -> dict[str, set[str]]:
     """Input (its sequence number) -> the distinct edged_message_ids of its results."""
     seen: dict[str, set[str]] = {}
@@ -311,7 +292,7 @@ def run_faults(daemon: DaemonProcess, broker: Broker, sensor: Sensor, results: S
     figures["faults"]["broker_kill9"] += 1
     sensor.burst(300)
     with contextlib.suppress(AssertionError):  # what is still missing is counted at the end
-        wait_for_all(lambda: len(answered(results)), sensor.sent, 60, "every input answered after the faults")
+        wait_until(lambda: len(answered(results)) >= sensor.sent, 60, "every input answered after the faults")
     load.finish()
     figures["rss_kib_end"] = daemon.rss_kib()
     figures["rss_parts_end"] = rss_parts(daemon)
@@ -345,7 +326,7 @@ def count_broker_losses(broker: Broker, sensor: Sensor, figures: dict[str, Any])
     witness = Subscriber(broker.port, ["soak/+/in"], client_id="soak-witness", persistent=True)
     try:
         with contextlib.suppress(AssertionError):
-            wait_for_all(lambda: len({m.payload for m in list(witness.messages)}), sensor.sent, 30, "the witness")
+            wait_until(lambda: len({m.payload for m in list(witness.messages)}) >= sensor.sent, 30, "the witness")
         kept = {orjson.loads(m.payload)["id"] for m in list(witness.messages)}
     finally:
         witness.close()
@@ -359,7 +340,7 @@ def count_broker_losses(broker: Broker, sensor: Sensor, figures: dict[str, Any])
 def check_nothing_lost(daemon: DaemonProcess, sensor: Sensor, results: Subscriber, figures: dict[str, Any]) -> None:
     client = daemon.client()
     with contextlib.suppress(AssertionError):  # what is still missing is counted below
-        wait_for_all(lambda: len(answered(results)), sensor.sent, 60, "every input answered after the restart")
+        wait_until(lambda: len(answered(results)) >= sensor.sent, 60, "every input answered after the restart")
         wait_until(lambda: client.status()["mqtt"]["outbox"]["depth"] == 0, 60, "the outbox drained")
     seen = answered(results)
     drops = {**figures.get("drops", {})}
