@@ -186,27 +186,11 @@ def serve(path: str, port: int, grpc_port: int, delays: list[int]) -> None:
 # --- Triton (--triton) ----------------------------------------------------------------------------------
 # The stub embeds the system's libpython and does not see the venv (as in bench_vs_triton.py). A batching model:
 # the requests of one batch are concatenated and run as one onnxruntime call, as edged's engine runs a batch.
-TRITON_BATCH_MODEL_PY = """import os
-import sys
-
-sys.path.insert(0, {site!r})
-
-import numpy as np  # noqa: E402
-import onnxruntime as ort  # noqa: E402
-import triton_python_backend_utils as pb_utils  # noqa: E402
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        path = os.path.join(args["model_repository"], args["model_version"], "model.onnx")
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 1
-        options.inter_op_num_threads = 1
-        self.session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-        self.inputs = [i.name for i in self.session.get_inputs()]
-        self.outputs = [o.name for o in self.session.get_outputs()]
-
-    def execute(self, requests):
+def _triton_batch_model_py() -> str:
+    from bench_vs_triton import TRITON_MODEL_HEAD
+    numpy = "import numpy as np  # noqa: E402\n"  # for the concatenation of a batch's requests
+    head = TRITON_MODEL_HEAD.replace("import onnxruntime as ort", numpy + "import onnxruntime as ort")
+    return head + """    def execute(self, requests):
         feeds = [[pb_utils.get_input_tensor_by_name(r, name).as_numpy() for name in self.inputs] for r in requests]
         merged = {{name: np.concatenate([feed[i] for feed in feeds]) for i, name in enumerate(self.inputs)}}
         values = self.session.run(None, merged)
@@ -231,7 +215,7 @@ def _start_triton(delays: list[int]) -> tuple[subprocess.Popen[bytes], tuple[str
         _model(repo, name, 16, delay)
         config = repo / name / "config.pbtxt"
         config.write_text(config.read_text().replace('platform: "onnxruntime_onnx"', 'backend: "python"'))
-        (repo / name / "1" / "model.py").write_text(TRITON_BATCH_MODEL_PY.format(site=str(install.site)))
+        (repo / name / "1" / "model.py").write_text(_triton_batch_model_py().format(site=str(install.site)))
     backends = work / "backends" / "python"
     shutil.copytree(install.backend_files, backends, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(install.stub, backends / "triton_python_backend_stub")

@@ -58,7 +58,8 @@ SHM_KEY = ("edged-key", "bench")  # edged refuses shared memory over TCP without
 
 # The stub embeds the system's libpython and does not see the venv: the venv's packages go on sys.path here.
 # One model.py for every model: inputs and outputs are the ONNX graph's, by name.
-TRITON_MODEL_PY = """import os
+# The imports and initialize, shared with bench_batch_delay.py's batching model.py.
+TRITON_MODEL_HEAD = """import os
 import sys
 
 sys.path.insert(0, {site!r})
@@ -77,7 +78,8 @@ class TritonPythonModel:
         self.inputs = [i.name for i in self.session.get_inputs()]
         self.outputs = [o.name for o in self.session.get_outputs()]
 
-    def execute(self, requests):
+"""
+TRITON_MODEL_PY = TRITON_MODEL_HEAD + """    def execute(self, requests):
         responses = []
         for request in requests:
             feed = {{name: pb_utils.get_input_tensor_by_name(request, name).as_numpy() for name in self.inputs}}
