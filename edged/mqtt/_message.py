@@ -37,6 +37,8 @@ class Answer:
     mid: int
     ordinal: int
     digest: bytes
+    # the connection the input arrived on (Inbound.generation); in memory only: -1 for answers of an earlier run
+    generation: int = field(default=-1, compare=False)
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,10 @@ def render_prometheus(snapshot: dict[str, dict[str, int]], connected: bool, outb
                      "Free bytes on the file system of the state directory.").add(disk[1]),
         MetricFamily("edged_mqtt_connects_total", "counter",
                      "Successful connections to the broker, the first one included.").add(counts.get("connects", 0)),
+        MetricFamily("edged_mqtt_inputs_replayed_total", "counter",
+                     "Inputs the broker sent again as new (no DUP flag) after edged had answered them on an earlier "
+                     "connection: a broker that lost its state; their results repeat under new ids.")
+        .add(counts.get("replayed", 0)),
         MetricFamily("edged_mqtt_chat_requests_total", "counter",
                      "Chat requests taken from the chat topic.").add(counts.get("chat_requests", 0)),
         dropped, failed,

@@ -26,6 +26,17 @@ client id changes) redeliveries of the old session cannot happen; the remembered
 new messages still get new ids. The state is keyed by client id and lives as long as the outbox file; a new
 outbox file gets a new salt, so ids of a replaced state directory never collide with earlier ones.
 
+A broker that loses its own state breaks the DUP rule, and no client can undo that: mosquitto killed with -9
+restarts from its last snapshot, in which an input edged has since answered and acknowledged may still wait
+as never sent; it sends it again as a first delivery (no DUP flag), and its result goes out again under a new
+id (reproduced with a restored snapshot in tests/mqtt/test_mqtt_replayed_inputs.py). Taking the same mid and
+digest as the same message would be wrong the other way: brokers that reuse the lowest free packet id send
+identical readings under one mid all day, and giving them one id would make consumers drop real results. So
+the id follows the DUP flag, and such an input is counted (``inputs_replayed`` in the MQTT status,
+``edged_mqtt_inputs_replayed_total``) and logged: the
+last answer under its mid has its digest but was given on an earlier connection or by an earlier run, which a
+genuine new message under a mid reused on the same connection never is.
+
 Residual case, documented rather than hidden: with ``[mqtt.outbox] enabled = false`` (or QoS 0 results) the
 state is not durable, so ids stay stable across reconnects but not across a crash. And a crash between our
 PUBACK of message ``n`` and the broker's redelivery of the next message under the same mid, ``n + 1`` (65,535
@@ -81,10 +92,13 @@ class Identity:
 
 
 class MessageIds:
-    def __init__(self, client: str, salt: str, answered: dict[int, tuple[int, bytes]]) -> None:
+    def __init__(self, client: str, salt: str, answered: dict[int, tuple[int, bytes]],
+                 on_replay: Callable[[Inbound], None] | None = None) -> None:
         self._client = client
         self._salt = salt
-        self._answered = answered
+        # mid -> (ordinal, digest, connection generation of the input; -1 when answered by an earlier run)
+        self._answered = {mid: (ordinal, digest, -1) for mid, (ordinal, digest) in answered.items()}
+        self._on_replay = on_replay
         self._lock = threading.Lock()
         self._run = secrets.token_hex(6)
         self._counter = itertools.count(1)
@@ -105,15 +119,17 @@ class MessageIds:
             ordinal = last[0]
         else:
             ordinal = last[0] + 1
+            if last[1] == digest and last[2] != message.generation and self._on_replay is not None:
+                self._on_replay(message)  # a broker that lost its state sent an answered input as new
         key = f"{self._salt}\0{self._client}\0{message.mid}\0{ordinal}\0".encode() + digest
         return Identity(hashlib.blake2b(key, digest_size=10).hexdigest(),
-                        Answer(self._client, message.mid, ordinal, digest))
+                        Answer(self._client, message.mid, ordinal, digest, message.generation))
 
     def on_stored(self, answer: Answer, then: Callable[[], None] | None) -> Callable[[], None]:
         """Wrap a result's on_stored: remember the answer before the input is acknowledged."""
         def stored() -> None:
             with self._lock:
-                self._answered[answer.mid] = (answer.ordinal, answer.digest)
+                self._answered[answer.mid] = (answer.ordinal, answer.digest, answer.generation)
             if then is not None:
                 then()
         return stored

@@ -65,7 +65,8 @@ class MqttFrontEnd:
         self._state_dir = state_dir
         self._outbox = Outbox(state_dir / OUTBOX_FILE, config.outbox, self._metrics, clock=self.clock,
                               health=self.health)
-        self._ids = MessageIds(self._settings.client_id, *self._outbox.id_state(self._settings.client_id))
+        self._ids = MessageIds(self._settings.client_id, *self._outbox.id_state(self._settings.client_id),
+                               on_replay=self._replayed)
         v5 = config.protocol == "5"
         identify = self._ids.identify
         self._requests = RequestHandler(service, config, v5, self, self._metrics, identify, self.health,
@@ -91,6 +92,17 @@ class MqttFrontEnd:
     @property
     def _chat_topic(self) -> str:
         return f"{self.prefix}/chat"
+
+    def _replayed(self, message: Inbound) -> None:
+        """The broker sent an input edged had answered as if it were new (see _msgid): count it, log the first
+        and then every power of two (a broker restored from an old snapshot replays a whole backlog)."""
+        self._metrics.add("replayed")
+        count = self._metrics.snapshot()["counts"]["replayed"]
+        if count & (count - 1) == 0:
+            log.warning("mqtt: the broker sent %d input(s) again without the DUP flag after edged had answered "
+                        "them (latest on %s, packet id %d): it lost its state (a crash restored from an old "
+                        "snapshot?); their results go out again under new edged_message_ids", count,
+                        message.topic, message.mid)
 
     def new_message_id(self) -> str:
         """An id for a message that answers no input (telemetry); results take theirs from `MessageIds`."""
@@ -135,6 +147,7 @@ class MqttFrontEnd:
             "last_error": self._connection.last_error,
             "messages_in": snapshot["counts"].get("received", 0),
             "messages_out": snapshot["counts"].get("published", 0),
+            "inputs_replayed": snapshot["counts"].get("replayed", 0),
             "outbox": {"depth": self._outbox.depth, "bytes": self._outbox.stored_bytes,
                        "in_flight": self._outbox.in_flight, "fsync": self._config.outbox.fsync,
                        **self._disk()},

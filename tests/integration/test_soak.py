@@ -3,7 +3,8 @@
 
 Faults: mosquitto killed -9 and restarted (three times), the state directory (a tmpfs mounted for the test)
 filled to the last byte and freed, a storm of SIGHUPs, explicit-mode loads of the model the HTTP load is using.
-Checks: every MQTT input has exactly one result id (results may repeat: delivery is at least once) or is
+Checks: every MQTT input has exactly one result id (results may repeat: delivery is at least once; an input
+mosquitto replays as new after a kill -9 restored an older snapshot gets a second one, counted by edged) or is
 covered by a counted drop; the outbox depth the daemon reports equals the rows in its SQLite file read after
 it stopped; RSS stays flat; the daemon is ready at the end and HTTP never failed.
 
@@ -22,7 +23,7 @@ import sqlite3
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -171,6 +172,25 @@ class Sensor:
         self.client.disconnect()
 
 
+def wait_for_all(count: Callable[[], int], target: int, limit_s: float, what: str, stall_s: float = 15.0) -> None:
+    """Until ``count()`` reaches ``target``, at most ``limit_s``; raises AssertionError early once the count has not
+    grown for ``stall_s``: an input the broker lost to a kill -9 never arrives (it is counted at the end), and
+    waiting the whole limit for it made one such loss cost the soak minutes. Polls 5 times a second: each look
+    parses every result so far, which on two cores takes time from the daemon."""
+    deadline = time.monotonic() + limit_s
+    last, grew = -1, time.monotonic()
+    while True:
+        seen = count()
+        if seen >= target:
+            return
+        now = time.monotonic()
+        if seen != last:
+            last, grew = seen, now
+        elif now - grew > stall_s or now > deadline:
+            raise AssertionError(f"timed out waiting for {what} ({seen} of {target})")
+        time.sleep(0.2)
+
+
 def answered(results: Subscriber) -> dict[str, set[str]]:
     """Input (its sequence number) -> the distinct edged_message_ids of its results."""
     seen: dict[str, set[str]] = {}
@@ -256,7 +276,12 @@ def test_soak_under_faults_loses_nothing_keeps_counters_true_and_rss_flat(tmp_pa
     print("soak: " + json.dumps(figures, sort_keys=True))
     check(figures, figures["lost"] == 0, f"inputs that reached edged with no result and no counted drop: "
           f"{figures['lost_examples']}")
-    check(figures, figures["changed_id"] == 0, f"inputs answered under two ids: {figures['changed_examples']}")
+    # An input answered under two ids is one that mosquitto, restarted from a snapshot older than its last kill -9,
+    # sent again as new (no DUP flag) after edged had answered it: edged counts each such replay
+    # (tests/mqtt/test_mqtt_replayed_inputs.py reproduces one); any other is a fault of edged's id rule.
+    check(figures, figures["changed_id"] <= figures["inputs_replayed"],
+          f"inputs answered under two ids, more than the {figures['inputs_replayed']} replays the broker made: "
+          f"{figures['changed_examples']}")
     assert not figures["failed"], "soak checks failed:\n" + "\n".join(figures["failed"])
 
 
@@ -292,7 +317,7 @@ def run_faults(daemon: DaemonProcess, broker: Broker, sensor: Sensor, results: S
     figures["faults"]["broker_kill9"] += 1
     sensor.burst(300)
     with contextlib.suppress(AssertionError):  # what is still missing is counted at the end
-        wait_until(lambda: len(answered(results)) >= sensor.sent, 60, "every input answered after the faults")
+        wait_for_all(lambda: len(answered(results)), sensor.sent, 60, "every input answered after the faults")
     load.finish()
     figures["rss_kib_end"] = daemon.rss_kib()
     figures["rss_parts_end"] = rss_parts(daemon)
@@ -313,7 +338,8 @@ def check_counters_against_the_database(daemon: DaemonProcess, broker: Broker, s
     client = daemon.client()
     depth = settled_depth(client)
     mqtt = client.status()["mqtt"]
-    figures["first_daemon"] = {key: mqtt[key] for key in ("messages_in", "messages_out", "connects", "drops", "errors")}
+    figures["first_daemon"] = {key: mqtt[key] for key in ("messages_in", "messages_out", "connects", "drops", "errors",
+                                                          "inputs_replayed")}
     figures["drops"] = mqtt["drops"]
     check(figures, daemon.stop() == 0, "edged did not exit 0 on SIGTERM with the broker down")
     rows = outbox_rows(state)
@@ -326,7 +352,7 @@ def count_broker_losses(broker: Broker, sensor: Sensor, figures: dict[str, Any])
     witness = Subscriber(broker.port, ["soak/+/in"], client_id="soak-witness", persistent=True)
     try:
         with contextlib.suppress(AssertionError):
-            wait_until(lambda: len({m.payload for m in list(witness.messages)}) >= sensor.sent, 30, "the witness")
+            wait_for_all(lambda: len({m.payload for m in list(witness.messages)}), sensor.sent, 30, "the witness")
         kept = {orjson.loads(m.payload)["id"] for m in list(witness.messages)}
     finally:
         witness.close()
@@ -340,12 +366,13 @@ def count_broker_losses(broker: Broker, sensor: Sensor, figures: dict[str, Any])
 def check_nothing_lost(daemon: DaemonProcess, sensor: Sensor, results: Subscriber, figures: dict[str, Any]) -> None:
     client = daemon.client()
     with contextlib.suppress(AssertionError):  # what is still missing is counted below
-        wait_until(lambda: len(answered(results)) >= sensor.sent, 60, "every input answered after the restart")
+        wait_for_all(lambda: len(answered(results)), sensor.sent, 60, "every input answered after the restart")
         wait_until(lambda: client.status()["mqtt"]["outbox"]["depth"] == 0, 60, "the outbox drained")
     seen = answered(results)
     drops = {**figures.get("drops", {})}
     mqtt = client.status()["mqtt"]
     figures["errors"] = mqtt["errors"]
+    figures["inputs_replayed"] = figures["first_daemon"]["inputs_replayed"] + mqtt["inputs_replayed"]
     for reason, count in mqtt["drops"].items():
         drops[reason] = drops.get(reason, 0) + count
     missing = [f"s-{i}" for i in range(sensor.sent) if f"s-{i}" not in seen]

@@ -10,10 +10,11 @@ from edged.mqtt._msgid import MessageIds
 from edged.mqtt._store import OutboxStore
 
 
-def ids_from(path: Path, client: str = "edged-dev") -> MessageIds:
+def ids_from(path: Path, client: str = "edged-dev", replays: list[Inbound] | None = None) -> MessageIds:
     store = OutboxStore(path, "batch", 0.0)
     try:
-        return MessageIds(client, store.id_salt, store.answered(client))
+        return MessageIds(client, store.id_salt, store.answered(client),
+                          on_replay=None if replays is None else replays.append)
     finally:
         store.close()
 
@@ -68,3 +69,32 @@ def test_qos0_inputs_get_unique_ids_without_state(tmp_path: Path) -> None:
     got = [ids.identify(Inbound("in", b"same", 0)) for _ in range(3)]
     assert len({g.message_id for g in got}) == 3
     assert all(g.answers is None for g in got)
+
+
+def test_an_answered_input_sent_again_as_new_on_a_later_connection_is_counted_a_replay(tmp_path: Path) -> None:
+    """A broker restored from an old snapshot sends an input edged answered as a first delivery (no DUP): same
+    mid and digest, a later connection. Its id follows the DUP flag (a new one); the replay is reported."""
+    path = tmp_path / "outbox.sqlite3"
+    replays: list[Inbound] = []
+    ids = ids_from(path, replays=replays)
+    first = store_result(path, ids, Inbound("in", b"reading", 1, mid=5, generation=1))
+    replayed = Inbound("in", b"reading", 1, mid=5, generation=2)
+    assert ids.identify(replayed).message_id != first
+    assert replays == [replayed]
+    # and by a later run: answers loaded from the file belong to no connection of this one
+    again: list[Inbound] = []
+    ids_from(path, replays=again).identify(Inbound("in", b"reading", 1, mid=5, generation=1))
+    assert len(again) == 1
+
+
+def test_identical_readings_under_one_mid_on_one_connection_are_new_messages_not_replays(tmp_path: Path) -> None:
+    """Brokers that reuse the lowest free packet id send a sensor's identical readings under one mid: each is a
+    new message with a new id, and none is reported as a replay; nor is a DUP redelivery or another payload."""
+    path = tmp_path / "outbox.sqlite3"
+    replays: list[Inbound] = []
+    ids = ids_from(path, replays=replays)
+    got = [store_result(path, ids, Inbound("in", b"closed", 1, mid=1, generation=3)) for _ in range(3)]
+    assert len(set(got)) == 3
+    assert ids.identify(Inbound("in", b"closed", 1, mid=1, generation=4, dup=True)).message_id == got[-1]
+    ids.identify(Inbound("in", b"open", 1, mid=1, generation=4))
+    assert replays == []
