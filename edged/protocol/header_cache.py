@@ -95,8 +95,10 @@ class HeaderCache:
             return None
         inputs = {}
         offset = header_length
-        for name, wire, shape, count, size in layout.inputs:
-            inputs[name] = np.frombuffer(body, wire, count, offset).reshape(shape)
+        for name, wire, shape, _count, size in layout.inputs:
+            # one array of the shape over the body (the data_bytes check keeps it inside); frombuffer + reshape
+            # made two, 0.4 µs more per input
+            inputs[name] = np.ndarray(shape, wire, body, offset)
             offset += size
         return inputs, layout
 
