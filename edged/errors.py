@@ -89,6 +89,11 @@ class PayloadTooLarge(InvalidInput):
     """A request, a tensor or a message is larger than a configured limit."""
 
 
+class SharedMemoryLimit(PayloadTooLarge):
+    """A region would pass ``[server] shm_max_regions`` or ``shm_max_bytes_mb``: HTTP 413, gRPC RESOURCE_EXHAUSTED
+    (a server's resource, not a wrong argument)."""
+
+
 class QueueFull(RequestError):
     """The model's queue is at its max_queue_size; the caller may retry later."""
 

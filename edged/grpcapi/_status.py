@@ -1,7 +1,8 @@
 """The one table that maps edged's error families to gRPC status codes, as Triton's gRPC front end maps its
 own: NOT_FOUND, INVALID_ARGUMENT, UNAVAILABLE (a full queue, a model not ready, a request that timed out in the
 queue), ALREADY_EXISTS (a region name taken), INTERNAL. Triton has no family for refused access; edged answers
-PERMISSION_DENIED, which tritonclient raises like any other error. Messages too large for
+PERMISSION_DENIED, which tritonclient raises like any other error; a region past edged's shared-memory limits
+(Triton has none) RESOURCE_EXHAUSTED, gRPC's code for a spent resource. Messages too large for
 ``[server] grpc_max_message_mb`` get RESOURCE_EXHAUSTED from the call layer (``_grpc_stream``) before any
 handler runs. The codes are gRPC's own numbers (doc/statuscodes.md of the gRPC project).
 """
@@ -20,6 +21,7 @@ from edged.errors import (
     QueueFull,
     RequestTimeout,
     SharedMemoryExists,
+    SharedMemoryLimit,
     SharedMemoryNotFound,
     Unavailable,
 )
@@ -51,6 +53,7 @@ _CODE_BY_FAMILY: tuple[tuple[type[EdgedError], Status], ...] = (
     (ModelNotFound, Status.NOT_FOUND),
     (SharedMemoryNotFound, Status.NOT_FOUND),
     (SharedMemoryExists, Status.ALREADY_EXISTS),
+    (SharedMemoryLimit, Status.RESOURCE_EXHAUSTED),
     (InvalidInput, Status.INVALID_ARGUMENT),
     (ConfigError, Status.INVALID_ARGUMENT),
     (QueueFull, Status.UNAVAILABLE),

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edged.errors import (
-    PayloadTooLarge,
     PermissionDenied,
     SharedMemoryExists,
     SharedMemoryInvalid,
+    SharedMemoryLimit,
     SharedMemoryNotFound,
 )
 from edged.protocol.shm_params import ShmReference
@@ -61,12 +61,12 @@ class SharedMemoryRegistry:
             if name in self._regions:
                 raise SharedMemoryExists(f"shared memory region '{name}' already in manager")
             if len(self._regions) >= self._limits.max_regions:
-                raise PayloadTooLarge(f"failed to register shared memory region '{name}': {len(self._regions)} "
+                raise SharedMemoryLimit(f"failed to register shared memory region '{name}': {len(self._regions)} "
                                       f"regions are registered, the limit ([server] shm_max_regions) is "
                                       f"{self._limits.max_regions}")
             mapped = self._mapped_locked()  # regions unregistered but still mapped count: their memory is real
             if mapped + byte_size > self._limits.max_bytes:
-                raise PayloadTooLarge(f"failed to register shared memory region '{name}': {byte_size} more bytes "
+                raise SharedMemoryLimit(f"failed to register shared memory region '{name}': {byte_size} more bytes "
                                       f"would map {mapped + byte_size}, above the limit ([server] "
                                       f"shm_max_bytes_mb) of {self._limits.max_bytes}")
             region = Region(name, key, offset, byte_size, self._directory, peer.uid)

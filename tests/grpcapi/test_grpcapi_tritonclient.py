@@ -156,6 +156,15 @@ def test_cuda_shared_memory_answers_as_a_gpu_less_triton(url: str) -> None:
     assert refused.value.status() == "StatusCode.INVALID_ARGUMENT"
 
 
+def test_a_region_past_the_mapped_bytes_limit_is_resource_exhausted_naming_the_key(url: str) -> None:
+    """A server's resource is spent, not an argument wrong (HTTP answers 413 for the same, with the same text)."""
+    client = triton_grpc.InferenceServerClient(url)
+    with pytest.raises(InferenceServerException, match="shm_max_bytes_mb") as refused:
+        client.register_system_shared_memory("huge", "/edged-grpc-huge", 1024 * 1024 * 1024 + 1, headers=KEY)
+    assert refused.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+    assert "huge" not in client.get_system_shared_memory_status(headers=KEY).regions
+
+
 def test_the_grpc_socket_gets_the_configured_mode(grpc_daemon: GrpcDaemon) -> None:
     info = grpc_daemon.socket_path.lstat()
     assert stat.S_ISSOCK(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o600
