@@ -178,6 +178,12 @@ class DiskFull(DownloadFailed):
     """The state directory has no room for an update; what it had written of it is removed."""
 
 
+class BadDownload(DownloadFailed):
+    """What arrived is not the signed target (its hash or length differ): a tampering mirror or proxy, or bytes
+    damaged on the way. The target itself is not judged by it (its signed hash is what was checked against), so
+    it is not remembered as bad: the bytes are dropped and the next check downloads it afresh."""
+
+
 class ClientError(EdgedError):
     """The client could not reach the daemon or got an error back."""
 

@@ -18,7 +18,7 @@ from tuf.api._payload import TargetFile, Targets
 from tuf.api.metadata import Metadata
 from tuf.ngclient.updater import Updater
 
-from edged.errors import DiskFull, DownloadFailed, UpdateRejected
+from edged.errors import BadDownload, DiskFull, DownloadFailed, UpdateRejected
 from edged.ota._fetcher import ResumableFetcher, SlowRetrieval
 
 # A wall clock before this cannot be right (edged did not exist): expiry checks would be meaningless.
@@ -107,16 +107,17 @@ class translated:
             return
         if isinstance(error, OSError) and error.errno == errno.ENOSPC:
             raise DiskFull(f"{self.what}: {reason_for(error)}") from error
+        if isinstance(error, (exceptions.LengthOrHashMismatchError, exceptions.DownloadLengthMismatchError)):
+            # the bytes that came are not the target: refuse them, not the target (see BadDownload)
+            raise BadDownload(f"{self.what}: {reason_for(error)}; retried at the next check") from error
         if transient(error):
             raise DownloadFailed(f"{self.what}: {reason_for(error)}") from error
         raise UpdateRejected(f"{self.what}: {reason_for(error)}") from error
 
 
 def transient(error: Exception) -> bool:
-    """A fault of the way, not of the target: the network, a slow server (retried later). Too many
-    bytes is the endless-data attack, a `DownloadError` too, and stays a refusal of the target."""
-    return isinstance(error, exceptions.DownloadError) and not isinstance(error,
-                                                                          exceptions.DownloadLengthMismatchError)
+    """A fault of the way, not of the target: the network, a slow server (retried later)."""
+    return isinstance(error, exceptions.DownloadError)
 
 
 def reason_for(error: Exception) -> str:

@@ -116,6 +116,12 @@ class ResumableFetcher(FetcherInterface):
                 except (OSError, http.client.HTTPException) as e:
                     raise exceptions.DownloadError(f"reading {response.url}: {e}") from e
                 if not chunk:
+                    # http.client's read1 ends quietly when the connection closes early: a body cut short of
+                    # its Content-Length is the network's fault (what came stays resumable), not a wrong target
+                    if response.length:
+                        raise exceptions.DownloadError(f"reading {response.url}: the connection closed after "
+                                                       f"{start + sent} bytes, {response.length} short of the "
+                                                       "Content-Length")
                     return
                 if out is not None:
                     # flushed, not fsynced: a kill -9 keeps the page cache; after a power loss a torn

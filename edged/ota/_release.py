@@ -24,7 +24,7 @@ from typing import Any
 from tuf.api._payload import TargetFile
 from tuf.api.metadata import Metadata
 
-from edged.errors import UpdateRejected
+from edged.errors import BadDownload, DownloadFailed, UpdateRejected
 from edged.ota._client import TufClient
 from edged.ota._durable import fsync_dir, replace_dir, write_atomic
 from edged.ota._policy import DeviceFacts, _version_tuple, skip_reason
@@ -106,7 +106,9 @@ class ReleaseUpdates:
             tarball, _ = self.client.download(update.target)  # ngclient checks its length and hash
             self._drop(update, tarball)
         except UpdateRejected as e:
-            if "network: " in str(e):  # the network's fault, not the release's: never marked bad
+            if isinstance(e, DownloadFailed):  # the way's fault (network, bytes not the target's): never marked bad
+                if isinstance(e, BadDownload):  # bytes not worth resuming from
+                    shutil.rmtree(self.client.fetcher.partial_dir, ignore_errors=True)
                 log.warning("OTA: release %s: download interrupted, retried at the next check: %s", update.target, e)
                 self.store.move("downloading", str(e))
                 return
@@ -133,7 +135,7 @@ class ReleaseUpdates:
             try:
                 raw = self.client.fetcher.download_bytes(url, MAX_ROOT_BYTES)
             except Exception as e:  # ngclient's DownloadError family and the network's: the hand-off waits
-                raise UpdateRejected(f"network: fetching {url} for the hand-off: {e}") from e
+                raise DownloadFailed(f"network: fetching {url} for the hand-off: {e}") from e
             write_atomic(incoming / "metadata" / f"{number}.root.json", raw)
         request = {"target": update.target, "sha256": update.sha256, "version": update.version}
         write_atomic(incoming / REQUEST, json.dumps(request).encode())

@@ -24,7 +24,7 @@ from tuf.api._payload import TargetFile
 from edged.clock import Clock, DeviceClock
 from edged.config import MACHINE_ID, DeviceIdentity, OtaConfig, resolve_device_identity
 from edged.engine import InferenceService
-from edged.errors import ConfigError, DiskFull, DownloadFailed, EdgedError, UpdateRejected
+from edged.errors import BadDownload, ConfigError, DiskFull, DownloadFailed, EdgedError, UpdateRejected
 from edged.ota._activate import Activator, check_disk, stage
 from edged.ota._bundle import extract_bundle
 from edged.ota._client import TufClient, clock_problem
@@ -138,6 +138,8 @@ class OtaAgent:
 
     def _choose(self, targets: dict[str, TargetFile]) -> tuple[str, TargetFile] | None:
         current = self.store.current
+        if current is not None and current.state == "watching":
+            return None  # installed and under watch: nothing is due until the window decides (evaluate_watch)
         if current is not None and not current.final and current.target in targets:
             return current.target, targets[current.target]  # an interrupted update continues
         self.skipped = {}
@@ -180,7 +182,7 @@ class OtaAgent:
             check_disk(self.work_dir, info.length, self._bytes_on_disk(info))
             self._download_and_stage(name, model, version)
         except DownloadFailed as e:  # the way failed, not the target: retried at the next check
-            if isinstance(e, DiskFull):  # the state directory is shared: give its space back
+            if isinstance(e, (DiskFull, BadDownload)):  # no space, or bytes not worth resuming from
                 shutil.rmtree(self.client.fetcher.partial_dir, ignore_errors=True)
             self._refuse(str(e), remember=False)
             return

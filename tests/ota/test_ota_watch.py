@@ -42,6 +42,22 @@ def test_a_version_failing_under_traffic_in_the_watch_window_is_rolled_back(
     watched.close()
 
 
+def test_a_check_while_an_update_is_watched_starts_nothing(watched: Device, fleet: FleetRepository,
+                                                          tmp_path: Path) -> None:
+    """A review's `edged ota check` during the window: an internal error (watching -> activating), the same
+    target downloaded and staged again, and the staging left behind."""
+    name = fleet.add_model(model_folder(tmp_path / "src", 2, seed=2), 2, vectors_for(2))
+    assert watched.agent.check()["state"] == "watching"
+    fetched = watched.agent.status()["download"]["fetched_bytes"]
+    staged = (watched.agent.work_dir / "staging").stat().st_mtime_ns  # kept until the window's verdict
+    again = watched.agent.check()
+    assert again["state"] == "watching" and again["last_check"]["outcome"] == "ok", again
+    assert again["download"]["fetched_bytes"] - fetched < int(fleet.targets()[name]["length"])  # metadata only
+    assert (watched.agent.work_dir / "staging").stat().st_mtime_ns == staged  # not staged again
+    assert watched.served_version() == "2"
+    watched.close()
+
+
 def test_the_operator_rolls_back_an_active_update(device: Device, fleet: FleetRepository, tmp_path: Path) -> None:
     fleet.add_model(model_folder(tmp_path / "src", 2, seed=2), 2, vectors_for(2))
     assert device.agent.check()["state"] == "active"
