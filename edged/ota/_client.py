@@ -8,7 +8,6 @@ targets (read back from the metadata ngclient persisted only after verifying it)
 from __future__ import annotations
 
 import errno
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from tuf.api._payload import TargetFile, Targets
 from tuf.api.metadata import Metadata
 from tuf.ngclient.updater import Updater
 
+from edged.durable import write_atomic
 from edged.errors import BadDownload, DiskFull, DownloadFailed, UpdateRejected
 from edged.ota._fetcher import ResumableFetcher, SlowRetrieval
 
@@ -46,16 +46,17 @@ class TufClient:
         return cached if cached.exists() else self.root_file
 
     def refresh(self) -> dict[str, TargetFile]:
-        self.metadata_dir.mkdir(parents=True, exist_ok=True)
-        self.target_dir.mkdir(parents=True, exist_ok=True)
         trusted = self.metadata_dir / "root.json"
-        if not trusted.exists():
-            if not self.root_file.is_file():
-                raise UpdateRejected(f"no trusted root: {self.root_file} does not exist ([ota] root_file)")
-            shutil.copyfile(self.root_file, trusted)
-        updater = Updater(str(self.metadata_dir), self.metadata_url, str(self.target_dir), self.targets_url,
-                          fetcher=self.fetcher, bootstrap=None)
-        with translated("refreshing metadata"):
+        with translated("preparing the metadata cache"):
+            self.metadata_dir.mkdir(parents=True, exist_ok=True)
+            self.target_dir.mkdir(parents=True, exist_ok=True)
+            if not trusted.exists():
+                if not self.root_file.is_file():
+                    raise UpdateRejected(f"no trusted root: {self.root_file} does not exist ([ota] root_file)")
+                write_atomic(trusted, self.root_file.read_bytes())  # a full disk must not leave half a root
+        with translated("refreshing metadata"):  # the Updater writes (root) already: a full disk is "disk: ..."
+            updater = Updater(str(self.metadata_dir), self.metadata_url, str(self.target_dir), self.targets_url,
+                              fetcher=self.fetcher, bootstrap=None)
             updater.refresh()
         self._updater = updater
         targets = Metadata.from_file(str(self.metadata_dir / "targets.json")).signed
@@ -135,7 +136,7 @@ def reason_for(error: Exception) -> str:
     if isinstance(error, exceptions.LengthOrHashMismatchError):
         return f"hash: content does not match its metadata (tampered or mix-and-match): {error}"
     if isinstance(error, OSError) and error.errno == errno.ENOSPC:
-        return f"disk: no space left while storing the download ({error})"
+        return f"disk: no space left on the state directory ({error})"
     if isinstance(error, SlowRetrieval):
         return f"slow retrieval: {error}"
     if isinstance(error, exceptions.RepositoryError):

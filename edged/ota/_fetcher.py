@@ -22,9 +22,10 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
+from contextlib import _GeneratorContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO, Any, BinaryIO
 
 from tuf.api import exceptions
 from tuf.ngclient.fetcher import FetcherInterface
@@ -63,6 +64,13 @@ class ResumableFetcher(FetcherInterface):
         self._sleep = sleep
         self._monotonic = monotonic
         self._lock = threading.Lock()
+        self._max_length: int | None = None
+
+    def download_file(self, url: str, max_length: int) -> _GeneratorContextManager[IO[Any], None, None]:
+        """ngclient's download with the length it allows remembered: a target's signed length is the total its
+        progress reports, not whatever Content-Length a server claims."""
+        self._max_length = max_length
+        return super().download_file(url, max_length)
 
     def _fetch(self, url: str) -> Iterator[bytes]:
         if not url.startswith(self.targets_prefix):
@@ -90,9 +98,11 @@ class ResumableFetcher(FetcherInterface):
     def _resumed(self, url: str, response: http.client.HTTPResponse, partial: Path, have: int) -> Iterator[bytes]:
         self.partial_dir.mkdir(parents=True, exist_ok=True)
         length = response.headers.get("Content-Length")
+        claimed = have + int(length) if length and length.isdigit() else None
+        allowed = self._max_length
+        total = allowed if claimed is None or (allowed is not None and claimed > allowed) else claimed
         with self._lock:
-            self.progress = Progress(url, have, have + int(length) if length else None, have,
-                                     self.progress.fetched_bytes)
+            self.progress = Progress(url, have, total, have, self.progress.fetched_bytes)
         with open(partial, "r+b" if have else "wb") as out:
             out.truncate(have)
             out.seek(0)
@@ -131,7 +141,8 @@ class ResumableFetcher(FetcherInterface):
                 sent += len(chunk)
                 with self._lock:
                     self.progress.fetched_bytes += len(chunk)
-                    self.progress.received_bytes = start + sent
+                    if out is not None:  # a target's; metadata fetched later must not overwrite its progress
+                        self.progress.received_bytes = start + sent
                 yield chunk
                 self._throttle(began, sent)
                 self._check_rate(response.url, window, len(chunk))

@@ -80,7 +80,9 @@ def test_endless_data_longer_than_the_metadata_says_is_refused_and_retried(devic
     genuine = stored.read_bytes()
     with stored.open("ab") as f:
         f.write(b"\0" * 1_000_000)
-    assert _refused_update(device, "endless data")["bad_targets"] == 0
+    refused = _refused_update(device, "endless data")
+    assert refused["bad_targets"] == 0
+    assert refused["download"]["total_bytes"] == int(fleet.targets()[name]["length"])  # signed, not the claim
     assert not any(device.agent.client.fetcher.partial_dir.glob("*"))  # nothing kept to resume from
     stored.write_bytes(genuine)
     assert device.agent.check()["state"] in ("watching", "active")

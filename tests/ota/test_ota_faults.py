@@ -4,6 +4,7 @@ keeps serving, and the target is not remembered as bad (the next check tries aga
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -67,6 +68,32 @@ def test_an_update_that_does_not_fit_the_state_directory_is_refused_for_disk_and
         assert not (ota / "staging").exists() and not list((ota / "partial").glob("*"))
         assert status["bad_targets"] == 0
     finally:
+        device.close()
+
+
+def test_a_check_on_a_full_state_directory_is_refused_for_disk_not_an_internal_error(
+        tmp_path: Path, small_disk: Path, nginx: Nginx, fleet: FleetRepository) -> None:
+    """A review filled the state directory to the last byte: the check died inside python-tuf's Updater (it writes
+    the trusted root as it starts) with a bare ENOSPC, and the status kept the last check's outcome."""
+    device = Device(tmp_path, nginx.url, fleet.metadata_dir / "1.root.json")
+    filler = small_disk / "filler"
+    try:
+        fleet.add_model(model_folder(tmp_path / "src", 2, seed=2), 2, vectors_for(2))
+        with contextlib.suppress(OSError), filler.open("wb") as f:
+            while True:
+                f.write(b"\0" * 4096)
+                f.flush()
+        status = device.agent.check()
+        assert status["last_check"]["outcome"] == "refused", status
+        assert "disk: no space left" in status["last_check"]["reason"], status["last_check"]
+        assert device.served_version() == "1"
+        filler.unlink()
+        again = device.agent.check()  # the metadata cache was not left torn by the failed write
+        assert again["last_check"]["outcome"] == "ok", again["last_check"]
+        assert again["state"] == "refused" and again["reason"].startswith("disk: the update needs"), again
+        assert again["bad_targets"] == 0
+    finally:
+        filler.unlink(missing_ok=True)
         device.close()
 
 

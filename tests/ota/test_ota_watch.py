@@ -53,6 +53,8 @@ def test_a_check_while_an_update_is_watched_starts_nothing(watched: Device, flee
     again = watched.agent.check()
     assert again["state"] == "watching" and again["last_check"]["outcome"] == "ok", again
     assert again["download"]["fetched_bytes"] - fetched < int(fleet.targets()[name]["length"])  # metadata only
+    length = int(fleet.targets()[name]["length"])  # the target's progress, not the metadata fetched since
+    assert (again["download"]["received_bytes"], again["download"]["total_bytes"]) == (length, length)
     assert (watched.agent.work_dir / "staging").stat().st_mtime_ns == staged  # not staged again
     assert watched.served_version() == "2"
     watched.close()
