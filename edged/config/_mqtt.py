@@ -45,7 +45,7 @@ class OutboxConfig:
 @dataclass(frozen=True)
 class MqttConfig:
     broker: str | None = None  # mqtt://host:port or mqtts://host:port; None: MQTT is off
-    device_id: str | None = None  # None: the host name
+    device_id: str | None = None  # None: derived from /etc/machine-id, else the host name
     protocol: Literal["5", "3.1.1"] = "5"
     username: str | None = None
     password_file: str | None = None  # or the systemd credential "mqtt-password"

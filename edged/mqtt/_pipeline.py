@@ -25,7 +25,15 @@ from edged.mqtt._metrics import Metrics
 from edged.mqtt._msgid import Identity
 from edged.mqtt._queue import BoundedQueue
 from edged.mqtt._requests import MAX_ELEMENTS, Publisher
-from edged.mqtt._topics import check_filter, check_template, filter_matches, render, template_may_match, wildcard_count
+from edged.mqtt._topics import (
+    check_filter,
+    check_template,
+    filter_matches,
+    filters_overlap,
+    render,
+    template_may_match,
+    wildcard_count,
+)
 from edged.mqtt._work import Job, finish, load_labels, start_many
 from edged.supervision import HealthBoard, SupervisedThread
 
@@ -47,6 +55,23 @@ def check_no_loops(pipelines: Sequence[PipelineConfig]) -> None:
                 for a, b in itertools.pairwise(path))
                 + ": its results would come back as inputs, forever; change the output topic so that no input "
                 "filter matches it")
+
+
+def check_outside_prefix(pipelines: Sequence[PipelineConfig], prefix: str) -> None:
+    """Refuse pipelines that read or write edged's own topics (``edged/{device_id}/...``): an input there feeds
+    edged's status, requests and telemetry to the model (and a request matched by both a pipeline and the infer
+    subscription is answered twice); an output there publishes results as the device's status or as requests.
+    The same rule as a request's reply topic (`check_reply_topic`)."""
+    own = f"{prefix}/+/#"
+    for i, p in enumerate(pipelines):
+        if filters_overlap(p.input, own):
+            raise ConfigError(f"mqtt.pipelines[{i}].input {p.input!r} can match edged's own topics under {prefix}/ "
+                              "(status, infer, chat, telemetry, ota, commands): they would be fed to the model; "
+                              f"subscribe to topics outside {prefix}/")
+        if template_may_match(p.output, p.input, f"{prefix}/#"):
+            raise ConfigError(f"mqtt.pipelines[{i}].output {p.output!r} can be a topic under edged's own {prefix}/: "
+                              "results would be published as the device's status, requests or commands; publish "
+                              f"to topics outside {prefix}/")
 
 
 def _path_back(feeds: dict[int, list[int]], start: int) -> list[int] | None:

@@ -21,7 +21,7 @@ from edged.mqtt._metrics import Metrics
 from edged.mqtt._msgid import Identity
 from edged.mqtt._queue import BoundedQueue
 from edged.mqtt._topics import check_reply_topic
-from edged.mqtt._work import Job, finish, start
+from edged.mqtt._work import Job, finish, result_parameters, start
 from edged.supervision import HealthBoard, SupervisedPool
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,10 @@ class RequestHandler:
             self._publisher.ack(message)
             return
         ident = self._identify(message)
-        self._publisher.send(Outbound(topic, error_payload(str(error)), message.qos,
+        # the same parameters as every other result (edged_message_id, input_timestamp, received_ns): a refusal
+        # before any decoding, such as a bad topic, is a result consumers de-duplicate too
+        body = error_payload(str(error), parameters=result_parameters(message, ident.message_id))
+        self._publisher.send(Outbound(topic, body, message.qos,
                                       correlation_data=message.correlation_data, content_type=JSON_TYPE,
                                       message_id=ident.message_id, answers=ident.answers,
                                       on_stored=lambda: self._publisher.ack(message)))

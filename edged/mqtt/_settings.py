@@ -54,6 +54,12 @@ def device_id_of(config: MqttConfig) -> str:
 def parse_broker(url: str) -> tuple[str, int, bool]:
     """(host, port, tls) from ``mqtt://host[:port]`` or ``mqtts://host[:port]`` (a bare host:port is mqtt)."""
     parts = urlsplit(url if "://" in url else f"mqtt://{url}")
+    if "@" in parts.netloc:  # checked first, and the URL never quoted: it may hold a password
+        raise ConfigError("mqtt.broker: a user name or password in the URL is not used; set [mqtt] username and "
+                          "password_file (or the systemd credential mqtt-password) and remove them from the URL")
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise ConfigError(f"mqtt.broker: {url!r} has a path, query or fragment, which MQTT over TCP has no use for; "
+                          "expected mqtt://host:port or mqtts://host:port")
     if parts.scheme not in ("mqtt", "mqtts", "tcp", "ssl"):
         raise ConfigError(f"mqtt.broker: expected mqtt://host:port or mqtts://host:port, found {url!r}")
     tls = parts.scheme in ("mqtts", "ssl")

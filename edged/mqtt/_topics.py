@@ -73,6 +73,18 @@ def template_may_match(template: str, input_filter: str, topic_filter: str) -> b
     return _overlap(levels, topic_filter.split("/"))
 
 
+def filters_overlap(first: str, second: str) -> bool:
+    """Whether some topic matches both filters (conservative as `template_may_match`)."""
+    levels: list[str | re.Pattern[str] | None] = [
+        None if level == "#" else _ANY_LEVEL if level == "+" else level for level in first.split("/")]
+    if levels and levels[-1] is None and _overlap(levels[:-1], second.split("/")):
+        return True  # a trailing "#" also matches its parent level
+    return _overlap(levels, second.split("/"))
+
+
+_ANY_LEVEL = re.compile("[^/]*")
+
+
 def _overlap(levels: list[str | re.Pattern[str] | None], wanted: list[str]) -> bool:
     if wanted and wanted[0] == "#":
         return True  # the rest, zero levels included

@@ -6,6 +6,7 @@ engine's own message, exactly as the socket API words it.
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,13 +66,35 @@ class Job:
     def parameters(self) -> dict[str, Any]:
         """edged's own fields in a result: its message id and the input's timestamp, for de-duplication and
         latency measurements."""
-        stamp: Any = None
-        if self.decoded is not None:
-            stamp = self.decoded.parameters.get("timestamp")
-        if stamp is None:
-            stamp = self.message.user_property("timestamp")
-        return {"edged_message_id": self.message_id, "input_timestamp": stamp if stamp is not None else
-                self.message.received_ns, "received_ns": self.message.received_ns}
+        return result_parameters(self.message, self.message_id,
+                                 None if self.decoded is None else self.decoded.parameters.get("timestamp"))
+
+
+def result_parameters(message: Inbound, message_id: str, stamp: Any = None) -> dict[str, Any]:
+    """``input_timestamp`` is the caller's own (the request's ``parameters.timestamp``, else a ``timestamp`` user
+    property, a number when it reads as one: user properties are strings), else the receive time in Unix
+    seconds, the unit of the README's example; ``received_ns`` is always the receive time in nanoseconds. Once
+    the default was nanoseconds and a user property came back as a string, so a consumer could not read the
+    field without knowing which source had filled it."""
+    if stamp is None:
+        stamp = _number_or_text(message.user_property("timestamp"))
+    if stamp is None:
+        stamp = message.received_ns / 1e9
+    return {"edged_message_id": message_id, "input_timestamp": stamp, "received_ns": message.received_ns}
+
+
+def _number_or_text(text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return int(text)  # exactly, also past 2^53 (nanoseconds)
+    except ValueError:
+        pass
+    try:
+        number = float(text)
+    except ValueError:
+        return text
+    return number if math.isfinite(number) else text  # NaN and infinities are not JSON
 
 
 def start(service: InferenceService, job: Job, max_payload: int, max_elements: int, inline: bool) -> None:

@@ -27,7 +27,7 @@ from edged.mqtt._metrics import Metrics, render_prometheus
 from edged.mqtt._msgid import MessageIds
 from edged.mqtt._outbox import Outbox
 from edged.mqtt._paho import Connection
-from edged.mqtt._pipeline import Pipeline, check_no_loops
+from edged.mqtt._pipeline import Pipeline, check_no_loops, check_outside_prefix
 from edged.mqtt._requests import RequestHandler
 from edged.mqtt._settings import connection_settings, device_id_of
 from edged.mqtt._status import birth, offline, stopped
@@ -73,7 +73,9 @@ class MqttFrontEnd:
                                         prefix=self.prefix)
         self._pipelines = [Pipeline(i, service, p, config, v5, self, self._metrics, identify, self.health)
                            for i, p in enumerate(config.pipelines)]
-        check_no_loops(config.pipelines)  # after each pipeline's own checks, which name a bad filter first
+        # after each pipeline's own checks, which name a bad filter first; edged's own topics before loops ("#")
+        check_outside_prefix(config.pipelines, self.prefix)
+        check_no_loops(config.pipelines)
         self._chat = None if chat is None else ChatHandler(service.generation, chat, config, self, self._metrics,
                                                           identify, self.health)
         subscriptions = [(f"{self.prefix}/infer/#", config.qos)]

@@ -204,6 +204,34 @@ def test_a_pipeline_whose_results_would_come_back_as_its_inputs_is_refused(
     assert named in str(refused.value)
 
 
+@pytest.mark.parametrize(("route", "named"), [
+    (("edged/own/#", "o/{1}"), "mqtt.pipelines[0].input 'edged/own/#' can match edged's own topics"),
+    (("+/+/status", "o/{1}/{2}"), "mqtt.pipelines[0].input '+/+/status' can match edged's own topics"),
+    (("#", "o/x"), "mqtt.pipelines[0].input '#' can match edged's own topics"),
+    (("st/+", "edged/own/status"), "mqtt.pipelines[0].output 'edged/own/status' can be a topic under"),
+    (("st/+", "edged/own/infer/tiny_mlp"), "mqtt.pipelines[0].output 'edged/own/infer/tiny_mlp' can be"),
+    (("+/cam", "{1}/own/infer/tiny_mlp"), "mqtt.pipelines[0].output '{1}/own/infer/tiny_mlp' can be"),
+], ids=["input-under-prefix", "input-wildcards", "input-hash", "output-status", "output-infer", "output-capture"])
+def test_a_pipeline_reading_or_writing_edgeds_own_topics_is_refused(
+        service: InferenceService, tmp_path: Path, route: tuple[str, str], named: str) -> None:
+    """Review: `edged/<device>/#` as an input fed edged's own birth message to the model and answered one request
+    twice; an output of `edged/<device>/status` published results as the device's status. Refused at start, as
+    a reply topic there is."""
+    config = MqttConfig(broker="mqtt://127.0.0.1:1", device_id="own", pipelines=(
+        PipelineConfig(input=route[0], model="tiny_mlp", output=route[1]),))
+    with pytest.raises(ConfigError) as refused:
+        MqttFrontEnd(service, config, tmp_path / "state", version="test")
+    assert named in str(refused.value)
+
+
+def test_pipelines_beside_edgeds_own_topics_are_accepted(service: InferenceService, tmp_path: Path) -> None:
+    config = MqttConfig(broker="mqtt://127.0.0.1:1", device_id="own", pipelines=(
+        PipelineConfig(input="+/+", model="tiny_mlp", output="out/{1}/{2}"),  # two levels: no edged topic has two
+        PipelineConfig(input="edged/other/x", model="tiny_mlp", output="edged/other/y"),
+        PipelineConfig(input="cam/+/raw", model="tiny_mlp", output="edged-results/{1}")))
+    MqttFrontEnd(service, config, tmp_path / "state", version="test")
+
+
 def test_pipelines_that_chain_without_a_cycle_are_accepted(service: InferenceService, tmp_path: Path) -> None:
     config = MqttConfig(broker="mqtt://127.0.0.1:1", device_id="chain", pipelines=(
         PipelineConfig(input="cam/+/raw", model="tiny_mlp", output="cam/{1}/feature"),

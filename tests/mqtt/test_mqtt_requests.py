@@ -164,7 +164,30 @@ def test_errors_come_back_as_error_json(front: MqttFrontEnd, broker: Broker, top
     doc = orjson.loads(reply.payload)
     assert expected in doc["error"], doc
     assert front.status()["errors"]
+    # every error result carries edged's parameters, a refusal of the topic itself too (a review found those bare)
+    assert doc["parameters"]["edged_message_id"] == dict(reply.properties.UserProperty)["edged-message-id"]
+    assert isinstance(doc["parameters"]["input_timestamp"], float)
     client.close()
+
+
+@pytest.mark.parametrize(("user", "expected"), [
+    ([("timestamp", "42")], 42), ([("timestamp", "1732890000.5")], 1732890000.5),
+    ([("timestamp", "1796188299260977933")], 1796188299260977933), ([("timestamp", "tuesday")], "tuesday"),
+], ids=["integer", "seconds", "nanoseconds", "text"])
+def test_input_timestamp_is_the_callers_number_else_the_receive_time_in_seconds(
+        front: MqttFrontEnd, broker: Broker, user: list[tuple[str, str]], expected: object) -> None:
+    """Review: a user property came back as a string and the receive time as integer nanoseconds, while the
+    README's example (and parameters.timestamp) are seconds."""
+    client = Requester(broker.port)
+    body, _ = encode_request({"input": PIXELS}, binary=False)
+    stamped = orjson.loads(client.request("edged/dev1/infer/digits_onnx", body, "application/json", user).payload)
+    before = time.time()
+    plain = orjson.loads(client.request("edged/dev1/infer/digits_onnx", body, "application/json").payload)
+    client.close()
+    assert stamped["parameters"]["input_timestamp"] == expected
+    received = plain["parameters"]["input_timestamp"]
+    assert isinstance(received, float) and before - 1 < received < time.time() + 1
+    assert plain["parameters"]["received_ns"] == pytest.approx(received * 1e9, abs=1e3)
 
 
 def test_request_errors_use_the_engine_wording(front: MqttFrontEnd, broker: Broker,

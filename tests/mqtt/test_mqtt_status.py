@@ -135,6 +135,20 @@ def test_settings_password_from_file_or_systemd_credential(tmp_path: Path) -> No
         parse_broker("http://x")
 
 
+
+@pytest.mark.parametrize(("url", "words"), [
+    ("mqtt://user:secretpw@127.0.0.1:1883", "set [mqtt] username and password_file"),
+    ("http://user:secretpw@x", "set [mqtt] username and password_file"),
+    ("mqtt://127.0.0.1:1883/foo", "has a path, query or fragment"),
+    ("mqtt://127.0.0.1:1883?x=1", "has a path, query or fragment"),
+], ids=["credentials", "credentials-bad-scheme", "path", "query"])
+def test_a_broker_url_with_credentials_or_a_path_is_refused_without_quoting_a_secret(url: str, words: str) -> None:
+    """Review: credentials in the URL were ignored (the client connected anonymously) and a path accepted."""
+    with pytest.raises(ConfigError, match=r"^mqtt\.broker: ") as refused:
+        parse_broker(url)
+    assert words in str(refused.value) and "secretpw" not in str(refused.value)
+
+
 def test_config_file_pipelines_parse() -> None:
     config = parse_config("""
 [mqtt]
