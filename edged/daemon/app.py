@@ -56,6 +56,8 @@ class Daemon:
         self.environ = dict(os.environ if environ is None else environ)
         self.started_at = time.time()
         self.state_dir = resolve_state_dir(config.state_dir, self.environ)
+        if self.state_dir.exists() and not self.state_dir.is_dir():  # before anything under it is opened
+            raise _state_dir_error(self.state_dir, "it exists and is not a directory")
         self.repository = _repository(config, self.state_dir)
         self.socket_path = Path(config.server.socket) if config.server.socket else default_socket_path(self.environ)
         self.notifier = SystemdNotifier.from_environ(self.environ)
@@ -123,7 +125,10 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._begin_stop)
         loop.add_signal_handler(signal.SIGHUP, lambda: self._spawn(self._reload()))
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise _state_dir_error(self.state_dir, e.strerror or str(e)) from e
         self._record_start()
         activated = activated_sockets(self.environ)  # read once: each front end takes the sockets named for it
         if activated.grpc and self.grpc is None:
@@ -445,6 +450,11 @@ class Daemon:
             MetricFamily("edged_allocator_info", "gauge", "The malloc implementation in use.")
             .add(1, {"allocator": allocator.name}),
         ])
+
+
+def _state_dir_error(state_dir: Path, problem: str) -> ConfigError:
+    return ConfigError(f"state_dir {str(state_dir)!r} cannot be the state directory: {problem}; point state_dir (or "
+                       "--state-dir) at a directory edged may create and write")
 
 
 def _repository(config: EdgedConfig, state_dir: Path) -> Path:

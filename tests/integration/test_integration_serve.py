@@ -147,3 +147,14 @@ def test_sighup_loads_a_new_model_without_failing_requests_to_another(tmp_path: 
         returncode = daemon.stop()
     assert counts["failed"] == 0, errors[:5]
     assert returncode == 0, daemon.output()
+
+
+def test_a_state_dir_that_is_a_file_is_one_config_error_line(tmp_path: Path) -> None:
+    state = tmp_path / "sdfile"
+    state.write_text("")
+    daemon = start_daemon(tmp_path, args=["--state-dir", str(state)], wait=False)
+    assert daemon.process.wait(60) == 1
+    output = daemon.log_path.read_text()
+    assert "Traceback" not in output, output
+    assert (f"edged serve: error: state_dir '{state}' cannot be the state directory: it exists and is not a "
+            "directory; point state_dir (or --state-dir) at a directory") in output, output
