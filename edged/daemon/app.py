@@ -51,8 +51,11 @@ CLOCK_CHECKPOINT_EVERY_S = 60.0  # what a power cut may take from device elapsed
 
 
 class Daemon:
-    def __init__(self, config: EdgedConfig, environ: Mapping[str, str] | None = None) -> None:
+    def __init__(self, config: EdgedConfig, environ: Mapping[str, str] | None = None,
+                 loaded: EdgedConfig | None = None) -> None:
         self.config = config
+        # the file as first read, before command-line flags: what SIGHUP's re-read is compared with
+        self._loaded = loaded if loaded is not None else config
         self.environ = dict(os.environ if environ is None else environ)
         self.started_at = time.time()
         self.state_dir = resolve_state_dir(config.state_dir, self.environ)
@@ -345,10 +348,9 @@ class Daemon:
         except ConfigError as e:  # its message names the file and the place, never a value (edged.config)
             log.error("SIGHUP: config not reloaded, keeping the running one: %s", e)
             return f"config not reloaded: {e}"
-        changed = [name for name in ("server", "mqtt", "memory", "telemetry")
-                   if getattr(fresh, name) != getattr(self.config, name)]
-        if changed:
-            log.warning("SIGHUP: changes to [%s] take effect at the next restart", "], [".join(changed))
+        if changed := restart_keys(self._loaded, fresh):
+            log.warning("SIGHUP: changes to %s take effect at the next restart (only [logging] level applies "
+                        "now; the rescan reads the running repository)", ", ".join(changed))
         logging.getLogger().setLevel(fresh.logging.level.upper())
         return None
 
@@ -474,9 +476,23 @@ def _grpc_server(service: InferenceService, config: EdgedConfig, shared_memory: 
     return GrpcServer(service, config.server, shared_memory)
 
 
-def run_daemon(config: EdgedConfig) -> int:
-    """Run the daemon in the foreground until SIGTERM/SIGINT; the return value is the exit status."""
-    daemon = Daemon(config)
+def restart_keys(running: EdgedConfig, fresh: EdgedConfig) -> list[str]:
+    """The sections (``[models]``) and top-level keys (``state_dir``) of a re-read config that differ from the
+    running one's: all but ``[logging] level`` take effect only when the daemon starts."""
+    changed: list[str] = []
+    for item in dataclasses.fields(EdgedConfig):
+        old, new = getattr(running, item.name), getattr(fresh, item.name)
+        if item.name == "logging":
+            old, new = dataclasses.replace(old, level="info"), dataclasses.replace(new, level="info")
+        if item.name != "source" and old != new:
+            changed.append(f"[{item.name}]" if dataclasses.is_dataclass(old) else item.name)
+    return changed
+
+
+def run_daemon(config: EdgedConfig, loaded: EdgedConfig | None = None) -> int:
+    """Run the daemon in the foreground until SIGTERM/SIGINT; the return value is the exit status. ``loaded`` is
+    the config file as read, before the command line's overrides (``config``)."""
+    daemon = Daemon(config, loaded=loaded)
     try:
         import uvloop
     except ImportError:
