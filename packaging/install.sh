@@ -4,7 +4,9 @@
 #   sudo ./install.sh              install or upgrade; the previous release is kept for --rollback
 #   sudo ./install.sh --rollback   switch back to the previous release
 #
-# Options: --root DIR (install under DIR instead of /: directories and files only, no users, no systemctl),
+# Options: --root DIR (install under DIR instead of /: directories and files only, no users, no systemctl;
+#          the units are enabled by links as `systemctl --root DIR enable` makes, and the first boot's
+#          systemd-sysusers and systemd-tmpfiles create the user and give /etc/edged its group edged),
 #          --no-systemd (create the user and directories by hand, do not install the units),
 #          --dry-run (check everything, print what would be done, change nothing), --python PATH,
 #          --no-restart (leave edged running as it is: edged-update restarts it itself and checks it).
@@ -265,7 +267,23 @@ install_units() {  # install_units RELEASE_DIR: the units of the release that is
     say "installed the units of ${1#"$OPT/"} in $ROOT/etc/systemd/system"
 }
 
+want() {  # want TARGET UNIT: the link `systemctl --root enable` makes for a unit's WantedBy=TARGET
+    act install -d -m 0755 "$ROOT/etc/systemd/system/$1.wants"
+    act ln -sfn "/etc/systemd/system/$2" "$ROOT/etc/systemd/system/$1.wants/$2"
+}
+
+enable_staged_units() {  # a staged image has no systemd running: its units are enabled by their links
+    want sockets.target edged.socket
+    want multi-user.target edged.service
+    if [ -f "$ROOT/etc/systemd/system/edged-update.path" ] || [ "$DRY_RUN" = 1 ]; then
+        want paths.target edged-update.path
+        want multi-user.target edged-update.service
+    fi
+    say "enabled edged.socket and edged.service in $ROOT/etc/systemd/system (they start at the image's boot)"
+}
+
 enable_units() {
+    if [ -n "$ROOT" ]; then enable_staged_units; return; fi
     [ "$USE_SYSTEMD" = yes ] || return 0
     act systemctl enable edged.socket edged.service
     if [ -f /etc/systemd/system/edged-update.path ] || [ "$DRY_RUN" = 1 ]; then

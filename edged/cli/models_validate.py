@@ -4,7 +4,9 @@ Parses the config, auto-completes it from the model file where the runtime can d
 onnxruntime through the ONNX backend, imported only here and only when needed; a generative folder is checked
 by cli/_validate_genai.py), and prints Triton's JSON
 model-config; without --json, also a summary of fields kept but not applied, and warnings. Errors are printed
-as ``file:line:column: message`` and the exit status is 1.
+as ``file:line:column: message`` and the exit status is 1. What the daemon cannot load is an error here too: no
+version folder to serve, a version without its model file, a backend edged does not serve (``--config`` names the
+edged.toml whose ``[models] backends`` adds backends and whose limits apply).
 """
 
 from __future__ import annotations
@@ -12,13 +14,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from edged.cli._validate_genai import GENAI_RUNTIME, describe_generative
-from edged.config import ServerConfig
-from edged.errors import EdgedError, ModelConfigError
+from edged.config import EdgedConfig, load_config
+from edged.errors import EdgedError, ModelConfigError, ModelLoadError
 from edged.repository import (
     BUILTIN_BACKENDS,
     CONFIG_FILENAME,
@@ -26,13 +29,13 @@ from edged.repository import (
     check_config_files,
     check_platform_backend,
     check_warmup,
-    detect_runtime,
     list_versions,
     load_model_config,
     missing_versions,
     model_config_to_json,
     normalize,
     parse_model_config,
+    resolve_runtime,
     select_versions,
     unknown_fields,
 )
@@ -54,12 +57,16 @@ def register_validate(models_subparsers: Any) -> None:
         "print the model config as Triton's GET /v2/models/{m}/config would.")
     parser.add_argument("path", type=Path, metavar="PATH", help="a model folder, or its config.pbtxt")
     parser.add_argument("--json", action="store_true", help="print only the JSON model config")
+    parser.add_argument("--config", type=Path, metavar="FILE",
+                        help="the daemon's edged.toml: its [models] backends and [server] limits apply")
     parser.set_defaults(handler=validate)
 
 
 def validate(args: argparse.Namespace) -> int:
     try:
-        report = validate_path(Path(args.path))
+        settings = load_config(args.config) if args.config is not None else EdgedConfig()
+        report = validate_path(Path(args.path), backends=(*BUILTIN_BACKENDS, *settings.models.backends),
+                               max_elements=settings.server.max_tensor_elements)
     except EdgedError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -75,7 +82,8 @@ def validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def validate_path(path: Path) -> Report:
+def validate_path(path: Path, backends: Collection[str] = BUILTIN_BACKENDS,
+                  max_elements: int = EdgedConfig().server.max_tensor_elements) -> Report:
     model_dir = path.parent if path.is_file() or path.name == CONFIG_FILENAME else path
     if not model_dir.is_dir():
         raise ModelConfigError(f"expected a model folder or its {CONFIG_FILENAME}, found nothing there",
@@ -85,21 +93,28 @@ def validate_path(path: Path) -> Report:
     config = _read_file(path, warnings) if path.is_file() else load_model_config(model_dir)
     config_path = str(path if path.is_file() else model_dir / CONFIG_FILENAME)
     if config is not None:  # the checks a load makes of the config alone, in the same words
-        check_platform_backend(config, config_path, backends=None)
+        check_platform_backend(config, config_path, backends=backends)
         if config.backend and config.backend not in BUILTIN_BACKENDS:
             warnings.append(f"backend '{config.backend}' is not one of edged's ({', '.join(BUILTIN_BACKENDS)}); "
-                            "the daemon loads it only where [models] backends names it")
+                            "the --config file's [models] backends names it")
     versions = list_versions(model_dir)
+    if not versions and config is not None:  # the daemon's words (a folder without config is refused below)
+        raise ModelLoadError(f"model {model_dir.name}: no numbered version folder in {model_dir}; put the model "
+                             f"file in {model_dir / '1'}")
     chosen = select_versions(config.version_policy, versions) if config is not None else versions[-1:]
     if config is not None and (missing := missing_versions(config.version_policy, versions)):
         warnings.append(f"version policy names versions {missing}, which are not present")
-    runtime = (config.runtime if config is not None and config.runtime else None) or detect_runtime(
-        model_dir, chosen)
+    if config is not None and not chosen:
+        raise ModelLoadError(f"model {model_dir.name}: no version to serve in {model_dir} (found versions: "
+                             f"{versions}; version_policy {config.version_policy.kind})")
+    config, runtime = resolve_runtime(config, model_dir, chosen)
+    if config is not None and runtime is None:
+        raise ModelLoadError(f"model {model_dir.name}: no config.pbtxt platform/backend and no model file edged "
+                             f"recognises in {model_dir} (model.onnx, model.plan, model.pt, model.pt2)")
     if config is not None:  # before any model file is read: the daemon refuses the same names
         check_config_files(config, model_dir, chosen)
     completed = _complete(config, model_dir, chosen, runtime, warnings, notes)
-    # the daemon's default [server] max_tensor_elements: validate reads no edged.toml
-    check_warmup(completed, config_path, ServerConfig().max_tensor_elements)
+    check_warmup(completed, config_path, max_elements)
     return Report(model_config_to_json(completed), unknown_fields(completed), warnings, notes)
 
 
@@ -117,16 +132,11 @@ def _read_file(path: Path, warnings: list[str]) -> ModelConfig:
 
 def _complete(config: ModelConfig | None, model_dir: Path, versions: list[int], runtime: str | None,
               warnings: list[str], notes: list[str]) -> ModelConfig:
-    if runtime is None:
-        if config is None:
-            raise ModelConfigError("no config.pbtxt and no model file (model.onnx, model.plan, model.pt, "
-                                   "model.pt2) in any version folder", str(model_dir))
-        warnings.append("no model file found in the selected versions; config checked on its own")
-        return normalize(config)
-    explicit = config is not None and (config.runtime or config.default_model_filename)
-    filename = config.model_filename if config is not None and explicit else _default_filename(runtime)
-    model_file = next((model_dir / str(v) / filename for v in reversed(versions)
-                       if (model_dir / str(v) / filename).exists()), None)
+    if runtime is None:  # with a config, refused by validate_path in the daemon's words
+        raise ModelConfigError("no config.pbtxt and no model file (model.onnx, model.plan, model.pt, "
+                               "model.pt2) in any version folder", str(model_dir))
+    filename = config.model_filename if config is not None else _default_filename(runtime)
+    model_file = _model_file(model_dir, versions, runtime, filename, config)
     if runtime == GENAI_RUNTIME and model_file is not None:
         signature: ModelSignature | None = describe_generative(model_file.parent, model_dir.name, config, warnings,
                                                                     notes)
@@ -138,6 +148,23 @@ def _complete(config: ModelConfig | None, model_dir: Path, versions: list[int], 
                                    "to auto-complete one", str(model_dir))
         return normalize(config)
     return autocomplete(config, model_dir.name, signature, runtime)
+
+
+def _model_file(model_dir: Path, versions: list[int], runtime: str, filename: str,
+                config: ModelConfig | None) -> Path | None:
+    """The newest served version's model file; a served version without one is an error, as its load fails (a
+    custom backend's files are its own: not checked)."""
+    names = [filename]
+    if runtime == "pytorch" and (config is None or not config.default_model_filename):
+        names.append("model.pt2")  # the daemon serves a torch.export program where there is no model.pt
+    found: Path | None = None
+    for version in versions:
+        path = next((model_dir / str(version) / n for n in names if (model_dir / str(version) / n).exists()), None)
+        if path is None and runtime in BUILTIN_BACKENDS:
+            raise ModelLoadError(f"model {model_dir.name}: version {version} has no model file {filename} (expected "
+                                 f"{model_dir / str(version) / filename}); the daemon cannot load that version")
+        found = path or found
+    return found
 
 
 def _default_filename(runtime: str) -> str:

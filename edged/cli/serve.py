@@ -51,7 +51,7 @@ FLAG_KEYS: dict[str, str] = {
 
 
 def run(args: argparse.Namespace) -> int:
-    config = load_config(args.config)
+    config = loaded = load_config(args.config)
     overrides = {key: getattr(args, flag) for flag, key in FLAG_KEYS.items() if getattr(args, flag) is not None}
     if overrides:
         config = with_overrides(config, overrides)
@@ -61,4 +61,4 @@ def run(args: argparse.Namespace) -> int:
     from edged.daemon._logging import configure_logging
     configure_logging(config.logging.level, config.logging.format)
     from edged.daemon.app import run_daemon
-    return run_daemon(config)
+    return run_daemon(config, loaded)

@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import os
 import re
+import stat
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,10 +92,7 @@ def load_config(path: str | os.PathLike[str] | None = None) -> EdgedConfig:
         if not DEFAULT_CONFIG_PATH.exists():
             return EdgedConfig()
         path = DEFAULT_CONFIG_PATH
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as e:
-        raise ConfigError(f"cannot read config file {path}: {e.strerror}") from e
+    raw = _read_regular_file(Path(path))
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -104,6 +102,31 @@ def load_config(path: str | os.PathLike[str] | None = None) -> EdgedConfig:
     # raised outside the except block, so not even as its __context__ does the UnicodeDecodeError travel with
     # the error: it carries the whole file (API keys included), and its repr shows it
     raise ConfigError(f"{path}: the file is not UTF-8 text (byte {bad_byte}); save it as UTF-8")
+
+
+def _read_regular_file(path: Path) -> bytes:
+    """The file's bytes; a FIFO, device or socket is refused rather than read (opening a FIFO blocks until a
+    writer comes, so the daemon would hang without a word). O_NONBLOCK opens a FIFO at once, fstat then tells."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}: {e.strerror}") from e
+    try:
+        mode, device = os.fstat(fd).st_mode, os.fstat(fd).st_rdev
+        if stat.S_ISCHR(mode) and device == os.stat(os.devnull).st_rdev:
+            return b""  # --config /dev/null: the built-in defaults, as an empty file gives
+        if stat.S_ISDIR(mode):
+            raise ConfigError(f"cannot read config file {path}: Is a directory")
+        if not stat.S_ISREG(mode):
+            raise ConfigError(f"cannot read config file {path}: not a regular file (a FIFO, device or socket); "
+                              "name a TOML file")
+        os.set_blocking(fd, True)
+        with os.fdopen(os.dup(fd), "rb") as file:
+            return file.read()
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}: {e.strerror}") from e
+    finally:
+        os.close(fd)
 
 
 def _without_quoted_characters(message: str) -> str:

@@ -51,11 +51,16 @@ CLOCK_CHECKPOINT_EVERY_S = 60.0  # what a power cut may take from device elapsed
 
 
 class Daemon:
-    def __init__(self, config: EdgedConfig, environ: Mapping[str, str] | None = None) -> None:
+    def __init__(self, config: EdgedConfig, environ: Mapping[str, str] | None = None,
+                 loaded: EdgedConfig | None = None) -> None:
         self.config = config
+        # the file as first read, before command-line flags: what SIGHUP's re-read is compared with
+        self._loaded = loaded if loaded is not None else config
         self.environ = dict(os.environ if environ is None else environ)
         self.started_at = time.time()
         self.state_dir = resolve_state_dir(config.state_dir, self.environ)
+        if self.state_dir.exists() and not self.state_dir.is_dir():  # before anything under it is opened
+            raise _state_dir_error(self.state_dir, "it exists and is not a directory")
         self.repository = _repository(config, self.state_dir)
         self.socket_path = Path(config.server.socket) if config.server.socket else default_socket_path(self.environ)
         self.notifier = SystemdNotifier.from_environ(self.environ)
@@ -123,7 +128,10 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._begin_stop)
         loop.add_signal_handler(signal.SIGHUP, lambda: self._spawn(self._reload()))
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise _state_dir_error(self.state_dir, e.strerror or str(e)) from e
         self._record_start()
         activated = activated_sockets(self.environ)  # read once: each front end takes the sockets named for it
         if activated.grpc and self.grpc is None:
@@ -340,10 +348,9 @@ class Daemon:
         except ConfigError as e:  # its message names the file and the place, never a value (edged.config)
             log.error("SIGHUP: config not reloaded, keeping the running one: %s", e)
             return f"config not reloaded: {e}"
-        changed = [name for name in ("server", "mqtt", "memory", "telemetry")
-                   if getattr(fresh, name) != getattr(self.config, name)]
-        if changed:
-            log.warning("SIGHUP: changes to [%s] take effect at the next restart", "], [".join(changed))
+        if changed := restart_keys(self._loaded, fresh):
+            log.warning("SIGHUP: changes to %s take effect at the next restart (only [logging] level applies "
+                        "now; the rescan reads the running repository)", ", ".join(changed))
         logging.getLogger().setLevel(fresh.logging.level.upper())
         return None
 
@@ -447,6 +454,11 @@ class Daemon:
         ])
 
 
+def _state_dir_error(state_dir: Path, problem: str) -> ConfigError:
+    return ConfigError(f"state_dir {str(state_dir)!r} cannot be the state directory: {problem}; point state_dir (or "
+                       "--state-dir) at a directory edged may create and write")
+
+
 def _repository(config: EdgedConfig, state_dir: Path) -> Path:
     """The served repository; with OTA and none configured, the writable one in the state directory."""
     if config.models.repository:
@@ -464,9 +476,23 @@ def _grpc_server(service: InferenceService, config: EdgedConfig, shared_memory: 
     return GrpcServer(service, config.server, shared_memory)
 
 
-def run_daemon(config: EdgedConfig) -> int:
-    """Run the daemon in the foreground until SIGTERM/SIGINT; the return value is the exit status."""
-    daemon = Daemon(config)
+def restart_keys(running: EdgedConfig, fresh: EdgedConfig) -> list[str]:
+    """The sections (``[models]``) and top-level keys (``state_dir``) of a re-read config that differ from the
+    running one's: all but ``[logging] level`` take effect only when the daemon starts."""
+    changed: list[str] = []
+    for item in dataclasses.fields(EdgedConfig):
+        old, new = getattr(running, item.name), getattr(fresh, item.name)
+        if item.name == "logging":
+            old, new = dataclasses.replace(old, level="info"), dataclasses.replace(new, level="info")
+        if item.name != "source" and old != new:
+            changed.append(f"[{item.name}]" if dataclasses.is_dataclass(old) else item.name)
+    return changed
+
+
+def run_daemon(config: EdgedConfig, loaded: EdgedConfig | None = None) -> int:
+    """Run the daemon in the foreground until SIGTERM/SIGINT; the return value is the exit status. ``loaded`` is
+    the config file as read, before the command line's overrides (``config``)."""
+    daemon = Daemon(config, loaded=loaded)
     try:
         import uvloop
     except ImportError:

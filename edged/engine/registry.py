@@ -55,11 +55,11 @@ from edged.repository import (
     check_model_name,
     check_platform_backend,
     check_warmup,
-    detect_runtime,
     find_models,
     fingerprint,
     list_versions,
     load_model_config,
+    resolve_runtime,
     select_versions,
     unknown_backend,
 )
@@ -263,8 +263,7 @@ class Registry:
         if not model_dir.is_dir():
             raise ModelNotFound(f"model {record.name} is not in the repository {self._root}")
         available = list_versions(model_dir)
-        config = override or load_model_config(model_dir)
-        runtime = (config.runtime if config else "") or detect_runtime(model_dir, available) or ""
+        config, runtime = resolve_runtime(override or load_model_config(model_dir), model_dir, available)
         if not runtime:
             raise ModelLoadError(f"model {record.name}: no config.pbtxt platform/backend and no model file "
                                  f"edged recognises in {model_dir} (model.onnx, model.plan, model.pt, model.pt2)")
@@ -306,8 +305,7 @@ class Registry:
     def _prepare(self, name: str, model_dir: Path) -> tuple[ModelConfig, Backend]:
         """The completed config and the backend of a model folder, outside any record (OTA staging)."""
         available = list_versions(model_dir)
-        config = load_model_config(model_dir)
-        runtime = (config.runtime if config else "") or detect_runtime(model_dir, available) or ""
+        config, runtime = resolve_runtime(load_model_config(model_dir), model_dir, available)
         if not runtime:
             raise ModelLoadError(f"model {name}: no config.pbtxt platform/backend and no model file "
                                  f"edged recognises in {model_dir} (model.onnx, model.plan, model.pt, model.pt2)")

@@ -26,6 +26,7 @@ from edged.repository.layout import (
     list_versions,
     load_model_config,
     missing_versions,
+    resolve_runtime,
     select_versions,
 )
 
@@ -60,6 +61,7 @@ __all__ = [
     "parse",
     "parse_model_config",
     "read_confined",
+    "resolve_runtime",
     "select_versions",
     "unknown_backend",
     "unknown_fields",

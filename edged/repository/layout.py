@@ -18,6 +18,7 @@ import re
 import secrets
 import shutil
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 
 from edged.durable import fsync_dir
@@ -116,6 +117,19 @@ def detect_runtime(model_dir: Path | str, versions: Iterable[int]) -> str | None
             if (model_dir / str(version) / filename).exists():
                 return runtime
     return None
+
+
+def resolve_runtime(config: ModelConfig | None, model_dir: Path | str,
+                    versions: Iterable[int]) -> tuple[ModelConfig | None, str | None]:
+    """The config and the runtime a model folder is served with: the config's platform or backend, else the
+    runtime of the newest model file. A config naming neither gets that file's backend, as Triton's auto-complete
+    derives it, so its model file is the runtime's (model.onnx), not a bare 'model'."""
+    if config is not None and config.runtime:
+        return config, config.runtime
+    runtime = detect_runtime(model_dir, versions)
+    if config is not None and runtime is not None:
+        config = replace(config, backend=runtime)
+    return config, runtime
 
 
 def load_model_config(model_dir: Path | str) -> ModelConfig | None:

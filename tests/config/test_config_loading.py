@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -66,3 +67,13 @@ def test_source_is_not_a_key_a_file_may_set() -> None:
     assert "source" not in str(refused.value)
     assert parse_config("", "edged.toml").source == "edged.toml"
     assert with_overrides(parse_config("", "edged.toml"), {"server.socket": "/x"}).source == "edged.toml"
+
+
+def test_a_fifo_or_a_directory_as_config_is_refused_without_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / "edged.toml"
+    os.mkfifo(fifo)  # no writer: a plain open would block for ever
+    with pytest.raises(ConfigError, match=f"cannot read config file {fifo}: not a regular file"):
+        load_config(fifo)
+    with pytest.raises(ConfigError, match="Is a directory"):
+        load_config(tmp_path)
+    assert load_config(os.devnull) == EdgedConfig(source=os.devnull)  # the null device reads as an empty file

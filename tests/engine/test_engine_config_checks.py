@@ -15,6 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 from edged.config import ModelsConfig
 from edged.engine import InferenceService, InferRequest, ModelState
 from edged.errors import ModelConfigError
+from edged.repository.model_config import ModelConfig
 
 WARMUP = ('model_warmup [ {{ name: "w", batch_size: {batch}, inputs {{ key: "input" value: {{ data_type: '
           '{dtype}, dims: {dims}, zero_data: true }} }} }} ]')
@@ -121,3 +122,22 @@ def test_an_autocompleted_per_item_scalar_input_warms_up_and_answers(tmp_path: P
     assert spec.dims == (1,) and spec.reshape is not None and spec.reshape.shape == ()
     out = service.infer(InferRequest("scalar", {"x": np.array([[2.0], [5.0]], np.float32)})).outputs["y"]
     np.testing.assert_allclose(out.reshape(-1), [3.0, 6.0])
+
+
+def test_a_config_naming_no_platform_or_backend_loads_the_runtime_of_its_model_file(
+        tmp_path: Path, service: InferenceService) -> None:
+    # Triton's auto-complete derives the backend from model.onnx; edged looked for '1/model' (500)
+    weights = mlp_weights()
+    add_model(tmp_path, "partial", "max_batch_size: 2\n", {1: weights})
+    add_model(tmp_path, "full", config("full"), {1: weights})
+    service.load_model("partial")
+    completed = service.model_config("partial")
+    assert (completed.platform, completed.backend, completed.default_model_filename) == (
+        "onnxruntime_onnx", "onnxruntime", "model.onnx")
+    x = np.random.default_rng(5).random((2, 64), dtype=np.float32)
+    out = service.infer(InferRequest("partial", {"input": x})).outputs["output"]
+    np.testing.assert_allclose(out, mlp_reference(weights, x), rtol=1e-5, atol=1e-6)
+    service.load_model("full")
+    service.load_model("full", ModelConfig(name="full", max_batch_size=2))  # an override without platform, too
+    assert service.model_config("full").max_batch_size == 2
+    assert service.version_info("full").state is ModelState.READY

@@ -147,3 +147,40 @@ def test_sighup_loads_a_new_model_without_failing_requests_to_another(tmp_path: 
         returncode = daemon.stop()
     assert counts["failed"] == 0, errors[:5]
     assert returncode == 0, daemon.output()
+
+
+def test_a_state_dir_that_is_a_file_is_one_config_error_line(tmp_path: Path) -> None:
+    state = tmp_path / "sdfile"
+    state.write_text("")
+    daemon = start_daemon(tmp_path, args=["--state-dir", str(state)], wait=False)
+    assert daemon.process.wait(60) == 1
+    output = daemon.log_path.read_text()
+    assert "Traceback" not in output, output
+    assert (f"edged serve: error: state_dir '{state}' cannot be the state directory: it exists and is not a "
+            "directory; point state_dir (or --state-dir) at a directory") in output, output
+
+
+def test_sighup_names_the_changed_keys_that_need_a_restart_and_only_those(tmp_path: Path) -> None:
+    first, second = tmp_path / "a", tmp_path / "b"
+    add_model(first, "m1", None, {1: mlp_weights()})
+    add_model(second, "other", None, {1: mlp_weights()})
+    text = f'[models]\nrepository = "{first}"\n[server]\nsocket_mode = "0660"\n'
+    # started with --socket and --state-dir flags (start_daemon's): not a change of the file's [server]
+    daemon = start_daemon(tmp_path, config=text)
+    client = daemon.client()
+
+    def rescan_with(model: str) -> None:  # the rescan follows the re-read: a new model ready, the re-read done
+        add_model(first, model, None, {1: mlp_weights()})
+        os.kill(daemon.pid, signal.SIGHUP)
+        _wait_until(lambda: client.model_ready(model), f"{model} ready after SIGHUP")
+
+    try:
+        rescan_with("m2")  # the file unchanged
+        assert "next restart" not in daemon.output(), daemon.output()
+        (tmp_path / "edged.toml").write_text(text.replace(str(first), str(second)) + '[logging]\nlevel = "debug"\n')
+        rescan_with("m3")
+        assert ("SIGHUP: changes to [models] take effect at the next restart (only [logging] level applies now; "
+                "the rescan reads the running repository)") in daemon.output(), daemon.output()
+        assert not client.model_ready("other")
+    finally:
+        assert daemon.stop() == 0, daemon.output()

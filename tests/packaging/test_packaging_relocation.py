@@ -77,3 +77,14 @@ def test_every_documentation_path_of_the_installed_units_exists(installed: Path)
     assert documented, "the units name no Documentation= file"
     for path in documented:
         assert (root / path.lstrip("/")).is_file(), path
+
+
+def test_a_staged_image_enables_its_units_as_systemctl_enable_does(installed: Path) -> None:
+    system = installed / "etc/systemd/system"
+    expected = {"sockets.target.wants/edged.socket", "multi-user.target.wants/edged.service",
+                "paths.target.wants/edged-update.path", "multi-user.target.wants/edged-update.service"}
+    for link in expected:
+        unit = link.rsplit("/", 1)[1]
+        assert os.readlink(system / link) == f"/etc/systemd/system/{unit}", link
+        assert (system / unit).is_file()
+    assert not (system / "sockets.target.wants/edged-grpc.socket").exists()  # gRPC stays off until configured

@@ -3,6 +3,7 @@ entries against the config's inputs and max_batch_size; validate on real folders
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -79,15 +80,15 @@ def test_warmup_elements_are_bounded_and_fitting_entries_pass() -> None:
     check_warmup(variable, PATH, 1 << 26)  # -1 allows any size
 
 
-def run_validate(folder: Path) -> subprocess.CompletedProcess[str]:
+def run_validate(folder: Path, *flags: str) -> subprocess.CompletedProcess[str]:
     code = ("import sys, argparse\nfrom edged.cli.models_validate import register_validate\n"
             "p = argparse.ArgumentParser(); s = p.add_subparsers(); register_validate(s)\n"
             "a = p.parse_args(sys.argv[1:]); sys.exit(a.handler(a))")
-    return subprocess.run([sys.executable, "-c", code, "validate", str(folder)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-c", code, "validate", *flags, str(folder)], capture_output=True, text=True,
                           cwd=REPO_ROOT, timeout=120, check=False)
 
 
-def test_validate_exits_1_on_what_a_load_refuses_and_warns_of_a_custom_backend(tmp_path: Path) -> None:
+def test_validate_exits_1_on_what_a_load_refuses(tmp_path: Path) -> None:
     refused = {"ens": config('platform: "ensemble"'), "tf": config('platform: "tensorflow_savedmodel"'),
                "mix": config('platform: "onnxruntime_onnx"\nbackend: "pytorch"'),
                "wname": config(extra=warmup(key="nope")), "wbatch": config(extra=warmup(batch=100000))}
@@ -104,6 +105,44 @@ def test_validate_exits_1_on_what_a_load_refuses_and_warns_of_a_custom_backend(t
                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=120, check=True).stdout
     for name in refused:
         assert f"error {name} {tmp_path / name / 'config.pbtxt'}: " in out, out
-    assert "ok custom" in out and "the daemon loads it only where [models] backends names it" in out, out
+    assert "error custom" in out and "field 'backend' is 'my_backend', which edged does not know" in out, out
     result = run_validate(tmp_path / "ens")  # and the CLI itself exits 1
     assert result.returncode == 1 and "field 'platform' is 'ensemble'" in result.stderr, result.stderr
+
+
+def test_validate_accepts_a_custom_backend_only_where_the_config_names_it(tmp_path: Path) -> None:
+    add_model(tmp_path, "s4", 'name: "s4"\nbackend: "python"\n', {1: mlp_weights()})
+    refused = run_validate(tmp_path / "s4")  # the daemon refuses the load with a 400: so does validate
+    assert refused.returncode == 1, refused.stdout
+    assert "field 'backend' is 'python', which edged does not know" in refused.stderr, refused.stderr
+    toml = tmp_path / "edged.toml"
+    toml.write_text('[models.backends]\npython = "my_pkg.backend:PythonBackend"\n')
+    accepted = run_validate(tmp_path / "s4", "--config", str(toml))
+    assert accepted.returncode == 0, accepted.stderr
+    assert "the --config file's [models] backends names it" in accepted.stdout, accepted.stdout
+
+
+def test_validate_exits_1_on_folders_the_daemon_cannot_load(tmp_path: Path) -> None:
+    head = 'platform: "onnxruntime_onnx"\n'
+    (tmp_path / "nofile" / "1").mkdir(parents=True)
+    (tmp_path / "nofile" / "config.pbtxt").write_text(head)
+    (tmp_path / "noversion").mkdir()
+    (tmp_path / "noversion" / "config.pbtxt").write_text(head)
+    add_model(tmp_path, "gap", head, {1: mlp_weights()})
+    (tmp_path / "gap" / "2").mkdir()  # the newest version, the one served, is empty
+    add_model(tmp_path, "policy", head + "version_policy: { specific: { versions: [ 3 ] } }\n", {1: mlp_weights()})
+    expected = {"nofile": f"version 1 has no model file model.onnx (expected {tmp_path}/nofile/1/model.onnx)",
+                "noversion": "no numbered version folder in", "gap": "version 2 has no model file model.onnx",
+                "policy": "no version to serve"}
+    for name, words in expected.items():
+        result = run_validate(tmp_path / name)
+        assert result.returncode == 1 and words in result.stderr, (name, result.stdout, result.stderr)
+
+
+def test_validate_completes_a_config_without_platform_as_the_daemon_loads_it(tmp_path: Path) -> None:
+    add_model(tmp_path, "partial", "max_batch_size: 2\n", {1: mlp_weights()})
+    result = run_validate(tmp_path / "partial", "--json")
+    assert result.returncode == 0, result.stderr
+    completed = json.loads(result.stdout)
+    assert (completed["platform"], completed["backend"], completed["default_model_filename"]) == (
+        "onnxruntime_onnx", "onnxruntime", "model.onnx")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -150,3 +151,21 @@ def test_tmpfiles_creates_the_documented_directories(tmp_path: Path) -> None:
 def test_credentials_drop_in_example_loads_the_mqtt_password() -> None:
     text = (SYSTEMD_DIR / "edged.service.d/mqtt-credentials.conf.example").read_text()
     assert "LoadCredential=mqtt-password:/etc/edged/mqtt-password" in text.splitlines()
+
+
+@pytest.mark.skipif(shutil.which("systemd-tmpfiles") is None, reason="systemd-tmpfiles not installed")
+def test_first_boot_gives_a_staged_config_the_group_edged_reads_it_through(tmp_path: Path) -> None:
+    # install.sh --root writes edged.toml root:root (no user edged exists yet); the unit runs as edged
+    (tmp_path / "etc/edged").mkdir(parents=True)
+    config = tmp_path / "etc/edged/edged.toml"
+    config.write_text("# edited\n")
+    os.chmod(config, 0o600)
+    subprocess.run(["systemd-sysusers", f"--root={tmp_path}", str(SYSTEMD_DIR / "sysusers.d/edged.conf")],
+                   check=True, capture_output=True, timeout=60)
+    subprocess.run(["systemd-tmpfiles", f"--root={tmp_path}", "--create",
+                    str(SYSTEMD_DIR / "tmpfiles.d/edged.conf")], check=True, capture_output=True, timeout=60)
+    gid = next(int(line.split(":")[2]) for line in (tmp_path / "etc/group").read_text().split()
+               if line.startswith("edged:"))
+    info = config.stat()
+    assert (info.st_uid, info.st_gid, info.st_mode & 0o777) == (0, gid, 0o640)
+    assert config.read_text() == "# edited\n"
