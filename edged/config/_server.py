@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from edged.config._tcp_restricted import check_tcp_restricted
 from edged.errors import ConfigError
@@ -104,6 +105,13 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if self.openai_api_key is not None and self.openai_api_key_file is not None:
             raise ValueError("set server.openai_api_key or server.openai_api_key_file, not both")
+        if self.socket is not None and self.grpc_socket is not None and \
+                Path(self.socket).absolute() == Path(self.grpc_socket).absolute():
+            raise ValueError(f"server.socket and server.grpc_socket name the same path ({self.socket}): the HTTP "
+                             "and the gRPC front end each need their own socket; give grpc_socket another name")
+        if self.http_port and self.http_port == self.grpc_port and self.http_host == self.grpc_host:
+            raise ValueError(f"server.http_port and server.grpc_port are both {self.http_port} on {self.http_host}: "
+                             "the HTTP and the gRPC front end each need their own port (Triton's are 8000 and 8001)")
         if self.max_inflight_body_bytes < self.max_body_bytes:
             raise ValueError(f"max_inflight_body_bytes ({self.max_inflight_body_bytes}) must be at least "
                              f"max_body_bytes ({self.max_body_bytes}), or no request of the largest size fits")

@@ -113,9 +113,21 @@ class Registry:
         if record is None:
             if name in self._lazy:
                 raise ModelNotReady(f"model {name} is not loaded yet (lazy loading loads it on first use)")
+            if self._settings.control_mode == "explicit" and self._on_disk(name):
+                raise ModelNotFound(f"unknown model: {name!r} is in the repository but not loaded (control_mode "
+                                    "explicit loads only [models] startup_models at start): load it with `edged "
+                                    f"models load {name}` or POST /v2/repository/models/{name}/load")
             raise ModelNotFound(f"unknown model: {name!r} is not in the repository or not loaded; the repository "
                                 "index (`edged models list`) names the models this daemon has")
         return record
+
+    def _on_disk(self, name: str) -> bool:
+        """Whether the repository has a folder of this name (an error path only: a name is checked first)."""
+        try:
+            check_model_name(name)
+        except EdgedError:
+            return False
+        return (self._root / name).is_dir()
 
     def resolve(self, name: str, version: str) -> ModelVersion:
         record = self._records.get(name) or self.record(name)  # `record` only to raise the fitting error
@@ -201,6 +213,10 @@ class Registry:
         mode = self._settings.control_mode
         if mode == "explicit":
             wanted = set(self._settings.startup_models)
+            missing = sorted(wanted - set(names) - {"*"})
+            if missing:  # a typo in the config must not look like a model that failed quietly
+                log.warning("[models] startup_models names %s, which the repository %s does not have: not loaded",
+                            ", ".join(repr(m) for m in missing), self._root)
             names = names if "*" in wanted else [n for n in names if n in wanted]
         with self._changing():
             for name in names:

@@ -160,6 +160,21 @@ def test_a_state_dir_that_is_a_file_is_one_config_error_line(tmp_path: Path) -> 
             "directory; point state_dir (or --state-dir) at a directory") in output, output
 
 
+@pytest.mark.parametrize(("args", "words"), [
+    (["--grpc-socket", "{socket}"], "server.socket and server.grpc_socket name the same path"),
+    (["--http-port", "18500", "--grpc-port", "18500"], "server.http_port and server.grpc_port are both 18500"),
+], ids=["same-socket", "same-port"])
+def test_http_and_grpc_on_the_same_socket_or_port_are_one_config_error_naming_both_keys(
+        tmp_path: Path, args: list[str], words: str) -> None:
+    """Review: the second bind blamed "another edged" and the failed start left the socket file behind."""
+    socket_path = tmp_path / "edged.sock"
+    daemon = start_daemon(tmp_path, args=[a.format(socket=socket_path) for a in args], wait=False)
+    assert daemon.process.wait(60) == 1
+    output = daemon.log_path.read_text()
+    assert words in output and "Traceback" not in output, output
+    assert not socket_path.exists()
+
+
 def test_sighup_names_the_changed_keys_that_need_a_restart_and_only_those(tmp_path: Path) -> None:
     first, second = tmp_path / "a", tmp_path / "b"
     add_model(first, "m1", None, {1: mlp_weights()})
