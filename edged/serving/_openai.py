@@ -266,6 +266,9 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
+WWW_AUTHENTICATE = ((b"www-authenticate", b'Bearer realm="edged"'),)  # beside every 401
+INVALID_API_KEY = "invalid_api_key"
+
 _TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 403: "permission_error", 404: "not_found_error",
           405: "invalid_request_error", 413: "invalid_request_error",
           429: "rate_limit_error", 503: "server_error"}
@@ -276,10 +279,10 @@ def openai_error(error: BaseException) -> Response:
     the ``Retry-After`` of edged's own 503s (OpenAI's clients wait that long before they retry)."""
     status = 429 if isinstance(error, QueueFull) else 401 if isinstance(error, Unauthenticated) else status_for(error)
     code = ("model_not_found" if isinstance(error, ModelNotFound)
-            else "invalid_api_key" if isinstance(error, Unauthenticated) else None)
+            else INVALID_API_KEY if isinstance(error, Unauthenticated) else None)
     param = error.param if isinstance(error, InvalidParameter) else None
     message = str(error) if isinstance(error, EdgedError) else f"internal error: {type(error).__name__}"
-    headers = (((b"www-authenticate", b'Bearer realm="edged"'),) if status == 401
+    headers = (WWW_AUTHENTICATE if status == 401
                else RETRY if status == 429 else ())
     return openai_error_response(status, message, param, code, headers)
 
