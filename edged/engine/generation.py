@@ -309,9 +309,13 @@ def _prepare(instance: GenerativeInstance, request: GenerationRequest,
         raise InvalidParameter(f"the prompt is {len(prompt)} tokens; model {request.model!r} takes at most "
                                f"{instance.context_length} tokens of prompt and output together", prompt_field)
     if request.max_tokens is not None and request.max_tokens > room:
+        # OpenAI names the prompt's field when prompt and output together pass the context; only a max_tokens
+        # that no prompt could leave room for is the parameter's own fault
+        alone = request.max_tokens >= instance.context_length
         raise InvalidParameter(f"max_tokens {request.max_tokens} does not fit: the prompt is {len(prompt)} "
-                               f"tokens and model {request.model!r} takes {instance.context_length} in all",
-                               "max_tokens")
+                               f"tokens and model {request.model!r} takes {instance.context_length} in all; "
+                               + ("lower max_tokens" if alone else "shorten the prompt or lower max_tokens"),
+                               "max_tokens" if alone else prompt_field)
     sampling = Sampling(request.max_tokens or room, request.temperature, request.top_p, request.top_k,
                         request.seed, guidance(tools, request.response_format, instance.tool_parser))
     return prompt, sampling

@@ -5,6 +5,8 @@ The KServe routes keep Triton's ``{"error": "..."}``."""
 
 from __future__ import annotations
 
+import json
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -104,6 +106,20 @@ def test_a_prompt_past_the_context_names_the_routes_own_field(client: openai.Ope
     assert chat.value.param == "messages"
 
 
+def test_a_prompt_plus_max_tokens_past_the_context_names_the_prompt_field(client: openai.OpenAI) -> None:
+    # 256 tokens of context: the prompt fits alone, max_tokens fits alone, together they do not
+    with pytest.raises(openai.BadRequestError) as completion:
+        client.completions.create(model="tiny_llama", prompt="x " * 20, max_tokens=240)
+    assert completion.value.param == "prompt" and "shorten the prompt" in completion.value.message
+    with pytest.raises(openai.BadRequestError) as chat:
+        client.chat.completions.create(model="tiny_llama", messages=[{"role": "user", "content": "x " * 100}],
+                                       max_tokens=200)
+    assert chat.value.param == "messages"
+    with pytest.raises(openai.BadRequestError) as alone:
+        client.completions.create(model="tiny_llama", prompt="x", max_tokens=256)
+    assert alone.value.param == "max_tokens"
+
+
 def test_a_full_line_is_a_429_with_retry_after(server: harness.ThreadedServer, http: httpx.Client,
                                               client: openai.OpenAI) -> None:
     body = {"model": "tiny_llama", "prompt": "The", "max_tokens": 240, "temperature": 0, "stream": True}
@@ -120,6 +136,37 @@ def test_a_full_line_is_a_429_with_retry_after(server: harness.ThreadedServer, h
     assert refused.headers["retry-after"] == "1", "the Retry-After of edged's 503s"
     error = _openai_error(refused)
     assert error["type"] == "rate_limit_error" and "max_waiting" in str(error["message"])
+
+
+def raw_answer(port: int, request: bytes) -> tuple[bytes, bytes]:
+    """(status line and headers, body) of what the server answers ``request`` before it closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        raw.sendall(request)
+        answer = b""
+        while chunk := raw.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return head, body
+
+
+@pytest.mark.parametrize(("headers", "body", "status", "words"), [
+    (b"Content-Length: 70000000\r\n", b"", b"413 Payload Too Large", "larger than the limit"),
+    (b"Content-Encoding: br\r\nContent-Length: 2\r\n", b"{}", b"415 Unsupported Media Type", "'br'"),
+    (b"Transfer-Encoding: gzip\r\n", b"", b"501 Not Implemented", "Transfer-Encoding 'gzip'"),
+    (b"Content-Encoding: gzip\r\nContent-Length: 5\r\n", b"abcde", b"400 Bad Request", "not valid"),
+])
+def test_a_refusal_below_the_openai_layer_is_openais_error_json(server: harness.ThreadedServer, headers: bytes,
+                                                                body: bytes, status: bytes, words: str) -> None:
+    for path in (b"/v1/chat/completions", b"/v1/nowhere"):
+        head, answer = raw_answer(server.port, b"POST " + path + b" HTTP/1.1\r\nHost: x\r\n" + headers
+                                  + b"\r\n" + body)
+        assert head.startswith(b"HTTP/1.1 " + status + b"\r\n") and b"connection: close" in head
+        error = json.loads(answer)["error"]
+        assert set(error) == {"message", "type", "param", "code"} and words in error["message"]
+        assert error["type"] == "invalid_request_error"
+    head, answer = raw_answer(server.port, b"POST /v2/models/tiny_llama/infer HTTP/1.1\r\nHost: x\r\n" + headers
+                              + b"\r\n" + body)
+    assert head.startswith(b"HTTP/1.1 " + status) and isinstance(json.loads(answer)["error"], str)  # Triton's
 
 
 def test_access_denied_on_v1_is_openais_403_and_tritons_on_v2() -> None:
