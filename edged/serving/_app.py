@@ -23,7 +23,7 @@ from edged.serving._generate import GeneratePath
 from edged.serving._handlers import Handlers, load_override
 from edged.serving._http import Connection
 from edged.serving._infer import InferPath
-from edged.serving._limits import ConnectionLimit, model_body_bound
+from edged.serving._limits import RETRY, ConnectionLimit, model_body_bound
 from edged.serving._messages import WANTED_HEADERS, Incoming, Slot
 from edged.serving._openai import openai_error, openai_error_response
 from edged.serving._response import Response, error_for, error_response, json_response, render
@@ -99,8 +99,9 @@ class App:
             return
         if self.draining:
             message = "the server is shutting down"
-            self._answer(connection, incoming, slot, replace(openai_error_response(503, message), close=True)
-                         if target.openai else error_response(503, message, True))
+            self._answer(connection, incoming, slot, replace(openai_error_response(503, message, headers=RETRY),
+                                                             close=True)
+                         if target.openai else replace(error_response(503, message, True), extra_headers=RETRY))
             return
         permission = spec.permission  # _permitted's success without the call: open routes, and infer when open
         if connection.kind == "tcp" or (permission != "open" and (permission != "infer" or not self.access.infer_open)):

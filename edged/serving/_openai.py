@@ -287,7 +287,7 @@ def openai_error(error: BaseException) -> Response:
     param = error.param if isinstance(error, InvalidParameter) else None
     message = str(error) if isinstance(error, EdgedError) else f"internal error: {type(error).__name__}"
     headers = (WWW_AUTHENTICATE if status == 401
-               else RETRY if status == 429 else ())
+               else RETRY if status in (429, 503) else ())
     return openai_error_response(status, message, param, code, headers)
 
 
@@ -299,6 +299,7 @@ def openai_error_response(status: int, message: str, param: str | None = None, c
     return Response(status, orjson.dumps(body), extra_headers=headers)
 
 
-def model_object(name: str) -> dict[str, Any]:
-    """One entry of ``GET /v1/models``, and the answer of ``GET /v1/models/{model}`` (OpenAI's Model object)."""
-    return {"id": name, "object": "model", "created": 0, "owned_by": "edged"}
+def model_object(name: str, created: int) -> dict[str, Any]:
+    """One entry of ``GET /v1/models``, and the answer of ``GET /v1/models/{model}`` (OpenAI's Model object);
+    ``created``: when the served version was loaded, in Unix seconds."""
+    return {"id": name, "object": "model", "created": created, "owned_by": "edged"}

@@ -6,7 +6,9 @@ The KServe routes keep Triton's ``{"error": "..."}``."""
 from __future__ import annotations
 
 import json
+import shutil
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -89,6 +91,7 @@ def test_models_retrieve_answers_the_listed_model_or_model_not_found(http: httpx
     model = client.models.retrieve("tiny_llama")
     listed = next(m for m in client.models.list() if m.id == "tiny_llama")
     assert model == listed and model.object == "model" and model.owned_by == "edged"
+    assert time.time() - 3600 < model.created <= time.time(), "when it was loaded, in Unix seconds"
     with pytest.raises(openai.NotFoundError) as raised:
         client.models.retrieve("no_such_model")
     assert raised.value.status_code == 404 and raised.value.code == "model_not_found"
@@ -182,3 +185,38 @@ def test_access_denied_on_v1_is_openais_403_and_tritons_on_v2() -> None:
             assert kserve.status_code == 403 and isinstance(kserve.json()["error"], str)
     finally:
         restricted.stop()
+
+
+def test_a_model_that_failed_to_load_or_is_not_loaded_is_a_404_as_models_retrieve_says() -> None:
+    pytest.importorskip("onnxruntime_genai")
+    running = harness.ThreadedServer(models=("tiny_llama",), tcp=True, control_mode="explicit",
+                                     startup_models=("tiny_llama",))
+    repository = Path(running.repository)
+    for name in ("bad", "idle"):
+        shutil.copytree(repository / "tiny_llama", repository / name)
+        config = repository / name / "config.pbtxt"
+        config.write_text(config.read_text().replace("tiny_llama", name))
+    bad = repository / "bad" / "config.pbtxt"
+    bad.write_text(bad.read_text() + 'parameters { key: "temperature" value: { string_value: "0.5" } }\n')
+    running.start()
+    try:
+        with httpx.Client(transport=httpx.HTTPTransport(uds=running.socket_path), base_url="http://x",
+                          timeout=30) as uds:
+            refused = uds.post("/v2/repository/models/bad/load")
+            assert refused.status_code >= 400 and "mean nothing" in refused.text
+            assert uds.post("/v2/repository/models/idle/load").status_code == 200
+            assert uds.post("/v2/repository/models/idle/unload").status_code == 200
+        with httpx.Client(base_url=f"http://127.0.0.1:{running.port}", timeout=30) as http:
+            client = openai.OpenAI(base_url=f"http://127.0.0.1:{running.port}/v1", api_key="unused",
+                                   max_retries=0)
+            for name, words in (("bad", "its load failed"), ("idle", "in the repository but not loaded")):
+                assert http.get(f"/v1/models/{name}").status_code == 404
+                for call in (lambda: client.chat.completions.create(model=name, messages=ASK, max_tokens=2),
+                             lambda: client.completions.create(model=name, prompt="x", max_tokens=2)):
+                    with pytest.raises(openai.NotFoundError) as raised:
+                        call()
+                    assert raised.value.code == "model_not_found" and words in raised.value.message
+                    assert "/v2/repository/models/" + name + "/load" in raised.value.message
+            assert client.completions.create(model="tiny_llama", prompt="x", max_tokens=1).choices
+    finally:
+        running.stop()
