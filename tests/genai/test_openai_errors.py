@@ -211,10 +211,12 @@ def test_a_model_that_failed_to_load_or_is_not_loaded_is_a_404_as_models_retriev
                                    max_retries=0)
             for name, words in (("bad", "its load failed"), ("idle", "in the repository but not loaded")):
                 assert http.get(f"/v1/models/{name}").status_code == 404
-                for call in (lambda: client.chat.completions.create(model=name, messages=ASK, max_tokens=2),
-                             lambda: client.completions.create(model=name, prompt="x", max_tokens=2)):
+                for chat in (True, False):
                     with pytest.raises(openai.NotFoundError) as raised:
-                        call()
+                        if chat:
+                            client.chat.completions.create(model=name, messages=ASK, max_tokens=2)
+                        else:
+                            client.completions.create(model=name, prompt="x", max_tokens=2)
                     assert raised.value.code == "model_not_found" and words in raised.value.message
                     assert "/v2/repository/models/" + name + "/load" in raised.value.message
             assert client.completions.create(model="tiny_llama", prompt="x", max_tokens=1).choices
