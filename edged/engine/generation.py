@@ -118,6 +118,13 @@ class GenerationService:
         return [entry["name"] for entry in self._service.repository_index(ready_only=True)
                 if self._service.model_config(entry["name"]).runtime == GENAI_RUNTIME]
 
+    def ready_since(self, model: str) -> int:
+        """When the served version of ``model`` became ready, in Unix seconds (OpenAI's Model ``created``)."""
+        try:
+            return int(self._service.version_info(model).lifecycle.changed_at)
+        except EdgedError:  # unloaded since it was listed
+            return int(time.time())
+
     def instance(self, model: str) -> GenerativeInstance:
         """The ready generative instance of ``model``, loading a lazily loaded model first (blocking)."""
         if model not in self._service.model_names():
@@ -154,8 +161,9 @@ class GenerationService:
 
     def _gate(self, model: str) -> SequenceGate:
         # only models of the repository get a gate: a client cycling through names cannot grow the table
-        if model not in self._service.model_names():
-            raise ModelNotFound(f"model {model!r} is not in the repository (see GET /v1/models)")
+        service = self._service
+        if model not in service.model_names() or not (service.needs_load(model) or service.model_ready(model)):
+            self._check_available(model)
         limits = self._limits(model)
         with self._lock:
             gate = self._gates.get(model)
@@ -164,6 +172,23 @@ class GenerationService:
             elif limits is not None:
                 gate.configure(limits)
             return gate
+
+    def _check_available(self, model: str) -> None:
+        """ModelNotFound (404, as ``GET /v1/models/{model}`` answers) for a model that is not in the repository,
+        not loaded, or whose load failed: nothing a retry would change. A version still loading passes (its
+        worker's ModelNotReady is a 503, worth retrying)."""
+        entries = [entry for entry in self._service.repository_index() if entry["name"] == model]
+        if not entries:
+            raise ModelNotFound(f"model {model!r} is not in the repository (see GET /v1/models)")
+        if any(entry["state"] in ("LOADING", "READY") for entry in entries):
+            return
+        reason = next((entry["reason"] for entry in entries if entry["reason"]), "")
+        why = f" ({reason})" if reason else ""
+        loaded = model in self._service.model_names()
+        raise ModelNotFound(f"model {model!r} is in the repository but "
+                            + (f"its load failed{why}; fix it and load it again" if loaded else
+                               f"not loaded{why}; load it") + f" (POST /v2/repository/models/{model}/load); "
+                            "GET /v1/models lists the ready models")
 
     def _limits(self, model: str) -> GenerationLimits | None:
         """The model's limits from its config; None for a lazily loaded model not loaded yet (its worker applies
@@ -309,9 +334,13 @@ def _prepare(instance: GenerativeInstance, request: GenerationRequest,
         raise InvalidParameter(f"the prompt is {len(prompt)} tokens; model {request.model!r} takes at most "
                                f"{instance.context_length} tokens of prompt and output together", prompt_field)
     if request.max_tokens is not None and request.max_tokens > room:
+        # OpenAI names the prompt's field when prompt and output together pass the context; only a max_tokens
+        # that no prompt could leave room for is the parameter's own fault
+        alone = request.max_tokens >= instance.context_length
         raise InvalidParameter(f"max_tokens {request.max_tokens} does not fit: the prompt is {len(prompt)} "
-                               f"tokens and model {request.model!r} takes {instance.context_length} in all",
-                               "max_tokens")
+                               f"tokens and model {request.model!r} takes {instance.context_length} in all; "
+                               + ("lower max_tokens" if alone else "shorten the prompt or lower max_tokens"),
+                               "max_tokens" if alone else prompt_field)
     sampling = Sampling(request.max_tokens or room, request.temperature, request.top_p, request.top_k,
                         request.seed, guidance(tools, request.response_format, instance.tool_parser))
     return prompt, sampling

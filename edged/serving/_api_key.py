@@ -24,6 +24,7 @@ from edged.serving._openai import Unauthenticated
 log = logging.getLogger(__name__)
 
 HEADER = b"authorization"
+API_ACTION = "use the OpenAI API"  # what a request without the key is counted as denied to do
 _MIN_LENGTH = 16
 
 

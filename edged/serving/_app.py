@@ -16,14 +16,14 @@ from edged.config import ServerConfig
 from edged.engine import InferenceService
 from edged.errors import EdgedError, InvalidInput
 from edged.serving._access import AccessPolicy
+from edged.serving._api_key import API_ACTION, ApiKey
 from edged.serving._api_key import HEADER as API_KEY_HEADER
-from edged.serving._api_key import ApiKey
 from edged.serving._chat import ChatPath
 from edged.serving._generate import GeneratePath
 from edged.serving._handlers import Handlers, load_override
 from edged.serving._http import Connection
 from edged.serving._infer import InferPath
-from edged.serving._limits import ConnectionLimit, model_body_bound
+from edged.serving._limits import RETRY, ConnectionLimit, model_body_bound
 from edged.serving._messages import WANTED_HEADERS, Incoming, Slot
 from edged.serving._openai import openai_error, openai_error_response
 from edged.serving._response import Response, error_for, error_response, json_response, render
@@ -99,8 +99,9 @@ class App:
             return
         if self.draining:
             message = "the server is shutting down"
-            self._answer(connection, incoming, slot, replace(openai_error_response(503, message), close=True)
-                         if target.openai else error_response(503, message, True))
+            self._answer(connection, incoming, slot, replace(openai_error_response(503, message, headers=RETRY),
+                                                             close=True)
+                         if target.openai else replace(error_response(503, message, True), extra_headers=RETRY))
             return
         permission = spec.permission  # _permitted's success without the call: open routes, and infer when open
         if connection.kind == "tcp" or (permission != "open" and (permission != "infer" or not self.access.infer_open)):
@@ -198,19 +199,22 @@ class App:
         if self.api_key is None or connection.kind != "tcp":
             return True
         try:
-            self.api_key.check(incoming.headers)
+            self.api_key.check(incoming.headers)  # checked from the head already (Connection._check_key)
         except EdgedError as e:
-            self.handlers.denied["use the OpenAI API"] = self.handlers.denied.get("use the OpenAI API", 0) + 1
+            self.count_denied(API_ACTION)
             self._answer(connection, incoming, slot, openai_error(e))
             return False
         return True
+
+    def count_denied(self, action: str) -> None:
+        denied = self.handlers.denied
+        denied[action] = denied.get(action, 0) + 1
 
     def _denied(self, connection: Connection, incoming: Incoming, slot: Slot, target: _Target,
                 error: EdgedError) -> None:
         """Access is checked on every request, not once per connection: a user removed from a group loses
         access within the peer cache's lifetime, and TCP requests are judged by their own headers."""
-        denied = self.handlers.denied
-        denied[target.action] = denied.get(target.action, 0) + 1
+        self.count_denied(target.action)
         log.warning("%s (model %s)", error, target.route.model or "-")
         self._answer(connection, incoming, slot, openai_error(error) if target.openai else error_for(error))
 

@@ -63,7 +63,8 @@ class ChatPath:
         self._loop = asyncio.get_running_loop()
 
     def models(self) -> Response:
-        data = [model_object(name) for name in self._generation.generative_models()]
+        generation = self._generation
+        data = [model_object(name, generation.ready_since(name)) for name in generation.generative_models()]
         return json_response({"object": "list", "data": data})
 
     def model(self, name: str) -> Response:
@@ -71,7 +72,7 @@ class ChatPath:
         if name not in self._generation.generative_models():
             return openai_error(ModelNotFound(f"model {name!r} is not a ready generative model of this server "
                                               "(GET /v1/models lists them)"))
-        return json_response(model_object(name))
+        return json_response(model_object(name, self._generation.ready_since(name)))
 
     def handle(self, connection: Connection, incoming: Incoming, slot: Slot, chat: bool = True) -> None:
         """``chat``: /v1/chat/completions, else /v1/completions (a prompt string, no chat template)."""

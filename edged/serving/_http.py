@@ -28,12 +28,15 @@ import httptools
 
 from edged.protocol.shm_params import ShmReader
 from edged.serving._access import peer_of
+from edged.serving._api_key import API_ACTION, ApiKey
 from edged.serving._body_reader import LARGE_BODY_BYTES, BodyReader, LargeBody
 from edged.serving._content_coding import check_transfer_coding, content_coding, decode_body
 from edged.serving._limits import RETRY, over_limit_response
 from edged.serving._messages import WANTED_HEADERS, Incoming, Reject, Slot, header_int
+from edged.serving._openai import INVALID_API_KEY, WWW_AUTHENTICATE, Unauthenticated
 from edged.serving._repeat import Repeat, learn
 from edged.serving._responder import LINGER_S, MAX_PIPELINED, Responder
+from edged.serving._routes import is_openai_url
 
 if TYPE_CHECKING:
     from edged.serving._app import App
@@ -73,6 +76,7 @@ class Connection(Responder, asyncio.Protocol):
         self._small_body = min(LARGE_BODY_BYTES - 1, app.limits.max_body_bytes)
         self._wanted_headers = app.wanted_headers  # WANTED_HEADERS and those access control reads
         self._wanted_lengths = app.wanted_lengths
+        self._api_key = app.api_key  # required of /v1 requests over TCP when set (checked from the head)
         self.feeding = False  # inside data_received: requests it completes are flushed when it returns
         self._repeat: Repeat | None = None  # the last head that can be replayed without the parser (_repeat)
         self._in_message = False  # the parser has begun a request it has not completed
@@ -171,7 +175,7 @@ class Connection(Responder, asyncio.Protocol):
         except httptools.HttpParserCallbackError as e:
             cause = e.__context__
             if isinstance(cause, Reject):
-                self.reject(cause.status, str(cause), cause.headers)
+                self.reject(cause.status, str(cause), cause.headers, cause.code)
             else:
                 log.error("internal error while handling a request", exc_info=cause)
                 self.reject(500, "internal server error while parsing the request")
@@ -227,6 +231,9 @@ class Connection(Responder, asyncio.Protocol):
         if version == "1.0":
             self.interim_allowed = False
         headers = self._headers
+        key = self._api_key
+        if key is not None and self.kind == "tcp" and is_openai_url(self._url):
+            self._check_key(key, headers)
         if not headers:
             return
         coding = headers.get(b"content-encoding")
@@ -242,6 +249,18 @@ class Connection(Responder, asyncio.Protocol):
                 self._check_declared_length(declared)
         if headers.get(b"expect", b"").lower() == b"100-continue" and not self._slots and self._transport:
             self._transport.write(_CONTINUE)
+
+    def _check_key(self, key: ApiKey, headers: dict[bytes, bytes]) -> None:
+        """The API key a /v1 request over TCP needs, checked from its head: a client without it gets its 401
+        before a byte of its body is read or reserved (and no ``100 Continue`` inviting one)."""
+        try:
+            key.check(headers)
+        except Unauthenticated as e:
+            self.app.count_denied(API_ACTION)
+            raise Reject(401, str(e), WWW_AUTHENTICATE, INVALID_API_KEY) from None
+
+    def openai_request(self) -> bool:
+        return is_openai_url(self._url)
 
     def on_body(self, body: bytes) -> None:
         if self._large is not None:
@@ -294,7 +313,7 @@ class Connection(Responder, asyncio.Protocol):
             try:
                 body = self._decoded(body, coding)
             except Reject as e:
-                self.reject(e.status, str(e), e.headers)
+                self.reject(e.status, str(e), e.headers, e.code)
                 return
         method = self._parser.get_method()
         keep_alive = self._parser.should_keep_alive()

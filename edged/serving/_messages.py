@@ -56,10 +56,12 @@ class Incoming(Slot):
 class Reject(Exception):
     """Raised inside a parser callback: the connection answers ``status`` and closes."""
 
-    def __init__(self, status: int, message: str, headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+    def __init__(self, status: int, message: str, headers: tuple[tuple[bytes, bytes], ...] = (),
+                 code: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.headers = headers
+        self.code = code  # OpenAI's error code, for a request under /v1
 
 
 def header_int(headers: dict[bytes, bytes], name: bytes) -> int | None:

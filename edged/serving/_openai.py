@@ -114,8 +114,9 @@ def _request(doc: dict[str, Any], messages: tuple[dict[str, Any], ...], prompt: 
     model = doc.get("model")
     if not isinstance(model, str) or not model:
         raise ParamError("'model' must be the name of a generative model (see GET /v1/models)", "model")
-    if doc.get("n", 1) != 1:
-        raise ParamError(f"'n' must be 1: edged generates one choice per request, found {doc['n']!r}", "n")
+    n = doc.get("n")
+    if n is not None and (type(n) is not int or n != 1):  # null is OpenAI's default (1); true is no count
+        raise ParamError(f"'n' must be 1: edged generates one choice per request, found {n!r}", "n")
     stream = _bool(doc, "stream")
     options = doc.get("stream_options")
     include_usage = False
@@ -191,8 +192,10 @@ def _stop(raw: Any) -> tuple[str, ...]:
     return tuple(stops)
 
 
-def _bool(doc: dict[str, Any], name: str) -> bool:
-    value = doc.get(name, False)
+def _bool(doc: dict[str, Any], name: str, default: bool = False) -> bool:
+    value = doc.get(name)
+    if value is None:  # OpenAI types its flags "boolean or null": null is the default
+        return default
     if not isinstance(value, bool):
         raise ParamError(f"'{name}' must be true or false, found {value!r}", name)
     return value
@@ -266,9 +269,13 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
+WWW_AUTHENTICATE = ((b"www-authenticate", b'Bearer realm="edged"'),)  # beside every 401
+INVALID_API_KEY = "invalid_api_key"
+
 _TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 403: "permission_error", 404: "not_found_error",
-          405: "invalid_request_error", 413: "invalid_request_error",
-          429: "rate_limit_error", 503: "server_error"}
+          405: "invalid_request_error", 408: "invalid_request_error", 411: "invalid_request_error",
+          413: "invalid_request_error", 415: "invalid_request_error", 431: "invalid_request_error",
+          429: "rate_limit_error", 501: "invalid_request_error", 503: "server_error", 505: "invalid_request_error"}
 
 
 def openai_error(error: BaseException) -> Response:
@@ -276,11 +283,11 @@ def openai_error(error: BaseException) -> Response:
     the ``Retry-After`` of edged's own 503s (OpenAI's clients wait that long before they retry)."""
     status = 429 if isinstance(error, QueueFull) else 401 if isinstance(error, Unauthenticated) else status_for(error)
     code = ("model_not_found" if isinstance(error, ModelNotFound)
-            else "invalid_api_key" if isinstance(error, Unauthenticated) else None)
+            else INVALID_API_KEY if isinstance(error, Unauthenticated) else None)
     param = error.param if isinstance(error, InvalidParameter) else None
     message = str(error) if isinstance(error, EdgedError) else f"internal error: {type(error).__name__}"
-    headers = (((b"www-authenticate", b'Bearer realm="edged"'),) if status == 401
-               else RETRY if status == 429 else ())
+    headers = (WWW_AUTHENTICATE if status == 401
+               else RETRY if status in (429, 503) else ())
     return openai_error_response(status, message, param, code, headers)
 
 
@@ -292,6 +299,7 @@ def openai_error_response(status: int, message: str, param: str | None = None, c
     return Response(status, orjson.dumps(body), extra_headers=headers)
 
 
-def model_object(name: str) -> dict[str, Any]:
-    """One entry of ``GET /v1/models``, and the answer of ``GET /v1/models/{model}`` (OpenAI's Model object)."""
-    return {"id": name, "object": "model", "created": 0, "owned_by": "edged"}
+def model_object(name: str, created: int) -> dict[str, Any]:
+    """One entry of ``GET /v1/models``, and the answer of ``GET /v1/models/{model}`` (OpenAI's Model object);
+    ``created``: when the served version was loaded, in Unix seconds."""
+    return {"id": name, "object": "model", "created": created, "owned_by": "edged"}

@@ -23,11 +23,13 @@ import os
 import select
 import socket
 from collections import deque
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from edged.serving._access import UNKNOWN_PEER, Peer
 from edged.serving._limits import unread_bytes
 from edged.serving._messages import Slot
+from edged.serving._openai import openai_error_response
 from edged.serving._response import Response, error_response, render
 
 if TYPE_CHECKING:
@@ -176,8 +178,14 @@ class Responder:
             body = error_response(500, f"internal server error: {type(error).__name__}")
             self.respond(slot, render(body, keep_alive), not keep_alive)
 
-    def reject(self, status: int, message: str, headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
-        """Answer a request we will not read to the end, after the responses already owed, then close."""
+    def openai_request(self) -> bool:
+        """Whether the request being read is under /v1, whose refusals are OpenAI's error JSON."""
+        return False
+
+    def reject(self, status: int, message: str, headers: tuple[tuple[bytes, bytes], ...] = (),
+               code: str | None = None) -> None:
+        """Answer a request we will not read to the end, after the responses already owed, then close. Under
+        /v1 the answer is OpenAI's error JSON (``code`` its code), elsewhere edged's."""
         self._release_reserved()
         if self._closing:
             return
@@ -187,7 +195,10 @@ class Responder:
         slot = Slot()
         self._slots.append(slot)
         self.app.active += 1
-        response = Response(status, error_response(status, message).body, extra_headers=headers, close=True)
+        if self.openai_request():
+            response = replace(openai_error_response(status, message, code=code, headers=headers), close=True)
+        else:
+            response = Response(status, error_response(status, message).body, extra_headers=headers, close=True)
         self.respond(slot, render(response, keep_alive=False), close=True)
 
     def close_idle(self) -> None:

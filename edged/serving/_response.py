@@ -35,7 +35,7 @@ from edged.errors import (
 REASONS: dict[int, bytes] = {
     100: b"Continue", 200: b"OK", 400: b"Bad Request", 401: b"Unauthorized", 403: b"Forbidden", 404: b"Not Found",
     405: b"Method Not Allowed", 408: b"Request Timeout", 409: b"Conflict",
-    411: b"Length Required", 413: b"Payload Too Large", 429: b"Too Many Requests",
+    411: b"Length Required", 413: b"Payload Too Large", 415: b"Unsupported Media Type", 429: b"Too Many Requests",
     431: b"Request Header Fields Too Large", 500: b"Internal Server Error", 501: b"Not Implemented",
     503: b"Service Unavailable", 505: b"HTTP Version Not Supported",
 }

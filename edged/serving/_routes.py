@@ -11,6 +11,8 @@ from enum import Enum
 from typing import Literal
 from urllib.parse import unquote
 
+import httptools
+
 from edged.errors import InvalidInput
 
 Permission = Literal["open", "infer", "admin"]
@@ -127,6 +129,25 @@ class Route:
 def is_openai_path(path: bytes) -> bool:
     """Whether a request path is under ``/v1``, whose errors are OpenAI's JSON (Triton's shape elsewhere)."""
     return path == b"/v1" or path.startswith(b"/v1/")
+
+
+def is_openai_url(url: bytes) -> bool:
+    """Whether a raw request target is under ``/v1`` as `match` reads it: in origin or absolute form, with a
+    query or not, its first segment percent-encoded or not (what a head-time check reads, before dispatch)."""
+    if url.startswith(b"/v1/") or url == b"/v1":
+        return True
+    if url.startswith(b"/v2/"):
+        return False  # the common case elsewhere, without a parse
+    try:
+        path = httptools.parse_url(url).path
+    except httptools.HttpParserInvalidURLError:
+        return False  # dispatch answers it
+    if not path.startswith(b"/"):
+        return False
+    try:
+        return _segment(path.split(b"/", 2)[1]) == "v1"
+    except InvalidInput:
+        return False
 
 
 def match(path: bytes) -> Route | None:

@@ -28,8 +28,10 @@ ParamError = InvalidParameter
 def parse_tools(doc: dict[str, Any]) -> Tools:
     raw = doc.get("tools")
     definitions = () if raw is None else _definitions(raw)
-    parallel = doc.get("parallel_tool_calls", True)
-    if not isinstance(parallel, bool) or (not definitions and "parallel_tool_calls" in doc):
+    parallel = doc.get("parallel_tool_calls")
+    if parallel is None:  # null is OpenAI's default
+        parallel = True
+    elif not isinstance(parallel, bool) or not definitions:
         raise ParamError("'parallel_tool_calls' must be true or false, and only beside 'tools'",
                          "parallel_tool_calls")
     choice = doc.get("tool_choice")

@@ -5,7 +5,9 @@ KServe routes are unchanged; a key that would guard nothing, or cannot be read, 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -78,6 +80,40 @@ def test_every_v1_route_wants_the_bearer_key(keyed_server: harness.ThreadedServe
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and "Authorization: Bearer" in error["message"]
     assert KEY not in response.text
+
+
+def head_answer(port: int, head: bytes) -> bytes:
+    """What the server answers a request head sent alone (its body never follows), up to its close."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        raw.sendall(head)
+        answer = b""
+        while chunk := raw.recv(65536):
+            answer += chunk
+    return answer
+
+
+@pytest.mark.parametrize("target", [b"/v1/chat/completions", b"/%761/completions", b"/v1/models?x=1",
+                                    b"http://127.0.0.1/v1/chat/completions"])
+def test_a_request_without_the_key_is_refused_from_its_head(keyed_server: harness.ThreadedServer,
+                                                            target: bytes) -> None:
+    # A 50 MB body announced with Expect: 100-continue: the 401 comes before a byte of it is sent, with no
+    # "100 Continue" inviting it, and the connection closes (the body is never read).
+    answer = head_answer(keyed_server.port, b"POST " + target + b" HTTP/1.1\r\nHost: x\r\n"
+                         b"Content-Length: 50000000\r\nExpect: 100-continue\r\n\r\n")
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 401 Unauthorized\r\n"), answer[:200]
+    assert b"www-authenticate: Bearer" in head and b"connection: close" in head
+    error = json.loads(body)["error"]
+    assert error["code"] == "invalid_api_key" and "Authorization: Bearer" in error["message"]
+
+
+def test_a_request_with_the_key_still_gets_100_continue(keyed_server: harness.ThreadedServer) -> None:
+    with socket.create_connection(("127.0.0.1", keyed_server.port), timeout=10) as raw:
+        raw.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+                    b"Expect: 100-continue\r\nAuthorization: Bearer " + KEY.encode() + b"\r\n\r\n")
+        assert raw.recv(100) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        raw.sendall(b"{}")
+        assert raw.recv(65536).startswith(b"HTTP/1.1 400 ")  # the body was read: no prompt
 
 
 def test_the_scheme_is_case_insensitive(keyed_server: harness.ThreadedServer) -> None:

@@ -35,6 +35,8 @@ def error_of(response: httpx.Response, status: int) -> dict[str, Any]:
     (b"[1, 2]", None, "JSON object"),
     ({**GOOD, "messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role", "wizard"),
     ({**GOOD, "n": 2}, "n", "'n' must be 1"),
+    ({**GOOD, "n": True}, "n", "'n' must be 1"),
+    ({**GOOD, "parallel_tool_calls": False}, "parallel_tool_calls", "only beside 'tools'"),
     ({**GOOD, "tools": [{"type": "function"}]}, "tools[0]", "function tools only"),
     ({**GOOD, "logprobs": True}, "logprobs", "logprobs"),
     ({**GOOD, "temperature": 5}, "temperature", "from 0.0 to 2.0"),
@@ -49,6 +51,18 @@ def test_bad_requests_are_refused_with_the_parameter_named(genai_server: harness
     assert error["param"] == param
     assert words in error["message"]
     assert error["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("name", ["n", "stream", "parallel_tool_calls", "temperature", "seed", "stop", "max_tokens",
+                                  "top_p", "tools", "tool_choice", "response_format", "stream_options", "user"])
+def test_null_is_an_optional_parameter_left_out(genai_server: harness.ThreadedServer, name: str) -> None:
+    # OpenAI types these "... or null"; SDKs that serialize unset fields send null
+    reply = post(genai_server, {**GOOD, name: None})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["object"] == "chat.completion"
+    completion = {"model": "tiny_llama", "prompt": "The", "max_tokens": 2, "n": None, "stream": None}
+    with httpx.Client(base_url=f"http://127.0.0.1:{genai_server.port}") as http:
+        assert http.post("/v1/completions", json=completion).json()["object"] == "text_completion"
 
 
 def test_harmless_user_field_is_accepted(genai_server: harness.ThreadedServer) -> None:

@@ -5,6 +5,10 @@ The KServe routes keep Triton's ``{"error": "..."}``."""
 
 from __future__ import annotations
 
+import json
+import shutil
+import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -87,6 +91,7 @@ def test_models_retrieve_answers_the_listed_model_or_model_not_found(http: httpx
     model = client.models.retrieve("tiny_llama")
     listed = next(m for m in client.models.list() if m.id == "tiny_llama")
     assert model == listed and model.object == "model" and model.owned_by == "edged"
+    assert time.time() - 3600 < model.created <= time.time(), "when it was loaded, in Unix seconds"
     with pytest.raises(openai.NotFoundError) as raised:
         client.models.retrieve("no_such_model")
     assert raised.value.status_code == 404 and raised.value.code == "model_not_found"
@@ -102,6 +107,20 @@ def test_a_prompt_past_the_context_names_the_routes_own_field(client: openai.Ope
         client.chat.completions.create(model="tiny_llama", messages=[{"role": "user", "content": "x " * 300}],
                                        max_tokens=4)
     assert chat.value.param == "messages"
+
+
+def test_a_prompt_plus_max_tokens_past_the_context_names_the_prompt_field(client: openai.OpenAI) -> None:
+    # 256 tokens of context: the prompt fits alone, max_tokens fits alone, together they do not
+    with pytest.raises(openai.BadRequestError) as completion:
+        client.completions.create(model="tiny_llama", prompt="x " * 20, max_tokens=240)
+    assert completion.value.param == "prompt" and "shorten the prompt" in completion.value.message
+    with pytest.raises(openai.BadRequestError) as chat:
+        client.chat.completions.create(model="tiny_llama", messages=[{"role": "user", "content": "x " * 100}],
+                                       max_tokens=200)
+    assert chat.value.param == "messages"
+    with pytest.raises(openai.BadRequestError) as alone:
+        client.completions.create(model="tiny_llama", prompt="x", max_tokens=256)
+    assert alone.value.param == "max_tokens"
 
 
 def test_a_full_line_is_a_429_with_retry_after(server: harness.ThreadedServer, http: httpx.Client,
@@ -122,6 +141,37 @@ def test_a_full_line_is_a_429_with_retry_after(server: harness.ThreadedServer, h
     assert error["type"] == "rate_limit_error" and "max_waiting" in str(error["message"])
 
 
+def raw_answer(port: int, request: bytes) -> tuple[bytes, bytes]:
+    """(status line and headers, body) of what the server answers ``request`` before it closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        raw.sendall(request)
+        answer = b""
+        while chunk := raw.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return head, body
+
+
+@pytest.mark.parametrize(("headers", "body", "status", "words"), [
+    (b"Content-Length: 70000000\r\n", b"", b"413 Payload Too Large", "larger than the limit"),
+    (b"Content-Encoding: br\r\nContent-Length: 2\r\n", b"{}", b"415 Unsupported Media Type", "'br'"),
+    (b"Transfer-Encoding: gzip\r\n", b"", b"501 Not Implemented", "Transfer-Encoding 'gzip'"),
+    (b"Content-Encoding: gzip\r\nContent-Length: 5\r\n", b"abcde", b"400 Bad Request", "not valid"),
+])
+def test_a_refusal_below_the_openai_layer_is_openais_error_json(server: harness.ThreadedServer, headers: bytes,
+                                                                body: bytes, status: bytes, words: str) -> None:
+    for path in (b"/v1/chat/completions", b"/v1/nowhere"):
+        head, answer = raw_answer(server.port, b"POST " + path + b" HTTP/1.1\r\nHost: x\r\n" + headers
+                                  + b"\r\n" + body)
+        assert head.startswith(b"HTTP/1.1 " + status + b"\r\n") and b"connection: close" in head
+        error = json.loads(answer)["error"]
+        assert set(error) == {"message", "type", "param", "code"} and words in error["message"]
+        assert error["type"] == "invalid_request_error"
+    head, answer = raw_answer(server.port, b"POST /v2/models/tiny_llama/infer HTTP/1.1\r\nHost: x\r\n" + headers
+                              + b"\r\n" + body)
+    assert head.startswith(b"HTTP/1.1 " + status) and isinstance(json.loads(answer)["error"], str)  # Triton's
+
+
 def test_access_denied_on_v1_is_openais_403_and_tritons_on_v2() -> None:
     pytest.importorskip("onnxruntime_genai")
     restricted = harness.ThreadedServer(models=("tiny_llama",), tcp=True,
@@ -135,3 +185,40 @@ def test_access_denied_on_v1_is_openais_403_and_tritons_on_v2() -> None:
             assert kserve.status_code == 403 and isinstance(kserve.json()["error"], str)
     finally:
         restricted.stop()
+
+
+def test_a_model_that_failed_to_load_or_is_not_loaded_is_a_404_as_models_retrieve_says() -> None:
+    pytest.importorskip("onnxruntime_genai")
+    running = harness.ThreadedServer(models=("tiny_llama",), tcp=True, control_mode="explicit",
+                                     startup_models=("tiny_llama",))
+    repository = Path(running.repository)
+    for name in ("bad", "idle"):
+        shutil.copytree(repository / "tiny_llama", repository / name)
+        config = repository / name / "config.pbtxt"
+        config.write_text(config.read_text().replace("tiny_llama", name))
+    bad = repository / "bad" / "config.pbtxt"
+    bad.write_text(bad.read_text() + 'parameters { key: "temperature" value: { string_value: "0.5" } }\n')
+    running.start()
+    try:
+        with httpx.Client(transport=httpx.HTTPTransport(uds=running.socket_path), base_url="http://x",
+                          timeout=30) as uds:
+            refused = uds.post("/v2/repository/models/bad/load")
+            assert refused.status_code >= 400 and "mean nothing" in refused.text
+            assert uds.post("/v2/repository/models/idle/load").status_code == 200
+            assert uds.post("/v2/repository/models/idle/unload").status_code == 200
+        with httpx.Client(base_url=f"http://127.0.0.1:{running.port}", timeout=30) as http:
+            client = openai.OpenAI(base_url=f"http://127.0.0.1:{running.port}/v1", api_key="unused",
+                                   max_retries=0)
+            for name, words in (("bad", "its load failed"), ("idle", "in the repository but not loaded")):
+                assert http.get(f"/v1/models/{name}").status_code == 404
+                for chat in (True, False):
+                    with pytest.raises(openai.NotFoundError) as raised:
+                        if chat:
+                            client.chat.completions.create(model=name, messages=ASK, max_tokens=2)
+                        else:
+                            client.completions.create(model=name, prompt="x", max_tokens=2)
+                    assert raised.value.code == "model_not_found" and words in raised.value.message
+                    assert "/v2/repository/models/" + name + "/load" in raised.value.message
+            assert client.completions.create(model="tiny_llama", prompt="x", max_tokens=1).choices
+    finally:
+        running.stop()
