@@ -7,7 +7,7 @@ import logging
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import replace
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import httptools
 
@@ -90,11 +90,13 @@ class App:
         self.daemon_actions = dict(daemon_actions or {})  # "ota/check" → blocking callable returning JSON
 
     def dispatch(self, connection: Connection, incoming: Incoming, slot: Slot) -> None:
+        if incoming.method == b"HEAD":
+            connection = cast("Connection", HeadOnly(connection))
         target = self._targets.get(incoming.url) or self._match(connection, incoming, slot)
         if target is None:
             return  # answered
         route, spec = target.route, target.spec
-        if incoming.method != spec.method:
+        if incoming.method != spec.method and (incoming.method != b"HEAD" or spec.method != b"GET"):
             self._answer(connection, incoming, slot, _wrong_method(incoming.method, target))
             return
         if self.draining:
@@ -272,11 +274,29 @@ class App:
         connection.respond(slot, render(response, incoming.keep_alive), close)
 
 
+class HeadOnly:
+    """The connection as the GET route of a HEAD request sees it: every answer goes out as the GET's would, head
+    only (RFC 9110 9.3.2: a server must take HEAD wherever it takes GET). A HEAD answered with a body, as the 405
+    was, leaves bytes a keep-alive client reads as the start of its next response. Anything else is the
+    connection's own."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+
+    def respond(self, slot: Slot, data: bytes, close: bool = False) -> None:
+        end = data.find(b"\r\n\r\n")
+        self._connection.respond(slot, data if end < 0 else data[:end + 4], close)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._connection, name)
+
+
 def _wrong_method(method: bytes, target: _Target) -> Response:
-    """405 with ``Allow`` (RFC 9110 requires it: every route takes one method), in the shape of the route's API."""
+    """405 with ``Allow`` (RFC 9110 requires it: every route takes one method, and HEAD with GET), in the shape of
+    the route's API."""
     allowed = target.spec.method
     message = f"method {method.decode('latin-1')} is not allowed here; use {allowed.decode()}"
-    allow = ((b"allow", allowed),)
+    allow = ((b"allow", b"GET, HEAD" if allowed == b"GET" else allowed),)
     if target.openai:
         return openai_error_response(405, message, headers=allow)
     return replace(error_response(405, message), extra_headers=allow)

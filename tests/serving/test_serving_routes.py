@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
 
 import numpy as np
@@ -43,6 +44,28 @@ def test_unknown_model_is_404_and_unknown_route_is_404(server: RunningServer) ->
 def test_wrong_method_is_405(server: RunningServer) -> None:
     status, _, body = server.request("GET", "/v2/models/tiny_mlp/infer")
     assert status == 405 and "POST" in orjson.loads(body)["error"]
+
+
+def test_head_is_answered_where_get_is_without_a_body_and_keep_alive_goes_on(server: RunningServer) -> None:
+    """RFC 9110 9.3.2: HEAD wherever GET. A review got 405 for HEAD /v2/health/live, sent with a body, which a
+    keep-alive client reads as the start of its next response."""
+    with socket.socket(socket.AF_UNIX) as conn:
+        conn.connect(str(server.socket_path))
+        conn.sendall(b"HEAD /v2/models/tiny_mlp HTTP/1.1\r\nHost: x\r\n\r\n"
+                     b"HEAD /v2/models/tiny_mlp/infer HTTP/1.1\r\nHost: x\r\n\r\n"
+                     b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        data = b""
+        while data.count(b"HTTP/1.1 ") < 3 or not data.endswith(b"\r\n\r\n"):
+            chunk = conn.recv(65536)
+            assert chunk, data
+            data += chunk
+    heads = [part for part in data.split(b"\r\n\r\n") if part]
+    assert [h.split(b"\r\n")[0] for h in heads] == [b"HTTP/1.1 200 OK", b"HTTP/1.1 405 Method Not Allowed",
+                                                      b"HTTP/1.1 200 OK"], data
+    get = server.request("GET", "/v2/models/tiny_mlp")
+    assert f"content-length: {len(get[2])}".encode() in heads[0].lower()  # the GET's length, no body
+    assert b"allow: POST" in heads[1]
+    assert server.request("POST", "/v2/health/live")[1]["allow"] == "GET, HEAD"
 
 
 @pytest.mark.parametrize("path", ["/v2/models/..", "/v2/models/a%2Fb/ready", "/v2/models/%00x",
