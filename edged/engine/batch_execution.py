@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 
 from edged.backends.base import ModelInstance
-from edged.engine.batch_rows import check_rows, concatenate, selected, split
+from edged.engine.batch_rows import check_rows, concatenate, output_reshapes, reshape_outputs, selected, split
 from edged.engine.queue_policy import Pending
 from edged.engine.stats import VersionStats
 from edged.engine.types import InferResponse
@@ -36,6 +36,8 @@ class BatchExecution:
         self._version = version
         self._stats = stats
         self._output_names = [t.name for t in config.output]
+        self._output_reshapes = output_reshapes(config)
+        self._batching = config.max_batch_size > 0
         self._running_since: dict[int, int] = {}  # id(instance) → perf_counter_ns when its execution began
         self._told_batch_failure = False
         self.last_used = time.monotonic()
@@ -60,6 +62,8 @@ class BatchExecution:
             merged = time.perf_counter_ns()
             outputs = instance.run(inputs, self._output_names)
             ran = time.perf_counter_ns()
+            if self._output_reshapes:
+                outputs = reshape_outputs(self._config.name, outputs, self._output_reshapes, self._batching)
             if len(batch) == 1:
                 item = batch[0]
                 request = item.request
