@@ -20,7 +20,7 @@ from edged.engine.batch_rows import check_rows, concatenate, output_reshapes, re
 from edged.engine.queue_policy import Pending
 from edged.engine.stats import VersionStats
 from edged.engine.types import InferResponse
-from edged.errors import EdgedError, InferenceFailed, RequestTimeout
+from edged.errors import EdgedError, InferenceFailed, RequestCancelled, RequestTimeout
 from edged.repository.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -93,8 +93,15 @@ class BatchExecution:
                                  [batch[0].enqueued_ns] if len(batch) == 1 else [item.enqueued_ns for item in batch])
         self._deliver(batch, responses)
 
-    def _finish_timeout(self, item: Pending) -> None:
+    def _finish_unrun(self, item: Pending) -> None:
+        """A request taken out of the queue without running: its caller went away, or its timeout passed."""
         waited_us = (time.perf_counter_ns() - item.enqueued_ns) // 1000
+        cancellation = item.request.cancellation
+        if cancellation is not None and cancellation.cancelled:
+            self._finish_error(item, RequestCancelled(
+                f"model {self._config.name}: request cancelled by its caller after {waited_us} µs in the queue; "
+                "it was not run"))
+            return
         self._finish_error(item, RequestTimeout(
             f"model {self._config.name}: request timed out after {waited_us} µs in the queue"))
 

@@ -201,7 +201,7 @@ class Scheduler(WorkerPool):
                             self._notify_locked()
                         instance = None  # type: ignore[assignment]
                 for item in expired:
-                    self._finish_timeout(item)
+                    self._finish_unrun(item)
                 if instance is None:
                     return
                 ran += 1

@@ -182,7 +182,7 @@ class WorkerPool(BatchExecution):
                 self._lock.release()
                 try:
                     for index in range(len(expired)):  # no loop variable left holding the last one
-                        self._finish_timeout(expired[index])
+                        self._finish_unrun(expired[index])
                     if batch:
                         self._execute(instance, batch)
                 finally:
@@ -294,13 +294,19 @@ class WorkerPool(BatchExecution):
 
     # --- batch formation -----------------------------------------------------------------------------------
     def _take_batch_locked(self) -> tuple[list[Pending], list[Pending]]:
+        """The next batch, and the requests taken out without running (timed out, or their caller gone: their
+        place in a batch goes to the next request)."""
         queue = self._queue
         expired: list[Pending] = []
         if queue.next_deadline_ns:  # the clock is read only when some queued request has a deadline
             now = time.perf_counter_ns()
             if queue.next_deadline_ns < now:
                 expired = queue.expire(now)
-        return queue.take(), expired
+        batch = queue.take()
+        while batch and _any_cancelled(batch):
+            expired += [item for item in batch if _cancelled(item)]
+            batch = [item for item in batch if not _cancelled(item)] or queue.take()
+        return batch, expired
 
     # --- shutdown ------------------------------------------------------------------------------------------
     def close(self, timeout_s: float) -> bool:
@@ -322,6 +328,19 @@ class WorkerPool(BatchExecution):
         for thread in self._workers:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
         return clean
+
+
+def _cancelled(item: Pending) -> bool:
+    cancellation = item.request.cancellation
+    return cancellation is not None and cancellation.cancelled
+
+
+def _any_cancelled(batch: list[Pending]) -> bool:
+    for item in batch:
+        cancellation = item.request.cancellation
+        if cancellation is not None and cancellation.cancelled:
+            return True
+    return False
 
 
 def precise_timers() -> None:
