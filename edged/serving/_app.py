@@ -94,7 +94,7 @@ class App:
         if target is None:
             return  # answered
         route, spec = target.route, target.spec
-        if incoming.method != spec.method:
+        if incoming.method != spec.method and (not spec.also or incoming.method != spec.also):
             self._answer(connection, incoming, slot, _wrong_method(incoming.method, target))
             return
         if self.draining:
@@ -270,7 +270,7 @@ class App:
 
 def _wrong_method(method: bytes, target: _Target) -> Response:
     """405 with ``Allow`` (RFC 9110 requires it: every route takes one method), in the shape of the route's API."""
-    allowed = target.spec.method
+    allowed = target.spec.method + (b", " + target.spec.also if target.spec.also else b"")
     message = f"method {method.decode('latin-1')} is not allowed here; use {allowed.decode()}"
     allow = ((b"allow", allowed),)
     if target.openai:
