@@ -102,6 +102,11 @@ class RequestTimeout(RequestError):
     """The request waited in the queue or ran longer than its timeout."""
 
 
+class RequestCancelled(RequestError):
+    """The caller went away (its call was cancelled or its deadline passed) while the request waited in the queue:
+    it was never run (Triton: CANCELLED)."""
+
+
 class InferenceFailed(RequestError):
     """The backend failed while running the request."""
 

@@ -11,7 +11,8 @@ import re
 
 from edged.errors import ConfigError
 
-# Triton's categories, in its order. The last two have no routes in edged: a key for one would do nothing.
+# Triton's categories, in its order. The last two have no served routes in edged (their routes only say the
+# feature is absent): a key for one would do nothing.
 TCP_CATEGORIES = ("health", "metadata", "inference", "shared-memory", "model-config", "model-repository",
                   "statistics", "trace", "logging")
 UNSERVED_CATEGORIES = frozenset({"trace", "logging"})

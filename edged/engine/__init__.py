@@ -10,8 +10,8 @@ Usable in-process as a library::
 from edged.engine.lifecycle import ModelState
 from edged.engine.scheduler import Done
 from edged.engine.service import InferenceService
-from edged.engine.types import InferRequest, InferResponse, RequestedOutput
+from edged.engine.types import Cancellation, InferRequest, InferResponse, RequestedOutput
 from edged.engine.version import ModelVersion
 
-__all__ = ["Done", "InferRequest", "InferResponse", "InferenceService", "ModelState", "ModelVersion",
+__all__ = ["Cancellation", "Done", "InferRequest", "InferResponse", "InferenceService", "ModelState", "ModelVersion",
            "RequestedOutput"]

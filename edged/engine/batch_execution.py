@@ -16,11 +16,11 @@ import time
 from collections.abc import Sequence
 
 from edged.backends.base import ModelInstance
-from edged.engine.batch_rows import check_rows, concatenate, selected, split
+from edged.engine.batch_rows import check_rows, concatenate, output_reshapes, reshape_outputs, selected, split
 from edged.engine.queue_policy import Pending
 from edged.engine.stats import VersionStats
 from edged.engine.types import InferResponse
-from edged.errors import EdgedError, InferenceFailed, RequestTimeout
+from edged.errors import EdgedError, InferenceFailed, RequestCancelled, RequestTimeout
 from edged.repository.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,8 @@ class BatchExecution:
         self._version = version
         self._stats = stats
         self._output_names = [t.name for t in config.output]
+        self._output_reshapes = output_reshapes(config)
+        self._batching = config.max_batch_size > 0
         self._running_since: dict[int, int] = {}  # id(instance) → perf_counter_ns when its execution began
         self._told_batch_failure = False
         self.last_used = time.monotonic()
@@ -60,6 +62,8 @@ class BatchExecution:
             merged = time.perf_counter_ns()
             outputs = instance.run(inputs, self._output_names)
             ran = time.perf_counter_ns()
+            if self._output_reshapes:
+                outputs = reshape_outputs(self._config.name, outputs, self._output_reshapes, self._batching)
             if len(batch) == 1:
                 item = batch[0]
                 request = item.request
@@ -89,8 +93,15 @@ class BatchExecution:
                                  [batch[0].enqueued_ns] if len(batch) == 1 else [item.enqueued_ns for item in batch])
         self._deliver(batch, responses)
 
-    def _finish_timeout(self, item: Pending) -> None:
+    def _finish_unrun(self, item: Pending) -> None:
+        """A request taken out of the queue without running: its caller went away, or its timeout passed."""
         waited_us = (time.perf_counter_ns() - item.enqueued_ns) // 1000
+        cancellation = item.request.cancellation
+        if cancellation is not None and cancellation.cancelled:
+            self._finish_error(item, RequestCancelled(
+                f"model {self._config.name}: request cancelled by its caller after {waited_us} µs in the queue; "
+                "it was not run"))
+            return
         self._finish_error(item, RequestTimeout(
             f"model {self._config.name}: request timed out after {waited_us} µs in the queue"))
 

@@ -9,6 +9,7 @@ import numpy as np
 
 from edged.engine.types import Array
 from edged.errors import InvalidInput
+from edged.protocol.datatypes import kserve_datatype
 from edged.repository import confined_path, read_confined
 from edged.repository.model_config import ModelConfig
 
@@ -31,7 +32,8 @@ def load_labels(config: ModelConfig, model_dir: Path) -> dict[str, list[str]]:
 def classify(array: Array, count: int, labels: list[str] | None, batched: bool, model: str, name: str) -> Array:
     """The top ``count`` classes of each batch item (or of the whole tensor when not batched)."""
     if array.dtype.kind not in "biuf":
-        raise InvalidInput(f"model {model}: output {name!r} of type {array.dtype} cannot be classified")
+        raise InvalidInput(f"model {model}: output {name!r} is {kserve_datatype(array)}: classification needs a "
+                           "numeric or BOOL output; ask for it without \"classification\"")
     rows = array.reshape(array.shape[0], -1) if batched else array.reshape(1, -1)
     k = min(count, rows.shape[1])
     order = np.argsort(-rows, axis=1, kind="stable")[:, :k]

@@ -28,7 +28,7 @@ import time
 from collections.abc import Sequence
 
 from edged.backends.base import ModelInstance
-from edged.engine.batch_rows import selected
+from edged.engine.batch_rows import reshape_outputs, selected
 from edged.engine.intake import Intake
 from edged.engine.ordering import ResponseOrder
 from edged.engine.queue_policy import Done, Pending
@@ -126,6 +126,8 @@ class Scheduler(WorkerPool):
                 merged = time.perf_counter_ns()
                 outputs = instance.run(inputs, self._output_names)
                 ran = time.perf_counter_ns()
+                if self._output_reshapes:
+                    outputs = reshape_outputs(self._config.name, outputs, self._output_reshapes, self._batching)
                 if request.outputs or len(outputs) != len(self._output_names):
                     outputs = selected(request, outputs, self._output_names)
                 result: InferResponse | EdgedError = InferResponse(self._config.name, self._version, outputs,
@@ -199,7 +201,7 @@ class Scheduler(WorkerPool):
                             self._notify_locked()
                         instance = None  # type: ignore[assignment]
                 for item in expired:
-                    self._finish_timeout(item)
+                    self._finish_unrun(item)
                 if instance is None:
                     return
                 ran += 1

@@ -17,6 +17,17 @@ class RequestedOutput:
     class_count: int = 0  # Triton classification extension: top-k as "score:index[:label]" strings
 
 
+class Cancellation:
+    """Set by a front end when the caller of a request is gone. A request still queued then is not run: the
+    scheduler finishes it with RequestCancelled when it would take it into a batch (Triton checks cancellation
+    there too); one already running completes and its answer is dropped by the front end."""
+
+    __slots__ = ("cancelled",)
+
+    def __init__(self) -> None:
+        self.cancelled = False
+
+
 @dataclass(slots=True)
 class InferRequest:
     model: str
@@ -27,6 +38,7 @@ class InferRequest:
     parameters: dict[str, Any] = field(default_factory=dict)
     priority: int = 0  # 0 = the model's default priority level
     timeout_us: int = 0  # 0 = the model's queue policy default (or none)
+    cancellation: Cancellation | None = None  # set when its caller goes away (None: it cannot)
 
 
 @dataclass(slots=True)

@@ -168,11 +168,12 @@ class WorkerPool(BatchExecution):
                 if wait_s > 0 and not self._closed:
                     self._delaying += 1
                     try:
-                        self._wait_locked(wait_s)
+                        self._wait_locked(self._until_deadline_s(wait_s))
                     finally:
                         self._delaying -= 1
                     if held and self._intake is not None:
                         self._intake.release(self._poke)
+                    self._expire_while_delaying_locked()
                     continue
                 instance = self._idle.pop()
                 self._executing += 1
@@ -182,7 +183,7 @@ class WorkerPool(BatchExecution):
                 self._lock.release()
                 try:
                     for index in range(len(expired)):  # no loop variable left holding the last one
-                        self._finish_timeout(expired[index])
+                        self._finish_unrun(expired[index])
                     if batch:
                         self._execute(instance, batch)
                 finally:
@@ -224,6 +225,30 @@ class WorkerPool(BatchExecution):
         self.holds += 1
         self._held_for = first
         return remaining / 1e9, True
+
+    def _until_deadline_s(self, wait_s: float) -> float:
+        """``wait_s``, cut short to the earliest deadline of a queued request: as Triton's batcher, a request
+        whose timeout is shorter than the batching delay is refused at its timeout, not at the delay's end."""
+        nearest = self._queue.next_deadline_ns
+        if not nearest:
+            return wait_s
+        return min(wait_s, max(0.0, (nearest - time.perf_counter_ns()) / 1e9) + 1e-4)
+
+    def _expire_while_delaying_locked(self) -> None:
+        """Finish (REJECT) or move back (DELAY) the requests whose timeout passed while the batch waited."""
+        queue = self._queue
+        if not queue.next_deadline_ns or queue.next_deadline_ns >= time.perf_counter_ns():
+            return
+        expired = queue.expire(time.perf_counter_ns())
+        if not expired:
+            return
+        self._lock.release()
+        try:
+            for index in range(len(expired)):
+                self._finish_unrun(expired[index])
+        finally:
+            expired = []
+            self._lock.acquire()
 
     def _caller_waits_locked(self, inline: bool) -> bool:
         """Whether the caller of the lone request just queued waits out the delay itself (module docstring). A
@@ -294,13 +319,19 @@ class WorkerPool(BatchExecution):
 
     # --- batch formation -----------------------------------------------------------------------------------
     def _take_batch_locked(self) -> tuple[list[Pending], list[Pending]]:
+        """The next batch, and the requests taken out without running (timed out, or their caller gone: their
+        place in a batch goes to the next request)."""
         queue = self._queue
         expired: list[Pending] = []
         if queue.next_deadline_ns:  # the clock is read only when some queued request has a deadline
             now = time.perf_counter_ns()
             if queue.next_deadline_ns < now:
                 expired = queue.expire(now)
-        return queue.take(), expired
+        batch = queue.take()
+        while batch and _any_cancelled(batch):
+            expired += [item for item in batch if _cancelled(item)]
+            batch = [item for item in batch if not _cancelled(item)] or queue.take()
+        return batch, expired
 
     # --- shutdown ------------------------------------------------------------------------------------------
     def close(self, timeout_s: float) -> bool:
@@ -322,6 +353,19 @@ class WorkerPool(BatchExecution):
         for thread in self._workers:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
         return clean
+
+
+def _cancelled(item: Pending) -> bool:
+    cancellation = item.request.cancellation
+    return cancellation is not None and cancellation.cancelled
+
+
+def _any_cancelled(batch: list[Pending]) -> bool:
+    for item in batch:
+        cancellation = item.request.cancellation
+        if cancellation is not None and cancellation.cancelled:
+            return True
+    return False
 
 
 def precise_timers() -> None:

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from edged.access import BodyBudget
+from edged.engine import Cancellation
 from edged.errors import EdgedError
 from edged.grpcapi import _hpack as hpack
 from edged.grpcapi._h2_frames import ErrorCode, H2StreamError
@@ -145,8 +146,8 @@ class GrpcCall:
     """The call side of one stream; ``on_message`` and ``on_end`` are set by the handler that serves it."""
 
     __slots__ = ("_buffer", "_conn", "_deadline", "_end_seen", "_held", "_held_charge", "_input_over", "_kept",
-                 "_limits", "_open_since", "_parks", "_partial_since", "_reserved", "_started", "done", "on_cancel",
-                 "on_drained", "on_end", "on_message", "request", "sender", "stream_id", "tally", "task")
+                 "_limits", "_open_since", "_parks", "_partial_since", "_reserved", "_started", "cancellation", "done",
+                 "on_cancel", "on_drained", "on_end", "on_message", "request", "sender", "stream_id", "tally", "task")
 
     def __init__(self, conn: H2Connection, stream_id: int, request: Request, limits: CallLimits,
                  tally: dict[Status, int]) -> None:
@@ -167,6 +168,8 @@ class GrpcCall:
         self._input_over = False  # on_end has run: no more input to hold or resume
         self._buffer = bytearray()
         self.done = False
+        # set when the call ends other than OK (reset, deadline, failure): its requests still queued are not run
+        self.cancellation = Cancellation()
         self._started = False  # response headers sent
         self.task: asyncio.Task[None] | None = None
         self._deadline: asyncio.TimerHandle | None = None
@@ -396,6 +399,8 @@ class GrpcCall:
 
     def _finish(self, code: Status) -> None:
         self.done = True
+        if code is not Status.OK:
+            self.cancellation.cancelled = True
         tally = self.tally
         tally[code] = tally.get(code, 0) + 1
         if self._reserved:

@@ -1,6 +1,7 @@
 """The one table that maps edged's error families to gRPC status codes, as Triton's gRPC front end maps its
 own: NOT_FOUND, INVALID_ARGUMENT, UNAVAILABLE (a full queue, a model not ready, a request that timed out in the
-queue), ALREADY_EXISTS (a region name taken), INTERNAL. Triton has no family for refused access; edged answers
+queue), ALREADY_EXISTS (a region name taken), CANCELLED (a request unqueued because its call ended: nobody
+reads it, but the stream's statistics count it), INTERNAL. Triton has no family for refused access; edged answers
 PERMISSION_DENIED, which tritonclient raises like any other error; a region past edged's shared-memory limits
 (Triton has none) RESOURCE_EXHAUSTED, gRPC's code for a spent resource. Messages too large for
 ``[server] grpc_max_message_mb`` get RESOURCE_EXHAUSTED from the call layer (``_grpc_stream``) before any
@@ -19,6 +20,7 @@ from edged.errors import (
     ModelNotReady,
     PermissionDenied,
     QueueFull,
+    RequestCancelled,
     RequestTimeout,
     SharedMemoryExists,
     SharedMemoryLimit,
@@ -60,6 +62,7 @@ _CODE_BY_FAMILY: tuple[tuple[type[EdgedError], Status], ...] = (
     (ModelNotReady, Status.UNAVAILABLE),
     (Unavailable, Status.UNAVAILABLE),
     (RequestTimeout, Status.UNAVAILABLE),
+    (RequestCancelled, Status.CANCELLED),
 )
 
 

@@ -79,6 +79,7 @@ class StreamCall:
         except Exception as e:  # an EdgedError is this request's answer; a bug must not end the stream either
             self._refused(data, e)
             return
+        decoded.request.cancellation = self._call.cancellation  # the stream's reset or deadline unqueues it
         try:
             if self._infer.needs_load(decoded):
                 task = asyncio.get_running_loop().create_task(self._load_then_begin(decoded))

@@ -361,6 +361,7 @@ class GrpcServer:
         if infer is None:
             raise RuntimeError("GrpcServer.start() has not run")
         decoded = infer.decode(data)  # InvalidInput: answered INVALID_ARGUMENT by _expect_one
+        decoded.request.cancellation = call.cancellation  # a reset or deadline unqueues it
         if infer.needs_load(decoded):
             call.task = asyncio.get_running_loop().create_task(self._run(call, infer.infer, decoded))
         else:

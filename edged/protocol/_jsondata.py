@@ -67,11 +67,12 @@ def split_data(body: bytes | bytearray) -> tuple[bytes, dict[str, memoryview]] |
 
 
 def parse_pieces(name: str, text: memoryview, dtype: np.dtype[Any], count: int,
-                 convert: Callable[[list[Any]], Array]) -> Array:
+                 convert: Callable[[list[Any], int, bool], Array]) -> Array:
     """The ``count`` comma-separated JSON values of ``text`` as a flat array of ``dtype``.
 
     Each piece of about ``PIECE_BYTES`` is parsed by orjson and converted by ``convert`` (the checks of the
-    whole-body path: kinds, fractions for integers, overflow) before the next one: only one piece's Python
+    whole-body path: JSON types, ranges) before the next one, with its first value's index and whether the
+    piece may hold true/false (a ``t`` or ``f`` in its text, which no number has): only one piece's Python
     objects exist at a time.
     """
     out = np.empty(count, dtype=dtype)
@@ -80,14 +81,15 @@ def parse_pieces(name: str, text: memoryview, dtype: np.dtype[Any], count: int,
     size = len(text)
     while pos < size:
         end = size if size - pos <= PIECE_BYTES else _piece_end(name, text, pos)
+        piece = text[pos:end].tobytes()
         try:
-            values = orjson.loads(b"[" + text[pos:end].tobytes() + b"]")
+            values = orjson.loads(b"[" + piece + b"]")
         except orjson.JSONDecodeError as e:
             raise InvalidInput(f"input {name!r}: \"data\" is not a list of numbers: {e}") from None
         pos = end + 1
         if filled + len(values) > count:
             raise InvalidInput(f"input {name!r}: more values in \"data\" than its shape's {count} elements")
-        out[filled:filled + len(values)] = convert(values)
+        out[filled:filled + len(values)] = convert(values, filled, b"t" in piece or b"f" in piece)
         filled += len(values)
     if filled != count:
         raise InvalidInput(f"input {name!r}: {filled} values for its shape's {count} elements")

@@ -20,6 +20,7 @@ import orjson
 
 from edged.errors import InvalidInput
 from edged.protocol._jsondata import SPLIT_MIN_BYTES, CutArrays, Unmatched, parse_pieces, split_data
+from edged.protocol._jsonvalues import bytes_from_json, numbers_from_json
 from edged.protocol._shapes import element_count, shape_of
 from edged.protocol.datatypes import KSERVE_TO_NUMPY, kserve_datatype, numpy_for
 from edged.protocol.shm_params import ShmReader, ShmReference, shm_reference
@@ -186,7 +187,8 @@ def _decode_input(entry: Any, binary: memoryview, offset: int, max_elements: int
     text = cut.claim(data) if cut is not None else None
     if text is not None and dtype.kind != "O":
         array = parse_pieces(name, text, dtype, count,
-                             lambda values: _from_json(name, values, dtype, datatype, (len(values),), len(values)))
+                             lambda values, first, booleans: _from_json(name, values, dtype, datatype,
+                                                                        (len(values),), len(values), booleans, first))
         return name, array.reshape(shape), 0
     if text is not None:  # numbers for a BYTES input: refused below, or not JSON
         try:
@@ -252,40 +254,24 @@ def _bytes_elements(name: str, chunk: memoryview, count: int) -> Array:
 
 
 def _from_json(name: str, data: Any, dtype: np.dtype[Any], datatype: str, shape: tuple[int, ...],
-               count: int) -> Array:
+               count: int, booleans: bool | None = None, first_index: int = 0) -> Array:
     if not isinstance(data, list):
         data = [data]
     try:
-        if dtype.kind == "O":
-            flat = np.empty(count, dtype=object)
-            values = np.asarray(data, dtype=object).ravel()
-            if values.size != count:
-                raise InvalidInput(f"input {name!r}: {values.size} values for shape {list(shape)} "
-                                   f"({count} elements)")
-            flat[:] = [v.encode() if isinstance(v, str) else v for v in values]
-            return flat.reshape(shape)
-        array = np.asarray(data)
+        array = np.asarray(data, dtype=object if dtype.kind == "O" else None)
     except ValueError:
-        raise InvalidInput(f"input {name!r}: \"data\" is not a regular list of {datatype} values") from None
-    if array.dtype.kind not in "biuf":
-        raise InvalidInput(f"input {name!r}: \"data\" holds {array.dtype.kind!r}-kind values, expected "
-                           f"{datatype} numbers")
+        raise InvalidInput(f"input {name!r} ({datatype}): \"data\" is not a regular (rectangular) list of "
+                           "values") from None
     if array.size != count:
         raise InvalidInput(f"input {name!r}: {array.size} values for shape {list(shape)} ({count} elements)")
-    if (array.dtype.kind == "b") != (dtype.kind == "b"):  # as Triton: true/false for BOOL only, numbers otherwise
-        expected = "true/false" if dtype.kind == "b" else "numbers"
-        raise InvalidInput(f"input {name!r}: \"data\" holds {'true/false' if array.dtype.kind == 'b' else 'numbers'}, "
-                           f"expected {datatype} {expected}")
-    if dtype.kind in "iu" and array.dtype.kind == "f":
-        raise InvalidInput(f"input {name!r}: \"data\" holds fractional numbers, expected {datatype}")
-    try:
-        with np.errstate(over="raise", invalid="raise"):
-            converted: Array = array.astype(dtype, casting="unsafe").reshape(shape)
-    except (FloatingPointError, OverflowError):
-        raise InvalidInput(f"input {name!r}: a value does not fit in {datatype}") from None
-    if dtype.kind in "iu" and not np.array_equal(converted.ravel(), array.ravel()):
-        raise InvalidInput(f"input {name!r}: a value does not fit in {datatype}")
-    return converted
+
+    def values() -> list[Any]:
+        flat: list[Any] = data if array.ndim <= 1 else np.asarray(data, dtype=object).ravel().tolist()
+        return flat
+
+    if dtype.kind == "O":
+        return bytes_from_json(name, datatype, values()).reshape(shape)
+    return numbers_from_json(name, datatype, dtype, array, values, booleans, first_index).reshape(shape)
 
 
 def _decode_outputs(raw: Any) -> tuple[tuple[OutputRequest, ...], dict[str, bool]]:

@@ -96,7 +96,8 @@ class App:
         if target is None:
             return  # answered
         route, spec = target.route, target.spec
-        if incoming.method != spec.method and (incoming.method != b"HEAD" or spec.method != b"GET"):
+        if incoming.method != spec.method and (not spec.also or incoming.method != spec.also) and \
+                (incoming.method != b"HEAD" or spec.method != b"GET"):
             self._answer(connection, incoming, slot, _wrong_method(incoming.method, target))
             return
         if self.draining:
@@ -292,11 +293,12 @@ class HeadOnly:
 
 
 def _wrong_method(method: bytes, target: _Target) -> Response:
-    """405 with ``Allow`` (RFC 9110 requires it: every route takes one method, and HEAD with GET), in the shape of
-    the route's API."""
-    allowed = target.spec.method
+    """405 with ``Allow`` (RFC 9110 requires it: a route takes one method, a few two, and HEAD wherever GET), in
+    the shape of the route's API."""
+    spec = target.spec
+    allowed = spec.method + (b", " + spec.also if spec.also else b"")
     message = f"method {method.decode('latin-1')} is not allowed here; use {allowed.decode()}"
-    allow = ((b"allow", b"GET, HEAD" if allowed == b"GET" else allowed),)
+    allow = ((b"allow", allowed + b", HEAD" if spec.method == b"GET" else allowed),)
     if target.openai:
         return openai_error_response(405, message, headers=allow)
     return replace(error_response(405, message), extra_headers=allow)

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import orjson
 
 from edged.engine import InferenceService
-from edged.errors import InvalidInput, ModelConfigError
+from edged.errors import InvalidInput, ModelConfigError, Unavailable
 from edged.repository import model_config_from_json, model_config_to_json
 from edged.repository.model_config import ModelConfig
 from edged.serving._messages import Incoming
@@ -56,6 +56,15 @@ class Handlers:
         if self._service.generation.generative_models():
             doc = {**doc, "extensions": [*doc["extensions"], "generate"]}
         return json_response(doc)
+
+    def _not_served(self, route: Route, incoming: Incoming) -> Response:
+        """Triton's trace and logging extensions, answered as a Triton built without them (503, its code for
+        UNAVAILABLE), so a client learns the feature is absent rather than the path mistyped."""
+        if route.kind is Kind.TRACE_SETTING:
+            raise Unavailable("the server does not support tracing: edged has no trace settings to read or "
+                              "update (Triton's trace extension; gRPC TraceSetting answers UNIMPLEMENTED)")
+        raise Unavailable("the server does not support dynamic logging: edged's log settings are fixed at start "
+                          "(Triton's logging extension; gRPC LogSettings answers UNIMPLEMENTED)")
 
     def _live(self, route: Route, incoming: Incoming) -> Response:
         return _EMPTY_OK if self._service.live else _EMPTY_BAD
@@ -117,7 +126,8 @@ _TABLE: dict[Kind, Callable[[Handlers, Route, Incoming], Response]] = {
     Kind.MODEL_READY: Handlers._model_ready, Kind.MODEL_CONFIG: Handlers._model_config,
     Kind.MODEL_STATS: Handlers._stats, Kind.REPOSITORY_INDEX: Handlers._index, Kind.METRICS: Handlers._metrics,
     Kind.STATUS: Handlers._status, Kind.TELEMETRY: Handlers._telemetry_snapshot,
-    Kind.OPENAPI: Handlers._openapi_doc,
+    Kind.OPENAPI: Handlers._openapi_doc, Kind.TRACE_SETTING: Handlers._not_served,
+    Kind.LOG_SETTINGS: Handlers._not_served,
 }
 
 

@@ -61,6 +61,7 @@ class _Call(InferRequest):
         self.parameters = parameters  # the request's own: a kept header's dict is shared
         self.priority = decoded.priority
         self.timeout_us = decoded.timeout_us
+        self.cancellation = None  # an HTTP request runs once queued, as before (only generations are cancelled)
         self.path = path
         self.connection = connection
         self.slot = slot

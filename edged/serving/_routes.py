@@ -49,6 +49,8 @@ class Kind(Enum):
     COMPLETIONS = "completions"
     GENERATE = "generate"  # Triton's generate extension: one JSON answer
     GENERATE_STREAM = "generate_stream"  # the same, as Server-Sent Events
+    TRACE_SETTING = "trace_setting"  # Triton's trace extension: not served, answered as a Triton without it
+    LOG_SETTINGS = "log_settings"  # Triton's logging extension: likewise
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,7 @@ class RouteSpec:
     method: bytes
     permission: Permission  # who may call it over the Unix socket (edged.serving._access)
     category: str  # its Triton API category, which [server.tcp_restricted] keys name (edged.config)
+    also: bytes = b""  # a second method the route takes (Triton's settings routes: GET reads, POST updates)
 
 
 # edged's own routes join the nearest Triton category: status and telemetry are statistics, the OpenAPI
@@ -88,6 +91,8 @@ SPECS: dict[Kind, RouteSpec] = {
     Kind.COMPLETIONS: RouteSpec(b"POST", "infer", "inference"),
     Kind.GENERATE: RouteSpec(b"POST", "infer", "inference"),
     Kind.GENERATE_STREAM: RouteSpec(b"POST", "infer", "inference"),
+    Kind.TRACE_SETTING: RouteSpec(b"GET", "open", "trace", b"POST"),
+    Kind.LOG_SETTINGS: RouteSpec(b"GET", "open", "logging", b"POST"),
 }
 # edged's daemon-provided routes: /v2/edged/<part>/<action> → the action's name ("ota/check")
 DAEMON_ROUTES: dict[tuple[str, str], Kind] = {
@@ -110,12 +115,14 @@ _FIXED: dict[tuple[str, ...], Kind] = {
     ("metrics",): Kind.METRICS, ("v2", "edged", "status"): Kind.STATUS,
     ("v2", "edged", "telemetry"): Kind.TELEMETRY, ("v2", "edged", "openapi.json"): Kind.OPENAPI,
     ("v1", "models"): Kind.OPENAI_MODELS, ("v1", "chat", "completions"): Kind.CHAT_COMPLETIONS,
-    ("v1", "completions"): Kind.COMPLETIONS,
+    ("v1", "completions"): Kind.COMPLETIONS, ("v2", "trace", "setting"): Kind.TRACE_SETTING,
+    ("v2", "logging"): Kind.LOG_SETTINGS,
 }
 _MODEL_SUFFIX: dict[str, Kind] = {
     "ready": Kind.MODEL_READY, "config": Kind.MODEL_CONFIG, "stats": Kind.MODEL_STATS, "infer": Kind.INFER,
     "generate": Kind.GENERATE, "generate_stream": Kind.GENERATE_STREAM,
 }
+_MODEL_PAIRS: dict[tuple[str, str], Kind] = {("trace", "setting"): Kind.TRACE_SETTING}
 _MAX_SEGMENT = 255
 
 
@@ -194,6 +201,8 @@ def _model_route(rest: tuple[str, ...]) -> Route | None:
         return Route(Kind.MODEL_METADATA, model, version)
     if len(tail) == 1 and tail[0] in _MODEL_SUFFIX:
         return Route(_MODEL_SUFFIX[tail[0]], model, version)
+    if len(tail) == 2 and not version and (tail[0], tail[1]) in _MODEL_PAIRS:
+        return Route(_MODEL_PAIRS[tail[0], tail[1]], model)
     return None
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -256,5 +257,24 @@ def test_levels_without_their_own_policy_share_the_default_queue_bound(tmp_path:
         outcomes.wait(5)
         assert outcomes.order == ["p7", "p3_again", "p3", "p5", "p6"]
         assert all(isinstance(outcomes.results[tag], InferResponse) for tag in ("p3", "p5", "p6"))
+    finally:
+        service.close()
+
+
+def test_a_timeout_shorter_than_the_batching_delay_is_refused_at_the_timeout_not_the_delays_end(
+        tmp_path: Path) -> None:
+    service = serve(tmp_path, "max_queue_delay_microseconds: 400000 default_queue_policy { allow_timeout_override: "
+                    "true }", max_batch=8)
+    try:
+        outcomes = Outcomes()
+        started = time.monotonic()
+        outcomes.submit(service, "short", timeout_us=1000)
+        outcomes.submit(service, "patient")  # waits the delay out and runs
+        outcomes.wait(1)
+        refused_after_s = time.monotonic() - started
+        assert outcomes.order[0] == "short" and isinstance(outcomes.results["short"], RequestTimeout)
+        assert refused_after_s < 0.2, f"refused after {refused_after_s:.3f} s: at the 0.4 s delay's end"
+        outcomes.wait(2)
+        assert isinstance(outcomes.results["patient"], InferResponse)
     finally:
         service.close()

@@ -54,6 +54,15 @@ def test_nested_json_data_is_flattened_as_triton_does() -> None:
     np.testing.assert_array_equal(decode_request(body, None).inputs["x"], [[1, 2], [3, 4]])
 
 
+@pytest.mark.parametrize("values", [[1, 2**63], [0, 2**64 - 1], [2**64 - 1], [2**63 - 1, 2**63, 7]])
+def test_uint64_json_data_keep_every_value_of_the_full_range(values: list[int]) -> None:
+    # what tritonclient.http sends for np.iinfo(np.uint64) values without binary data
+    body = b'{"inputs": [{"name": "x", "datatype": "UINT64", "shape": [%d], "data": [%s]}]}' % (
+        len(values), ",".join(map(str, values)).encode())
+    array = decode_request(body, None).inputs["x"]
+    assert array.dtype == np.uint64 and array.tolist() == values
+
+
 @pytest.mark.parametrize(("body", "header", "fragment"), [
     (b"{not json", None, "not valid JSON"),
     (b"[]", None, "JSON object"),
@@ -61,14 +70,36 @@ def test_nested_json_data_is_flattened_as_triton_does() -> None:
     (b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [2], "data": [1]}]}', None, "1 values for shape [2]"),
     (b'{"inputs": [{"name": "x", "datatype": "FP99", "shape": [1], "data": [1]}]}', None, "unknown or unsupported"),
     (b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [-1], "data": [1]}]}', None, "non-negative integers"),
-    (b'{"inputs": [{"name": "x", "datatype": "INT8", "shape": [1], "data": [300]}]}', None, "does not fit in INT8"),
-    (b'{"inputs": [{"name": "x", "datatype": "INT32", "shape": [1], "data": [1.5]}]}', None, "fractional"),
-    (b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": ["a"]}]}', None, "expected FP32"),
-    # as Triton's JSON reader: booleans only for BOOL, and numbers only for the other datatypes
+    (b'{"inputs": [{"name": "x", "datatype": "INT8", "shape": [1], "data": [300]}]}', None,
+     "input 'x' (INT8): \"data\" element 0 is 300, outside INT8's range -128..127"),
+    # as Triton's JSON reader: integers for the INT/UINT types, numbers for FP, true/false for BOOL, strings
+    # for BYTES; the error names the input, its datatype and the element
+    (b'{"inputs": [{"name": "x", "datatype": "INT32", "shape": [1], "data": [1.5]}]}', None,
+     "input 'x' (INT32): \"data\" element 0 is 1.5; INT32 data must be JSON integers"),
+    (b'{"inputs": [{"name": "x", "datatype": "INT64", "shape": [2], "data": [1.0, 2]}]}', None,
+     "input 'x' (INT64): \"data\" element 0 is 1.0; INT64 data must be JSON integers"),
+    (b'{"inputs": [{"name": "x", "datatype": "INT32", "shape": [1], "data": [1e3]}]}', None,
+     "element 0 is 1000.0; INT32 data must be JSON integers"),
+    (b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": ["a"]}]}', None,
+     "input 'x' (FP32): \"data\" element 0 is \"a\"; FP32 data must be JSON numbers"),
+    (b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [2], "data": ["NaN", 1]}]}', None,
+     "element 0 is \"NaN\"; FP32 data must be JSON numbers"),
     (b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [2], "data": [true, false]}]}', None,
-     "holds true/false, expected FP32 numbers"),
+     "element 0 is true; FP32 data must be JSON numbers"),
+    (b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [2], "data": [1.5, true]}]}', None,
+     "element 1 is true; FP32 data must be JSON numbers"),
+    (b'{"inputs": [{"name": "x", "datatype": "INT32", "shape": [2], "data": [1, true]}]}', None,
+     "element 1 is true; INT32 data must be JSON integers"),
     (b'{"inputs": [{"name": "x", "datatype": "BOOL", "shape": [2], "data": [1, 0]}]}', None,
-     "holds numbers, expected BOOL true/false"),
+     "input 'x' (BOOL): \"data\" element 0 is 1; BOOL data must be JSON true/false"),
+    (b'{"inputs": [{"name": "x", "datatype": "BOOL", "shape": [2], "data": [true, "false"]}]}', None,
+     "element 1 is \"false\"; BOOL data must be JSON true/false"),
+    (b'{"inputs": [{"name": "x", "datatype": "BYTES", "shape": [2], "data": ["a", 5]}]}', None,
+     "input 'x' (BYTES): \"data\" element 1 is 5; BYTES data must be JSON strings"),
+    (b'{"inputs": [{"name": "x", "datatype": "UINT64", "shape": [2], "data": [-1, 9223372036854775808]}]}', None,
+     "element 0 is -1, outside UINT64's range 0..18446744073709551615"),
+    (b'{"inputs": [{"name": "x", "datatype": "INT64", "shape": [2], "data": [1, 9223372036854775808]}]}', None,
+     "element 1 is 9223372036854775808, outside INT64's range"),
     (b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [2], "parameters": {"binary_data_size": 8}}]}abcd',
      500, "Inference-Header-Content-Length is 500"),
 ])

@@ -68,8 +68,17 @@ def test_integer_and_bool_data_go_through_json_and_keep_their_checks() -> None:
     body = body_of([{"name": "x", "datatype": "INT32", "shape": [ELEMENTS], "data": values}])
     assert split_data(body) is not None
     assert np.array_equal(decode_request(body, None).inputs["x"], np.asarray(values, dtype=np.int32))
-    with pytest.raises(InvalidInput, match="fractional"):
+    with pytest.raises(InvalidInput, match=r"element 0 is 1\.5; INT32 data must be JSON integers"):
         decode_request(_text_body(b",".join([b"1.5000000"] * ELEMENTS), "INT32"), None)
+
+
+def test_an_element_refused_in_a_later_piece_is_named_by_its_index_in_the_whole_data() -> None:
+    values = [b"0.2500000"] * ELEMENTS
+    values[ELEMENTS - 3] = b"true"
+    body = _text_body(b",".join(values))
+    assert split_data(body) is not None
+    with pytest.raises(InvalidInput, match=f"element {ELEMENTS - 3} is true; FP32 data must be JSON numbers"):
+        decode_request(body, None)
 
 
 def test_a_placeholder_written_by_the_client_is_only_its_own_string() -> None:

@@ -218,3 +218,26 @@ def test_every_advertised_extension_has_working_routes(server: RunningServer) ->
         method, path, body, headers = _EXTENSION_PROBES[name]
         status, _, reply = server.request(method, path, body or None, headers)
         assert status == 200, (name, status, reply[:200])
+
+
+@pytest.mark.parametrize(("path", "feature"), [("/v2/trace/setting", "tracing"),
+                                               ("/v2/models/tiny_mlp/trace/setting", "tracing"),
+                                               ("/v2/logging", "dynamic logging")])
+def test_trace_and_log_settings_answer_as_a_triton_without_them(server: RunningServer, path: str,
+                                                                 feature: str) -> None:
+    for method, body in (("GET", None), ("POST", b'{"log_info": true}')):
+        status, _, answer = server.request(method, path, body)
+        assert status == 503, answer
+        assert orjson.loads(answer)["error"].startswith(f"the server does not support {feature}: ")
+    status, headers, _ = server.request("DELETE", path)
+    assert status == 405 and headers["allow"] == "GET, POST"
+
+
+def test_tritonclient_settings_calls_say_the_feature_is_absent(server: RunningServer) -> None:
+    client = triton_http.InferenceServerClient(f"127.0.0.1:{server.tcp_port}")
+    try:
+        for call in (client.get_trace_settings, client.get_log_settings, lambda: client.update_log_settings({})):
+            with pytest.raises(triton_http.InferenceServerException, match="the server does not support"):
+                call()
+    finally:
+        client.close()
