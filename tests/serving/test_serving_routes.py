@@ -230,7 +230,7 @@ def test_trace_and_log_settings_answer_as_a_triton_without_them(server: RunningS
         assert status == 503, answer
         assert orjson.loads(answer)["error"].startswith(f"the server does not support {feature}: ")
     status, headers, _ = server.request("DELETE", path)
-    assert status == 405 and headers["allow"] == "GET, POST"
+    assert status == 405 and headers["allow"] == "GET, POST, HEAD"
 
 
 def test_tritonclient_settings_calls_say_the_feature_is_absent(server: RunningServer) -> None:
