@@ -61,6 +61,13 @@ main() {
         "$ROOT/etc/systemd/system/edged-update.service" "$ROOT/etc/systemd/system/edged-update.path" \
         "$ROOT/etc/sysusers.d/edged.conf" "$ROOT/etc/tmpfiles.d/edged.conf" \
         "$ROOT/opt/edged" "$ROOT/run/edged"
+    # the enable links: systemctl disable removes them on a live system; a staged image (--root) has them from
+    # install.sh --root, and a link left to a removed unit file would be a dangling "wants" at its next boot
+    remove "$ROOT/etc/systemd/system/sockets.target.wants/edged.socket" \
+        "$ROOT/etc/systemd/system/sockets.target.wants/edged-grpc.socket" \
+        "$ROOT/etc/systemd/system/multi-user.target.wants/edged.service" \
+        "$ROOT/etc/systemd/system/multi-user.target.wants/edged-update.service" \
+        "$ROOT/etc/systemd/system/paths.target.wants/edged-update.path"
     [ "$USE_SYSTEMD" = yes ] && act systemctl daemon-reload
     if [ "$PURGE" = 1 ]; then
         remove "$ROOT/etc/edged" "$ROOT/var/lib/edged" "$ROOT/var/log/edged" "$ROOT/var/lib/edged-update" \
