@@ -7,7 +7,13 @@ them into Triton's JSON form. It imports no runtime: signatures come from the ba
 from edged.durable import write_atomic as write_file_atomic
 from edged.repository._autocomplete import DEFAULT_MAX_BATCH_SIZE, autocomplete
 from edged.repository._build import build_model_config, parse_model_config, unknown_fields
-from edged.repository._checks import BUILTIN_BACKENDS, check_platform_backend, check_warmup, unknown_backend
+from edged.repository._checks import (
+    BUILTIN_BACKENDS,
+    check_platform_backend,
+    check_tensor_types,
+    check_warmup,
+    unknown_backend,
+)
 from edged.repository._from_json import model_config_from_json
 from edged.repository._json import model_config_to_json
 from edged.repository._normalize import normalize
@@ -45,6 +51,7 @@ __all__ = [
     "check_config_files",
     "check_model_name",
     "check_platform_backend",
+    "check_tensor_types",
     "check_warmup",
     "confined_path",
     "detect_runtime",

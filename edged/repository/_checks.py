@@ -42,17 +42,20 @@ def unknown_backend(backend: str, backends: Collection[str], path: str | None) -
                             f"{', '.join(sorted(backends))} (more can be named in [models] backends)", path)
 
 
-def check_warmup(config: ModelConfig, path: str | None, max_elements: int) -> None:
-    """Refuse ``model_warmup`` entries that cannot run on this config: checked on the completed config, whose
-    inputs are known, and before any tensor is made (a huge batch or dims would allocate without bound). Also
-    refuses tensors of a type edged cannot carry (BF16): such a model loaded, advertised BF16 and refused every
-    request; refused at load, it says so once, where the operator looks."""
+def check_tensor_types(config: ModelConfig, path: str | None) -> None:
+    """Refuse tensors of a type edged cannot carry (BF16), on the completed config: such a model loaded,
+    advertised BF16 and refused every request; refused at load, it says so once, where the operator looks."""
     for kind, specs in (("input", config.input), ("output", config.output)):
         for spec in specs:
             if spec.data_type == "TYPE_BF16":
                 raise ModelConfigError(f"{kind} {spec.name!r} is TYPE_BF16, which edged cannot serve (its tensors "
                                        "are numpy arrays, and numpy has no bfloat16); export the model with FP16 or "
                                        "FP32 inputs and outputs", path)
+
+
+def check_warmup(config: ModelConfig, path: str | None, max_elements: int) -> None:
+    """Refuse ``model_warmup`` entries that cannot run on this config: checked on the completed config, whose
+    inputs are known, and before any tensor is made (a huge batch or dims would allocate without bound)."""
     if not config.input:  # inputs unknown (validate without a model file to complete from): nothing to check against
         return
     inputs = {spec.name: spec for spec in config.input}
