@@ -192,6 +192,10 @@ class PriorityQueues:
         policy = self._policies.get(key, self._default_policy)
         return Pending(request, plan, done, policy.timeout_for(request.timeout_us), key)
 
+    def shares_bound(self, level: int) -> bool:
+        """Whether ``level`` counts against the one bound of the levels without a ``priority_queue_policy``."""
+        return self._only is None and level not in self._policies
+
     def push(self, item: Pending) -> int:
         """Queue ``item``; 0 when queued, else the max_queue_size that it would exceed."""
         deadline = item.deadline_ns

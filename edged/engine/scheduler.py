@@ -168,6 +168,11 @@ class Scheduler(WorkerPool):
             return Unavailable(f"model {self._config.name} version {self._version} is unloading")
         bound = self._queue.push(item)
         if bound:
+            if self._queue.shares_bound(item.level):
+                return QueueFull(f"model {self._config.name}: queue is full ({bound} requests waiting at the "
+                                 f"priority levels without their own priority_queue_policy, level {item.level} "
+                                 "among them: default_queue_policy's max_queue_size bounds them together); retry "
+                                 "later")
             return QueueFull(f"model {self._config.name}: queue is full ({bound} requests waiting at priority "
                              f"level {item.level}); retry later")
         if self._order is not None:  # its place in the order is taken now, under the lock, in queueing order

@@ -252,7 +252,11 @@ def test_levels_without_their_own_policy_share_the_default_queue_bound(tmp_path:
         for tag, priority in (("p5", 5), ("p6", 6), ("p7", 7), ("p3", 3), ("p3_again", 3)):
             outcomes.submit(service, tag, priority)
         assert isinstance(outcomes.results["p7"], QueueFull)  # levels 5, 6, 7 share default's 2
+        # the refusal says so: "2 requests waiting at priority level 7" would be false (none waits there)
+        assert "without their own priority_queue_policy, level 7" in str(outcomes.results["p7"])
+        assert "default_queue_policy's max_queue_size" in str(outcomes.results["p7"])
         assert isinstance(outcomes.results["p3_again"], QueueFull)  # level 3's own bound of 1
+        assert "waiting at priority level 3)" in str(outcomes.results["p3_again"])
         hold.release()
         outcomes.wait(5)
         assert outcomes.order == ["p7", "p3_again", "p3", "p5", "p6"]
