@@ -79,8 +79,14 @@ find_python() {
         done
     fi
     [ -n "$PYTHON" ] || die "this package is built for Python $want and no python$want was found; install it or pass --python PATH"
+    if [ "${PYTHON#*/}" = "$PYTHON" ]; then  # a bare name, as for python3.10: looked up on PATH
+        command -v "$PYTHON" >/dev/null 2>&1 || die "--python $PYTHON: no such command on PATH; pass the path of a Python $want"
+        PYTHON="$(command -v "$PYTHON")"
+    fi
+    [ -f "$PYTHON" ] && [ -x "$PYTHON" ] || die "--python $PYTHON: not an executable file; pass the path of a Python $want (for example /usr/bin/python$want)"
     local have
-    have="$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+    have="$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)" \
+        || die "$PYTHON does not run as a Python interpreter (\"$PYTHON -c 'import sys'\" failed); pass the path of a Python $want"
     [ "$have" = "$want" ] || die "this package is built for Python $want, but $PYTHON is Python $have: use a tarball built with --python $have, or pass --python PATH to a Python $want"
     "$PYTHON" -c 'import venv, ensurepip' 2>/dev/null \
         || die "$PYTHON cannot create virtual environments: install python$want-venv"

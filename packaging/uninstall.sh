@@ -14,6 +14,7 @@ USE_SYSTEMD=auto
 say() { printf 'uninstall.sh: %s\n' "$*"; }
 die() { printf 'uninstall.sh: error: %s\n' "$*" >&2; exit 1; }
 act() { if [ "$DRY_RUN" = 1 ]; then printf 'uninstall.sh: would run: %s\n' "$*"; else "$@"; fi; }
+done_say() { [ "$DRY_RUN" = 1 ] || say "$*"; }  # what happened: a dry run printed "would run" instead
 
 parse_args() {
     while [ $# -gt 0 ]; do
@@ -41,7 +42,7 @@ parse_args() {
 remove() {  # remove PATH...: delete what exists, say what went
     local path
     for path in "$@"; do
-        if [ -e "$path" ] || [ -L "$path" ]; then act rm -rf "$path"; say "removed $path"; fi
+        if [ -e "$path" ] || [ -L "$path" ]; then act rm -rf "$path"; done_say "removed $path"; fi
     done
 }
 
@@ -72,11 +73,11 @@ main() {
     if [ "$PURGE" = 1 ]; then
         remove "$ROOT/etc/edged" "$ROOT/var/lib/edged" "$ROOT/var/log/edged" "$ROOT/var/lib/edged-update" \
             "$ROOT/etc/systemd/system/edged.service.d"
-        if [ -z "$ROOT" ] && id edged >/dev/null 2>&1; then act userdel edged; say "removed the user edged"; fi
+        if [ -z "$ROOT" ] && id edged >/dev/null 2>&1; then act userdel edged; done_say "removed the user edged"; fi
     else
-        say "kept the configuration $ROOT/etc/edged, the state $ROOT/var/lib/edged and the logs $ROOT/var/log/edged (--purge removes them)"
+        say "$( [ "$DRY_RUN" = 1 ] && echo "would keep" || echo kept ) the configuration $ROOT/etc/edged, the state $ROOT/var/lib/edged and the logs $ROOT/var/log/edged (--purge removes them)"
     fi
-    say "done"
+    if [ "$DRY_RUN" = 1 ]; then say "dry run: nothing was changed"; else say "done"; fi
 }
 
 main "$@"

@@ -94,6 +94,11 @@ def test_install_upgrade_rollback_uninstall_without_network(tarballs: tuple[Path
     assert version == b"edged 0.1.0\n"
 
     (root / "var/lib/edged/telemetry.db").write_bytes(b"state")
+    before = files_under(root)
+    dry = sh(opt / "current/share/edged/uninstall.sh", "--root", str(root), "--dry-run").stdout
+    assert files_under(root) == before
+    assert f"would run: rm -rf {opt}" in dry and "removed" not in dry  # says what it would do, not what it did
+    assert "dry run: nothing was changed" in dry and "would keep the configuration" in dry
     sh(opt / "current/share/edged/uninstall.sh", "--root", str(root))
     assert files_under(root) == {"etc/edged/edged.toml", "var/lib/edged/telemetry.db"}
     sh(second / "uninstall.sh", "--root", str(root), "--purge")
@@ -122,6 +127,14 @@ def test_wrong_platform_and_wrong_python_are_refused(tarballs: tuple[Path, Path]
     fake.write_text("#!/bin/sh\necho 3.9\n")
     fake.chmod(0o755)
     assert "built for Python" in _refused(top, tmp_path / "root", "--python", str(fake))
+    # a Python that is not there, not executable or not a Python: one line naming it, not bash's own error
+    missing = _refused(top, tmp_path / "root", "--python", str(tmp_path / "no-such-python"))
+    assert "no-such-python: not an executable file" in missing and "No such file" not in missing
+    assert "no such command on PATH" in _refused(top, tmp_path / "root", "--python", "python-nowhere9")
+    broken = tmp_path / "broken-python"
+    broken.write_text("#!/bin/sh\nexit 3\n")
+    broken.chmod(0o755)
+    assert "does not run as a Python interpreter" in _refused(top, tmp_path / "root", "--python", str(broken))
     manifest = json.loads((top / "manifest.json").read_text())
     manifest["platform"] = "linux_riscv64"
     (top / "manifest.json").write_text(json.dumps(manifest))
