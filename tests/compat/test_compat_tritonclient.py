@@ -89,5 +89,11 @@ def test_repository_index_load_and_unload_in_explicit_mode(explicit_tcp_server) 
         assert not triton.is_model_ready("digits_onnx")
         with pytest.raises(InferenceServerException, match="ghost"):
             triton.load_model("ghost", headers=key)
+        # Triton's files override (model files in the request) is refused by name; the model keeps serving
+        with pytest.raises(InferenceServerException, match=r"unsupported parameters.*file:1/model\.onnx") as refused:
+            triton.load_model("tiny_mlp", config=json.dumps(config), files={"file:1/model.onnx": b"\0" * 16},
+                              headers=key)
+        assert refused.value.status() == "400"
+        assert triton.is_model_ready("tiny_mlp")
     finally:
         triton.close()
