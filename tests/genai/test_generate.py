@@ -133,16 +133,25 @@ def cancelled_count(server: harness.ThreadedServer) -> float:
 
 
 def test_hang_up_on_generate_stream_cancels_the_generation(genai_server: harness.ThreadedServer) -> None:
+    assert genai_server.service is not None
     before = cancelled_count(genai_server)
-    # greedy: this prompt runs to max_tokens without an end of sequence, the longest answer the context allows
-    body = orjson.dumps({"text_input": "Open the gate", "parameters": {"max_tokens": 240, "temperature": 0}})
-    for path in (b"generate_stream", b"generate"):
-        with socket.create_connection(("127.0.0.1", genai_server.port)) as sock:
-            sock.sendall(b"POST /v2/models/tiny_llama/%s HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                         b"content-length: %d\r\n\r\n%s" % (path, len(body), body))
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_WR)
-    deadline = time.monotonic() + 30  # a bound on waiting for the counter, not a timed assertion
-    while cancelled_count(genai_server) < before + 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert cancelled_count(genai_server) == before + 2
+    # The model's one sequence slot is held while the clients hang up, so their generations wait in line until
+    # the server notices they are gone: a generation left to run (240 tokens, ~20 ms) finished before a CI run's
+    # starved event loop read the FIN, and was counted completed.
+    slot = genai_server.service.generation._gate("tiny_llama").running
+    assert slot.acquire(timeout=30)
+    try:
+        body = orjson.dumps({"text_input": "Open the gate", "parameters": {"max_tokens": 240, "temperature": 0}})
+        for path in (b"generate_stream", b"generate"):
+            with socket.create_connection(("127.0.0.1", genai_server.port)) as sock:
+                sock.sendall(b"POST /v2/models/tiny_llama/%s HTTP/1.1\r\nhost: x\r\n"
+                             b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                             % (path, len(body), body))
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_WR)
+        deadline = time.monotonic() + 30  # a bound on waiting for the counter, not a timed assertion
+        while cancelled_count(genai_server) < before + 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert cancelled_count(genai_server) == before + 2
+    finally:
+        slot.release()
