@@ -28,7 +28,7 @@ from edged.clock import Clock, DeviceClock
 from edged.config import TelemetryConfig
 from edged.errors import TelemetryError
 from edged.supervision import HealthBoard, SupervisedThread
-from edged.telemetry._db import connect
+from edged.telemetry._db import connect, open_failure
 from edged.telemetry._derived import Event, ModelInterval
 from edged.telemetry._rollup import apply_retention, roll_hours, roll_minutes
 from edged.telemetry._sample import Sample
@@ -111,13 +111,20 @@ class TelemetryStore:
 
         conn = connect(path)
         clock = clock or DeviceClock()
-        migrate(conn, clock.elapsed())
-        newest = conn.execute("SELECT MAX(t) FROM samples").fetchone()[0]
+        try:  # a damaged file may open and fail only here ("malformed"): one error, naming the file, either way
+            migrate(conn, clock.elapsed())
+            newest = conn.execute("SELECT MAX(t) FROM samples").fetchone()[0]
+            self._names = _Names(conn)
+            self._series = {name: self._names(name) for name in SAMPLE_SERIES}
+        except TelemetryError:
+            conn.close()
+            raise
+        except sqlite3.Error as e:
+            conn.close()
+            raise TelemetryError(open_failure(path, e)) from e
         if newest is not None and isinstance(clock, DeviceClock):
             clock.advance_past(float(newest))  # rows written after the clock's last checkpoint (a crash)
         self._db = sqlite_utils.Database(conn)
-        self._names = _Names(conn)
-        self._series = {name: self._names(name) for name in SAMPLE_SERIES}
 
     def start(self) -> None:
         self._thread = SupervisedThread("edged-telemetry-writer", self._run, self._writer)
