@@ -81,7 +81,13 @@ class TelemetryService:
             raise RuntimeError("TelemetryService.start() called twice")
         if self._source is None:
             self._choice = choose_source(self._config)
-            self._source = open_source(self._config, self._choice, self._clock)
+            try:
+                self._source = open_source(self._config, self._choice, self._clock)
+            except TelemetryError as e:  # an unreadable replay file: telemetry is off, the daemon serves on
+                log.error("telemetry source %s cannot start: %s", self._choice.name, e)
+                self._sampler.degraded(f"source {self._choice.name} cannot start: {e}")
+                self._ended = True
+                return
         log.info("telemetry source: %s (%s)", self.choice.name, self.choice.reason)
         if self._source is None:
             self._ended = True

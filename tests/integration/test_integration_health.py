@@ -176,3 +176,21 @@ def test_a_damaged_telemetry_database_leaves_the_daemon_serving_with_telemetry_d
         assert client.status()["telemetry"]["store_error"] is None
     finally:
         assert daemon.stop() == 0
+
+
+def test_a_looping_replay_of_garbage_is_reported_and_sigterm_stops_the_daemon(tmp_path: Path) -> None:
+    """The sampler spun on such a file forever at 100 % CPU, and SIGTERM left the daemon hanging in its stop."""
+    replay = tmp_path / "capture.log"
+    replay.write_text("not tegrastats\n" * 50)
+    config = (f'[telemetry]\nsource = "replay"\nreplay_file = "{replay}"\nreplay_loop = true\n'
+              'replay_speed = 1000.0\n')
+    daemon = start_daemon(tmp_path / "daemon", config=config)
+    try:
+        client = daemon.client()
+        sampler = wait_for(lambda: (c := client.status()["health"]["components"]["telemetry_sampler"])
+                           ["state"] == "degraded" and c, "the sampler to report the file")
+        assert str(replay) in sampler["reason"] and "no usable tegrastats line" in sampler["reason"]
+        assert client.ready()
+    finally:
+        code = daemon.stop(wait_s=20.0)  # SIGKILL after that: a negative status
+    assert code == 0, daemon.output()
