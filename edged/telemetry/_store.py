@@ -56,14 +56,31 @@ class Record:
 
 @dataclass
 class _Names:
+    """Series name -> id in ``names``. An id inserted inside a transaction stays ``pending`` until it commits:
+    a rolled-back insert frees its id for the next new name, and a cached one would file rows under that one."""
+
     conn: sqlite3.Connection
     ids: dict[str, int] = field(default_factory=dict)
+    pending: dict[str, int] = field(default_factory=dict)
 
     def __call__(self, name: str) -> int:
-        if name not in self.ids:
-            self.conn.execute("INSERT OR IGNORE INTO names (name) VALUES (?)", (name,))
-            self.ids[name] = self.conn.execute("SELECT id FROM names WHERE name = ?", (name,)).fetchone()[0]
-        return self.ids[name]
+        known = self.ids.get(name, self.pending.get(name))
+        if known is not None:
+            return known
+        self.conn.execute("INSERT OR IGNORE INTO names (name) VALUES (?)", (name,))
+        found: int = self.conn.execute("SELECT id FROM names WHERE name = ?", (name,)).fetchone()[0]
+        if self.conn.in_transaction:
+            self.pending[name] = found
+        else:
+            self.ids[name] = found
+        return found
+
+    def committed(self) -> None:
+        self.ids.update(self.pending)
+        self.pending.clear()
+
+    def rolled_back(self) -> None:
+        self.pending.clear()
 
 
 _Rows = dict[str, list[tuple[object, ...]]]
@@ -216,7 +233,9 @@ class TelemetryStore:
             if conn.in_transaction:
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
+            self._names.rolled_back()
             raise
+        self._names.committed()
         self.written += len(batch)
         if self._on_flush is not None:
             self._on_flush(self.written)
