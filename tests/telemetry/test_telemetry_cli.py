@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import subprocess
 import sys
 import time
@@ -103,3 +104,16 @@ def test_summary_with_a_database_imports_neither_the_config_nor_the_writer(histo
             "'edged.telemetry._store', 'edged.telemetry._source', 'edged.telemetry.tegrastats', 'sqlite_utils'))))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert proc.stdout.splitlines()[-1] == "[]"
+
+
+def test_parse_reads_bytes_that_are_not_utf8_and_a_superscript_digit_without_a_traceback():
+    good = recorded_lines("agx_orin_jp5.log")[1]
+    lines = [good.encode() + b" \xff\xfe", b"RAM 3000/7620MB CPU [1\xc2\xb2%@729] tj@50C", b"\xff not tegrastats"]
+    proc = subprocess.run([sys.executable, "-m", "edged.cli.main", "telemetry", "parse"],
+                          input=b"\n".join(lines) + b"\n", capture_output=True, timeout=60, check=False,
+                          env={**os.environ, "PYTHONIOENCODING": "utf-8:strict"})  # as in a UTF-8 locale
+    stderr = proc.stderr.decode()
+    assert "Traceback" not in stderr and proc.returncode == 1
+    assert stderr.strip().startswith("line 3: not a tegrastats line")
+    records = [json.loads(line) for line in proc.stdout.decode().splitlines()]
+    assert records[0]["unparsed"] == ["\ufffd\ufffd"] and records[1]["cpu"] == [{"load_pct": None, "freq_mhz": 729}]
