@@ -44,7 +44,7 @@ def history(tmp_path_factory) -> Path:
 
         def model_activity(self):
             self.calls += 1
-            return {"digits": (self.calls * 3, self.calls * 1_000_000)}
+            return {("digits", "1"): (self.calls * 3, self.calls * 1_000_000)}
 
     source = ReplaySource(str(day), speed=1e9, interval_s=1.0, loop=True)
     service = TelemetryService(TelemetryConfig(flush_interval_s=0.2), str(path), activity=Model(), source=source)
