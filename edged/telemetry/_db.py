@@ -11,7 +11,9 @@ pragmas below too), then refused as locked; the service retries later (see `edge
 
 from __future__ import annotations
 
+import os
 import sqlite3
+from pathlib import Path
 
 from edged.errors import TelemetryError
 
@@ -23,8 +25,7 @@ def connect(path: str, readonly: bool = False) -> sqlite3.Connection:
     conn: sqlite3.Connection | None = None
     try:
         if readonly:
-            conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False,
-                                   timeout=_BUSY_TIMEOUT_S)
+            conn = _connect_readonly(path)
         else:
             conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=_BUSY_TIMEOUT_S)
             conn.execute("PRAGMA journal_mode = WAL")
@@ -36,6 +37,29 @@ def connect(path: str, readonly: bool = False) -> sqlite3.Connection:
             conn.close()
         raise TelemetryError(open_failure(path, e)) from e
     return conn
+
+
+def _connect_readonly(path: str) -> sqlite3.Connection:
+    """A read-only connection. The path goes in the URI percent-encoded: a '#' or '?' in it would otherwise end
+    the file name. On a read-only filesystem a WAL database cannot get its -shm file; it is then opened as
+    immutable (nothing can be writing to it there), which reads the database file alone."""
+    uri = Path(path).absolute().as_uri()
+    conn = sqlite3.connect(f"{uri}?mode=ro", uri=True, check_same_thread=False, timeout=_BUSY_TIMEOUT_S)
+    try:
+        conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+    except sqlite3.OperationalError:
+        conn.close()
+        if not _read_only_mount(path):  # elsewhere a writer may be at work: immutable would read torn pages
+            raise
+        conn = sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True, check_same_thread=False)
+    return conn
+
+
+def _read_only_mount(path: str) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def open_failure(path: str, error: sqlite3.Error | OSError) -> str:

@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -117,3 +118,39 @@ def test_parse_reads_bytes_that_are_not_utf8_and_a_superscript_digit_without_a_t
     assert stderr.strip().startswith("line 3: not a tegrastats line")
     records = [json.loads(line) for line in proc.stdout.decode().splitlines()]
     assert records[0]["unparsed"] == ["\ufffd\ufffd"] and records[1]["cpu"] == [{"load_pct": None, "freq_mhz": 729}]
+
+
+def test_a_database_path_with_a_hash_or_question_mark_is_read_whole(history, tmp_path, capsys):
+    """The path went into a file: URI as it was: '#' started a fragment, and another file was opened."""
+    odd = tmp_path / "state #1?x=%41" / "telemetry.db"
+    odd.parent.mkdir()
+    shutil.copy(history, odd)
+    assert main(["telemetry", "summary", "--db", str(odd), "--since", "24h", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["samples"] > 0
+
+
+def test_a_database_on_read_only_media_is_read(history, tmp_path, capsys):
+    """A WAL database needs its -shm file, which a read-only filesystem cannot hold: "unable to open database
+    file" (a copy on an SD card mounted read-only, a snapshot)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)], capture_output=True,
+                          text=True, check=False)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {done.stderr.strip()}")
+    try:
+        shutil.copy(history, mount / "telemetry.db")
+        subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
+        assert main(["telemetry", "summary", "--db", str(mount / "telemetry.db"), "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["samples"] > 0
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_huge_since_is_a_clear_error(history, capsys):
+    """A window reaching past what a date can be raised OverflowError when its start was printed."""
+    assert main(["telemetry", "summary", "--db", str(history), "--since", "99999999999999999999999w"]) == 1
+    err = capsys.readouterr().err
+    assert "at most 100 years" in err and "Traceback" not in err
