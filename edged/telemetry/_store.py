@@ -30,7 +30,7 @@ from edged.errors import TelemetryError
 from edged.supervision import HealthBoard, SupervisedThread
 from edged.telemetry._db import connect, open_failure
 from edged.telemetry._derived import Event, ModelInterval
-from edged.telemetry._rollup import apply_retention, roll_hours, roll_minutes
+from edged.telemetry._rollup import apply_retention, drop_unusable_times, roll_hours, roll_minutes
 from edged.telemetry._sample import Sample
 from edged.telemetry._schema import SAMPLE_SERIES, migrate
 
@@ -130,6 +130,9 @@ class TelemetryStore:
         clock = clock or DeviceClock()
         try:  # a damaged file may open and fail only here ("malformed"): one error, naming the file, either way
             migrate(conn, clock.elapsed())
+            if dropped := drop_unusable_times(conn):
+                log.warning("telemetry database %s: dropped %d rows keyed at an infinite time (written while "
+                            "clock.json held an infinite offset)", path, dropped)
             newest = conn.execute("SELECT MAX(t) FROM samples").fetchone()[0]
             self._names = _Names(conn)
             self._series = {name: self._names(name) for name in SAMPLE_SERIES}

@@ -131,3 +131,19 @@ def test_a_nan_offset_in_clock_json_no_longer_fails_every_telemetry_write(tmp_pa
     assert service.snapshot()["store_error"] is None and board.component("telemetry_writer").health.state == "ok"
     rows = sqlite3.connect(tmp_path / "t.db").execute("SELECT COUNT(*), MAX(t) FROM samples").fetchone()
     assert rows[0] >= 3 and math.isfinite(rows[1])
+
+
+def test_rows_keyed_at_an_infinite_time_are_dropped_when_the_database_opens(tmp_path):
+    """Written while clock.json held an infinite offset: the newest row stayed inf for good, retention never
+    reached it and every --since window was measured back from it, so no window held a finite row."""
+    path = str(tmp_path / "t.db")
+    store = TelemetryStore(path, TelemetryConfig())
+    line = recorded_lines("orin_nano_jp6.log")[0]
+    store.flush([Record(parse_tegrastats(line, t=1_700_000_000.0 + i), elapsed=1_000.0 + i) for i in range(5)], [])
+    store.flush([Record(parse_tegrastats(line, t=1_700_000_100.0), elapsed=math.inf)], [])
+    store.stop()
+    assert TelemetryReader(path).newest() == math.inf
+    TelemetryStore(path, TelemetryConfig()).stop()
+    reader = TelemetryReader(path)
+    assert reader.newest() == 1_004.0
+    assert reader.summary(3600)["samples"] == 5
