@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -24,6 +26,7 @@ from typing import Protocol
 
 from edged.durable import write_atomic
 
+log = logging.getLogger(__name__)
 BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
 STATE_FILE_NAME = "clock.json"
 
@@ -70,6 +73,9 @@ class DeviceClock:
 
     def advance_past(self, value: float) -> None:
         """Make ``elapsed()`` at least ``value``: a store found rows recorded later than the last checkpoint."""
+        if not _usable(value):  # a row written while the offset was NaN or inf must not bring it back
+            log.warning("clock: ignored a recorded elapsed time of %r (not a usable time)", value)
+            return
         with self._lock:
             behind = value - self.elapsed()
             if behind > 0:
@@ -94,9 +100,22 @@ class DeviceClock:
             same_boot = bool(self._boot_id) and document.get("boot_id") == self._boot_id
         except (OSError, ValueError, TypeError, AttributeError):
             return 0.0
-        if same_boot:
+        # json reads NaN and Infinity: such an offset would make every elapsed time NaN or inf for good (a NaN key
+        # fails every telemetry write, inf files every row under one key), and each checkpoint would write it back.
+        last_ok = _usable(last)
+        if same_boot and _usable(offset):
             return offset  # a restart of the daemon within one boot: CLOCK_BOOTTIME carried on
-        return max(0.0, last)  # a new boot: continue from where the previous one stopped recording
+        if same_boot or not last_ok:
+            fallback = last if last_ok else 0.0
+            log.warning("%s: offset %r, last_elapsed %r: not a usable time; continuing from %.1f s (the stores "
+                        "move it past their newest rows)", state_file, offset, last, fallback)
+            return fallback
+        return last  # a new boot: continue from where the previous one stopped recording
+
+
+def _usable(seconds: float) -> bool:
+    """A finite, non-negative number of seconds: what an offset or an elapsed time can be."""
+    return math.isfinite(seconds) and seconds >= 0
 
 
 class ManualClock:

@@ -55,9 +55,10 @@ class Models:
     def __init__(self) -> None:
         self.n = 0
 
-    def model_activity(self) -> dict[str, tuple[int, int]]:
+    def model_activity(self) -> dict[tuple[str, str], tuple[int, int]]:
         self.n += 1
-        return {"digits": (self.n * 50, self.n * 40_000_000), "yolo": (self.n * 5, self.n * 300_000_000)}
+        return {("digits", "1"): (self.n * 50, self.n * 40_000_000),
+                ("yolo", "1"): (self.n * 5, self.n * 300_000_000)}
 
 
 def at_one_hz(name: str, source: object, seconds: float, db: Path) -> dict[str, float]:

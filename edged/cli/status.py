@@ -136,6 +136,8 @@ def _telemetry(telemetry: Any) -> str:
         return "-"
     reason = f" ({telemetry['reason']})" if telemetry.get("reason") else ""
     text = f"source {telemetry.get('source', '?')}{reason}"
+    if telemetry.get("store_error"):  # the reason and what to do are on the telemetry_writer health line
+        text += ", history NOT STORED"
     if telemetry.get("stale"):
         age = telemetry.get("last_sample_age_s")
         text += ", STALE (" + (f"last sample {float(age):.0f} s ago" if age is not None else "no sample yet") + ")"

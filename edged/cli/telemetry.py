@@ -46,7 +46,9 @@ def _parse(args: argparse.Namespace) -> int:
     from edged.telemetry.tegrastats import parse_tegrastats
 
     failed = 0
-    for number, line in enumerate(sys.stdin, start=1):
+    # Bytes, decoded here: whatever the locale, a byte that is not UTF-8 is U+FFFD in its line, not a traceback.
+    for number, raw in enumerate(sys.stdin.buffer, start=1):
+        line = raw.decode("utf-8", errors="replace")
         if not line.strip():
             continue
         try:

@@ -7,6 +7,7 @@ JSON) through `edged.client`. ``--once`` prints one frame and exits.
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from typing import Any
 
@@ -21,28 +22,36 @@ def _bar(pct: float | None, width: int = 20) -> str:
     return f"[{'#' * filled}{'.' * (width - filled)}] {pct:3.0f}%"
 
 
+def _text(value: Any) -> str:
+    """A name from the daemon (model, rail, sensor) as plain text: rich reads '[...]' in a cell as markup, so
+    'det[bold]' would print as 'det' in bold, and an unknown tag such as '[/x]' raises."""
+    from rich.markup import escape
+
+    return escape(str(value))
+
+
 def _system_table(snap: dict[str, Any]) -> Any:
     from rich.table import Table
 
     s = snap.get("sample") or {}
-    table = Table(title=f"edged top - source {snap.get('source')}, power mode {snap.get('power_mode') or '-'}",
+    table = Table(title=_text(f"edged top - source {snap.get('source')}, power mode {snap.get('power_mode') or '-'}"),
                   show_header=False, expand=True)
     table.add_column("what", style="bold")
     table.add_column("value")
     for i, core in enumerate(s.get("cpu") or []):
         freq = f" @{core['freq_mhz']} MHz" if core.get("freq_mhz") else ""
-        table.add_row(f"CPU{i}", _bar(core.get("load_pct")) + freq)
+        table.add_row(f"CPU{i}", _text(_bar(core.get("load_pct")) + freq))
     gpu_freq = f" @{s['gpu_freq_mhz']} MHz" if s.get("gpu_freq_mhz") is not None else ""
-    table.add_row("GPU", _bar(s.get("gpu_load_pct")) + gpu_freq)
+    table.add_row("GPU", _text(_bar(s.get("gpu_load_pct")) + gpu_freq))
     if s.get("ram_total_mb"):
-        table.add_row("RAM", _bar(100 * s["ram_used_mb"] / s["ram_total_mb"])
-                      + f" {s['ram_used_mb']}/{s['ram_total_mb']} MB")
+        table.add_row("RAM", _text(_bar(100 * s["ram_used_mb"] / s["ram_total_mb"])
+                                   + f" {s['ram_used_mb']}/{s['ram_total_mb']} MB"))
     rails = ", ".join(f"{k} {v['now']} mW" for k, v in (s.get("power_mw") or {}).items())
-    table.add_row("Power", f"in {snap.get('power_in_mw') or '-'} mW  ({rails or 'no rails'})")
+    table.add_row("Power", _text(f"in {snap.get('power_in_mw') or '-'} mW  ({rails or 'no rails'})"))
     temps = ", ".join(f"{k} {v:.1f}C" for k, v in (s.get("temps_c") or {}).items())
-    table.add_row("Temp", temps or "-")
+    table.add_row("Temp", _text(temps or "-"))
     if snap.get("throttle_active"):
-        table.add_row("Throttle", ", ".join(snap["throttle_active"]), style="red")
+        table.add_row("Throttle", _text(", ".join(snap["throttle_active"])), style="red")
     return table
 
 
@@ -57,7 +66,7 @@ def _models_table(stats: dict[str, Any], snap: dict[str, Any]) -> Any:
         infer = (m.get("inference_stats") or {}).get("compute_infer") or {}
         avg = infer.get("ns", 0) / infer["count"] / 1e6 if infer.get("count") else None
         mj = energy.get(m.get("name"))
-        table.add_row(str(m.get("name")), str(m.get("version", "")), str(m.get("inference_count", 0)),
+        table.add_row(_text(m.get("name")), _text(m.get("version", "")), str(m.get("inference_count", 0)),
                       str(m.get("execution_count", 0)), f"{avg:.2f}" if avg is not None else "-",
                       f"{mj:.1f}" if mj is not None else "-")
     return table
@@ -90,11 +99,21 @@ def _run(args: argparse.Namespace) -> int:
                 live.update(_fetch(client), refresh=True)
 
 
+def _interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, found {text!r}") from e
+    if not (math.isfinite(value) and value > 0):  # time.sleep() raises on a negative one
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, found {text!r}")
+    return value
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("top", help="live view of the device and the models (like jtop)")
     parser.add_argument("--socket", help="daemon socket (default: $EDGED_SOCKET, $RUNTIME_DIRECTORY/edged.sock, "
                         "$XDG_RUNTIME_DIR/edged/edged.sock, /tmp/edged-$UID/edged.sock, /run/edged/edged.sock: the "
                         "first that exists)")
     parser.add_argument("--once", action="store_true", help="print one frame and exit")
-    parser.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+    parser.add_argument("--interval", type=_interval, default=1.0, help="seconds between refreshes (> 0)")
     parser.set_defaults(handler=_run)

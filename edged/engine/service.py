@@ -169,18 +169,17 @@ class InferenceService:
     def loaded_versions(self) -> list[ModelVersion]:
         return [v for r in self._registry.records() for v in r.all_versions()]
 
-    def model_activity(self) -> dict[str, tuple[int, int]]:
-        """Model name → (inference count, compute ns), cumulative; telemetry attributes energy with it."""
-        activity: dict[str, tuple[int, int]] = {}
+    def model_activity(self) -> dict[tuple[str, str], tuple[int, int]]:
+        """(model name, version or "tokens") → (inference count, compute ns), cumulative; telemetry attributes
+        energy with it. Per version, not summed: a sum falls when a version goes, as if the model had reloaded."""
+        activity: dict[tuple[str, str], tuple[int, int]] = {}
         for version in self.loaded_versions():
             doc = version.stats.as_json()
-            count, ns = activity.get(version.config.name, (0, 0))
             compute = doc["inference_stats"]["compute_infer"]["ns"]
-            activity[version.config.name] = (count + doc["inference_count"], ns + compute)
+            activity[(version.config.name, str(version.version))] = (doc["inference_count"], compute)
         # a generative model's unit of work is an output token: energy per inference becomes energy per token
         for model, (tokens, ns) in self.generation.activity().items():
-            count, compute = activity.get(model, (0, 0))
-            activity[model] = (count + tokens, compute + ns)
+            activity[(model, "tokens")] = (tokens, ns)
         return activity
 
     def stalled(self, limit_s: float) -> list[str]:

@@ -5,7 +5,7 @@ Public API (everything else is private):
   render_prometheus(), record_event(kind, subject, detail), choice.
 - `choose_source(config) -> SourceChoice(name, reason)`, `describe_source(config) -> str`: which source
   ``auto`` picks and why, for the daemon's log and `edged doctor`.
-- `ModelActivity`: the Protocol the engine implements (model -> cumulative (count, compute_ns)).
+- `ModelActivity`: the Protocol the engine implements ((model, version) -> cumulative (count, compute_ns)).
 - `parse_tegrastats(line) -> Sample`, `Sample.to_json()`: the ``edged telemetry parse`` contract.
 - `summary_payload(snapshot, previous, max_bytes)`, `render_prometheus(snapshot)`.
 - `default_database_path(state_dir, database)`; `TelemetryReader(path)` with summary(), points(), events();

@@ -19,9 +19,13 @@ INPUT_RAILS = ("VDD_IN", "POM_5V_IN", "VIN")
 
 
 class ModelActivity(Protocol):
-    """Implemented by the engine: model name -> (inference_count, compute_ns), both cumulative."""
+    """Implemented by the engine: (model name, counter) -> (inference_count, compute_ns), both cumulative.
 
-    def model_activity(self) -> Mapping[str, tuple[int, int]]: ...
+    A counter is what restarts on its own: one loaded version ("1"), or a generative model's token count. Kept
+    apart because a model's sum over its versions falls when one is removed, which cannot be told from a reload.
+    """
+
+    def model_activity(self) -> Mapping[tuple[str, str], tuple[int, int]]: ...
 
 
 @dataclass(frozen=True)
@@ -57,19 +61,23 @@ def input_power_mw(sample: Sample) -> int | None:
 @dataclass
 class EnergyAttributor:
     last_t: float | None = None
-    last_counts: dict[str, tuple[int, int]] = field(default_factory=dict)
+    last_counts: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
     energy_mj: dict[str, float] = field(default_factory=dict)  # cumulative, since start
     inferences: dict[str, int] = field(default_factory=dict)
 
     def update(self, t: float, power_mw: int | None,
-               activity: Mapping[str, tuple[int, int]]) -> list[ModelInterval]:
-        deltas = {}
-        for model, (count, ns) in activity.items():
-            c0, ns0 = self.last_counts.get(model, (count, ns))
-            if count < c0 or ns < ns0:  # the model was reloaded: its counters restarted
+               activity: Mapping[tuple[str, str], tuple[int, int]]) -> list[ModelInterval]:
+        deltas: dict[str, tuple[int, int]] = {}
+        for key, (count, ns) in activity.items():
+            # A counter seen for the first time after the first sample started since the previous one (a version
+            # loaded): all it counted is new. At the first sample its past is from before this service started.
+            c0, ns0 = self.last_counts.get(key, (count, ns) if self.last_t is None else (0, 0))
+            if count < c0 or ns < ns0:  # the version was reloaded in place: its counters restarted
                 c0, ns0 = 0, 0
             if count > c0:
-                deltas[model] = (count - c0, ns - ns0)
+                model = key[0]
+                done, spent = deltas.get(model, (0, 0))
+                deltas[model] = (done + count - c0, spent + ns - ns0)
         self.last_counts = dict(activity)
         dt = t - self.last_t if self.last_t is not None else 0.0
         self.last_t = t

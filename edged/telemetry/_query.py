@@ -36,12 +36,18 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
+_MAX_DURATION_S = 100 * 365.25 * 86400  # longer than any device lives; far inside what datetime can show
+
+
 def parse_duration(text: str) -> float:
-    """'90s', '30m', '6h', '2d', '1w' (a bare number is seconds)."""
+    """'90s', '30m', '6h', '2d', '1w' (a bare number is seconds), up to 100 years."""
     m = _DURATION.match(text)
     if not m:
         raise TelemetryError(f"expected a duration such as 30m, 6h or 2d, found {text!r}")
-    return float(m.group(1)) * _UNIT_S[m.group(2)]
+    seconds = float(m.group(1)) * _UNIT_S[m.group(2)]
+    if not seconds <= _MAX_DURATION_S:  # a window before year 1 or past time_t raised OverflowError when shown
+        raise TelemetryError(f"expected a duration of at most 100 years (5218w), found {text!r}")
+    return seconds
 
 
 @dataclass(frozen=True)

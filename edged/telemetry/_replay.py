@@ -4,7 +4,8 @@ Spacing comes from the lines' own timestamps when they have them, else from the 
 times (wall and device elapsed, see `edged.clock`) are laid out from the moment the replay starts, so a replayed
 history looks like a live one; pacing uses the monotonic clock, so a wall clock step neither stalls nor rushes
 it. Comments and blanks are skipped; lines the parser refuses (garbage, corrupt values) are skipped and
-counted (``bad_lines``), and logged rate-limited.
+counted (``bad_lines``), and logged rate-limited. A file without one usable line is a `TelemetryError` (the
+sampler shows it as degraded) rather than an endless loop over nothing.
 """
 
 from __future__ import annotations
@@ -41,10 +42,13 @@ class ReplaySource:
         if speed <= 0:
             raise TelemetryError(f"replay speed must be positive, found {speed}")
         try:
-            self._lines = [ln for ln in Path(path).read_text(encoding="utf-8").splitlines()
-                           if ln.strip() and not ln.startswith("#")]
+            # Bytes that are not UTF-8 (a capture cut mid-character, a serial console's noise) become U+FFFD:
+            # the parser then refuses or keeps that line alone, never the whole file.
+            text = Path(path).read_bytes().decode("utf-8", errors="replace")
         except OSError as e:
             raise TelemetryError(f"cannot read replay file {path}: {e.strerror}") from e
+        self._path = path
+        self._lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
         self._speed = speed
         self._interval = interval_s
         self._loop = loop
@@ -66,12 +70,14 @@ class ReplaySource:
         offset = 0.0
         while True:
             prev: float | None = None
+            usable = 0
             for line in self._lines:
                 try:
                     sample = parse_tegrastats(line)
                 except TelemetryParseError as e:
                     self._bad.note(e)
                     continue
+                usable += 1
                 stamp = _stamp(sample.timestamp)
                 gap = stamp - prev if stamp is not None and prev is not None else None
                 # Lines concatenated from several captures jump in time: such gaps count as one interval.
@@ -79,8 +85,16 @@ class ReplaySource:
                 prev = stamp
                 offset += step
                 yield offset, sample
+            if usable == 0:  # looping over such a file would spin forever, yielding nothing
+                raise TelemetryError(self._unusable())
             if not self._loop:
                 return
+
+    def _unusable(self) -> str:
+        found = (f"all {len(self._lines)} of its lines were refused as not tegrastats or corrupt"
+                 if self._lines else "it holds no line but blanks and comments")
+        return (f"replay file {self._path} has no usable tegrastats line ({found}): point [telemetry] "
+                "replay_file at a recording of tegrastats output, then restart edged")
 
     def next_sample(self, stop: threading.Event) -> Sample | None:
         if self._start is None:

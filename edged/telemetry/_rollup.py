@@ -8,6 +8,8 @@ consistently. Raw rows are deleted only once rolled up.
 
 from __future__ import annotations
 
+import contextlib
+import math
 import sqlite3
 
 from edged.telemetry._schema import SAMPLE_SERIES
@@ -75,6 +77,29 @@ def roll_hours(conn: sqlite3.Connection) -> None:
             "SELECT bucket / 3600 * 3600, name_id, SUM(inferences), SUM(compute_ns), SUM(energy_mj) "
             "FROM model_rollup_1m WHERE bucket >= ? AND bucket < ? GROUP BY 1, 2", (start, end))
     _set_meta(conn, "rolled_1h", max(start, end))
+
+
+def drop_unusable_times(conn: sqlite3.Connection) -> int:
+    """Delete rows keyed at an infinite time and forget rollup marks that are not finite; return the rows.
+
+    A clock.json with an infinite offset (refused by `edged.clock` now) keyed rows at inf: the newest row would
+    stay inf for good, so retention never reached it, every ``--since`` window was measured back from it, and a
+    NaN mark stopped the rollups. A mark forgotten is found again from the oldest row."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        dropped = sum(conn.execute(f"DELETE FROM {table} WHERE t > 1e308 OR t < -1e308").rowcount
+                      for table in (*_RAW_TABLES, "events"))
+        for key in ("rolled_1m", "rolled_1h"):
+            mark = _meta(conn, key)
+            if mark is not None and not math.isfinite(mark):
+                conn.execute("DELETE FROM meta WHERE key = ?", (key,))
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+        raise
+    return dropped
 
 
 def apply_retention(conn: sqlite3.Connection, newest: float, raw_s: float, minute_s: float,

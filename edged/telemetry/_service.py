@@ -23,6 +23,7 @@ from edged.clock import Clock, DeviceClock, state_file_in
 from edged.config import TelemetryConfig
 from edged.errors import TelemetryError
 from edged.supervision import HealthBoard, SupervisedThread
+from edged.telemetry._db import open_failure
 from edged.telemetry._derived import EnergyAttributor, Event, ModelActivity, ThrottleDetector, input_power_mw
 from edged.telemetry._sample import Sample
 from edged.telemetry._source import SourceChoice, TelemetrySource, choose_source, open_source
@@ -48,9 +49,13 @@ class TelemetryService:
         self._source = source
         self._choice = SourceChoice(source.name, "given by the caller") if source is not None else None
         self._store: TelemetryStore | None = None
+        self._store_error: str | None = None  # why the database is not open (None: open, or not tried yet)
+        self._unstored = 0  # samples taken while the database could not be opened
         self._thread: SupervisedThread | None = None
+        self._opener: SupervisedThread | None = None
         self._health = health or HealthBoard()
         self._sampler = self._health.component("telemetry_sampler")
+        self._writer = self._health.component("telemetry_writer")
         self._elapsed = self._clock.elapsed  # staleness in device time too: a wall-clock step changes nothing
         self._started_at: float | None = None
         self._latest_at: float | None = None
@@ -76,19 +81,63 @@ class TelemetryService:
             raise RuntimeError("TelemetryService.start() called twice")
         if self._source is None:
             self._choice = choose_source(self._config)
-            self._source = open_source(self._config, self._choice, self._clock)
+            try:
+                self._source = open_source(self._config, self._choice, self._clock)
+            except TelemetryError as e:  # an unreadable replay file: telemetry is off, the daemon serves on
+                log.error("telemetry source %s cannot start: %s", self._choice.name, e)
+                self._sampler.degraded(f"source {self._choice.name} cannot start: {e}")
+                self._ended = True
+                return
         log.info("telemetry source: %s (%s)", self.choice.name, self.choice.reason)
         if self._source is None:
             self._ended = True
             return
-        Path(self._database).parent.mkdir(parents=True, exist_ok=True)
-        self._store = TelemetryStore(self._database, self._config, health=self._health, clock=self._clock)
-        self._store.start()
+        if not self._open_store():  # live readings go on without it; the history waits for the database
+            self._opener = SupervisedThread("edged-telemetry-store", self._reopen_store, self._writer,
+                                            backoff_min_s=self._config.restart_backoff_s,
+                                            backoff_max_s=self._config.restart_backoff_max_s)
+            self._opener.start()
         self._started_at = self._elapsed()
         self._thread = SupervisedThread("edged-telemetry-sampler", self._run, self._sampler,
                                         backoff_min_s=self._config.restart_backoff_s,
                                         backoff_max_s=self._config.restart_backoff_max_s)
         self._thread.start()
+
+    def _open_store(self) -> bool:
+        """Open the database and start its writer; on failure, show why on the board (telemetry_writer)."""
+        try:
+            try:
+                Path(self._database).parent.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise TelemetryError(open_failure(self._database, e)) from e
+            store = TelemetryStore(self._database, self._config, health=self._health, clock=self._clock)
+        except TelemetryError as e:
+            reason = (f"{e}; live readings go on, history is not stored meanwhile (edged retries every "
+                      f"{self._config.restart_backoff_max_s:g} s at most)")
+            if reason != self._store_error:  # logged once per cause, not once per retry
+                log.error("%s", reason)
+            self._store_error = reason
+            self._writer.degraded(reason)
+            return False
+        with self._lock:
+            if self._stop.is_set():  # stopped while this was opening: nothing may outlive stop()
+                store.stop()
+                return True
+            store.start()
+            self._store = store
+        if self._store_error is not None:
+            log.info("telemetry database %s opened; history is stored again", self._database)
+        self._store_error = None
+        self._writer.ok()
+        return True
+
+    def _reopen_store(self) -> None:
+        """Retry opening the database with backoff until it opens or the service stops."""
+        delay = self._config.restart_backoff_s
+        while not self._stop.wait(delay):
+            if self._open_store():
+                return
+            delay = min(delay * 2, self._config.restart_backoff_max_s)
 
     def stop(self) -> None:
         self._stop.set()
@@ -99,6 +148,10 @@ class TelemetryService:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        if self._opener is not None:
+            self._opener.stop()
+            self._opener.join()  # an open in progress ends within SQLite's busy timeout
+            self._opener = None
         if self._store is not None:
             self._store.stop()
             self._store = None
@@ -120,8 +173,8 @@ class TelemetryService:
             self._store.put_event(Event(self._clock.elapsed(), kind, subject, None, detail, self._clock.wall()))
 
     def _run(self) -> None:
-        source, store = self._source, self._store
-        if source is None or store is None:
+        source = self._source
+        if source is None:
             return
         while not self._stop.is_set():
             try:
@@ -134,7 +187,12 @@ class TelemetryService:
                 if not self._stop.is_set():
                     self._sampler.degraded(f"source {source.name} ended")
                 break
-            store.put(self._derive(sample))
+            record = self._derive(sample)
+            store = self._store  # None until the database opens (see _open_store)
+            if store is not None:
+                store.put(record)
+            else:
+                self._unstored += 1
             self._sampler.ok()
         with self._lock:
             self._ended = True
@@ -186,8 +244,9 @@ class TelemetryService:
                 "last_sample_age_s": None if age is None else round(age, 3),
             }
         store = self._store
-        out["store_error"] = str(store.error) if store is not None and store.error else None
-        out["store_dropped"] = store.dropped if store is not None else 0
+        store_error = str(store.error) if store is not None and store.error else self._store_error
+        out["store_error"] = store_error
+        out["store_dropped"] = (store.dropped if store is not None else 0) + self._unstored
         out["store_rejected"] = store.rejected if store is not None else 0
         source = self._source
         # getattr: a caller's own source (a tool's, a test's) may predate the counter

@@ -28,9 +28,9 @@ from edged.clock import Clock, DeviceClock
 from edged.config import TelemetryConfig
 from edged.errors import TelemetryError
 from edged.supervision import HealthBoard, SupervisedThread
-from edged.telemetry._db import connect
+from edged.telemetry._db import connect, open_failure
 from edged.telemetry._derived import Event, ModelInterval
-from edged.telemetry._rollup import apply_retention, roll_hours, roll_minutes
+from edged.telemetry._rollup import apply_retention, drop_unusable_times, roll_hours, roll_minutes
 from edged.telemetry._sample import Sample
 from edged.telemetry._schema import SAMPLE_SERIES, migrate
 
@@ -56,14 +56,31 @@ class Record:
 
 @dataclass
 class _Names:
+    """Series name -> id in ``names``. An id inserted inside a transaction stays ``pending`` until it commits:
+    a rolled-back insert frees its id for the next new name, and a cached one would file rows under that one."""
+
     conn: sqlite3.Connection
     ids: dict[str, int] = field(default_factory=dict)
+    pending: dict[str, int] = field(default_factory=dict)
 
     def __call__(self, name: str) -> int:
-        if name not in self.ids:
-            self.conn.execute("INSERT OR IGNORE INTO names (name) VALUES (?)", (name,))
-            self.ids[name] = self.conn.execute("SELECT id FROM names WHERE name = ?", (name,)).fetchone()[0]
-        return self.ids[name]
+        known = self.ids.get(name, self.pending.get(name))
+        if known is not None:
+            return known
+        self.conn.execute("INSERT OR IGNORE INTO names (name) VALUES (?)", (name,))
+        found: int = self.conn.execute("SELECT id FROM names WHERE name = ?", (name,)).fetchone()[0]
+        if self.conn.in_transaction:
+            self.pending[name] = found
+        else:
+            self.ids[name] = found
+        return found
+
+    def committed(self) -> None:
+        self.ids.update(self.pending)
+        self.pending.clear()
+
+    def rolled_back(self) -> None:
+        self.pending.clear()
 
 
 _Rows = dict[str, list[tuple[object, ...]]]
@@ -111,13 +128,23 @@ class TelemetryStore:
 
         conn = connect(path)
         clock = clock or DeviceClock()
-        migrate(conn, clock.elapsed())
-        newest = conn.execute("SELECT MAX(t) FROM samples").fetchone()[0]
+        try:  # a damaged file may open and fail only here ("malformed"): one error, naming the file, either way
+            migrate(conn, clock.elapsed())
+            if dropped := drop_unusable_times(conn):
+                log.warning("telemetry database %s: dropped %d rows keyed at an infinite time (written while "
+                            "clock.json held an infinite offset)", path, dropped)
+            newest = conn.execute("SELECT MAX(t) FROM samples").fetchone()[0]
+            self._names = _Names(conn)
+            self._series = {name: self._names(name) for name in SAMPLE_SERIES}
+        except TelemetryError:
+            conn.close()
+            raise
+        except sqlite3.Error as e:
+            conn.close()
+            raise TelemetryError(open_failure(path, e)) from e
         if newest is not None and isinstance(clock, DeviceClock):
             clock.advance_past(float(newest))  # rows written after the clock's last checkpoint (a crash)
         self._db = sqlite_utils.Database(conn)
-        self._names = _Names(conn)
-        self._series = {name: self._names(name) for name in SAMPLE_SERIES}
 
     def start(self) -> None:
         self._thread = SupervisedThread("edged-telemetry-writer", self._run, self._writer)
@@ -209,7 +236,9 @@ class TelemetryStore:
             if conn.in_transaction:
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
+            self._names.rolled_back()
             raise
+        self._names.committed()
         self.written += len(batch)
         if self._on_flush is not None:
             self._on_flush(self.written)

@@ -43,8 +43,10 @@ class TegrastatsSource:
         interval_ms = max(1, round(self._config.interval_s * 1000))
         argv = [self._config.tegrastats_path, "--interval", str(interval_ms)]
         try:
-            return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                                    bufsize=1, start_new_session=True)
+            # errors="replace": a byte that is not UTF-8 (a driver's garbage in a rail name) becomes U+FFFD and
+            # costs at most its field, instead of a UnicodeDecodeError that ends every read of the pipe
+            return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, encoding="utf-8",
+                                    errors="replace", bufsize=1, start_new_session=True)
         except OSError as e:
             raise TelemetryError(f"cannot start {self._config.tegrastats_path}: {e.strerror}") from e
 

@@ -83,6 +83,11 @@ def _load_freq(m: re.Match[str]) -> tuple[int | None, int | None, tuple[int, ...
     return (int(load) if load is not None else None, freq_mhz, gpc_list)
 
 
+def _ascii_digits(text: str) -> bool:
+    """0-9 only: str.isdigit() also accepts '²' and other digits int() refuses."""
+    return text.isascii() and text.isdigit()
+
+
 def _parse_cpu(m: re.Match[str]) -> list[CpuCore]:
     shared = int(m.group(2)) if m.group(2) else None
     cores: list[CpuCore] = []
@@ -92,8 +97,8 @@ def _parse_cpu(m: re.Match[str]) -> list[CpuCore]:
             cores.append(CpuCore(None, None))
             continue
         load, _, freq = item.partition("@")
-        load_pct = int(load.rstrip("%")) if load.rstrip("%").isdigit() else None
-        freq_mhz = int(freq) if freq.isdigit() else shared
+        load_pct = int(load.rstrip("%")) if _ascii_digits(load.rstrip("%")) else None
+        freq_mhz = int(freq) if _ascii_digits(freq) else shared
         cores.append(CpuCore(load_pct, freq_mhz))
     return cores
 
@@ -162,7 +167,10 @@ def parse_tegrastats(line: str, t: float = 0.0) -> Sample:
         if line[pos].isspace():
             pos += 1
             continue
-        new_pos = _try_memory(b, line, pos) or _try_clocks(b, line, pos) or _try_sensors(b, line, pos)
+        try:
+            new_pos = _try_memory(b, line, pos) or _try_clocks(b, line, pos) or _try_sensors(b, line, pos)
+        except ValueError as e:  # a number the patterns took that int()/float() cannot read: the line is corrupt
+            raise TelemetryParseError(f"corrupt tegrastats line ({e}): {line.strip()[:80]!r}") from e
         if new_pos is None:
             token = _TOKEN.match(line, pos)
             new_pos = token.end() if token else end

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import logging
+import math
 from pathlib import Path
+
+import pytest
 
 from edged.clock import DeviceClock, ManualClock, state_file_in
 
@@ -70,3 +75,35 @@ def test_manual_clock_jumps_wall_only() -> None:
     clock.jump_wall(TEN_YEARS_S)
     clock.advance(2.0)
     assert (clock.wall(), clock.elapsed()) == (TEN_YEARS_S + 2.0, 12.0)
+
+
+@pytest.mark.parametrize("offset, last, expected", [
+    ("NaN", 1_200.0, 1_207.0),  # the last checkpoint is good: continue from it
+    ("Infinity", "NaN", 7.0),  # nothing usable: from zero (the stores then move it past their rows)
+    ("-Infinity", 1_200.0, 1_207.0),
+    (-5.0, 1_200.0, 1_207.0),
+])
+def test_a_state_file_with_a_nan_or_infinite_offset_is_refused_with_a_log_line(tmp_path: Path, caplog, offset,
+                                                                               last, expected) -> None:
+    """json reads NaN and Infinity: the offset was used, elapsed time stayed NaN or inf and every checkpoint
+    wrote it back, so telemetry writes failed for good."""
+    state = state_file_in(tmp_path)
+    def token(value: float | str) -> str:  # NaN and Infinity as json.dumps writes them
+        return value if isinstance(value, str) else json.dumps(value)
+
+    state.write_text(f'{{"boot_id": "boot-a", "offset": {token(offset)}, "last_elapsed": {token(last)}}}',
+                     encoding="utf-8")
+    with caplog.at_level(logging.WARNING, logger="edged.clock"):
+        clock = DeviceClock(state, boottime=Ticks(7.0), boot_id="boot-a")
+    assert clock.elapsed() == expected
+    assert any(str(state) in r.getMessage() and "not a usable time" in r.getMessage() for r in caplog.records)
+    document = json.loads(state.read_text(encoding="utf-8"))
+    assert math.isfinite(document["offset"]) and math.isfinite(document["last_elapsed"])
+
+
+def test_advance_past_ignores_an_infinite_row_time(tmp_path: Path) -> None:
+    """A row written while the offset was inf (its t is inf) brought the infinite offset back at the next open."""
+    clock = DeviceClock(state_file_in(tmp_path), boottime=Ticks(5.0), boot_id="boot-b")
+    clock.advance_past(float("inf"))
+    clock.advance_past(float("nan"))
+    assert clock.elapsed() == 5.0

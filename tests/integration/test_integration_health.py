@@ -145,3 +145,52 @@ def test_out_of_file_descriptors_degrades_telemetry_and_recovers(running) -> Non
         wait_for(lambda: orjson.loads(status_sub.messages[-1].payload)["state"] == "online", "online again")
     finally:
         status_sub.close()
+
+
+def test_a_damaged_telemetry_database_leaves_the_daemon_serving_with_telemetry_degraded(tmp_path: Path) -> None:
+    """`edged serve` exited with "file is not a database"; now it serves, says why and what to do, and recovers."""
+    repository = tmp_path / "models"
+    shutil.copytree(MODELS / "tiny_mlp", repository / "tiny_mlp")
+    database = tmp_path / "daemon" / "state" / "telemetry.db"
+    database.parent.mkdir(parents=True)
+    database.write_bytes(b"not sqlite, " * 1000)
+    config = (f'[models]\nrepository = "{repository}"\n\n'
+              f'[telemetry]\nsource = "sysfs"\nsysfs_root = "{SYSFS}"\ninterval_s = 0.2\n'
+              'restart_backoff_s = 0.2\nrestart_backoff_max_s = 0.5\n')
+    daemon = start_daemon(tmp_path / "daemon", config=config)
+    try:
+        client = daemon.client()
+        assert client.ready()  # readiness is about inference
+        doc = client.status()
+        writer = doc["health"]["components"]["telemetry_writer"]
+        assert writer["state"] == "degraded" and str(database) in writer["reason"]
+        assert "move it aside" in writer["reason"] and doc["telemetry"]["store_error"] == writer["reason"]
+        assert value(scrape(client), "edged_component_degraded", component="telemetry_writer") == 1
+        shown = describe({**doc, "live": True, "ready": True})  # what `edged status` prints
+        assert any(line.startswith("telemetry") and "NOT STORED" in line for line in shown)
+        assert any("telemetry_writer degraded" in line and str(database) in line for line in shown)
+        wait_for(lambda: client.status()["telemetry"]["last_sample_age_s"] is not None, "live readings")
+        database.rename(database.with_name("telemetry.db.damaged"))
+        wait_for(lambda: client.status()["health"]["components"]["telemetry_writer"]["state"] == "ok",
+                 "the store opened on a retry")
+        assert client.status()["telemetry"]["store_error"] is None
+    finally:
+        assert daemon.stop() == 0
+
+
+def test_a_looping_replay_of_garbage_is_reported_and_sigterm_stops_the_daemon(tmp_path: Path) -> None:
+    """The sampler spun on such a file forever at 100 % CPU, and SIGTERM left the daemon hanging in its stop."""
+    replay = tmp_path / "capture.log"
+    replay.write_text("not tegrastats\n" * 50)
+    config = (f'[telemetry]\nsource = "replay"\nreplay_file = "{replay}"\nreplay_loop = true\n'
+              'replay_speed = 1000.0\n')
+    daemon = start_daemon(tmp_path / "daemon", config=config)
+    try:
+        client = daemon.client()
+        sampler = wait_for(lambda: (c := client.status()["health"]["components"]["telemetry_sampler"])
+                           ["state"] == "degraded" and c, "the sampler to report the file")
+        assert str(replay) in sampler["reason"] and "no usable tegrastats line" in sampler["reason"]
+        assert client.ready()
+    finally:
+        code = daemon.stop(wait_s=20.0)  # SIGKILL after that: a negative status
+    assert code == 0, daemon.output()

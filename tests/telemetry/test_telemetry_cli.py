@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -43,7 +45,7 @@ def history(tmp_path_factory) -> Path:
 
         def model_activity(self):
             self.calls += 1
-            return {"digits": (self.calls * 3, self.calls * 1_000_000)}
+            return {("digits", "1"): (self.calls * 3, self.calls * 1_000_000)}
 
     source = ReplaySource(str(day), speed=1e9, interval_s=1.0, loop=True)
     service = TelemetryService(TelemetryConfig(flush_interval_s=0.2), str(path), activity=Model(), source=source)
@@ -103,3 +105,52 @@ def test_summary_with_a_database_imports_neither_the_config_nor_the_writer(histo
             "'edged.telemetry._store', 'edged.telemetry._source', 'edged.telemetry.tegrastats', 'sqlite_utils'))))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert proc.stdout.splitlines()[-1] == "[]"
+
+
+def test_parse_reads_bytes_that_are_not_utf8_and_a_superscript_digit_without_a_traceback():
+    good = recorded_lines("agx_orin_jp5.log")[1]
+    lines = [good.encode() + b" \xff\xfe", b"RAM 3000/7620MB CPU [1\xc2\xb2%@729] tj@50C", b"\xff not tegrastats"]
+    proc = subprocess.run([sys.executable, "-m", "edged.cli.main", "telemetry", "parse"],
+                          input=b"\n".join(lines) + b"\n", capture_output=True, timeout=60, check=False,
+                          env={**os.environ, "PYTHONIOENCODING": "utf-8:strict"})  # as in a UTF-8 locale
+    stderr = proc.stderr.decode()
+    assert "Traceback" not in stderr and proc.returncode == 1
+    assert stderr.strip().startswith("line 3: not a tegrastats line")
+    records = [json.loads(line) for line in proc.stdout.decode().splitlines()]
+    assert records[0]["unparsed"] == ["\ufffd\ufffd"] and records[1]["cpu"] == [{"load_pct": None, "freq_mhz": 729}]
+
+
+def test_a_database_path_with_a_hash_or_question_mark_is_read_whole(history, tmp_path, capsys):
+    """The path went into a file: URI as it was: '#' started a fragment, and another file was opened."""
+    odd = tmp_path / "state #1?x=%41" / "telemetry.db"
+    odd.parent.mkdir()
+    shutil.copy(history, odd)
+    assert main(["telemetry", "summary", "--db", str(odd), "--since", "24h", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["samples"] > 0
+
+
+def test_a_database_on_read_only_media_is_read(history, tmp_path, capsys):
+    """A WAL database needs its -shm file, which a read-only filesystem cannot hold: "unable to open database
+    file" (a copy on an SD card mounted read-only, a snapshot)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)], capture_output=True,
+                          text=True, check=False)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {done.stderr.strip()}")
+    try:
+        shutil.copy(history, mount / "telemetry.db")
+        subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
+        assert main(["telemetry", "summary", "--db", str(mount / "telemetry.db"), "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["samples"] > 0
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_huge_since_is_a_clear_error(history, capsys):
+    """A window reaching past what a date can be raised OverflowError when its start was printed."""
+    assert main(["telemetry", "summary", "--db", str(history), "--since", "99999999999999999999999w"]) == 1
+    err = capsys.readouterr().err
+    assert "at most 100 years" in err and "Traceback" not in err

@@ -8,16 +8,18 @@ wall clock cannot be stepped without moving the whole machine's.
 
 from __future__ import annotations
 
+import math
 import sqlite3
 import threading
 from pathlib import Path
 
 import pytest
-from telemetry_data import recorded_lines
+from telemetry_data import SYSFS, recorded_lines
 
 from edged.cli.main import main
-from edged.clock import ManualClock
+from edged.clock import DeviceClock, ManualClock, read_boot_id, state_file_in
 from edged.config import TelemetryConfig
+from edged.supervision import HealthBoard
 from edged.telemetry import Sample, TelemetryReader, TelemetryService, parse_tegrastats
 from edged.telemetry._schema import SCHEMA_VERSION
 from edged.telemetry._store import Record, TelemetryStore
@@ -111,3 +113,37 @@ def test_a_v2_database_keyed_by_wall_time_is_moved_behind_the_device_clock(tmp_p
     assert conn.execute("SELECT MIN(bucket) % 3600 FROM rollup_1h").fetchone()[0] in (0, None)
     summary = TelemetryReader(path).summary(3600)
     assert summary["to"] == t0 + 7190 and summary["to_elapsed"] == newest
+
+
+def test_a_nan_offset_in_clock_json_no_longer_fails_every_telemetry_write(tmp_path):
+    """The NaN offset made every sample's key NaN: "NOT NULL constraint failed: samples.t", for good."""
+    state = state_file_in(tmp_path)
+    state.write_text(f'{{"boot_id": "{read_boot_id()}", "offset": NaN, "last_elapsed": NaN}}', encoding="utf-8")
+    config = TelemetryConfig(source="sysfs", sysfs_root=str(SYSFS / "orin_nano_jp6"), interval_s=0.05,
+                             flush_interval_s=0.05)
+    board = HealthBoard()
+    service = TelemetryService(config, str(tmp_path / "t.db"), health=board, clock=DeviceClock(state))
+    service.start()
+    try:
+        assert service.wait_samples(3, timeout=20)
+    finally:
+        service.stop()
+    assert service.snapshot()["store_error"] is None and board.component("telemetry_writer").health.state == "ok"
+    rows = sqlite3.connect(tmp_path / "t.db").execute("SELECT COUNT(*), MAX(t) FROM samples").fetchone()
+    assert rows[0] >= 3 and math.isfinite(rows[1])
+
+
+def test_rows_keyed_at_an_infinite_time_are_dropped_when_the_database_opens(tmp_path):
+    """Written while clock.json held an infinite offset: the newest row stayed inf for good, retention never
+    reached it and every --since window was measured back from it, so no window held a finite row."""
+    path = str(tmp_path / "t.db")
+    store = TelemetryStore(path, TelemetryConfig())
+    line = recorded_lines("orin_nano_jp6.log")[0]
+    store.flush([Record(parse_tegrastats(line, t=1_700_000_000.0 + i), elapsed=1_000.0 + i) for i in range(5)], [])
+    store.flush([Record(parse_tegrastats(line, t=1_700_000_100.0), elapsed=math.inf)], [])
+    store.stop()
+    assert TelemetryReader(path).newest() == math.inf
+    TelemetryStore(path, TelemetryConfig()).stop()
+    reader = TelemetryReader(path)
+    assert reader.newest() == 1_004.0
+    assert reader.summary(3600)["samples"] == 5

@@ -6,14 +6,18 @@ import json
 import shutil
 import sqlite3
 
+import numpy as np
 import pytest
-from telemetry_data import SYSFS
+from modelgen import add_model, mlp_weights
+from telemetry_data import SYSFS, recorded_lines
 
-from edged.config import TelemetryConfig
+from edged.config import ModelsConfig, TelemetryConfig
+from edged.engine import InferenceService, InferRequest
 from edged.errors import TelemetryError
 from edged.telemetry import Rail, Sample, TelemetryService, render_prometheus, summary_payload
 from edged.telemetry._derived import EnergyAttributor, ThrottleDetector, input_power_mw
 from edged.telemetry._sysfs import SysfsSource
+from edged.telemetry.tegrastats import parse_tegrastats
 
 
 def test_input_power_prefers_the_input_rail_then_sums():
@@ -29,13 +33,14 @@ def test_input_power_prefers_the_input_rail_then_sums():
 
 def test_energy_is_split_by_compute_share_and_divided_by_inferences():
     energy = EnergyAttributor()
-    assert energy.update(100.0, 6000, {"a": (0, 0), "b": (0, 0)}) == []
+    a, b = ("a", "1"), ("b", "1")
+    assert energy.update(100.0, 6000, {a: (0, 0), b: (0, 0)}) == []
     # 2 s at 6 W = 12 J; a used 3/4 of the compute time for 30 inferences, b 1/4 for 10
-    out = energy.update(102.0, 6000, {"a": (30, 300_000_000), "b": (10, 100_000_000)})
+    out = energy.update(102.0, 6000, {a: (30, 300_000_000), b: (10, 100_000_000)})
     assert {m.model: m.energy_mj for m in out} == {"a": pytest.approx(9000.0), "b": pytest.approx(3000.0)}
     assert energy.per_inference_mj() == {"a": pytest.approx(300.0), "b": pytest.approx(300.0)}
-    assert energy.update(103.0, 6000, {"a": (30, 300_000_000), "b": (10, 100_000_000)}) == []  # idle
-    out = energy.update(104.0, 5000, {"a": (5, 50_000_000), "b": (10, 100_000_000)})  # a reloaded
+    assert energy.update(103.0, 6000, {a: (30, 300_000_000), b: (10, 100_000_000)}) == []  # idle
+    out = energy.update(104.0, 5000, {a: (5, 50_000_000), b: (10, 100_000_000)})  # a reloaded
     assert [(m.model, m.inferences, m.energy_mj) for m in out] == [("a", 5, pytest.approx(5000.0))]
 
 
@@ -66,7 +71,7 @@ class Counters:
 
     def model_activity(self):
         self.calls += 1
-        return {"digits": (self.calls * 4, self.calls * 2_000_000)}
+        return {("digits", "1"): (self.calls * 4, self.calls * 2_000_000)}
 
 
 def test_service_snapshot_prometheus_and_events_from_sysfs(tmp_path):
@@ -118,3 +123,45 @@ def test_prometheus_of_an_empty_snapshot_is_still_valid_text():
     assert text.startswith("# HELP edged_telemetry_samples_total")
     assert 'edged_telemetry_samples_total{source="off"} 0\n' in text
     assert text.endswith("edged_telemetry_stale 0\n")
+
+
+def _recorded_power() -> list[int]:
+    """Module input power of recorded Orin Nano samples, one per second (what the service charges)."""
+    powers = [input_power_mw(parse_tegrastats(line)) for line in recorded_lines("orin_nano_jp6.log")]
+    return [p for p in powers if p is not None]
+
+
+def test_energy_charges_the_first_burst_after_a_load_and_never_a_removed_versions_history_again(tmp_path):
+    """Fed by the real engine: a model loaded and run between two samples was not charged for that burst, and
+    removing one of two versions made the model's summed counters fall, read as a reload: the other version's
+    whole history was charged again."""
+    config = 'name: "multi"\nplatform: "onnxruntime_onnx"\nversion_policy: { all: {} }\n'
+    add_model(tmp_path, "multi", config, {v: mlp_weights(in_dim=4, hidden=4, out_dim=2, seed=v) for v in (1, 2)})
+    power = _recorded_power()
+    engine = InferenceService(tmp_path, ModelsConfig(control_mode="poll"))
+    engine.start()
+    x = np.ones((1, 4), np.float32)
+
+    def run(model: str, version: str, times: int) -> None:
+        for _ in range(times):
+            engine.infer(InferRequest(model, {"input": x}, version=version))
+
+    try:
+        energy = EnergyAttributor()
+        energy.update(0.0, power[0], engine.model_activity())
+        run("multi", "1", 6)
+        run("multi", "2", 3)
+        energy.update(1.0, power[1], engine.model_activity())
+        assert energy.inferences == {"multi": 9}
+        shutil.rmtree(tmp_path / "multi" / "1")  # version 1 leaves; version 2 serves on with its counters
+        add_model(tmp_path, "late", None, {1: mlp_weights(in_dim=4, hidden=4, out_dim=2, seed=3)})
+        engine.poll()
+        engine.poll()  # a change is applied once it is the same in two polls
+        assert [e["version"] for e in engine.repository_index() if e["name"] == "multi"] == ["2"]
+        run("multi", "2", 2)
+        run("late", "1", 4)  # loaded and run between two samples
+        out = energy.update(2.0, power[2], engine.model_activity())
+        assert energy.inferences == {"multi": 11, "late": 4}
+        assert sum(m.energy_mj for m in out) == pytest.approx(power[2] * 1.0)  # the whole interval, shared
+    finally:
+        engine.close()

@@ -132,3 +132,10 @@ def test_any_shuffle_of_real_tokens_parses_without_crashing(tokens):
     record = parse_tegrastats("RAM 1/2MB " + " ".join(tokens)).to_json()
     assert isinstance(record["ram_used_mb"], int)
     assert all(isinstance(t, str) and t for t in record["unparsed"])
+
+
+def test_a_superscript_digit_in_a_cpu_field_is_an_unknown_value_not_a_value_error():
+    """str.isdigit() accepts '²' and int() refuses it: the line raised ValueError, which nothing caught."""
+    sample = parse_tegrastats("RAM 3000/7620MB CPU [1²%@729,5%@1²00] tj@50C")
+    assert [(c.load_pct, c.freq_mhz) for c in sample.cpu] == [(None, 729), (5, None)]
+    assert sample.temps_c == {"tj": 50.0}

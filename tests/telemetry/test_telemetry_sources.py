@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import sys
 import threading
 import time
 from pathlib import Path
@@ -174,3 +175,25 @@ def test_describe_source_names_the_choice_and_the_reason(tmp_path):
     text = describe_source(TelemetryConfig(tegrastats_path=missing, jtop_socket=missing,
                                            sysfs_root=str(SYSFS / "nano_jp4")))
     assert text.startswith("sysfs (auto: no ") and missing in text
+
+
+def test_tegrastats_output_with_bytes_that_are_not_utf8_keeps_the_source_reading(tmp_path):
+    """A strict decode raised UnicodeDecodeError out of every read: the source never gave another sample."""
+    good = recorded_lines("orin_nano_jp6.log")[:2]
+    data = tmp_path / "out.bin"
+    data.write_bytes(good[0].encode() + b"\n" + good[0].replace("VDD_IN", "VDD_\xff\xfeIN").encode("latin-1")
+                     + b"\n" + good[1].encode() + b"\n")
+    script = tmp_path / "tegrastats"
+    script.write_text(f"#!{sys.executable}\nimport sys\nsys.stdout.buffer.write(open({str(data)!r}, 'rb').read())\n"
+                      "sys.stdout.flush()\nimport time\ntime.sleep(60)\n")
+    script.chmod(0o755)
+    source = TegrastatsSource(TelemetryConfig(source="tegrastats", tegrastats_path=str(script)))
+    stop = threading.Event()
+    try:
+        samples = [source.next_sample(stop) for _ in range(3)]
+    finally:
+        source.close()
+    assert all(s is not None for s in samples) and source.restarts == 0 and source.bad_lines == 0
+    damaged = samples[1]
+    assert damaged is not None and "VDD_\ufffd\ufffdIN" in damaged.unparsed  # that field alone is lost
+    assert damaged.ram_used_mb > 0 and "VDD_SOC" in damaged.power_mw

@@ -11,6 +11,7 @@ import sys
 import textwrap
 
 import pytest
+from sqlite_faults import flaky_sqlite
 
 from edged.clock import ManualClock
 from edged.config import TelemetryConfig
@@ -193,3 +194,23 @@ def test_sigkill_during_writes_never_corrupts_and_loses_at_most_the_unflushed_ba
         conn.close()
         assert stored >= acknowledged  # nothing committed was lost
         acknowledged = stored  # the next writer continues after what survived
+
+
+def test_a_name_inserted_by_a_rolled_back_batch_is_not_reused_for_another_model(tmp_path):
+    """The id of ``model:a`` from a failed batch was cached; the next new name got the same id, and a's later
+    rows were filed under ``model:b``."""
+    path = str(tmp_path / "t.db")
+    with flaky_sqlite(fail_on="INTO model_stats"):
+        store = TelemetryStore(path, TelemetryConfig())
+
+    def record(t: float, model: str) -> Record:
+        return Record(sample(t, gpu=10), power_in_mw=5000, models=(ModelInterval(model, 1.0, 2, 1000, 50.0),))
+
+    with pytest.raises(sqlite3.OperationalError):
+        store.flush([record(1.0, "a")], [])  # rolled back, with the names row it inserted
+    store.flush([record(2.0, "b")], [])
+    store.flush([record(3.0, "a")], [])
+    store.stop()
+    rows = sqlite3.connect(path).execute(
+        "SELECT m.t, n.name FROM model_stats m JOIN names n ON n.id = m.name_id ORDER BY m.t").fetchall()
+    assert rows == [(2.0, "model:b"), (3.0, "model:a")]

@@ -70,3 +70,27 @@ def test_top_says_which_socket_it_tried(tmp_path, capsys):
     assert main(["top", "--once", "--socket", missing]) == 1
     err = capsys.readouterr().err
     assert "no edged daemon answered" in err and missing in err
+
+
+def test_top_prints_model_and_rail_names_as_text_not_rich_markup(server, capsys, monkeypatch):
+    """A name with brackets was read as markup: '[bold]' vanished into a style, '[/x]' raised MarkupError."""
+    monkeypatch.setenv("COLUMNS", "200")  # wide enough that no cell wraps
+    STATS["model_stats"].append({"name": "det[bold]x[/bold]", "version": "2", "inference_count": 1,
+                                 "execution_count": 1, "inference_stats": {}})
+    STATS["model_stats"].append({"name": "odd[/x]", "version": "1", "inference_count": 0, "execution_count": 0})
+    TELEMETRY["sample"]["power_mw"]["VDD_[red]IN"] = {"now": 7, "avg": 7}
+    try:
+        assert main(["top", "--once", "--socket", server]) == 0
+    finally:
+        del STATS["model_stats"][1:], TELEMETRY["sample"]["power_mw"]["VDD_[red]IN"]
+    out = capsys.readouterr().out
+    assert "det[bold]x[/bold]" in out and "odd[/x]" in out and "VDD_[red]IN 7 mW" in out
+
+
+@pytest.mark.parametrize("interval", ["-1", "0", "nan", "soon"])
+def test_top_refuses_an_interval_that_is_not_a_positive_number_as_a_usage_error(interval, capsys):
+    """--interval -1 reached time.sleep() and ended in a ValueError traceback."""
+    with pytest.raises(SystemExit) as raised:
+        main(["top", "--interval", interval])
+    assert raised.value.code == 2
+    assert "--interval" in capsys.readouterr().err
