@@ -22,6 +22,8 @@ Invariants:
   its prefix, as does a unary call not half-closed that long after it opened (the server's sweeper calls
   ``expire``): a status and message every gRPC client shows, where an
   RST_STREAM would read as a bare CANCELLED or INTERNAL.
+- An answer, or a new call, is refused with RESOURCE_EXHAUSTED while the connection's unsent answers are at
+  ``[server] grpc_max_unsent_mb`` (``unread_answers``): a client that does not read is not kept in memory.
 - ``grpc-timeout`` becomes a deadline on the loop's clock: past it the call ends with DEADLINE_EXCEEDED and
   its work is cancelled.
 - Malformed request headers (RFC 9113 §8.2-8.3: uppercase names, connection-specific fields, a ``te`` other
@@ -38,9 +40,10 @@ from typing import TYPE_CHECKING
 
 from edged.access import BodyBudget
 from edged.engine import Cancellation
-from edged.errors import EdgedError
+from edged.errors import AnswersUnread, EdgedError
 from edged.grpcapi import _hpack as hpack
 from edged.grpcapi._h2_frames import ErrorCode, H2StreamError
+from edged.grpcapi._h2_inflow import STREAM_WINDOW
 from edged.grpcapi._status import Status, code_for
 
 if TYPE_CHECKING:
@@ -54,6 +57,9 @@ _CONNECTION_SPECIFIC = frozenset({b"connection", b"keep-alive", b"proxy-connecti
 _TIMEOUT_UNITS = {ord("H"): 3600.0, ord("M"): 60.0, ord("S"): 1.0, ord("m"): 1e-3, ord("u"): 1e-6, ord("n"): 1e-9}
 _UNRESERVED = frozenset(range(0x20, 0x7F)) - {ord("%")}
 _HEADS = 64
+# One stream's unsent answers, at most: what its receive window lets a client send it holds of answers too, so
+# a ModelStreamInfer's requests taken before it stopped reading leave at most this much waiting.
+STREAM_UNSENT = STREAM_WINDOW
 _HEAD_BYTES = 2048
 
 
@@ -147,12 +153,14 @@ class GrpcCall:
 
     __slots__ = ("_buffer", "_conn", "_deadline", "_end_seen", "_held", "_held_charge", "_input_over", "_kept",
                  "_limits", "_open_since", "_parks", "_partial_since", "_reserved", "_started", "cancellation", "done",
-                 "on_cancel", "on_drained", "on_end", "on_message", "request", "sender", "stream_id", "tally", "task")
+                 "on_cancel", "on_drained", "on_end", "on_message", "output", "request", "sender", "stream_id", "tally",
+                 "task")
 
     def __init__(self, conn: H2Connection, stream_id: int, request: Request, limits: CallLimits,
                  tally: dict[Status, int]) -> None:
         self._conn = conn
         self.sender: object = conn  # tells concurrent clients apart (GrpcInfer.begin gathers their requests)
+        self.output = conn.output  # its ``unsent``: 0 (the usual case) needs no ``unread_answers`` call
         self.tally = tally  # how calls of this RPC ended, by status (``GrpcMetrics.calls``): counted in _finish
         self.stream_id = stream_id
         self.request = request
@@ -263,6 +271,22 @@ class GrpcCall:
                 self._partial_since = self._conn.now()
             self.data(memoryview(b""), self._end_seen)
 
+    def unread_answers(self, what: str) -> AnswersUnread | None:
+        """The refusal of ``what`` (an answer, a new call) while this connection's unsent answers are at
+        ``[server] grpc_max_unsent_mb``, or this stream's at its share (``STREAM_UNSENT``), else None: below
+        them an answer of any size is kept, so what a client that never reads makes edged hold is the bound plus
+        one answer per connection."""
+        conn = self._conn
+        limit, held, where = conn.unsent_limit, conn.output.unsent, "this connection"
+        if held < limit:
+            limit, held, where = min(limit, STREAM_UNSENT), conn.unsent_of(self.stream_id), "this stream"
+            if held < limit:
+                return None
+        return AnswersUnread(f"{what} is refused: {held} bytes of answers on {where} wait for the client to read "
+                             f"them, at the limit of {limit} bytes ([server] grpc_max_unsent_mb, a stream at most "
+                             f"{STREAM_UNSENT >> 20} MiB of it); read the answers (open the flow-control window), "
+                             "then retry")
+
     @property
     def output_waiting(self) -> bool:
         return self._conn.output_waiting(self.stream_id)
@@ -354,15 +378,23 @@ class GrpcCall:
         """The one response of a unary call, and OK: one write."""
         if self.done:
             return
+        if (unread := self.unread_answers(f"an answer of {len(message)} bytes")) is not None:
+            self.fail(Status.RESOURCE_EXHAUSTED, str(unread))
+            return
         self._finish(Status.OK)
         self._conn.respond_message(self.stream_id, _HEAD, message, _OK)
 
     def answer(self, answer: bytes | EdgedError) -> None:
         """A unary call's end: its serialised response, or the error that stands for it."""
         if isinstance(answer, bytes):
-            if not self.done:  # reply, without the call
-                self._finish(Status.OK)
-                self._conn.respond_message(self.stream_id, _HEAD, answer, _OK)
+            if self.done:
+                return
+            conn = self._conn
+            if conn.output.unsent:  # as reply, without its call while nothing waits
+                self.reply(answer)
+                return
+            self._finish(Status.OK)
+            conn.respond_message(self.stream_id, _HEAD, answer, _OK)
         else:
             self.fail(code_for(answer), str(answer))
 

@@ -14,7 +14,9 @@ Invariants:
   answers wait for the client to read them. Past either, the call holds its input: its DATA is kept unparsed
   and no window is granted (``_h2_inflow``), so a fast client waits in its flow control instead of failing, and
   what it can make edged hold is its windows plus the bound's requests and answers. Input is taken again once
-  half the bound is answered and the answers are out.
+  half the bound is answered and the answers are out. Answers the client does not read count toward the
+  connection's ``[server] grpc_max_unsent_mb``: past it a request's answer is its RESOURCE_EXHAUSTED
+  ``error_message`` instead (``GrpcCall.unread_answers``), so requests taken before the hold cannot pile up.
 - The call ends with OK once the client has half-closed and every request taken is answered.
 """
 
@@ -113,6 +115,9 @@ class StreamCall:
         self._infer.begin(decoded, lambda answer: self._answer(decoded, answer), self)
 
     def _answer(self, decoded: Decoded, answer: bytes | EdgedError) -> None:
+        if isinstance(answer, bytes) and self._call.output.unsent and (unread := self._call.unread_answers(
+                f"an answer of {len(answer)} bytes")) is not None:
+            answer = unread  # the client has not read what it was sent: this answer is its error, a few bytes
         if isinstance(answer, bytes):
             # ModelStreamInferResponse(infer_response=...) around the response's bytes, without protobuf
             size = len(answer)

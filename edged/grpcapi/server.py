@@ -240,14 +240,15 @@ class GrpcServer:
             now = loop.time()
             for conn in list(self._connections):
                 try:
-                    conn.sweep(now, config.idle_timeout_s)
+                    conn.sweep(now, config.idle_timeout_s, config.request_timeout_s)
                 except Exception:  # one connection's bug must not stop the sweeping of the others
                     log.exception("unexpected error sweeping a gRPC connection")
 
     # --- connections --------------------------------------------------------------------------------------
     def _connection(self, unix: bool) -> H2Connection:
         refuse = len(self._connections) >= self._max_connections
-        conn = H2Connection(self._open, self._closed, self._metrics.h2, refuse=refuse)
+        conn = H2Connection(self._open, self._closed, self._metrics.h2, refuse=refuse,
+                            unsent_limit=self._config.grpc_max_unsent_mb * _MB)
         if refuse:
             self._refuse(conn)
             return conn
@@ -320,6 +321,9 @@ class GrpcServer:
             call.fail(Status.UNIMPLEMENTED, f"method {path.decode('latin-1')!r} is not served by edged")
             return call
         call.tally = calls[name]
+        if conn.output.unsent >= conn.unsent_limit and (unread := call.unread_answers("a new call")) is not None:
+            call.fail(code_for(unread), str(unread))  # the client reads nothing: its new calls would wait too
+            return call
         peered = self._peered.get(conn, _TCP)
         if peered is _TCP and self._tcp_shm is not None and self._access.tcp_admits_shm(call.request.metadata):
             peered = self._tcp_shm
