@@ -25,8 +25,9 @@ Invariants:
   (NO_ERROR) and closed; a call whose message stops arriving is ended by its call (``sweep``, from the
   server's sweeper, on the loop's clock).
 - Received DATA is handed to the stream's call as memoryviews valid only during the call (the call copies
-  what it keeps); windows are replenished as ``_h2_inflow`` says: none while a call holds its input
-  (``hold``), so a client that writes faster than it is answered waits in its flow control.
+  what it keeps); windows are replenished as ``_h2_inflow`` says: a stream's not while its call holds its input
+  (``hold``), so a client that writes faster than it is answered waits in that stream's flow control, while
+  the connection's window goes on being granted for the other streams.
 """
 
 from __future__ import annotations
@@ -352,7 +353,7 @@ class H2Connection(H2Control):
         self._closed(stream_id, stream)
 
     def hold(self, stream_id: int, held: bool) -> None:
-        """Stop (``held``) or resume granting window for ``stream_id``'s input, and the connection's with it."""
+        """Stop (``held``) or resume granting window for ``stream_id``'s input (the connection's goes on)."""
         stream = self._streams.get(stream_id)
         if stream is not None and (update := self._inflow.hold(stream_id, stream, held)):
             self._write(update)

@@ -239,8 +239,7 @@ class H2Control(asyncio.Protocol):
         if stream is not None:
             if stream.pending:
                 self._sender.discard(stream)
-            if update := self._inflow.forget(stream):
-                self._write(update)
+            self._inflow.forget(stream)
         return stream
 
     def _remember(self, stream_id: int) -> None:
