@@ -8,10 +8,11 @@ Invariants:
 - A message's length prefix is judged before its bytes are buffered: past ``[server] grpc_max_message_mb`` the
   call ends with RESOURCE_EXHAUSTED at once (a 4 GB prefix costs nothing); a compressed message (flag 1)
   ends it with UNIMPLEMENTED, as grpcio's server answers an encoding it does not offer.
-- Bytes of a request message still arriving are reserved, from its length prefix, in the in-flight body budget
-  the daemon shares between its front ends (``[server] max_inflight_body_bytes``) and released once the
-  message is whole or the call ends: a prefix that does not fit ends the call with RESOURCE_EXHAUSTED, so
-  many streams each sending part of a large message hold at most that budget together. A unary call's whole
+- Bytes of a request message still arriving are charged as they arrive to the in-flight body budget the daemon
+  shares between its front ends (``[server] max_inflight_body_bytes``) and released once the message is whole
+  or the call ends: bytes that do not fit end the call with RESOURCE_EXHAUSTED (a prefix larger than the whole
+  budget at once), so many streams each sending part of a large message hold at most that budget together,
+  and a prefix claiming a large message that never comes holds none of it. A unary call's whole
   message waiting for the client's half-close stays charged (``_kept``: one that arrived in one frame is
   charged then, and refused the same way) until it is handed to the handler on the half-close, or the call
   ends, whichever comes first: the charge is released once. Bytes a held call
@@ -243,15 +244,18 @@ class GrpcCall:
                           f"{self._limits.message_bytes} bytes ([server] grpc_max_message_mb)")
                 return pos
             if len(buffer) - pos < 5 + length:
-                if not self._reserved:
-                    self._reserve(length)
+                # charged as its bytes arrive, not from its prefix: a claim of a large message that never comes
+                # holds none of the budget other calls need
+                arrived = len(buffer) - pos - 5
+                if arrived > self._reserved or self._partial_since is None:
+                    self._reserve(arrived, length)
                 return pos
             message = bytes(buffer[pos + 5:pos + 5 + length])
             pos += 5 + length
             if self._parks and not self._end_seen:
                 if not self._keep(length):
                     return pos
-            elif self._reserved:
+            elif self._reserved or self._partial_since is not None:
                 self._release()
             self.on_message(message)
             if self.done:
@@ -296,22 +300,24 @@ class GrpcCall:
         if not self.done:
             self.on_drained()
 
-    def _reserve(self, length: int) -> bool:
-        """Hold ``length`` bytes of the budget for a message that is arriving; False once the call is failed."""
+    def _reserve(self, arrived: int, length: int) -> bool:
+        """Hold ``arrived`` bytes of the budget (in all) for a message of ``length`` bytes that is arriving; False
+        once the call is failed. A message larger than the whole budget is refused at its prefix."""
         budget = self._limits.budget
-        if not budget.take(length):
+        if length > budget.limit or not budget.take(arrived - self._reserved):
             self.fail(Status.RESOURCE_EXHAUSTED, f"a message of {length} bytes does not fit: request messages and "
                       f"bodies held at once are limited to {budget.limit} bytes ([server] max_inflight_body_bytes) "
                       f"and {budget.used} are held; retry later")
             return False
-        self._reserved = length
-        self._partial_since = self._conn.now()
+        self._reserved = arrived
+        if self._partial_since is None:
+            self._partial_since = self._conn.now()
         return True
 
     def _keep(self, length: int) -> bool:
-        """Charge a whole message of ``length`` bytes that waits for the half-close (its reservation, if it
-        arrived in pieces, carries over); False once the call is failed, as a reservation that does not fit."""
-        if not self._reserved and not self._reserve(length):
+        """Charge a whole message of ``length`` bytes that waits for the half-close (what was charged as its
+        pieces arrived carries over); False once the call is failed, as a reservation that does not fit."""
+        if self._reserved < length and not self._reserve(length, length):
             return False
         self._kept += self._reserved
         self._reserved = 0
@@ -323,7 +329,7 @@ class GrpcCall:
         self._kept = 0
 
     def _charge_held(self) -> None:
-        """Charge the bytes kept unparsed beyond the message being received (which its reservation covers)."""
+        """Charge the bytes kept unparsed beyond what the message being received has charged."""
         covered = 5 + self._reserved if self._reserved else 0
         held = max(0, len(self._buffer) - covered)
         more = held - self._held_charge

@@ -18,8 +18,8 @@ Listeners (``_listeners``) and access control (``_access``):
   inference where ``[server.access]`` limits it to listed users.
 - Messages up to ``grpc_max_message_mb`` (a 6.2 MB 1080p frame fits the default); a larger one gets
   RESOURCE_EXHAUSTED from its length prefix, before its bytes are read.
-- Request messages being received, and a unary call's message until its half-close hands it to the engine,
-  are charged to the in-flight body budget the daemon shares with the HTTP server (``[server]
+- Request messages being received (as their bytes arrive), and a unary call's message until its half-close
+  hands it to the engine, are charged to the in-flight body budget the daemon shares with the HTTP server (``[server]
   max_inflight_body_bytes``, one budget for both front ends); past it a call gets RESOURCE_EXHAUSTED. A
   message whose bytes stop arriving meets ``request_timeout_s`` (DEADLINE_EXCEEDED), a connection with no
   stream and no frame meets ``idle_timeout_s`` (GOAWAY, then closed).
