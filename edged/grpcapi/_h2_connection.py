@@ -21,6 +21,8 @@ Invariants:
   grpc_max_unsent_mb`` by the call layer: at the bound a new call or a further answer is refused
   (RESOURCE_EXHAUSTED), so a client that never reads holds at most the bound and one answer; a connection whose
   waiting output does not move for ``request_timeout_s`` is sent GOAWAY ENHANCE_YOUR_CALM and closed (``sweep``).
+- A connection that has not sent its preface and SETTINGS within ``PREFACE_TIMEOUT_S`` (or
+  ``request_timeout_s``, if shorter) is closed (GOAWAY PROTOCOL_ERROR), so silent connections do not hold slots.
 - A connection with no stream open that sends no frame for ``[server] idle_timeout_s`` is sent GOAWAY
   (NO_ERROR) and closed; a call whose message stops arriving is ended by its call (``sweep``, from the
   server's sweeper, on the loop's clock).
@@ -72,7 +74,6 @@ class H2Connection(H2Control):
         self._buffer = bytearray()
         self._need = len(f.PREFACE)
         self._need_preface = True
-        self._preface = True  # the peer's first frame, which must be SETTINGS, is still to come
         self._header_block: bytearray | None = None  # a header block waiting for CONTINUATION
         self._header_stream = 0
         self._header_end_stream = False
@@ -85,7 +86,7 @@ class H2Connection(H2Control):
             self._transport.abort()
             return
         self.now = asyncio.get_running_loop().time
-        self._last_frame = self._stalled_since = self.now()
+        self._last_frame = self._stalled_since = self._made_at = self.now()
         self._transport.write(f.settings_frame(OUR_SETTINGS) + f.window_update(0, CONNECTION_WINDOW - f.DEFAULT_WINDOW))
         if self._refuse:
             self._shut(ErrorCode.ENHANCE_YOUR_CALM, "too many gRPC connections ([server] max_connections)")

@@ -34,6 +34,9 @@ MAX_HEADER_LIST = 64 << 10
 MAX_HEADER_BLOCK = 64 << 10
 MAX_UNREAD_CONTROL = 1024
 LINGER_S = 2.0
+# A connection that has not sent the client preface and its SETTINGS this long after it was made is closed (or
+# request_timeout_s after, if shorter): a silent connection would otherwise hold a slot for idle_timeout_s.
+PREFACE_TIMEOUT_S = 5.0
 UNSENT_LIMIT = 64 << 20  # [server] grpc_max_unsent_mb's default
 RESET_BUDGET = 256  # client resets of streams still owed an answer, refilled one per answered stream
 # A client sends SETTINGS at its start and now and then after (grpc-core when its BDP estimate changes): a
@@ -86,6 +89,8 @@ class H2Control(asyncio.Protocol):
         self._ended: dict[int, None] = {}  # streams we ended lately: their DATA in flight is dropped quietly
         self.now: Callable[[], float] = _no_clock  # the loop's clock, once connected
         self._last_frame = 0.0  # when bytes last arrived
+        self._made_at = 0.0  # when the connection was made
+        self._preface = True  # the peer's preface and first frame, which must be SETTINGS, are still to come
         self._peer: Peer | None = None  # a Unix-socket peer's credentials, once read
 
     def peer_credentials(self) -> Peer:
@@ -299,6 +304,13 @@ class H2Control(asyncio.Protocol):
         """Close the connection if idle past ``idle_timeout_s``, or if its answers wait and none of them has
         left for ``unread_timeout_s`` (the peer does not read); let each call end itself if its message stalled."""
         if self._dead:
+            return
+        if self._preface:
+            timeout = min(PREFACE_TIMEOUT_S, unread_timeout_s)
+            if now - self._made_at > timeout:  # not logged: a flood of them would be as many lines
+                errors = self._counts.errors
+                errors[ErrorCode.PROTOCOL_ERROR] = errors.get(ErrorCode.PROTOCOL_ERROR, 0) + 1
+                self._shut(ErrorCode.PROTOCOL_ERROR, f"no HTTP/2 client preface and SETTINGS within {timeout:g} s")
             return
         sender = self._sender
         if not (sender.unsent or sender.paused) or sender.progress != self._progress_seen:
