@@ -274,6 +274,8 @@ class H2Connection(H2Control):
         except HpackError as e:
             raise H2ConnectionError(ErrorCode.COMPRESSION_ERROR, f"HPACK: {e}") from e
         stream = self._streams.get(stream_id)
+        if stream is None and stream_id in self._ended:
+            return  # trailers in flight on a stream we ended (decoded all the same: HPACK's table is shared)
         if stream is not None:  # trailers from the client: they may only end the stream
             if stream.remote_closed or not self._header_end_stream:
                 raise H2StreamError(stream_id, ErrorCode.PROTOCOL_ERROR, "a second HEADERS without END_STREAM")

@@ -86,7 +86,8 @@ class H2Control(asyncio.Protocol):
         self._dead = False
         self._linger: asyncio.TimerHandle | None = None
         self._cork: list[bytes] | None = None
-        self._ended: dict[int, None] = {}  # streams we ended lately: their DATA in flight is dropped quietly
+        # streams we ended lately: their DATA and trailers in flight are dropped quietly
+        self._ended: dict[int, None] = {}
         self.now: Callable[[], float] = _no_clock  # the loop's clock, once connected
         self._last_frame = 0.0  # when bytes last arrived
         self._made_at = 0.0  # when the connection was made

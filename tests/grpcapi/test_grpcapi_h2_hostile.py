@@ -272,6 +272,21 @@ def test_a_four_gigabyte_length_prefix_is_resource_exhausted_at_once(grpc_daemon
     _served(grpc_daemon)
 
 
+def test_frames_on_a_stream_we_ended_early_are_ignored(grpc_daemon: GrpcDaemon) -> None:
+    """The call ends (RESOURCE_EXHAUSTED, then RST_STREAM NO_ERROR) while the client is still sending: its DATA
+    and trailers in flight on that stream are dropped (RFC 9113 §5.4.2), the connection goes on."""
+    with RawH2(grpc_daemon.tcp) as client:
+        client.start()
+        client.send(frame(HEADERS, END_HEADERS, 1, request_block("ModelInfer")),
+                    frame(DATA, 0, 1, b"\x00\xff\xff\xff\xff"))
+        fields, _ = client.response(1)
+        assert fields[b"grpc-status"] == b"8", fields
+        assert client.until(RST_STREAM, 1).code == 0
+        client.send(frame(DATA, 0, 1, b"late"), frame(HEADERS, END_HEADERS | END_STREAM, 1, block([(b"x", b"y")])))
+        fields, body = client.call(3, "ServerLive", pb.ServerLiveRequest().SerializeToString())
+        assert fields[b"grpc-status"] == b"0" and pb.ServerLiveResponse.FromString(body).live
+
+
 def test_a_compressed_message_is_unimplemented(grpc_daemon: GrpcDaemon) -> None:
     with RawH2(grpc_daemon.tcp) as client:
         client.start()
