@@ -58,6 +58,10 @@ _CONNECTION_SPECIFIC = frozenset({b"connection", b"keep-alive", b"proxy-connecti
 _TIMEOUT_UNITS = {ord("H"): 3600.0, ord("M"): 60.0, ord("S"): 1.0, ord("m"): 1e-3, ord("u"): 1e-6, ord("n"): 1e-9}
 _UNRESERVED = frozenset(range(0x20, 0x7F)) - {ord("%")}
 _HEADS = 64
+# An error text's length in grpc-message: it names what was wrong, and what it quotes of the request is the
+# client's own, of any length; percent-encoded, ASCII text stays within 3 KiB, well inside the 8 KiB header
+# list gRPC clients accept by default.
+STATUS_MESSAGE_CHARS = 1024
 # One stream's unsent answers, at most: what its receive window lets a client send it holds of answers too, so
 # a ModelStreamInfer's requests taken before it stopped reading leave at most this much waiting.
 STREAM_UNSENT = STREAM_WINDOW
@@ -143,10 +147,20 @@ def parse_timeout(value: bytes | None) -> float | None:
 
 
 def status_block(code: Status, message: str, head: bool) -> bytes:
-    """Trailers (or, with ``head``, a trailers-only response) carrying ``code`` and a percent-encoded message."""
+    """Trailers (or, with ``head``, a trailers-only response) carrying ``code`` and a percent-encoded message,
+    cut to ``STATUS_MESSAGE_CHARS``: errors quote what the client sent (a method, a model name), and a header
+    block must stay within what any peer's SETTINGS_MAX_HEADER_LIST_SIZE takes."""
+    message = bounded(message)
     encoded = "".join(chr(b) if b in _UNRESERVED else f"%{b:02X}" for b in message.encode()).encode("ascii")
     block = hpack.literal(b"grpc-status", str(int(code)).encode()) + hpack.literal(b"grpc-message", encoded)
     return _HEAD + block if head else block
+
+
+def bounded(message: str) -> str:
+    """``message`` cut to ``STATUS_MESSAGE_CHARS``, saying so."""
+    if len(message) <= STATUS_MESSAGE_CHARS:
+        return message
+    return f"{message[:STATUS_MESSAGE_CHARS]}... ({len(message)} characters, cut)"
 
 
 class GrpcCall:

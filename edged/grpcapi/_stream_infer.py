@@ -29,7 +29,7 @@ from typing import Any
 from google.protobuf.message import DecodeError
 
 from edged.errors import EdgedError, InferenceFailed
-from edged.grpcapi._grpc_stream import GrpcCall
+from edged.grpcapi._grpc_stream import GrpcCall, bounded
 from edged.grpcapi._infer import GrpcInfer
 from edged.grpcapi._layouts import encode_varint
 from edged.grpcapi._status import Status
@@ -161,7 +161,7 @@ class StreamCall:
 
 
 def _error(error: EdgedError, model: str, version: str, request_id: str) -> bytes:
-    answer = pb.ModelStreamInferResponse(error_message=str(error), infer_response=pb.ModelInferResponse(
+    answer = pb.ModelStreamInferResponse(error_message=bounded(str(error)), infer_response=pb.ModelInferResponse(
         model_name=model, model_version=version, id=request_id))
     return bytes(answer.SerializeToString())
 

@@ -287,6 +287,22 @@ def test_frames_on_a_stream_we_ended_early_are_ignored(grpc_daemon: GrpcDaemon) 
         assert fields[b"grpc-status"] == b"0" and pb.ServerLiveResponse.FromString(body).live
 
 
+def test_error_texts_quoting_the_request_are_cut_to_a_bounded_length(grpc_daemon: GrpcDaemon) -> None:
+    long_name = "m" * 15_000  # a method and a model name that error texts quote (a header block of one frame)
+    infer = pb.ModelInferRequest(model_name=long_name).SerializeToString()
+    with RawH2(grpc_daemon.tcp) as client:
+        client.start()
+        unknown_method, _ = client.call(1, long_name, b"")
+        unknown_model, _ = client.call(3, "ModelInfer", infer)
+        client.send(frame(HEADERS, END_HEADERS, 5, request_block("ModelStreamInfer")),
+                    *data_frames(5, message(infer)))
+        _, data = client.response(5)
+    assert unknown_method[b"grpc-status"] == b"12" and unknown_model[b"grpc-status"] == b"5"
+    streamed = pb.ModelStreamInferResponse.FromString(data)  # the one answer: its error
+    for text in (unknown_method[b"grpc-message"], unknown_model[b"grpc-message"], streamed.error_message.encode()):
+        assert b"mmmm" in text and len(text) < 4096 and text.endswith(b"characters, cut)"), text[-80:]
+
+
 def test_a_compressed_message_is_unimplemented(grpc_daemon: GrpcDaemon) -> None:
     with RawH2(grpc_daemon.tcp) as client:
         client.start()
