@@ -119,6 +119,11 @@ class PermissionDenied(RequestError):
     """The caller is not allowed to do this (peer-credential access control)."""
 
 
+class AnswersUnread(RequestError):
+    """Answers already owed to this client wait unread past their bound (gRPC ``[server] grpc_max_unsent_mb``):
+    this one is not kept; the client should read its answers, then retry (gRPC: RESOURCE_EXHAUSTED)."""
+
+
 class Unavailable(RequestError):
     """The server is shutting down or not ready."""
 

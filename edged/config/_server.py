@@ -73,6 +73,9 @@ class ServerConfig:
     grpc_host: str = "127.0.0.1"
     grpc_socket: str | None = None
     grpc_max_message_mb: int = field(default=64, metadata={"check": _grpc_message_mb})
+    # Answers one gRPC connection may hold unsent (its client's windows closed or not reading): past it new calls
+    # and further answers get RESOURCE_EXHAUSTED; one answer of any size is sent when nothing else waits.
+    grpc_max_unsent_mb: int = field(default=64, metadata={"check": _positive})
     listen_backlog: int = field(default=128, metadata={"check": _positive})
     max_body_bytes: int = field(default=64 * 1024 * 1024, metadata={"check": _positive})
     # Bodies of all requests held at once (read, decoding or running): four maximal bodies on a 4 GB device.

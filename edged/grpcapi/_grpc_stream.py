@@ -8,10 +8,11 @@ Invariants:
 - A message's length prefix is judged before its bytes are buffered: past ``[server] grpc_max_message_mb`` the
   call ends with RESOURCE_EXHAUSTED at once (a 4 GB prefix costs nothing); a compressed message (flag 1)
   ends it with UNIMPLEMENTED, as grpcio's server answers an encoding it does not offer.
-- Bytes of a request message still arriving are reserved, from its length prefix, in the in-flight body budget
-  the daemon shares between its front ends (``[server] max_inflight_body_bytes``) and released once the
-  message is whole or the call ends: a prefix that does not fit ends the call with RESOURCE_EXHAUSTED, so
-  many streams each sending part of a large message hold at most that budget together. A unary call's whole
+- Bytes of a request message still arriving are charged as they arrive to the in-flight body budget the daemon
+  shares between its front ends (``[server] max_inflight_body_bytes``) and released once the message is whole
+  or the call ends: bytes that do not fit end the call with RESOURCE_EXHAUSTED (a prefix larger than the whole
+  budget at once), so many streams each sending part of a large message hold at most that budget together,
+  and a prefix claiming a large message that never comes holds none of it. A unary call's whole
   message waiting for the client's half-close stays charged (``_kept``: one that arrived in one frame is
   charged then, and refused the same way) until it is handed to the handler on the half-close, or the call
   ends, whichever comes first: the charge is released once. Bytes a held call
@@ -22,6 +23,8 @@ Invariants:
   its prefix, as does a unary call not half-closed that long after it opened (the server's sweeper calls
   ``expire``): a status and message every gRPC client shows, where an
   RST_STREAM would read as a bare CANCELLED or INTERNAL.
+- An answer, or a new call, is refused with RESOURCE_EXHAUSTED while the connection's unsent answers are at
+  ``[server] grpc_max_unsent_mb`` (``unread_answers``): a client that does not read is not kept in memory.
 - ``grpc-timeout`` becomes a deadline on the loop's clock: past it the call ends with DEADLINE_EXCEEDED and
   its work is cancelled.
 - Malformed request headers (RFC 9113 §8.2-8.3: uppercase names, connection-specific fields, a ``te`` other
@@ -38,9 +41,10 @@ from typing import TYPE_CHECKING
 
 from edged.access import BodyBudget
 from edged.engine import Cancellation
-from edged.errors import EdgedError
+from edged.errors import AnswersUnread, EdgedError
 from edged.grpcapi import _hpack as hpack
 from edged.grpcapi._h2_frames import ErrorCode, H2StreamError
+from edged.grpcapi._h2_inflow import STREAM_WINDOW
 from edged.grpcapi._status import Status, code_for
 
 if TYPE_CHECKING:
@@ -54,6 +58,13 @@ _CONNECTION_SPECIFIC = frozenset({b"connection", b"keep-alive", b"proxy-connecti
 _TIMEOUT_UNITS = {ord("H"): 3600.0, ord("M"): 60.0, ord("S"): 1.0, ord("m"): 1e-3, ord("u"): 1e-6, ord("n"): 1e-9}
 _UNRESERVED = frozenset(range(0x20, 0x7F)) - {ord("%")}
 _HEADS = 64
+# An error text's length in grpc-message: it names what was wrong, and what it quotes of the request is the
+# client's own, of any length; percent-encoded, ASCII text stays within 3 KiB, well inside the 8 KiB header
+# list gRPC clients accept by default.
+STATUS_MESSAGE_CHARS = 1024
+# One stream's unsent answers, at most: what its receive window lets a client send it holds of answers too, so
+# a ModelStreamInfer's requests taken before it stopped reading leave at most this much waiting.
+STREAM_UNSENT = STREAM_WINDOW
 _HEAD_BYTES = 2048
 
 
@@ -136,10 +147,20 @@ def parse_timeout(value: bytes | None) -> float | None:
 
 
 def status_block(code: Status, message: str, head: bool) -> bytes:
-    """Trailers (or, with ``head``, a trailers-only response) carrying ``code`` and a percent-encoded message."""
+    """Trailers (or, with ``head``, a trailers-only response) carrying ``code`` and a percent-encoded message,
+    cut to ``STATUS_MESSAGE_CHARS``: errors quote what the client sent (a method, a model name), and a header
+    block must stay within what any peer's SETTINGS_MAX_HEADER_LIST_SIZE takes."""
+    message = bounded(message)
     encoded = "".join(chr(b) if b in _UNRESERVED else f"%{b:02X}" for b in message.encode()).encode("ascii")
     block = hpack.literal(b"grpc-status", str(int(code)).encode()) + hpack.literal(b"grpc-message", encoded)
     return _HEAD + block if head else block
+
+
+def bounded(message: str) -> str:
+    """``message`` cut to ``STATUS_MESSAGE_CHARS``, saying so."""
+    if len(message) <= STATUS_MESSAGE_CHARS:
+        return message
+    return f"{message[:STATUS_MESSAGE_CHARS]}... ({len(message)} characters, cut)"
 
 
 class GrpcCall:
@@ -147,12 +168,14 @@ class GrpcCall:
 
     __slots__ = ("_buffer", "_conn", "_deadline", "_end_seen", "_held", "_held_charge", "_input_over", "_kept",
                  "_limits", "_open_since", "_parks", "_partial_since", "_reserved", "_started", "cancellation", "done",
-                 "on_cancel", "on_drained", "on_end", "on_message", "request", "sender", "stream_id", "tally", "task")
+                 "on_cancel", "on_drained", "on_end", "on_message", "output", "request", "sender", "stream_id", "tally",
+                 "task")
 
     def __init__(self, conn: H2Connection, stream_id: int, request: Request, limits: CallLimits,
                  tally: dict[Status, int]) -> None:
         self._conn = conn
         self.sender: object = conn  # tells concurrent clients apart (GrpcInfer.begin gathers their requests)
+        self.output = conn.output  # its ``unsent``: 0 (the usual case) needs no ``unread_answers`` call
         self.tally = tally  # how calls of this RPC ended, by status (``GrpcMetrics.calls``): counted in _finish
         self.stream_id = stream_id
         self.request = request
@@ -235,15 +258,18 @@ class GrpcCall:
                           f"{self._limits.message_bytes} bytes ([server] grpc_max_message_mb)")
                 return pos
             if len(buffer) - pos < 5 + length:
-                if not self._reserved:
-                    self._reserve(length)
+                # charged as its bytes arrive, not from its prefix: a claim of a large message that never comes
+                # holds none of the budget other calls need
+                arrived = len(buffer) - pos - 5
+                if arrived > self._reserved or self._partial_since is None:
+                    self._reserve(arrived, length)
                 return pos
             message = bytes(buffer[pos + 5:pos + 5 + length])
             pos += 5 + length
             if self._parks and not self._end_seen:
                 if not self._keep(length):
                     return pos
-            elif self._reserved:
+            elif self._reserved or self._partial_since is not None:
                 self._release()
             self.on_message(message)
             if self.done:
@@ -263,6 +289,22 @@ class GrpcCall:
                 self._partial_since = self._conn.now()
             self.data(memoryview(b""), self._end_seen)
 
+    def unread_answers(self, what: str) -> AnswersUnread | None:
+        """The refusal of ``what`` (an answer, a new call) while this connection's unsent answers are at
+        ``[server] grpc_max_unsent_mb``, or this stream's at its share (``STREAM_UNSENT``), else None: below
+        them an answer of any size is kept, so what a client that never reads makes edged hold is the bound plus
+        one answer per connection."""
+        conn = self._conn
+        limit, held, where = conn.unsent_limit, conn.output.unsent, "this connection"
+        if held < limit:
+            limit, held, where = min(limit, STREAM_UNSENT), conn.unsent_of(self.stream_id), "this stream"
+            if held < limit:
+                return None
+        return AnswersUnread(f"{what} is refused: {held} bytes of answers on {where} wait for the client to read "
+                             f"them, at the limit of {limit} bytes ([server] grpc_max_unsent_mb, a stream at most "
+                             f"{STREAM_UNSENT >> 20} MiB of it); read the answers (open the flow-control window), "
+                             "then retry")
+
     @property
     def output_waiting(self) -> bool:
         return self._conn.output_waiting(self.stream_id)
@@ -272,22 +314,24 @@ class GrpcCall:
         if not self.done:
             self.on_drained()
 
-    def _reserve(self, length: int) -> bool:
-        """Hold ``length`` bytes of the budget for a message that is arriving; False once the call is failed."""
+    def _reserve(self, arrived: int, length: int) -> bool:
+        """Hold ``arrived`` bytes of the budget (in all) for a message of ``length`` bytes that is arriving; False
+        once the call is failed. A message larger than the whole budget is refused at its prefix."""
         budget = self._limits.budget
-        if not budget.take(length):
+        if length > budget.limit or not budget.take(arrived - self._reserved):
             self.fail(Status.RESOURCE_EXHAUSTED, f"a message of {length} bytes does not fit: request messages and "
                       f"bodies held at once are limited to {budget.limit} bytes ([server] max_inflight_body_bytes) "
                       f"and {budget.used} are held; retry later")
             return False
-        self._reserved = length
-        self._partial_since = self._conn.now()
+        self._reserved = arrived
+        if self._partial_since is None:
+            self._partial_since = self._conn.now()
         return True
 
     def _keep(self, length: int) -> bool:
-        """Charge a whole message of ``length`` bytes that waits for the half-close (its reservation, if it
-        arrived in pieces, carries over); False once the call is failed, as a reservation that does not fit."""
-        if not self._reserved and not self._reserve(length):
+        """Charge a whole message of ``length`` bytes that waits for the half-close (what was charged as its
+        pieces arrived carries over); False once the call is failed, as a reservation that does not fit."""
+        if self._reserved < length and not self._reserve(length, length):
             return False
         self._kept += self._reserved
         self._reserved = 0
@@ -299,7 +343,7 @@ class GrpcCall:
         self._kept = 0
 
     def _charge_held(self) -> None:
-        """Charge the bytes kept unparsed beyond the message being received (which its reservation covers)."""
+        """Charge the bytes kept unparsed beyond what the message being received has charged."""
         covered = 5 + self._reserved if self._reserved else 0
         held = max(0, len(self._buffer) - covered)
         more = held - self._held_charge
@@ -354,15 +398,23 @@ class GrpcCall:
         """The one response of a unary call, and OK: one write."""
         if self.done:
             return
+        if (unread := self.unread_answers(f"an answer of {len(message)} bytes")) is not None:
+            self.fail(Status.RESOURCE_EXHAUSTED, str(unread))
+            return
         self._finish(Status.OK)
         self._conn.respond_message(self.stream_id, _HEAD, message, _OK)
 
     def answer(self, answer: bytes | EdgedError) -> None:
         """A unary call's end: its serialised response, or the error that stands for it."""
         if isinstance(answer, bytes):
-            if not self.done:  # reply, without the call
-                self._finish(Status.OK)
-                self._conn.respond_message(self.stream_id, _HEAD, answer, _OK)
+            if self.done:
+                return
+            conn = self._conn
+            if conn.output.unsent:  # as reply, without its call while nothing waits
+                self.reply(answer)
+                return
+            self._finish(Status.OK)
+            conn.respond_message(self.stream_id, _HEAD, answer, _OK)
         else:
             self.fail(code_for(answer), str(answer))
 

@@ -14,15 +14,22 @@ Invariants:
   answered and streams ended (trailers-only errors, resets) while the peer is not reading are counted until
   ``MAX_UNREAD_CONTROL`` ends the connection (ENHANCE_YOUR_CALM).
 - Our DATA never exceeds the peer's windows nor is written while the transport is paused: a response waits in
-  its stream until WINDOW_UPDATE or resume_writing, so a client that does not read holds at most what flow
-  control lets it; the other frames written regardless (headers, trailers, control frames) are bounded by
+  its stream until WINDOW_UPDATE or resume_writing (what waits so is bounded: next point); the other frames
+  written regardless (headers, trailers, control frames) are bounded by
   ``MAX_STREAMS`` for streams still open and by ``MAX_UNREAD_CONTROL`` for the rest.
+- Response DATA held unsent for all streams together (``unsent``) is compared with ``[server]
+  grpc_max_unsent_mb`` by the call layer: at the bound a new call or a further answer is refused
+  (RESOURCE_EXHAUSTED), so a client that never reads holds at most the bound and one answer; a connection whose
+  waiting output does not move for ``request_timeout_s`` is sent GOAWAY ENHANCE_YOUR_CALM and closed (``sweep``).
+- A connection that has not sent its preface and SETTINGS within ``PREFACE_TIMEOUT_S`` (or
+  ``request_timeout_s``, if shorter) is closed (GOAWAY PROTOCOL_ERROR), so silent connections do not hold slots.
 - A connection with no stream open that sends no frame for ``[server] idle_timeout_s`` is sent GOAWAY
   (NO_ERROR) and closed; a call whose message stops arriving is ended by its call (``sweep``, from the
   server's sweeper, on the loop's clock).
 - Received DATA is handed to the stream's call as memoryviews valid only during the call (the call copies
-  what it keeps); windows are replenished as ``_h2_inflow`` says: none while a call holds its input
-  (``hold``), so a client that writes faster than it is answered waits in its flow control.
+  what it keeps); windows are replenished as ``_h2_inflow`` says: a stream's not while its call holds its input
+  (``hold``), so a client that writes faster than it is answered waits in that stream's flow control, while
+  the connection's window goes on being granted for the other streams.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from edged.grpcapi._h2_control import (
     MAX_STREAMS,
     OUR_SETTINGS,
     RESET_BUDGET,
+    UNSENT_LIMIT,
     H2Control,
     H2Counts,
 )
@@ -58,15 +66,14 @@ Opener = Callable[["H2Connection", int, list[tuple[bytes, bytes]], bool], "Call 
 
 class H2Connection(H2Control):
     def __init__(self, opener: Opener, on_close: Callable[[H2Connection], None], counts: H2Counts,
-                 refuse: bool = False) -> None:
-        super().__init__(counts)
+                 refuse: bool = False, unsent_limit: int = UNSENT_LIMIT) -> None:
+        super().__init__(counts, unsent_limit)
         self._opener = opener
         self._refuse = refuse  # over [server] max_connections: GOAWAY at once
         self._on_close = on_close
         self._buffer = bytearray()
         self._need = len(f.PREFACE)
         self._need_preface = True
-        self._preface = True  # the peer's first frame, which must be SETTINGS, is still to come
         self._header_block: bytearray | None = None  # a header block waiting for CONTINUATION
         self._header_stream = 0
         self._header_end_stream = False
@@ -79,7 +86,7 @@ class H2Connection(H2Control):
             self._transport.abort()
             return
         self.now = asyncio.get_running_loop().time
-        self._last_frame = self.now()
+        self._last_frame = self._stalled_since = self._made_at = self.now()
         self._transport.write(f.settings_frame(OUR_SETTINGS) + f.window_update(0, CONNECTION_WINDOW - f.DEFAULT_WINDOW))
         if self._refuse:
             self._shut(ErrorCode.ENHANCE_YOUR_CALM, "too many gRPC connections ([server] max_connections)")
@@ -100,6 +107,7 @@ class H2Connection(H2Control):
 
     def resume_writing(self) -> None:
         self._sender.paused = False
+        self._sender.progress += 1
         self._unread_control = 0
         if self._blocked:
             self._flush(list(self._blocked.items()))
@@ -266,6 +274,8 @@ class H2Connection(H2Control):
         except HpackError as e:
             raise H2ConnectionError(ErrorCode.COMPRESSION_ERROR, f"HPACK: {e}") from e
         stream = self._streams.get(stream_id)
+        if stream is None and stream_id in self._ended:
+            return  # trailers in flight on a stream we ended (decoded all the same: HPACK's table is shared)
         if stream is not None:  # trailers from the client: they may only end the stream
             if stream.remote_closed or not self._header_end_stream:
                 raise H2StreamError(stream_id, ErrorCode.PROTOCOL_ERROR, "a second HEADERS without END_STREAM")
@@ -346,7 +356,7 @@ class H2Connection(H2Control):
         self._closed(stream_id, stream)
 
     def hold(self, stream_id: int, held: bool) -> None:
-        """Stop (``held``) or resume granting window for ``stream_id``'s input, and the connection's with it."""
+        """Stop (``held``) or resume granting window for ``stream_id``'s input (the connection's goes on)."""
         stream = self._streams.get(stream_id)
         if stream is not None and (update := self._inflow.hold(stream_id, stream, held)):
             self._write(update)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import Callable
 
 from edged.access import UNKNOWN_PEER, Peer, peer_of
@@ -33,6 +34,10 @@ MAX_HEADER_LIST = 64 << 10
 MAX_HEADER_BLOCK = 64 << 10
 MAX_UNREAD_CONTROL = 1024
 LINGER_S = 2.0
+# A connection that has not sent the client preface and its SETTINGS this long after it was made is closed (or
+# request_timeout_s after, if shorter): a silent connection would otherwise hold a slot for idle_timeout_s.
+PREFACE_TIMEOUT_S = 5.0
+UNSENT_LIMIT = 64 << 20  # [server] grpc_max_unsent_mb's default
 RESET_BUDGET = 256  # client resets of streams still owed an answer, refilled one per answered stream
 # A client sends SETTINGS at its start and now and then after (grpc-core when its BDP estimate changes): a
 # burst of 64 and 16 a second leave any client room, and bound what a flood of them costs the loop.
@@ -57,8 +62,11 @@ class H2Counts:
 class H2Control(asyncio.Protocol):
     """The state and cold paths ``H2Connection`` inherits (inherited methods cost the hot path no call)."""
 
-    def __init__(self, counts: H2Counts) -> None:
+    def __init__(self, counts: H2Counts, unsent_limit: int = UNSENT_LIMIT) -> None:
         self._counts = counts
+        self.unsent_limit = unsent_limit  # [server] grpc_max_unsent_mb: answers held unsent past it are refused
+        self._stalled_since = 0.0  # since when waiting output has not moved (the sweeper's view)
+        self._progress_seen = 0  # the sender's progress at that time
         self._transport: asyncio.Transport | None = None
         self._streams: dict[int, H2Stream] = {}
         # streams whose output waits for a window or the transport (DATA pending, or trailers behind it)
@@ -66,6 +74,9 @@ class H2Control(asyncio.Protocol):
         self._last_id = 0
         self._peer_window = f.DEFAULT_WINDOW
         self._sender = Sender()
+        # the same, for the call layer: ``output.unsent`` is the response DATA held for streams of this connection,
+        # waiting for the client's windows or reading (an attribute read, no call, on every answer's path)
+        self.output = self._sender
         self._inflow = Inflow()
         self._unread_control = 0
         self._reset_budget = RESET_BUDGET
@@ -75,9 +86,12 @@ class H2Control(asyncio.Protocol):
         self._dead = False
         self._linger: asyncio.TimerHandle | None = None
         self._cork: list[bytes] | None = None
-        self._ended: dict[int, None] = {}  # streams we ended lately: their DATA in flight is dropped quietly
+        # streams we ended lately: their DATA and trailers in flight are dropped quietly
+        self._ended: dict[int, None] = {}
         self.now: Callable[[], float] = _no_clock  # the loop's clock, once connected
         self._last_frame = 0.0  # when bytes last arrived
+        self._made_at = 0.0  # when the connection was made
+        self._preface = True  # the peer's preface and first frame, which must be SETTINGS, are still to come
         self._peer: Peer | None = None  # a Unix-socket peer's credentials, once read
 
     def peer_credentials(self) -> Peer:
@@ -91,6 +105,20 @@ class H2Control(asyncio.Protocol):
                 log.warning("could not read the peer credentials of a gRPC Unix-socket client")
                 self._peer = UNKNOWN_PEER
         return self._peer
+
+    def describe_peer(self) -> str:
+        """The peer, for a log line: a TCP client's address, a Unix-socket peer's credentials."""
+        transport = self._transport
+        sock = transport.get_extra_info("socket") if transport is not None else None
+        if sock is not None and sock.family == socket.AF_UNIX:
+            return f"the Unix-socket peer {self.peer_credentials().describe()}"
+        name = transport.get_extra_info("peername") if transport is not None else None
+        return f"the TCP client {name[0]}:{name[1]}" if isinstance(name, tuple) else "a TCP client"
+
+    def unsent_of(self, stream_id: int) -> int:
+        """``unsent`` of one stream."""
+        stream = self._streams.get(stream_id)
+        return len(stream.pending) if stream is not None else 0
 
     # --- control frames from the peer -----------------------------------------------------------------------
     def _window_update(self, stream_id: int, payload: memoryview) -> None:
@@ -214,8 +242,10 @@ class H2Control(asyncio.Protocol):
         stream = self._streams.pop(stream_id, None)
         if self._blocked:
             self._blocked.pop(stream_id, None)
-        if stream is not None and (update := self._inflow.forget(stream)):
-            self._write(update)
+        if stream is not None:
+            if stream.pending:
+                self._sender.discard(stream)
+            self._inflow.forget(stream)
         return stream
 
     def _remember(self, stream_id: int) -> None:
@@ -271,9 +301,28 @@ class H2Control(asyncio.Protocol):
     def idle(self) -> bool:
         return not self._streams
 
-    def sweep(self, now: float, idle_timeout_s: float) -> None:
-        """Close the connection if idle past ``idle_timeout_s``; let each call end itself if its message stalled."""
+    def sweep(self, now: float, idle_timeout_s: float, unread_timeout_s: float) -> None:
+        """Close the connection if idle past ``idle_timeout_s``, or if its answers wait and none of them has
+        left for ``unread_timeout_s`` (the peer does not read); let each call end itself if its message stalled."""
         if self._dead:
+            return
+        if self._preface:
+            timeout = min(PREFACE_TIMEOUT_S, unread_timeout_s)
+            if now - self._made_at > timeout:  # not logged: a flood of them would be as many lines
+                errors = self._counts.errors
+                errors[ErrorCode.PROTOCOL_ERROR] = errors.get(ErrorCode.PROTOCOL_ERROR, 0) + 1
+                self._shut(ErrorCode.PROTOCOL_ERROR, f"no HTTP/2 client preface and SETTINGS within {timeout:g} s")
+            return
+        sender = self._sender
+        if not (sender.unsent or sender.paused) or sender.progress != self._progress_seen:
+            self._stalled_since, self._progress_seen = now, sender.progress
+        elif now - self._stalled_since > unread_timeout_s:
+            log.warning("gRPC connection of %s closed with GOAWAY ENHANCE_YOUR_CALM: %d bytes of answers waited "
+                        "unread for %g s ([server] request_timeout_s); the client stopped reading",
+                        self.describe_peer(), sender.unsent, unread_timeout_s)
+            errors = self._counts.errors
+            errors[ErrorCode.ENHANCE_YOUR_CALM] = errors.get(ErrorCode.ENHANCE_YOUR_CALM, 0) + 1
+            self._shut(ErrorCode.ENHANCE_YOUR_CALM, f"answers unread for {unread_timeout_s:g} s")
             return
         if not self._streams:
             if now - self._last_frame > idle_timeout_s:

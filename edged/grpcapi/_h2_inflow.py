@@ -2,8 +2,10 @@
 
 Invariants: the peer never has more than ``CONNECTION_WINDOW`` unacknowledged on the connection nor
 ``STREAM_WINDOW`` on a stream (past either is its flow-control error); a window is granted back once half of it
-is used, except while a stream is held (its call takes no more input): then neither that stream's window nor
-the connection's is granted, so a client writing faster than edged answers waits in its own flow control.
+is used, except a held stream's (its call takes no more input): its window is not granted, so a client writing
+faster than edged answers waits in that stream's flow control. The connection's window is granted whatever
+streams are held: what a held stream keeps is bounded by its own window (and charged to the in-flight budget
+by its call), so one held stream never stalls the others.
 Each method returns the WINDOW_UPDATE frames to write (``b""`` for none); the connection writes them. The
 connection adds each DATA frame's length to ``unacked`` and its stream's ``recv_unacked`` itself and calls
 ``connection_due`` or ``stream_due`` only once that reaches ``CONNECTION_DUE`` or ``STREAM_DUE`` (half the
@@ -33,7 +35,7 @@ class Inflow:
         """``unacked`` (with the DATA just arrived) has reached ``CONNECTION_DUE``."""
         if self.unacked > CONNECTION_WINDOW:
             raise H2ConnectionError(ErrorCode.FLOW_CONTROL_ERROR, "DATA beyond the connection's window")
-        if self.unacked >= CONNECTION_DUE and not self.held:
+        if self.unacked >= CONNECTION_DUE:
             return self._grant()
         return b""
 
@@ -49,7 +51,7 @@ class Inflow:
         return b""
 
     def hold(self, stream_id: int, stream: H2Stream, held: bool) -> bytes:
-        """Hold or release ``stream``; released, what it and the connection used is granted back."""
+        """Hold or release ``stream``; released, what it used is granted back."""
         if stream.held == held:
             return b""
         stream.held = held
@@ -60,18 +62,13 @@ class Inflow:
         if stream.recv_unacked and not stream.remote_closed:
             update = f.window_update(stream_id, stream.recv_unacked)
             stream.recv_unacked = 0
-        return update + self._release()
+        return update
 
-    def forget(self, stream: H2Stream) -> bytes:
+    def forget(self, stream: H2Stream) -> None:
         """``stream`` ended: it is held no more."""
-        if not stream.held:
-            return b""
-        stream.held = False
-        self.held -= 1
-        return self._release()
-
-    def _release(self) -> bytes:
-        return self._grant() if not self.held and self.unacked else b""
+        if stream.held:
+            stream.held = False
+            self.held -= 1
 
     def _grant(self) -> bytes:
         update = f.window_update(0, self.unacked)

@@ -3,7 +3,9 @@
 `Sender` keeps the invariants of what edged writes: a header block is cut to the peer's SETTINGS_MAX_FRAME_SIZE
 (HEADERS, then CONTINUATION) and opened with a pending dynamic table size update; DATA never exceeds the
 stream's or the connection's send window and is not produced while the transport is paused; a stream's
-trailers leave only after its last DATA.
+trailers leave only after its last DATA. ``unsent`` is the DATA every stream of the connection keeps waiting
+(the connection compares it with ``[server] grpc_max_unsent_mb``) and ``progress`` moves whenever some of it
+leaves or the transport resumes, so a connection whose peer stopped reading can be told apart from a slow one.
 """
 
 from __future__ import annotations
@@ -39,13 +41,15 @@ class H2Stream:
 
 
 class Sender:
-    __slots__ = ("frame_size", "paused", "table_update", "window")
+    __slots__ = ("frame_size", "paused", "progress", "table_update", "unsent", "window")
 
     def __init__(self) -> None:
         self.frame_size = f.DEFAULT_FRAME_SIZE  # the peer's SETTINGS_MAX_FRAME_SIZE
         self.window = f.DEFAULT_WINDOW  # the connection's send window
         self.paused = False  # the transport's buffer is full: the peer does not read
         self.table_update = b""  # announced at the start of our next header block
+        self.unsent = 0  # DATA bytes waiting in the streams' ``pending``, all streams together
+        self.progress = 0  # moves whenever waiting output leaves (or may: the transport resumed)
 
     def header_frames(self, out: list[bytes], stream_id: int, block: bytes, end_stream: bool) -> None:
         if self.table_update:
@@ -72,6 +76,7 @@ class Sender:
             self.window -= size
         elif size:
             stream.pending += body
+            self.unsent += size
         if trailers is not None:
             stream.trailers = trailers
         return self.drain(out, stream_id, stream)
@@ -92,8 +97,16 @@ class Sender:
                 del pending[:size]
             stream.send_window -= size
             self.window -= size
+            self.unsent -= size
+            self.progress += 1
         if pending or stream.trailers is None:
             return False
         trailers, stream.trailers = stream.trailers, None
         self.header_frames(out, stream_id, trailers, end_stream=True)
         return True
+
+    def discard(self, stream: H2Stream) -> None:
+        """``stream`` ended before its output left (a reset, the connection's end): that output is not owed."""
+        if stream.pending:
+            self.unsent -= len(stream.pending)
+            stream.pending = bytearray()

@@ -3,7 +3,8 @@ own: NOT_FOUND, INVALID_ARGUMENT, UNAVAILABLE (a full queue, a model not ready, 
 queue), ALREADY_EXISTS (a region name taken), CANCELLED (a request unqueued because its call ended: nobody
 reads it, but the stream's statistics count it), INTERNAL. Triton has no family for refused access; edged answers
 PERMISSION_DENIED, which tritonclient raises like any other error; a region past edged's shared-memory limits
-(Triton has none) RESOURCE_EXHAUSTED, gRPC's code for a spent resource. Messages too large for
+(Triton has none) RESOURCE_EXHAUSTED, gRPC's code for a spent resource, as is an answer refused because the
+client's unread answers are past ``[server] grpc_max_unsent_mb`` (``AnswersUnread``). Messages too large for
 ``[server] grpc_max_message_mb`` get RESOURCE_EXHAUSTED from the call layer (``_grpc_stream``) before any
 handler runs. The codes are gRPC's own numbers (doc/statuscodes.md of the gRPC project).
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 from enum import IntEnum
 
 from edged.errors import (
+    AnswersUnread,
     ConfigError,
     EdgedError,
     InvalidInput,
@@ -56,6 +58,7 @@ _CODE_BY_FAMILY: tuple[tuple[type[EdgedError], Status], ...] = (
     (SharedMemoryNotFound, Status.NOT_FOUND),
     (SharedMemoryExists, Status.ALREADY_EXISTS),
     (SharedMemoryLimit, Status.RESOURCE_EXHAUSTED),
+    (AnswersUnread, Status.RESOURCE_EXHAUSTED),
     (InvalidInput, Status.INVALID_ARGUMENT),
     (ConfigError, Status.INVALID_ARGUMENT),
     (QueueFull, Status.UNAVAILABLE),

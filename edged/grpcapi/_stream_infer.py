@@ -14,7 +14,9 @@ Invariants:
   answers wait for the client to read them. Past either, the call holds its input: its DATA is kept unparsed
   and no window is granted (``_h2_inflow``), so a fast client waits in its flow control instead of failing, and
   what it can make edged hold is its windows plus the bound's requests and answers. Input is taken again once
-  half the bound is answered and the answers are out.
+  half the bound is answered and the answers are out. Answers the client does not read count toward the
+  connection's ``[server] grpc_max_unsent_mb``: past it a request's answer is its RESOURCE_EXHAUSTED
+  ``error_message`` instead (``GrpcCall.unread_answers``), so requests taken before the hold cannot pile up.
 - The call ends with OK once the client has half-closed and every request taken is answered.
 """
 
@@ -27,7 +29,7 @@ from typing import Any
 from google.protobuf.message import DecodeError
 
 from edged.errors import EdgedError, InferenceFailed
-from edged.grpcapi._grpc_stream import GrpcCall
+from edged.grpcapi._grpc_stream import GrpcCall, bounded
 from edged.grpcapi._infer import GrpcInfer
 from edged.grpcapi._layouts import encode_varint
 from edged.grpcapi._status import Status
@@ -113,6 +115,9 @@ class StreamCall:
         self._infer.begin(decoded, lambda answer: self._answer(decoded, answer), self)
 
     def _answer(self, decoded: Decoded, answer: bytes | EdgedError) -> None:
+        if isinstance(answer, bytes) and self._call.output.unsent and (unread := self._call.unread_answers(
+                f"an answer of {len(answer)} bytes")) is not None:
+            answer = unread  # the client has not read what it was sent: this answer is its error, a few bytes
         if isinstance(answer, bytes):
             # ModelStreamInferResponse(infer_response=...) around the response's bytes, without protobuf
             size = len(answer)
@@ -156,7 +161,7 @@ class StreamCall:
 
 
 def _error(error: EdgedError, model: str, version: str, request_id: str) -> bytes:
-    answer = pb.ModelStreamInferResponse(error_message=str(error), infer_response=pb.ModelInferResponse(
+    answer = pb.ModelStreamInferResponse(error_message=bounded(str(error)), infer_response=pb.ModelInferResponse(
         model_name=model, model_version=version, id=request_id))
     return bytes(answer.SerializeToString())
 

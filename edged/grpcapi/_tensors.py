@@ -22,6 +22,7 @@ from edged.engine import InferRequest, InferResponse, RequestedOutput
 from edged.errors import InvalidInput, PayloadTooLarge
 from edged.grpcapi.proto import grpc_service_pb2 as pb
 from edged.protocol import kserve_datatype
+from edged.protocol._shapes import MAX_RANK
 from edged.protocol.codec import tensor_bytes, tensor_from_bytes
 from edged.protocol.datatypes import numpy_for
 from edged.protocol.shm_params import ShmReader, ShmReference, shm_reference
@@ -90,6 +91,8 @@ def _decode_input(tensor: pb.ModelInferRequest.InferInputTensor, raw: Sequence[b
     name = tensor.name
     dtype = numpy_for(tensor.datatype, name)
     shape = tuple(tensor.shape)
+    if len(shape) > MAX_RANK:  # as the HTTP codec refuses it (numpy could not build a deeper array anyway)
+        raise InvalidInput(f"input {name!r}: a shape of {len(shape)} dimensions, more than the limit of {MAX_RANK}")
     count = span = 1
     for dim in shape:
         if dim < 0:

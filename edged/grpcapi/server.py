@@ -18,17 +18,20 @@ Listeners (``_listeners``) and access control (``_access``):
   inference where ``[server.access]`` limits it to listed users.
 - Messages up to ``grpc_max_message_mb`` (a 6.2 MB 1080p frame fits the default); a larger one gets
   RESOURCE_EXHAUSTED from its length prefix, before its bytes are read.
-- Request messages being received, and a unary call's message until its half-close hands it to the engine,
-  are charged to the in-flight body budget the daemon shares with the HTTP server (``[server]
+- Request messages being received (as their bytes arrive), and a unary call's message until its half-close
+  hands it to the engine, are charged to the in-flight body budget the daemon shares with the HTTP server (``[server]
   max_inflight_body_bytes``, one budget for both front ends); past it a call gets RESOURCE_EXHAUSTED. A
   message whose bytes stop arriving meets ``request_timeout_s`` (DEADLINE_EXCEEDED), a connection with no
   stream and no frame meets ``idle_timeout_s`` (GOAWAY, then closed).
 - A ModelStreamInfer takes at most 64 requests in flight, by back-pressure (``_stream_infer``).
-- At most ``[server] max_connections`` gRPC connections (counted apart from HTTP's; under a daemon the limit
-  ``edged.serving`` clamped to RLIMIT_NOFILE, whose budget counts both front ends): one more is answered GOAWAY
-  (ENHANCE_YOUR_CALM) and closed; at most ``listen_backlog`` refused connections linger for their GOAWAY to be
-  read (past them the oldest is closed at once), and refusals are logged once per ``REFUSAL_LOG_S`` with a
-  count.
+- A connection must send HTTP/2's client preface and SETTINGS within ``PREFACE_TIMEOUT_S`` (5 s, or
+  ``request_timeout_s`` if shorter), else it is closed (``H2Control.sweep``).
+- At most ``[server] max_connections`` gRPC connections, of which TCP may take all but an eighth (at least one)
+  when a Unix socket is served, so loopback connections never lock out the socket (counted apart from HTTP's;
+  under a daemon the limit ``edged.serving`` clamped to RLIMIT_NOFILE, whose budget counts both front ends):
+  one more is answered GOAWAY (ENHANCE_YOUR_CALM) and closed; at most ``listen_backlog`` refused connections
+  linger for their GOAWAY to be read (past them the oldest is closed at once), and refusals are logged once per
+  ``REFUSAL_LOG_S`` with a count.
 - Stopping sends GOAWAY on every connection, lets calls in flight finish within the timeout, then closes.
 - ``prometheus_lines`` renders the ``edged_grpc_*`` families (``_metrics``); the daemon adds them to ``/metrics``.
 """
@@ -102,6 +105,7 @@ _LAZY = frozenset({"ModelMetadata", "ModelConfig"})
 
 
 _MB = 1024 * 1024
+UNIX_RESERVED_SHARE = 8  # an eighth of max_connections (at least one) is kept for the Unix socket
 REFUSAL_LOG_S = 10.0  # a flood of refused connections logs one line per interval, with the count
 
 
@@ -126,6 +130,7 @@ class GrpcServer:
         self._connections: set[H2Connection] = set()
         self._max_connections = config.max_connections  # under a daemon, what descriptors allow (start)
         self._lingering = config.listen_backlog
+        self._unix_reserved = 0  # slots TCP connections may not take (start: with a Unix socket, an eighth)
         self._refused: dict[H2Connection, None] = {}  # refused, their GOAWAY sent, not closed yet; oldest first
         self._refusals_unlogged = 0
         self._refusal_logged_at = float("-inf")
@@ -194,6 +199,8 @@ class GrpcServer:
                 server = await loop.create_server(lambda: self._connection(unix=False), sock=sock)
             self._servers.append(server)
             self.addresses.append(listener.address)
+        if any(listener.socket.family == socket.AF_UNIX for listener in self._listeners):
+            self._unix_reserved = min(max(1, self._max_connections // UNIX_RESERVED_SHARE), self._max_connections - 1)
         self._sweeper = loop.create_task(self._sweep())
         log.info("serving KServe v2 gRPC on %s", ", ".join(self.addresses))
 
@@ -240,14 +247,21 @@ class GrpcServer:
             now = loop.time()
             for conn in list(self._connections):
                 try:
-                    conn.sweep(now, config.idle_timeout_s)
+                    conn.sweep(now, config.idle_timeout_s, config.request_timeout_s)
                 except Exception:  # one connection's bug must not stop the sweeping of the others
                     log.exception("unexpected error sweeping a gRPC connection")
 
     # --- connections --------------------------------------------------------------------------------------
     def _connection(self, unix: bool) -> H2Connection:
-        refuse = len(self._connections) >= self._max_connections
-        conn = H2Connection(self._open, self._closed, self._metrics.h2, refuse=refuse)
+        # TCP takes at most what leaves the Unix socket its reserved slots: loopback connections, open to any local
+        # process, cannot lock out the socket whose file mode and peer credentials say who may connect
+        open_now = len(self._connections)
+        if unix:
+            refuse = open_now >= self._max_connections
+        else:
+            refuse = open_now - len(self._peered) >= self._max_connections - self._unix_reserved
+        conn = H2Connection(self._open, self._closed, self._metrics.h2, refuse=refuse,
+                            unsent_limit=self._config.grpc_max_unsent_mb * _MB)
         if refuse:
             self._refuse(conn)
             return conn
@@ -267,8 +281,9 @@ class GrpcServer:
             limit = (f"[server] max_connections = {configured}" if self._max_connections >= configured else
                      f"{self._max_connections}: [server] max_connections = {configured} clamped to what "
                      "RLIMIT_NOFILE leaves")
-            log.warning("gRPC connection limit reached: %d connections open (limit %s); %d refused with GOAWAY "
-                        "ENHANCE_YOUR_CALM since the last such line, %d since start", len(self._connections), limit,
+            log.warning("gRPC connection limit reached: %d connections open (%d on the Unix socket; limit %s, %d of "
+                        "them kept for the Unix socket); %d refused with GOAWAY ENHANCE_YOUR_CALM since the last such "
+                        "line, %d since start", len(self._connections), len(self._peered), limit, self._unix_reserved,
                         self._refusals_unlogged, self._metrics.connections_refused)
             self._refusal_logged_at = now
             self._refusals_unlogged = 0
@@ -320,6 +335,9 @@ class GrpcServer:
             call.fail(Status.UNIMPLEMENTED, f"method {path.decode('latin-1')!r} is not served by edged")
             return call
         call.tally = calls[name]
+        if conn.output.unsent >= conn.unsent_limit and (unread := call.unread_answers("a new call")) is not None:
+            call.fail(code_for(unread), str(unread))  # the client reads nothing: its new calls would wait too
+            return call
         peered = self._peered.get(conn, _TCP)
         if peered is _TCP and self._tcp_shm is not None and self._access.tcp_admits_shm(call.request.metadata):
             peered = self._tcp_shm

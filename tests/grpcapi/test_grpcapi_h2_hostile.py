@@ -41,6 +41,7 @@ from h2_raw import (
     request_block,
 )
 
+from edged.grpcapi._h2_inflow import CONNECTION_DUE
 from edged.grpcapi.proto import grpc_service_pb2 as pb
 
 
@@ -211,6 +212,40 @@ def test_a_stream_paused_by_a_full_transport_goes_on_once_the_client_reads(grpc_
     assert answers == count
 
 
+def test_a_held_stream_does_not_stall_the_connection_window_of_the_others(grpc_daemon: GrpcDaemon) -> None:
+    """Stream 1 is held (its answer waits for a window the client never opens); two 6.2 MB frames on other
+    streams pass half the connection's window, which must be granted back for them all the same."""
+    status = grpc_daemon.daemon.client().status
+    holds = status()["grpc"]["stream_holds"]
+    request = pb.ModelInferRequest(model_name="camera_frame")
+    request.inputs.add(name="frame", datatype="UINT8", shape=[1, 1080, 1920, 3])
+    request.raw_input_contents.append(bytes(1080 * 1920 * 3))
+    camera = message(request.SerializeToString())
+    with RawH2(grpc_daemon.tcp) as client:
+        client.start(struct.pack(">HI", 4, 0))  # SETTINGS_INITIAL_WINDOW_SIZE 0: stream windows opened one by one
+        client.until(WINDOW_UPDATE, 0)  # the connection's window opened to 16 MiB at the start: not counted
+        client.send(frame(HEADERS, END_HEADERS, 1, request_block("ModelStreamInfer")),
+                    *data_frames(1, message(_infer_body()), end_stream=False))
+        deadline = time.monotonic() + 30  # a bound for a hang, not a measure
+        while status()["grpc"]["stream_holds"] == holds:
+            assert time.monotonic() < deadline, "stream 1 was never held by its unread answer"
+            time.sleep(0.05)
+        granted = 0
+        for stream in (3, 5):  # 12.4 MB together, within the 16 MiB the connection's window allows at once
+            client.send(frame(HEADERS, END_HEADERS, stream, request_block("ModelInfer")),
+                        _window_update(stream, 1 << 16), *data_frames(stream, camera))
+            fields: dict[bytes, bytes] = {}
+            while (got := client.read()) is not None:
+                if got.kind == WINDOW_UPDATE and got.stream == 0:
+                    granted += struct.unpack(">I", got.payload)[0]
+                elif got.kind == HEADERS and got.stream == stream:
+                    fields.update(client.decoder.decode(got.payload))
+                    if got.flags & END_STREAM:
+                        break
+            assert fields.get(b"grpc-status") == b"0", fields
+    assert granted >= CONNECTION_DUE, f"the connection's window was granted {granted} bytes while stream 1 was held"
+
+
 def test_streams_beyond_the_advertised_maximum_are_refused(grpc_daemon: GrpcDaemon) -> None:
     with RawH2(grpc_daemon.tcp) as client:
         client.start()
@@ -235,6 +270,37 @@ def test_a_four_gigabyte_length_prefix_is_resource_exhausted_at_once(grpc_daemon
         assert fields[b"grpc-status"] == b"8", fields
         assert str(MAX_MESSAGE_MB * 1024 * 1024).encode() in fields[b"grpc-message"]
     _served(grpc_daemon)
+
+
+def test_frames_on_a_stream_we_ended_early_are_ignored(grpc_daemon: GrpcDaemon) -> None:
+    """The call ends (RESOURCE_EXHAUSTED, then RST_STREAM NO_ERROR) while the client is still sending: its DATA
+    and trailers in flight on that stream are dropped (RFC 9113 §5.4.2), the connection goes on."""
+    with RawH2(grpc_daemon.tcp) as client:
+        client.start()
+        client.send(frame(HEADERS, END_HEADERS, 1, request_block("ModelInfer")),
+                    frame(DATA, 0, 1, b"\x00\xff\xff\xff\xff"))
+        fields, _ = client.response(1)
+        assert fields[b"grpc-status"] == b"8", fields
+        assert client.until(RST_STREAM, 1).code == 0
+        client.send(frame(DATA, 0, 1, b"late"), frame(HEADERS, END_HEADERS | END_STREAM, 1, block([(b"x", b"y")])))
+        fields, body = client.call(3, "ServerLive", pb.ServerLiveRequest().SerializeToString())
+        assert fields[b"grpc-status"] == b"0" and pb.ServerLiveResponse.FromString(body).live
+
+
+def test_error_texts_quoting_the_request_are_cut_to_a_bounded_length(grpc_daemon: GrpcDaemon) -> None:
+    long_name = "m" * 15_000  # a method and a model name that error texts quote (a header block of one frame)
+    infer = pb.ModelInferRequest(model_name=long_name).SerializeToString()
+    with RawH2(grpc_daemon.tcp) as client:
+        client.start()
+        unknown_method, _ = client.call(1, long_name, b"")
+        unknown_model, _ = client.call(3, "ModelInfer", infer)
+        client.send(frame(HEADERS, END_HEADERS, 5, request_block("ModelStreamInfer")),
+                    *data_frames(5, message(infer)))
+        _, data = client.response(5)
+    assert unknown_method[b"grpc-status"] == b"12" and unknown_model[b"grpc-status"] == b"5"
+    streamed = pb.ModelStreamInferResponse.FromString(data)  # the one answer: its error
+    for text in (unknown_method[b"grpc-message"], unknown_model[b"grpc-message"], streamed.error_message.encode()):
+        assert b"mmmm" in text and len(text) < 4096 and text.endswith(b"characters, cut)"), text[-80:]
 
 
 def test_a_compressed_message_is_unimplemented(grpc_daemon: GrpcDaemon) -> None:

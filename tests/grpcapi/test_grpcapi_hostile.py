@@ -69,10 +69,11 @@ def test_typed_contents_are_accepted_like_raw_contents(channel: grpc.Channel) ->
     (_request([1, -64], raw=bytes(256)), grpc.StatusCode.INVALID_ARGUMENT, "negative dimension"),
     (_request([1 << 40, 1 << 40], raw=b""), grpc.StatusCode.INVALID_ARGUMENT, "more than the limit"),
     (_request([0, 19, 1 << 58], "BOOL", raw=b""), grpc.StatusCode.INVALID_ARGUMENT, "more than the limit"),
+    (_request([1] * 65, raw=bytes(4)), grpc.StatusCode.INVALID_ARGUMENT, "65 dimensions, more than the limit of 32"),
     (_request([1, 64], raw=bytes(256), model="no_such_model"), grpc.StatusCode.NOT_FOUND, "no_such_model"),
     (_request([1, 64], raw=bytes(256), model=""), grpc.StatusCode.INVALID_ARGUMENT, "model_name is empty"),
 ], ids=["wrong-shape", "wrong-datatype", "raw-length", "unknown-datatype", "negative-dim", "overflow", "empty-overflow",
-        "unknown-model", "no-model"])
+        "too-many-dims", "unknown-model", "no-model"])
 def test_bad_requests_get_a_status_naming_the_problem(channel: grpc.Channel, request_: pb.ModelInferRequest,
                                                       code: grpc.StatusCode, words: str) -> None:
     got, details = _status(channel, request_)

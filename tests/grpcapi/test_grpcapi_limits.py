@@ -43,6 +43,7 @@ from edged.grpcapi.proto import grpc_service_pb2 as pb
 
 BUDGET = 4 << 20  # [server] max_inflight_body_bytes
 DECLARED = 1536 << 10  # each attacking stream's message: two fit in the budget, a third does not
+SENT = 1200 << 10  # what arrives of a partial one: three fit, a fourth does not
 RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED = b"8", b"4"
 
 
@@ -108,21 +109,40 @@ def test_partial_messages_share_the_in_flight_budget_and_release_it_on_reset(dae
                                                                              ) -> None:
     process, address = daemon
     rss_before = process.rss_kib()
-    streams = list(range(1, 80, 2))  # 40 streams, each sending 1 MB of a 1.5 MB message: 40 MB unbounded
+    streams = list(range(1, 80, 2))  # 40 streams, each sending 1.2 MB of a 1.5 MB message: 48 MB unbounded
     with RawH2(address) as client:
         client.start()
         for stream in streams:
-            client.send(*_partial(stream, DECLARED, 1 << 20))
-        refused = _trailers(client, set(streams[2:]))
+            client.send(*_partial(stream, DECLARED, SENT))
+        refused = _trailers(client, set(streams[3:]))  # the bytes arrived are charged: three fit the budget
         for fields in refused.values():
             assert fields[b"grpc-status"] == RESOURCE_EXHAUSTED
             assert b"max_inflight_body_bytes" in fields[b"grpc-message"]
-        _wait(lambda: _status(process)["inflight_body_bytes"] == 2 * DECLARED, "the two first messages reserved")
+        _wait(lambda: _status(process)["inflight_body_bytes"] == 3 * SENT, "the three first messages charged")
         assert _status(process)["inflight_body_limit_bytes"] == BUDGET
         assert process.rss_kib() - rss_before < 24 << 10, "the refused streams' bytes were kept"
         _served(address)
-        client.send(*(frame(RST_STREAM, 0, stream, bytes(4)) for stream in streams[:2]))
+        client.send(*(frame(RST_STREAM, 0, stream, bytes(4)) for stream in streams[:3]))
         _wait(lambda: _status(process)["inflight_body_bytes"] == 0, "the budget released after the resets")
+
+
+def test_length_prefixes_of_messages_that_never_come_hold_none_of_the_budget(
+        daemon: tuple[DaemonProcess, str]) -> None:
+    process, address = daemon
+    streams = list(range(1, 80, 2))  # 40 prefixes claiming 1.5 MB each (60 MB), and no byte of the messages
+    with RawH2(address) as client:
+        client.start()
+        for stream in streams:
+            client.send(*_partial(stream, DECLARED, 0))
+        fields, _ = client.call(101, "ServerLive", pb.ServerLiveRequest().SerializeToString())
+        assert fields[b"grpc-status"] == b"0"  # read after the prefixes: they have all been seen
+        assert _status(process)["inflight_body_bytes"] == 0, "claimed message lengths were reserved"
+        with RawH2(address) as other:  # another client's two whole messages of that size fit meanwhile
+            other.start()
+            other.send(*_parked(1, message(bytes(DECLARED))), *_parked(3, message(bytes(DECLARED))))
+            _wait(lambda: _status(process)["inflight_body_bytes"] == 2 * DECLARED, "the other client's messages kept")
+            other.send(*(frame(RST_STREAM, 0, stream, bytes(4)) for stream in (1, 3)))
+            _wait(lambda: _status(process)["inflight_body_bytes"] == 0, "the budget released after the resets")
 
 
 def _parked(stream: int, body: bytes) -> list[bytes]:
