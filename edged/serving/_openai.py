@@ -219,8 +219,16 @@ def _int(doc: dict[str, Any], name: str, default: int, low: int) -> int:
     return value
 
 
+_SEED_LOW, _SEED_HIGH = -2**63, 2**64 - 1  # OpenAI's seeds are 64-bit; the backend folds them into its own range
+
+
 def _seed(doc: dict[str, Any]) -> int | None:
-    return _int(doc, "seed", 0, 0) if doc.get("seed") is not None else None
+    seed = doc.get("seed")
+    if seed is None:
+        return None
+    if isinstance(seed, bool) or not isinstance(seed, int) or not _SEED_LOW <= seed <= _SEED_HIGH:
+        raise ParamError(f"'seed' must be a 64-bit integer, found {seed!r}", "seed")
+    return seed
 
 
 def completion_id(chat: bool) -> str:

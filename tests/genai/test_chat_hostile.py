@@ -216,3 +216,13 @@ def _without_interim(answer: bytes, over: str) -> bytes:
     if over == "tcp" and answer.startswith(interim):
         return answer[len(interim):]
     return answer
+
+
+def test_a_64_bit_seed_is_taken(genai_server: harness.ThreadedServer) -> None:
+    # OpenAI's seeds are 64-bit; ORT GenAI takes an int32, and 2**31 and above failed its cast: a 500
+    for seed in (2**31, 2**64 - 1, -(2**63)):
+        reply = post(genai_server, {**GOOD, "seed": seed, "temperature": 1.0})
+        assert reply.status_code == 200, reply.text
+    for bad in (b"1.5", b"18446744073709551616", b'"7"'):  # 2**64 is parsed as a float
+        body = orjson.dumps(GOOD)[:-1] + b', "seed": ' + bad + b"}"
+        assert error_of(post(genai_server, body), 400)["param"] == "seed"
