@@ -16,7 +16,14 @@ import orjson
 
 from edged.backends.tool_calls import ToolCall
 from edged.engine.tool_output import NO_TOOLS, Constraint, Tools
-from edged.errors import EdgedError, InvalidParameter, ModelNotFound, PermissionDenied, QueueFull
+from edged.errors import (
+    ContextLengthExceeded,
+    EdgedError,
+    InvalidParameter,
+    ModelNotFound,
+    PermissionDenied,
+    QueueFull,
+)
 from edged.serving._limits import RETRY
 from edged.serving._response import Response, status_for
 from edged.serving._tools import message_tool_calls, parse_response_format, parse_tools
@@ -279,6 +286,7 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 WWW_AUTHENTICATE = ((b"www-authenticate", b'Bearer realm="edged"'),)  # beside every 401
 INVALID_API_KEY = "invalid_api_key"
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # OpenAI's code for a prompt (and max_tokens) past the context
 
 _TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 403: "permission_error", 404: "not_found_error",
           405: "invalid_request_error", 408: "invalid_request_error", 411: "invalid_request_error",
@@ -291,7 +299,8 @@ def openai_error(error: BaseException) -> Response:
     the ``Retry-After`` of edged's own 503s (OpenAI's clients wait that long before they retry)."""
     status = 429 if isinstance(error, QueueFull) else 401 if isinstance(error, Unauthenticated) else status_for(error)
     code = ("model_not_found" if isinstance(error, ModelNotFound)
-            else INVALID_API_KEY if isinstance(error, Unauthenticated) else None)
+            else INVALID_API_KEY if isinstance(error, Unauthenticated)
+            else CONTEXT_LENGTH_EXCEEDED if isinstance(error, ContextLengthExceeded) else None)
     param = error.param if isinstance(error, InvalidParameter) else None
     message = str(error) if isinstance(error, EdgedError) else f"internal error: {type(error).__name__}"
     headers = (WWW_AUTHENTICATE if status == 401
