@@ -328,6 +328,9 @@ def _prepare(instance: GenerativeInstance, request: GenerationRequest,
         text = instance.render_chat(request.messages, list(tools.definitions) if tools.active else None,
                                     add_generation_prompt=True)
     _check_prompt_bytes(_utf8_length(text), instance, request, limits, prompt_field)
+    if "\x00" in text:  # the tokenizer takes a C string: it would drop the rest of the prompt unsaid
+        raise InvalidParameter(f"the prompt holds a NUL character at index {text.index(chr(0))}, where model "
+                               f"{request.model!r}'s tokenizer would end it; remove it", prompt_field)
     prompt = instance.encode(text)
     if limits.max_prompt_tokens is not None and len(prompt) > limits.max_prompt_tokens:
         raise ContextLengthExceeded(f"the prompt is {len(prompt)} tokens; model {request.model!r} takes at most "

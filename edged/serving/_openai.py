@@ -90,6 +90,7 @@ def completion_request(doc: dict[str, Any]) -> ChatRequest:
         prompt = prompt[0]
     if not isinstance(prompt, str) or not prompt:
         raise ParamError("'prompt' must be a non-empty string (or a list of exactly one)", "prompt")
+    _no_nul(prompt, "prompt")
     return _request(doc, (), prompt, _max_tokens(doc, COMPLETION_DEFAULT_TOKENS))
 
 
@@ -146,9 +147,9 @@ def _messages(raw: Any) -> tuple[dict[str, Any], ...]:
         if not isinstance(message, dict):
             raise ParamError(f"{where} must be an object, found {type(message).__name__}", where)
         role = message.get("role")
-        if role not in ROLES:
-            raise ParamError(f"{where}.role must be one of {', '.join(sorted(ROLES))}, found {role!r}",
-                             f"{where}.role")
+        if not isinstance(role, str) or role not in ROLES:  # a list or object is unhashable: a TypeError, a 500
+            raise ParamError(f"{where}.role must be one of {', '.join(sorted(ROLES))}, found "
+                             f"{_shown(role)}", f"{where}.role")
         extra = sorted(set(message) - _MESSAGE_KEYS)
         if extra:
             raise ParamError(f"{where}: unsupported field(s) {', '.join(extra)}", f"{where}.{extra[0]}")
@@ -160,6 +161,7 @@ def _message(message: dict[str, Any], role: str, where: str) -> dict[str, Any]:
     for key in ("name", "tool_call_id"):
         if not isinstance(message.get(key, ""), str):
             raise ParamError(f"{where}.{key} must be a string", f"{where}.{key}")
+        _no_nul(message.get(key, ""), f"{where}.{key}")
     out: dict[str, Any] = {k: v for k, v in message.items() if k in ("role", "name", "tool_call_id")}
     if "tool_calls" in message:
         if role != "assistant":
@@ -174,12 +176,27 @@ def _message(message: dict[str, Any], role: str, where: str) -> dict[str, Any]:
 
 def _content(content: Any, where: str) -> str:
     if isinstance(content, str):
-        return content
+        return _no_nul(content, f"{where}.content")
     if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
                                          and isinstance(p.get("text"), str) for p in content):
-        return "".join(p["text"] for p in content)
+        return _no_nul("".join(p["text"] for p in content), f"{where}.content")
     raise ParamError(f"{where}.content must be a string or a list of text parts (edged's models take text only)",
                      f"{where}.content")
+
+
+def _no_nul(text: str, param: str) -> str:
+    """``text``, refused if it holds a NUL: the tokenizer takes C strings and silently drops everything after
+    one, so the model would answer a prompt cut short."""
+    if "\x00" in text:
+        raise ParamError(f"{param} holds a NUL character (\\u0000) at index {text.index(chr(0))}; the model's "
+                         "tokenizer ends the text there: remove it", param)
+    return text
+
+
+def _shown(value: Any) -> str:
+    """A client's value in a message, cut short (a role could be a megabyte of JSON)."""
+    shown = repr(value)
+    return shown if len(shown) <= 80 else shown[:77] + "..."
 
 
 def _max_tokens(doc: dict[str, Any], default: int | None) -> int | None:
