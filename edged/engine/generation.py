@@ -120,15 +120,25 @@ class GenerationService:
         return stream
 
     def generative_models(self) -> list[str]:
-        return [entry["name"] for entry in self._service.repository_index(ready_only=True)
-                if self._service.model_config(entry["name"]).runtime == GENAI_RUNTIME]
+        return list(self.ready_generative())
 
-    def ready_since(self, model: str) -> int:
-        """When the served version of ``model`` became ready, in Unix seconds (OpenAI's Model ``created``)."""
-        try:
-            return int(self._service.version_info(model).lifecycle.changed_at)
-        except EdgedError:  # unloaded since it was listed
-            return int(time.time())
+    def ready_generative(self, index: list[dict[str, Any]] | None = None) -> dict[str, int]:
+        """The ready generative models, each once, with when its served version became ready (Unix seconds,
+        OpenAI's Model ``created``). The index (``index``: one read before) is read without the registry lock,
+        so a model it lists may be unloading by the time its version is looked up: it is left out, not an error
+        (a 500 for the whole list)."""
+        ready: dict[str, int] = {}
+        for entry in self._service.repository_index(ready_only=True) if index is None else index:
+            name = entry["name"]
+            if name in ready:  # one entry per ready version
+                continue
+            try:
+                version = self._service.version_info(name)
+            except EdgedError:  # unloaded since the index was read
+                continue
+            if version.config.runtime == GENAI_RUNTIME:
+                ready[name] = int(version.lifecycle.changed_at)
+        return ready
 
     def instance(self, model: str) -> GenerativeInstance:
         """The ready generative instance of ``model``, loading a lazily loaded model first (blocking)."""

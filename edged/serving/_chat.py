@@ -63,16 +63,16 @@ class ChatPath:
         self._loop = asyncio.get_running_loop()
 
     def models(self) -> Response:
-        generation = self._generation
-        data = [model_object(name, generation.ready_since(name)) for name in generation.generative_models()]
+        data = [model_object(name, created) for name, created in self._generation.ready_generative().items()]
         return json_response({"object": "list", "data": data})
 
     def model(self, name: str) -> Response:
         """``GET /v1/models/{model}``: the model as ``GET /v1/models`` lists it, else 404 ``model_not_found``."""
-        if name not in self._generation.generative_models():
+        created = self._generation.ready_generative().get(name)
+        if created is None:
             return openai_error(ModelNotFound(f"model {name!r} is not a ready generative model of this server "
                                               "(GET /v1/models lists them)"))
-        return json_response(model_object(name, self._generation.ready_since(name)))
+        return json_response(model_object(name, created))
 
     def handle(self, connection: Connection, incoming: Incoming, slot: Slot, chat: bool = True) -> None:
         """``chat``: /v1/chat/completions, else /v1/completions (a prompt string, no chat template)."""
