@@ -15,6 +15,19 @@ import server_harness as harness
 from prometheus_client.parser import text_string_to_metric_families
 
 GOOD = {"model": "tiny_llama", "messages": [{"role": "user", "content": "Open the gate"}], "max_tokens": 4}
+# nested a thousand deep: orjson parses it (1024 levels), json.dumps and json.loads recursed past their limit
+DEEP = b'{"a":' * 1000 + b"1" + b"}" * 1000
+_ASK = b'{"model": "tiny_llama", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}], '
+DEEP_TOOL = _ASK + (b'"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", '
+                    b'"properties": ' + DEEP + b"}}}]}")
+LIST_TOOL = _ASK + (b'"tools": [{"type": "function", "function": {"name": "f", "parameters": ' + b"[" * 1000
+                    + b"]" * 1000 + b"}}]}")
+DEEP_FORMAT = _ASK + (b'"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": '
+                      + DEEP + b"}}}")
+DEEP_ARGUMENTS = orjson.dumps({**GOOD, "messages": [
+    {"role": "user", "content": "x"},
+    {"role": "assistant", "content": None,
+     "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": "[" * 100000}}]}]})
 
 
 def post(server: harness.ThreadedServer, body: Any) -> httpx.Response:
@@ -49,6 +62,10 @@ def error_of(response: httpx.Response, status: int) -> dict[str, Any]:
     ({**GOOD, "max_tokens": 0}, "max_tokens", "at least 1"),
     ({**GOOD, "stop": ["a", "b", "c", "d", "e"]}, "stop", "up to 4"),
     ({**GOOD, "messages": []}, "messages", "non-empty"),
+    (DEEP_TOOL, "tools[0].function.parameters", "more than 64 levels deep"),
+    (LIST_TOOL, "tools[0].function.parameters", "found [[[[...]]]]"),
+    (DEEP_FORMAT, "response_format.json_schema.schema", "more than 64 levels deep"),
+    (DEEP_ARGUMENTS, "messages[1].tool_calls[0].function.arguments", "the text of a JSON object"),
     ({**GOOD, "stream_options": {"include_usage": True}}, "stream_options", "only with stream=true"),
 ])
 def test_bad_requests_are_refused_with_the_parameter_named(genai_server: harness.ThreadedServer, body: Any,
