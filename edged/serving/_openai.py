@@ -26,7 +26,7 @@ from edged.errors import (
 )
 from edged.serving._limits import RETRY
 from edged.serving._response import Response, status_for
-from edged.serving._tools import message_tool_calls, parse_response_format, parse_tools
+from edged.serving._tools import message_tool_calls, parse_response_format, parse_tools, shown
 
 ROLES = frozenset({"system", "user", "assistant", "tool"})
 _COMMON = frozenset({"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "stream",
@@ -149,7 +149,7 @@ def _messages(raw: Any) -> tuple[dict[str, Any], ...]:
         role = message.get("role")
         if not isinstance(role, str) or role not in ROLES:  # a list or object is unhashable: a TypeError, a 500
             raise ParamError(f"{where}.role must be one of {', '.join(sorted(ROLES))}, found "
-                             f"{_shown(role)}", f"{where}.role")
+                             f"{shown(role)}", f"{where}.role")
         extra = sorted(set(message) - _MESSAGE_KEYS)
         if extra:
             raise ParamError(f"{where}: unsupported field(s) {', '.join(extra)}", f"{where}.{extra[0]}")
@@ -191,12 +191,6 @@ def _no_nul(text: str, param: str) -> str:
         raise ParamError(f"{param} holds a NUL character (\\u0000) at index {text.index(chr(0))}; the model's "
                          "tokenizer ends the text there: remove it", param)
     return text
-
-
-def _shown(value: Any) -> str:
-    """A client's value in a message, cut short (a role could be a megabyte of JSON)."""
-    shown = repr(value)
-    return shown if len(shown) <= 80 else shown[:77] + "..."
 
 
 def _max_tokens(doc: dict[str, Any], default: int | None) -> int | None:

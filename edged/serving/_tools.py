@@ -103,7 +103,7 @@ def _function(function: dict[str, Any], where: str) -> str:
 def _object_schema(schema: Any, where: str) -> None:
     if not isinstance(schema, dict) or schema.get("type", "object") != "object":
         raise ParamError(f"{where} must be a JSON schema of an object ({{\"type\": \"object\", ...}}), "
-                         f"found {_shown(schema)}", where)
+                         f"found {shown(schema)}", where)
     _check_depth(schema, where)
     if not isinstance(schema.get("properties", {}), dict):
         raise ParamError(f"{where}.properties must be an object", f"{where}.properties")
@@ -125,9 +125,9 @@ def _check_depth(schema: Any, where: str) -> None:
     raise ParamError(f"{where} is nested more than {MAX_SCHEMA_DEPTH} levels deep; flatten it", where)
 
 
-def _shown(value: Any) -> str:
-    """A client's value in a message, short whatever its size or depth (json.dumps of a list nested a thousand
-    deep, which orjson parses, was a RecursionError, a 500)."""
+def shown(value: Any) -> str:
+    """A client's value in a message, short whatever its size or depth (json.dumps or repr of a list nested a
+    thousand deep, which orjson parses, is a RecursionError, a 500)."""
     return _SHORT.repr(value)
 
 

@@ -49,6 +49,8 @@ def error_of(response: httpx.Response, status: int) -> dict[str, Any]:
     ({**GOOD, "messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role", "wizard"),
     ({**GOOD, "messages": [{"role": ["user"], "content": "hi"}]}, "messages[0].role", "found ['user']"),
     ({**GOOD, "messages": [{"role": {"x": 1}, "content": "hi"}]}, "messages[0].role", "must be one of"),
+    (b'{"model": "tiny_llama", "messages": [{"role": ' + b"[" * 1000 + b"]" * 1000 + b', "content": "hi"}]}',
+     "messages[0].role", "found [[[[...]]]]"),
     ({**GOOD, "messages": [{"role": "user", "content": "a\u0000b"}]}, "messages[0].content", "NUL character"),
     ({**GOOD, "messages": [{"role": "user", "content": [{"type": "text", "text": "\u0000"}]}]},
      "messages[0].content", "NUL character"),
