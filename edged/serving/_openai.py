@@ -124,7 +124,7 @@ def _request(doc: dict[str, Any], messages: tuple[dict[str, Any], ...], prompt: 
         raise ParamError("'model' must be the name of a generative model (see GET /v1/models)", "model")
     n = doc.get("n")
     if n is not None and (type(n) is not int or n != 1):  # null is OpenAI's default (1); true is no count
-        raise ParamError(f"'n' must be 1: edged generates one choice per request, found {n!r}", "n")
+        raise ParamError(f"'n' must be 1: edged generates one choice per request, found {shown(n)}", "n")
     stream = _bool(doc, "stream")
     options = doc.get("stream_options")
     include_usage = False
@@ -215,7 +215,7 @@ def _bool(doc: dict[str, Any], name: str, default: bool = False) -> bool:
     if value is None:  # OpenAI types its flags "boolean or null": null is the default
         return default
     if not isinstance(value, bool):
-        raise ParamError(f"'{name}' must be true or false, found {value!r}", name)
+        raise ParamError(f"'{name}' must be true or false, found {shown(value)}", name)
     return value
 
 
@@ -224,7 +224,7 @@ def _number(doc: dict[str, Any], name: str, default: float, low: float, high: fl
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-        raise ParamError(f"'{name}' must be a number from {low} to {high}, found {value!r}", name)
+        raise ParamError(f"'{name}' must be a number from {low} to {high}, found {shown(value)}", name)
     return float(value)
 
 
@@ -233,7 +233,7 @@ def _int(doc: dict[str, Any], name: str, default: int, low: int) -> int:
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ParamError(f"'{name}' must be an integer of at least {low}, found {value!r}", name)
+        raise ParamError(f"'{name}' must be an integer of at least {low}, found {shown(value)}", name)
     return value
 
 
@@ -245,7 +245,7 @@ def _seed(doc: dict[str, Any]) -> int | None:
     if seed is None:
         return None
     if isinstance(seed, bool) or not isinstance(seed, int) or not _SEED_LOW <= seed <= _SEED_HIGH:
-        raise ParamError(f"'seed' must be a 64-bit integer, found {seed!r}", "seed")
+        raise ParamError(f"'seed' must be a 64-bit integer, found {shown(seed)}", "seed")
     return seed
 
 

@@ -48,7 +48,7 @@ def parse_tools(doc: dict[str, Any]) -> Tools:
         return Tools(definitions, mode, None, parallel)
     name = _named_choice(choice)
     if name not in {tool["function"]["name"] for tool in definitions}:
-        raise ParamError(f"'tool_choice' names function {name!r}, which 'tools' does not define", "tool_choice")
+        raise ParamError(f"'tool_choice' names function {shown(name)}, which 'tools' does not define", "tool_choice")
     return Tools(definitions, "named", name, parallel)
 
 
@@ -89,7 +89,7 @@ def _function(function: dict[str, Any], where: str) -> str:
         raise ParamError(f"{where}: unsupported field(s) {', '.join(extra)}", f"{where}.{extra[0]}")
     name = function.get("name")
     if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise ParamError(f"{where}.name must be 1 to 64 letters, digits, '_' or '-', found {name!r}",
+        raise ParamError(f"{where}.name must be 1 to 64 letters, digits, '_' or '-', found {shown(name)}",
                          f"{where}.name")
     if not isinstance(function.get("description", ""), str):
         raise ParamError(f"{where}.description must be a string", f"{where}.description")

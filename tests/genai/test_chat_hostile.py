@@ -251,3 +251,17 @@ def test_a_64_bit_seed_is_taken(genai_server: harness.ThreadedServer) -> None:
     for bad in (b"1.5", b"18446744073709551616", b'"7"'):  # 2**64 is parsed as a float
         body = orjson.dumps(GOOD)[:-1] + b', "seed": ' + bad + b"}"
         assert error_of(post(genai_server, body), 400)["param"] == "seed"
+
+
+@pytest.mark.parametrize("name", ["n", "temperature", "max_tokens", "seed", "stream"])
+def test_a_parameter_nested_a_thousand_deep_is_a_400_naming_it(genai_server: harness.ThreadedServer,
+                                                               name: str) -> None:
+    # the refusal's message showed the value with repr, which recursed past its limit: a 500
+    body = orjson.dumps(GOOD)[:-1] + b', "' + name.encode() + b'": ' + b"[" * 1000 + b"]" * 1000 + b"}"
+    error = error_of(post(genai_server, body), 400)
+    assert error["param"] == name and "[[[[...]]]]" in error["message"]
+    with httpx.Client(base_url=f"http://127.0.0.1:{genai_server.port}") as http:
+        generate = http.post("/v2/models/tiny_llama/generate",
+                             content=b'{"text_input": "a", "parameters": {"stream": ' + b"[" * 1000 + b"]" * 1000
+                             + b"}}")
+    assert generate.status_code == 400 and "[[[[...]]]]" in generate.json()["error"]
