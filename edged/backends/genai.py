@@ -32,6 +32,7 @@ _WARMUP_TOKENS = 2
 # ORT GenAI takes random_seed as a C++ int (a larger one fails its pybind cast, a RuntimeError per request), and
 # -1 means "seed from the clock"; OpenAI's seeds are 64-bit, so they are folded into 0 .. 2**31 - 1
 _SEED_RANGE = 2**31 - 1
+_TOP_P_MIN = 1e-6
 _PARAMETERS = frozenset({TOOL_PARSER_PARAMETER, KV_DTYPE_PARAMETER, *LIMIT_PARAMETERS})
 
 
@@ -93,7 +94,9 @@ class GenAIInstance:
         if sampling.temperature == 0:
             options["do_sample"] = False
         else:
-            options.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
+            # top_p 0 is "the most likely token only" to OpenAI, "no nucleus cut" to ORT GenAI (0 and 1 sample
+            # alike): the smallest nucleus keeps just the top token
+            options.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p or _TOP_P_MIN,
                            top_k=self._top_k(sampling.top_k))
             if sampling.seed is not None:
                 options["random_seed"] = fold_seed(sampling.seed)

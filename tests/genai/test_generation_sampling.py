@@ -70,3 +70,9 @@ def test_seeds_fold_into_the_runtimes_int32_keeping_small_ones() -> None:
     assert len(set(big)) == len(big), "distinct large seeds stay distinct"
     assert fold_seed(-1) == fold_seed(2**64 - 1), "a negative seed is its 64-bit two's complement"
 
+
+
+def test_top_p_zero_keeps_only_the_most_likely_token(service: InferenceService) -> None:
+    # OpenAI's top_p 0; ORT GenAI took 0 as "no cut" and sampled the whole distribution
+    greedy = _text(_events(service, temperature=0))
+    assert all(_text(_events(service, temperature=1.0, top_p=0.0, seed=seed)) == greedy for seed in (1, 2, 3))
