@@ -85,6 +85,11 @@ class InvalidParameter(InvalidInput):
         self.param = param
 
 
+class ContextLengthExceeded(InvalidParameter):
+    """A prompt, or a prompt and max_tokens together, past what the model takes: OpenAI's 400 with code
+    ``context_length_exceeded``, which its clients read to shorten the conversation."""
+
+
 class PayloadTooLarge(InvalidInput):
     """A request, a tensor or a message is larger than a configured limit."""
 

@@ -29,6 +29,10 @@ except ImportError as e:  # pragma: no cover - exercised only where the genai ex
     raise BackendUnavailable(f"the onnxruntime_genai backend needs the genai extra: {e}") from e
 
 _WARMUP_TOKENS = 2
+# ORT GenAI takes random_seed as a C++ int (a larger one fails its pybind cast, a RuntimeError per request), and
+# -1 means "seed from the clock"; OpenAI's seeds are 64-bit, so they are folded into 0 .. 2**31 - 1
+_SEED_RANGE = 2**31 - 1
+_TOP_P_MIN = 1e-6
 _PARAMETERS = frozenset({TOOL_PARSER_PARAMETER, KV_DTYPE_PARAMETER, *LIMIT_PARAMETERS})
 
 
@@ -48,6 +52,10 @@ class GenAIInstance:
             raise ModelLoadError(f"model {config.name}: ONNX Runtime GenAI cannot load {folder}: {e}") from e
         self.context_length = int(genai_config.get("model", {}).get("context_length")
                                   or genai_config.get("search", {}).get("max_length", 0))
+        # top_k's "no limit": ORT GenAI refuses a top_k past the vocabulary ("top_k (n) must be less than or
+        # equal to vocab_size"), so the context length, larger than the vocabulary of small models, failed
+        # every sampled request; 0: not in the config, the runtime's own default
+        self.vocab_size = int(genai_config.get("model", {}).get("vocab_size") or 0)
         eos = genai_config.get("model", {}).get("eos_token_id", [])
         self._eos = frozenset(eos if isinstance(eos, list) else [eos])
         self._template = _load_template(folder, config.name)
@@ -86,10 +94,12 @@ class GenAIInstance:
         if sampling.temperature == 0:
             options["do_sample"] = False
         else:
-            options.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
-                           top_k=sampling.top_k or self.context_length)
+            # top_p 0 is "the most likely token only" to OpenAI, "no nucleus cut" to ORT GenAI (0 and 1 sample
+            # alike): the smallest nucleus keeps just the top token
+            options.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p or _TOP_P_MIN,
+                           top_k=self._top_k(sampling.top_k))
             if sampling.seed is not None:
-                options["random_seed"] = sampling.seed
+                options["random_seed"] = fold_seed(sampling.seed)
         params.set_search_options(**options)
         if sampling.guidance is not None:
             params.set_guidance(*sampling.guidance)
@@ -100,6 +110,12 @@ class GenAIInstance:
             raise InvalidInput(f"model {self.name!r}: the output constraint does not compile: {e}") from e
         generator.append_tokens(list(prompt))
         return generator
+
+    def _top_k(self, asked: int) -> int:
+        """The top_k the runtime takes: none asked (0) or more than the vocabulary is the whole vocabulary."""
+        if not self.vocab_size:
+            return asked
+        return min(asked, self.vocab_size) if asked else self.vocab_size
 
     def _tokens(self, generator: og.Generator, cancelled: threading.Event) -> Iterator[Token]:
         stream = self._tokenizer.create_stream()
@@ -119,6 +135,18 @@ class GenAIInstance:
             return sum(1 for _ in self.generate(prompt, Sampling(_WARMUP_TOKENS, temperature=0), threading.Event()))
         except RuntimeError as e:
             raise ModelLoadError(f"model {self.name}: warm-up generation failed: {e}") from e
+
+
+def fold_seed(seed: int) -> int:
+    """A 64-bit seed (OpenAI's range; a negative one is its two's complement) as the runtime's non-negative
+    int32: a seed it takes already is kept (the same tokens as before), a larger one is mixed down with
+    splitmix64's finaliser, so that every bit counts (a mask would make 2**31 the same seed as 0)."""
+    unsigned = seed % 2**64
+    if unsigned <= _SEED_RANGE:
+        return unsigned
+    mixed = ((unsigned ^ (unsigned >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
+    mixed = ((mixed ^ (mixed >> 27)) * 0x94D049BB133111EB) % 2**64
+    return (mixed ^ (mixed >> 31)) % _SEED_RANGE
 
 
 def _tool_parser(config: ModelConfig) -> ToolParser | None:

@@ -71,7 +71,19 @@ def _call(doc: Any, arguments_key: str) -> ToolCall | None:
             return None
     if not isinstance(arguments, dict):
         return None
-    return ToolCall(doc["name"], json.dumps(arguments, ensure_ascii=False))
+    return ToolCall(doc["name"], _arguments_text(arguments))
+
+
+def _arguments_text(arguments: dict[str, Any]) -> str:
+    """The arguments as JSON text that is valid UTF-8: non-ASCII kept as it is (as OpenAI writes it), unless
+    the model escaped a lone surrogate (``"\\ud800"``, which json.loads takes): written raw, it is no UTF-8, and
+    every encoder of the answer (orjson, the socket) fails on it, so then the text keeps every escape."""
+    text = json.dumps(arguments, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(arguments)
+    return text
 
 
 def _objects(text: str) -> list[Any] | None:

@@ -35,7 +35,7 @@ from edged.engine.generation_stream import (
     Usage,
 )
 from edged.engine.tool_output import NO_TOOLS, Constraint, ToolOutput, Tools, guidance
-from edged.errors import EdgedError, InvalidInput, InvalidParameter, ModelNotFound
+from edged.errors import ContextLengthExceeded, EdgedError, InvalidInput, InvalidParameter, ModelNotFound
 from edged.exposition import MetricFamily
 
 if TYPE_CHECKING:
@@ -46,6 +46,11 @@ log = logging.getLogger(__name__)
 GENAI_RUNTIME = "onnxruntime_genai"
 HANDOVER_S = 0.0005
 _CANCEL_POLL_S = 0.05  # how soon a request cancelled while it waits for a sequence slot leaves the line
+# The most UTF-8 bytes one token of any tokenizer is taken to cover (real text averages about 4, code's
+# indentation runs a few tens): a prompt longer than this many bytes per token the model takes is refused
+# before tokenizing it. ORT GenAI's encode holds the GIL (6 MB of text stalled the event loop for 0.4 s), so a
+# 50 MB prompt would have held the whole daemon for seconds only to be refused by its token count.
+BYTES_PER_TOKEN_BOUND = 64
 
 
 @dataclass(frozen=True)
@@ -115,15 +120,25 @@ class GenerationService:
         return stream
 
     def generative_models(self) -> list[str]:
-        return [entry["name"] for entry in self._service.repository_index(ready_only=True)
-                if self._service.model_config(entry["name"]).runtime == GENAI_RUNTIME]
+        return list(self.ready_generative())
 
-    def ready_since(self, model: str) -> int:
-        """When the served version of ``model`` became ready, in Unix seconds (OpenAI's Model ``created``)."""
-        try:
-            return int(self._service.version_info(model).lifecycle.changed_at)
-        except EdgedError:  # unloaded since it was listed
-            return int(time.time())
+    def ready_generative(self, index: list[dict[str, Any]] | None = None) -> dict[str, int]:
+        """The ready generative models, each once, with when its served version became ready (Unix seconds,
+        OpenAI's Model ``created``). The index (``index``: one read before) is read without the registry lock,
+        so a model it lists may be unloading by the time its version is looked up: it is left out, not an error
+        (a 500 for the whole list)."""
+        ready: dict[str, int] = {}
+        for entry in self._service.repository_index(ready_only=True) if index is None else index:
+            name = entry["name"]
+            if name in ready:  # one entry per ready version
+                continue
+            try:
+                version = self._service.version_info(name)
+            except EdgedError:  # unloaded since the index was read
+                continue
+            if version.config.runtime == GENAI_RUNTIME:
+                ready[name] = int(version.lifecycle.changed_at)
+        return ready
 
     def instance(self, model: str) -> GenerativeInstance:
         """The ready generative instance of ``model``, loading a lazily loaded model first (blocking)."""
@@ -315,14 +330,21 @@ def _prepare(instance: GenerativeInstance, request: GenerationRequest,
     if tools.active and instance.tool_parser is None:
         raise InvalidParameter(f"model {request.model!r} takes no tools: its config sets no "
                                "parameters.tool_parser (how its output writes tool calls)", "tools")
+    prompt_field = "prompt" if request.prompt is not None else "messages"  # the request field that is too long
     if text is None:
+        # the messages' own text first: a template's rendering of a huge conversation is work for nothing too
+        _check_prompt_bytes(sum(_message_bytes(m) for m in request.messages), instance, request, limits,
+                            prompt_field)
         text = instance.render_chat(request.messages, list(tools.definitions) if tools.active else None,
                                     add_generation_prompt=True)
+    _check_prompt_bytes(_utf8_length(text), instance, request, limits, prompt_field)
+    if "\x00" in text:  # the tokenizer takes a C string: it would drop the rest of the prompt unsaid
+        raise InvalidParameter(f"the prompt holds a NUL character at index {text.index(chr(0))}, where model "
+                               f"{request.model!r}'s tokenizer would end it; remove it", prompt_field)
     prompt = instance.encode(text)
-    prompt_field = "prompt" if request.prompt is not None else "messages"  # the request field that is too long
     if limits.max_prompt_tokens is not None and len(prompt) > limits.max_prompt_tokens:
-        raise InvalidParameter(f"the prompt is {len(prompt)} tokens; model {request.model!r} takes at most "
-                               f"{limits.max_prompt_tokens} (parameter max_prompt_tokens)", prompt_field)
+        raise ContextLengthExceeded(f"the prompt is {len(prompt)} tokens; model {request.model!r} takes at most "
+                                    f"{limits.max_prompt_tokens} (parameter max_prompt_tokens)", prompt_field)
     room = instance.context_length - len(prompt)
     if limits.max_output_tokens is not None:
         if request.max_tokens is not None and request.max_tokens > limits.max_output_tokens:
@@ -331,16 +353,45 @@ def _prepare(instance: GenerativeInstance, request: GenerationRequest,
                                    "max_output_tokens)", "max_tokens")
         room = min(room, limits.max_output_tokens)
     if room <= 0:
-        raise InvalidParameter(f"the prompt is {len(prompt)} tokens; model {request.model!r} takes at most "
-                               f"{instance.context_length} tokens of prompt and output together", prompt_field)
+        raise ContextLengthExceeded(f"the prompt is {len(prompt)} tokens; model {request.model!r} takes at most "
+                                    f"{instance.context_length} tokens of prompt and output together",
+                                    prompt_field)
     if request.max_tokens is not None and request.max_tokens > room:
         # OpenAI names the prompt's field when prompt and output together pass the context; only a max_tokens
         # that no prompt could leave room for is the parameter's own fault
         alone = request.max_tokens >= instance.context_length
-        raise InvalidParameter(f"max_tokens {request.max_tokens} does not fit: the prompt is {len(prompt)} "
-                               f"tokens and model {request.model!r} takes {instance.context_length} in all; "
-                               + ("lower max_tokens" if alone else "shorten the prompt or lower max_tokens"),
-                               "max_tokens" if alone else prompt_field)
+        raise ContextLengthExceeded(f"max_tokens {request.max_tokens} does not fit: the prompt is {len(prompt)} "
+                                    f"tokens and model {request.model!r} takes {instance.context_length} in all; "
+                                    + ("lower max_tokens" if alone else "shorten the prompt or lower max_tokens"),
+                                    "max_tokens" if alone else prompt_field)
     sampling = Sampling(request.max_tokens or room, request.temperature, request.top_p, request.top_k,
                         request.seed, guidance(tools, request.response_format, instance.tool_parser))
     return prompt, sampling
+
+
+def _check_prompt_bytes(size: int, instance: GenerativeInstance, request: GenerationRequest,
+                        limits: GenerationLimits, field: str) -> None:
+    """Refuse a prompt too long for any tokenization to fit the model, before it is tokenized."""
+    tokens = instance.context_length
+    if limits.max_prompt_tokens is not None:
+        tokens = min(tokens, limits.max_prompt_tokens)
+    bound = tokens * BYTES_PER_TOKEN_BOUND
+    if size > bound:
+        raise ContextLengthExceeded(f"the prompt is {size} bytes; model {request.model!r} takes at most {tokens} "
+                                    f"tokens of prompt, so at most {bound} bytes ({BYTES_PER_TOKEN_BOUND} a "
+                                    "token, more than any tokenizer packs); shorten the prompt", field)
+
+
+def _message_bytes(message: Mapping[str, Any]) -> int:
+    content = message.get("content")
+    size = _utf8_length(content) if isinstance(content, str) else 0
+    for call in message.get("tool_calls") or ():  # checked by the front end: {"function": {"arguments": str}}
+        function = call.get("function") if isinstance(call, Mapping) else None
+        arguments = function.get("arguments") if isinstance(function, Mapping) else None
+        size += _utf8_length(arguments) if isinstance(arguments, str) else 0
+    return size
+
+
+def _utf8_length(text: str) -> int:
+    """The UTF-8 size of ``text``, without encoding an ASCII one (most prompts)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))

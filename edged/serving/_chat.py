@@ -37,18 +37,13 @@ from edged.serving._openai import (
     usage,
 )
 from edged.serving._response import Response, json_response, render
+from edged.serving._sse import END, chunk_event
 
 log = logging.getLogger(__name__)
 
 _SSE_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
              b"transfer-encoding: chunked\r\n")
-_DONE = b"data: [DONE]\n\n"
 _MARK = "\ue000edged-text\ue000"  # private-use characters: in no model name or completion id
-
-
-def _chunk_bytes(doc: Any) -> bytes:
-    event = b"data: " + orjson.dumps(doc) + b"\n\n"
-    return b"%x\r\n%s\r\n" % (len(event), event)
 
 
 def generation_request(request: ChatRequest) -> GenerationRequest:
@@ -63,16 +58,16 @@ class ChatPath:
         self._loop = asyncio.get_running_loop()
 
     def models(self) -> Response:
-        generation = self._generation
-        data = [model_object(name, generation.ready_since(name)) for name in generation.generative_models()]
+        data = [model_object(name, created) for name, created in self._generation.ready_generative().items()]
         return json_response({"object": "list", "data": data})
 
     def model(self, name: str) -> Response:
         """``GET /v1/models/{model}``: the model as ``GET /v1/models`` lists it, else 404 ``model_not_found``."""
-        if name not in self._generation.generative_models():
+        created = self._generation.ready_generative().get(name)
+        if created is None:
             return openai_error(ModelNotFound(f"model {name!r} is not a ready generative model of this server "
                                               "(GET /v1/models lists them)"))
-        return json_response(model_object(name, self._generation.ready_since(name)))
+        return json_response(model_object(name, created))
 
     def handle(self, connection: Connection, incoming: Incoming, slot: Slot, chat: bool = True) -> None:
         """``chat``: /v1/chat/completions, else /v1/completions (a prompt string, no chat template)."""
@@ -111,6 +106,8 @@ class _Answer:
             self._deliver(batch, error)
         except Exception as e:  # a callback on the loop: unanswered, the client would wait forever
             self.stream.cancel()
+            # OpenAI's 500, or once streaming an error event and the stream's proper end (not a status line
+            # in the middle of the chunked body)
             self._connection.fail(self._slot, e, self._keep_alive)
 
     def _deliver(self, batch: list[GenerationEvent], error: BaseException | None) -> None:
@@ -139,7 +136,7 @@ class _Answer:
     def _text_event(self, text: str) -> bytes:
         """One streamed text chunk: the request's chunk JSON rendered once, only the text encoded per chunk."""
         if self._frame is None:
-            before, after = _chunk_bytes(self._chunk(_MARK, None)).split(orjson.dumps(_MARK))
+            before, after = chunk_event(self._chunk(_MARK, None)).split(orjson.dumps(_MARK))
             self._frame = (before.split(b"\r\n", 1)[1], after[:-2])  # without the chunked-encoding frame
         event = self._frame[0] + orjson.dumps(text) + self._frame[1]
         return b"%x\r\n%s\r\n" % (len(event), event)
@@ -153,7 +150,7 @@ class _Answer:
             self._streaming = True
             head = _SSE_HEAD + (b"\r\n" if self._keep_alive else b"connection: close\r\n\r\n")
             if self._chat:
-                head += _chunk_bytes(chunk(self._id, self._request.model, {"role": "assistant", "content": ""},
+                head += chunk_event(chunk(self._id, self._request.model, {"role": "assistant", "content": ""},
                                            None))
             return head
         return b""
@@ -176,10 +173,10 @@ class _Answer:
             self._answer(json_response(doc))
             return
         for delta in call_deltas(calls):
-            data += _chunk_bytes(chunk(self._id, request.model, delta, None))
-        data += _chunk_bytes(self._chunk("", finished.reason))
+            data += chunk_event(chunk(self._id, request.model, delta, None))
+        data += chunk_event(self._chunk("", finished.reason))
         if request.include_usage:
-            data += _chunk_bytes({**self._chunk("", None), "choices": [],
+            data += chunk_event({**self._chunk("", None), "choices": [],
                                   "usage": usage(tokens.prompt_tokens, tokens.completion_tokens)})
         self._end(data)
 
@@ -193,12 +190,10 @@ class _Answer:
             self._answer(openai_error(error))
             return
         body = orjson.loads(openai_error(error).body)
-        self._end(_chunk_bytes(body))
+        self._end(chunk_event(body))
 
     def _end(self, tail: bytes) -> None:
-        event = _DONE
-        data = tail + b"%x\r\n%s\r\n0\r\n\r\n" % (len(event), event)
-        self._connection.respond(self._slot, data, not self._keep_alive)
+        self._connection.respond(self._slot, tail + END, not self._keep_alive)
 
     def _answer(self, response: Response) -> None:
         data = render(response, self._keep_alive)

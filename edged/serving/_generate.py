@@ -31,6 +31,7 @@ from edged.serving._chat import generation_request
 from edged.serving._http import Connection, Incoming, Slot
 from edged.serving._openai import ChatRequest, completion_request
 from edged.serving._response import error_for, error_response, json_response, render
+from edged.serving._tools import shown
 
 GENERATE_PARAMETERS = frozenset({"max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream"})
 OUTPUT_SWITCHES = frozenset({"return_finish_reason", "return_num_input_tokens", "return_num_output_tokens"})
@@ -68,7 +69,7 @@ def parse_generate(body: bytes | bytearray, model: str, stream_route: bool) -> G
                            f"{', '.join(sorted(GENERATE_PARAMETERS))}")
     stream = parameters.get("stream", stream_route)
     if not isinstance(stream, bool):
-        raise InvalidInput(f"parameter 'stream' must be true or false, found {stream!r}")
+        raise InvalidInput(f"parameter 'stream' must be true or false, found {shown(stream)}")
     if stream and not stream_route:
         raise InvalidInput(f"parameter 'stream' is true: stream from POST /v2/models/{model}/generate_stream")
     # One set of rules for sampling parameters: the completion parser's, under the same names.
@@ -89,7 +90,7 @@ def _object(body: bytes | bytearray) -> dict[str, Any]:
 def _switch(doc: dict[str, Any], name: str) -> bool:
     value = doc.get(name, False)
     if not isinstance(value, bool):
-        raise InvalidInput(f"'{name}' must be true or false, found {value!r}")
+        raise InvalidInput(f"'{name}' must be true or false, found {shown(value)}")
     return value
 
 

@@ -16,10 +16,17 @@ import orjson
 
 from edged.backends.tool_calls import ToolCall
 from edged.engine.tool_output import NO_TOOLS, Constraint, Tools
-from edged.errors import EdgedError, InvalidParameter, ModelNotFound, PermissionDenied, QueueFull
+from edged.errors import (
+    ContextLengthExceeded,
+    EdgedError,
+    InvalidParameter,
+    ModelNotFound,
+    PermissionDenied,
+    QueueFull,
+)
 from edged.serving._limits import RETRY
 from edged.serving._response import Response, status_for
-from edged.serving._tools import message_tool_calls, parse_response_format, parse_tools
+from edged.serving._tools import message_tool_calls, parse_response_format, parse_tools, shown
 
 ROLES = frozenset({"system", "user", "assistant", "tool"})
 _COMMON = frozenset({"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "stream",
@@ -83,6 +90,7 @@ def completion_request(doc: dict[str, Any]) -> ChatRequest:
         prompt = prompt[0]
     if not isinstance(prompt, str) or not prompt:
         raise ParamError("'prompt' must be a non-empty string (or a list of exactly one)", "prompt")
+    _no_nul(prompt, "prompt")
     return _request(doc, (), prompt, _max_tokens(doc, COMPLETION_DEFAULT_TOKENS))
 
 
@@ -116,7 +124,7 @@ def _request(doc: dict[str, Any], messages: tuple[dict[str, Any], ...], prompt: 
         raise ParamError("'model' must be the name of a generative model (see GET /v1/models)", "model")
     n = doc.get("n")
     if n is not None and (type(n) is not int or n != 1):  # null is OpenAI's default (1); true is no count
-        raise ParamError(f"'n' must be 1: edged generates one choice per request, found {n!r}", "n")
+        raise ParamError(f"'n' must be 1: edged generates one choice per request, found {shown(n)}", "n")
     stream = _bool(doc, "stream")
     options = doc.get("stream_options")
     include_usage = False
@@ -139,9 +147,9 @@ def _messages(raw: Any) -> tuple[dict[str, Any], ...]:
         if not isinstance(message, dict):
             raise ParamError(f"{where} must be an object, found {type(message).__name__}", where)
         role = message.get("role")
-        if role not in ROLES:
-            raise ParamError(f"{where}.role must be one of {', '.join(sorted(ROLES))}, found {role!r}",
-                             f"{where}.role")
+        if not isinstance(role, str) or role not in ROLES:  # a list or object is unhashable: a TypeError, a 500
+            raise ParamError(f"{where}.role must be one of {', '.join(sorted(ROLES))}, found "
+                             f"{shown(role)}", f"{where}.role")
         extra = sorted(set(message) - _MESSAGE_KEYS)
         if extra:
             raise ParamError(f"{where}: unsupported field(s) {', '.join(extra)}", f"{where}.{extra[0]}")
@@ -153,6 +161,7 @@ def _message(message: dict[str, Any], role: str, where: str) -> dict[str, Any]:
     for key in ("name", "tool_call_id"):
         if not isinstance(message.get(key, ""), str):
             raise ParamError(f"{where}.{key} must be a string", f"{where}.{key}")
+        _no_nul(message.get(key, ""), f"{where}.{key}")
     out: dict[str, Any] = {k: v for k, v in message.items() if k in ("role", "name", "tool_call_id")}
     if "tool_calls" in message:
         if role != "assistant":
@@ -167,12 +176,21 @@ def _message(message: dict[str, Any], role: str, where: str) -> dict[str, Any]:
 
 def _content(content: Any, where: str) -> str:
     if isinstance(content, str):
-        return content
+        return _no_nul(content, f"{where}.content")
     if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
                                          and isinstance(p.get("text"), str) for p in content):
-        return "".join(p["text"] for p in content)
+        return _no_nul("".join(p["text"] for p in content), f"{where}.content")
     raise ParamError(f"{where}.content must be a string or a list of text parts (edged's models take text only)",
                      f"{where}.content")
+
+
+def _no_nul(text: str, param: str) -> str:
+    """``text``, refused if it holds a NUL: the tokenizer takes C strings and silently drops everything after
+    one, so the model would answer a prompt cut short."""
+    if "\x00" in text:
+        raise ParamError(f"{param} holds a NUL character (\\u0000) at index {text.index(chr(0))}; the model's "
+                         "tokenizer ends the text there: remove it", param)
+    return text
 
 
 def _max_tokens(doc: dict[str, Any], default: int | None) -> int | None:
@@ -197,7 +215,7 @@ def _bool(doc: dict[str, Any], name: str, default: bool = False) -> bool:
     if value is None:  # OpenAI types its flags "boolean or null": null is the default
         return default
     if not isinstance(value, bool):
-        raise ParamError(f"'{name}' must be true or false, found {value!r}", name)
+        raise ParamError(f"'{name}' must be true or false, found {shown(value)}", name)
     return value
 
 
@@ -206,7 +224,7 @@ def _number(doc: dict[str, Any], name: str, default: float, low: float, high: fl
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-        raise ParamError(f"'{name}' must be a number from {low} to {high}, found {value!r}", name)
+        raise ParamError(f"'{name}' must be a number from {low} to {high}, found {shown(value)}", name)
     return float(value)
 
 
@@ -215,12 +233,20 @@ def _int(doc: dict[str, Any], name: str, default: int, low: int) -> int:
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ParamError(f"'{name}' must be an integer of at least {low}, found {value!r}", name)
+        raise ParamError(f"'{name}' must be an integer of at least {low}, found {shown(value)}", name)
     return value
 
 
+_SEED_LOW, _SEED_HIGH = -2**63, 2**64 - 1  # OpenAI's seeds are 64-bit; the backend folds them into its own range
+
+
 def _seed(doc: dict[str, Any]) -> int | None:
-    return _int(doc, "seed", 0, 0) if doc.get("seed") is not None else None
+    seed = doc.get("seed")
+    if seed is None:
+        return None
+    if isinstance(seed, bool) or not isinstance(seed, int) or not _SEED_LOW <= seed <= _SEED_HIGH:
+        raise ParamError(f"'seed' must be a 64-bit integer, found {shown(seed)}", "seed")
+    return seed
 
 
 def completion_id(chat: bool) -> str:
@@ -271,6 +297,7 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 WWW_AUTHENTICATE = ((b"www-authenticate", b'Bearer realm="edged"'),)  # beside every 401
 INVALID_API_KEY = "invalid_api_key"
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # OpenAI's code for a prompt (and max_tokens) past the context
 
 _TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 403: "permission_error", 404: "not_found_error",
           405: "invalid_request_error", 408: "invalid_request_error", 411: "invalid_request_error",
@@ -283,7 +310,8 @@ def openai_error(error: BaseException) -> Response:
     the ``Retry-After`` of edged's own 503s (OpenAI's clients wait that long before they retry)."""
     status = 429 if isinstance(error, QueueFull) else 401 if isinstance(error, Unauthenticated) else status_for(error)
     code = ("model_not_found" if isinstance(error, ModelNotFound)
-            else INVALID_API_KEY if isinstance(error, Unauthenticated) else None)
+            else INVALID_API_KEY if isinstance(error, Unauthenticated)
+            else CONTEXT_LENGTH_EXCEEDED if isinstance(error, ContextLengthExceeded) else None)
     param = error.param if isinstance(error, InvalidParameter) else None
     message = str(error) if isinstance(error, EdgedError) else f"internal error: {type(error).__name__}"
     headers = (WWW_AUTHENTICATE if status == 401

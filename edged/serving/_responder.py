@@ -28,9 +28,10 @@ from typing import TYPE_CHECKING
 
 from edged.serving._access import UNKNOWN_PEER, Peer
 from edged.serving._limits import unread_bytes
-from edged.serving._messages import Slot
+from edged.serving._messages import Incoming, Slot
 from edged.serving._openai import openai_error_response
 from edged.serving._response import Response, error_response, render
+from edged.serving._sse import failure
 
 if TYPE_CHECKING:
     from edged.serving._app import App
@@ -172,11 +173,15 @@ class Responder:
         return os.strerror(error) if error else None
 
     def fail(self, slot: Slot, error: BaseException, keep_alive: bool) -> None:
-        """Answer ``slot`` with a 500 for an unexpected exception, unless it was already answered."""
+        """Answer ``slot`` for an unexpected exception, unless it was already answered: a 500 in the shape of its
+        route's API (OpenAI's error JSON under /v1), or, if its streamed response has begun, the stream's end."""
         log.error("internal error while handling a request", exc_info=error)
-        if slot.data is None:
-            body = error_response(500, f"internal server error: {type(error).__name__}")
-            self.respond(slot, render(body, keep_alive), not keep_alive)
+        if slot.data is not None:
+            return
+        begun = slot.pending is not None or (bool(self._slots) and self._slots[0] is slot and self._front_begun)
+        url = slot.url if isinstance(slot, Incoming) else b""
+        data, close = failure(url, error, begun, keep_alive)
+        self.respond(slot, data, close)
 
     def openai_request(self) -> bool:
         """Whether the request being read is under /v1, whose refusals are OpenAI's error JSON."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import reprlib
 from typing import Any
 
 from edged.engine.tool_output import Constraint, Mode, Tools
@@ -18,8 +19,11 @@ from edged.errors import InvalidParameter
 
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for function names
 _MAX_TOOLS = 128
+MAX_SCHEMA_DEPTH = 64  # objects and lists in a tool's parameters or a response_format schema (OpenAI's: 10)
 _FUNCTION_KEYS = frozenset({"name", "description", "parameters", "strict"})
 _FORMAT_KEYS = frozenset({"name", "description", "schema", "strict"})
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 3, 60, 60
 
 
 ParamError = InvalidParameter
@@ -44,7 +48,7 @@ def parse_tools(doc: dict[str, Any]) -> Tools:
         return Tools(definitions, mode, None, parallel)
     name = _named_choice(choice)
     if name not in {tool["function"]["name"] for tool in definitions}:
-        raise ParamError(f"'tool_choice' names function {name!r}, which 'tools' does not define", "tool_choice")
+        raise ParamError(f"'tool_choice' names function {shown(name)}, which 'tools' does not define", "tool_choice")
     return Tools(definitions, "named", name, parallel)
 
 
@@ -85,7 +89,7 @@ def _function(function: dict[str, Any], where: str) -> str:
         raise ParamError(f"{where}: unsupported field(s) {', '.join(extra)}", f"{where}.{extra[0]}")
     name = function.get("name")
     if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise ParamError(f"{where}.name must be 1 to 64 letters, digits, '_' or '-', found {name!r}",
+        raise ParamError(f"{where}.name must be 1 to 64 letters, digits, '_' or '-', found {shown(name)}",
                          f"{where}.name")
     if not isinstance(function.get("description", ""), str):
         raise ParamError(f"{where}.description must be a string", f"{where}.description")
@@ -99,12 +103,32 @@ def _function(function: dict[str, Any], where: str) -> str:
 def _object_schema(schema: Any, where: str) -> None:
     if not isinstance(schema, dict) or schema.get("type", "object") != "object":
         raise ParamError(f"{where} must be a JSON schema of an object ({{\"type\": \"object\", ...}}), "
-                         f"found {json.dumps(schema)[:80]}", where)
+                         f"found {shown(schema)}", where)
+    _check_depth(schema, where)
     if not isinstance(schema.get("properties", {}), dict):
         raise ParamError(f"{where}.properties must be an object", f"{where}.properties")
     required = schema.get("required", [])
     if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
         raise ParamError(f"{where}.required must be a list of property names", f"{where}.required")
+
+
+def _check_depth(schema: Any, where: str) -> None:
+    """Refuse a schema nested deeper than `MAX_SCHEMA_DEPTH` (walked without recursion): the chat template and
+    the grammar write it with json.dumps, whose recursion a schema a thousand deep (orjson parses 1024) passed,
+    a RecursionError in the generation's worker, a 500."""
+    level: list[Any] = [schema]
+    for _ in range(MAX_SCHEMA_DEPTH):
+        level = [child for value in level for child in
+                 (value.values() if isinstance(value, dict) else value if isinstance(value, list) else ())]
+        if not level:
+            return
+    raise ParamError(f"{where} is nested more than {MAX_SCHEMA_DEPTH} levels deep; flatten it", where)
+
+
+def shown(value: Any) -> str:
+    """A client's value in a message, short whatever its size or depth (json.dumps or repr of a list nested a
+    thousand deep, which orjson parses, is a RecursionError, a 500)."""
+    return _SHORT.repr(value)
 
 
 def parse_response_format(raw: Any) -> Constraint | None:
@@ -125,6 +149,7 @@ def parse_response_format(raw: Any) -> Constraint | None:
         if not isinstance(schema, dict):
             raise ParamError("'response_format.json_schema.schema' must be a JSON schema object",
                              "response_format.json_schema.schema")
+        _check_depth(schema, "response_format.json_schema.schema")
         return Constraint(schema)
     raise ParamError("'response_format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
                      "{\"type\": \"json_schema\", \"json_schema\": {...}}", "response_format")
@@ -147,7 +172,7 @@ def message_tool_calls(raw: Any, where: str) -> list[dict[str, Any]]:
             raise ParamError(f"{at}.function.name must be a function name", f"{at}.function.name")
         try:
             arguments = json.loads(function["arguments"]) if isinstance(function["arguments"], str) else None
-        except ValueError:
+        except (ValueError, RecursionError):  # nested past the interpreter's stack: no arguments a tool takes
             arguments = None
         if not isinstance(arguments, dict):
             raise ParamError(f"{at}.function.arguments must be the text of a JSON object",

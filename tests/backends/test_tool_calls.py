@@ -110,3 +110,26 @@ def test_parallel_tool_calls_false_keeps_only_the_first_call() -> None:
         output = ToolOutput(Tools(definitions, "auto", None, parallel), PARSERS["hermes"])
         output.feed(case["output"])
         assert output.finish()[1] == _expected(case).calls[:count]
+
+
+@pytest.mark.parametrize(("parser", "output"), [
+    ("llama3_json", '{"name": "f", "parameters": {"gate": "\\ud800 é"}}'),
+    ("hermes", '<tool_call>{"name": "f", "arguments": {"gate": "\\ud800 é"}}</tool_call>'),
+    ("mistral", '[TOOL_CALLS][{"name": "f", "arguments": {"gate": "\\ud800 é"}}]'),
+])
+def test_a_lone_surrogate_in_arguments_stays_escaped_so_the_answer_encodes(parser: str, output: str) -> None:
+    # json.loads takes the escape "\ud800"; written back raw (ensure_ascii=False) it is no UTF-8, and orjson
+    # failed on the answer: a 500 (in the middle of a stream, after the head)
+    orjson = pytest.importorskip("orjson")
+    from edged.serving._openai import call_deltas, chat_completion, openai_calls
+
+    parsed = PARSERS[parser].parse(output)
+    assert [c.name for c in parsed.calls] == ["f"]
+    arguments = parsed.calls[0].arguments
+    arguments.encode("utf-8")
+    assert json.loads(arguments) == {"gate": "\ud800 é"}, "the client decodes what the model wrote"
+    calls = openai_calls(parsed.calls)
+    orjson.dumps(chat_completion("id", "tiny_llama", "", "tool_calls", 1, 1, calls))
+    orjson.dumps(call_deltas(calls))
+    plain = PARSERS[parser].parse(output.replace("\\ud800 ", "")).calls[0].arguments
+    assert "é" in plain, "other non-ASCII text stays as it is, as OpenAI writes it"

@@ -15,6 +15,19 @@ import server_harness as harness
 from prometheus_client.parser import text_string_to_metric_families
 
 GOOD = {"model": "tiny_llama", "messages": [{"role": "user", "content": "Open the gate"}], "max_tokens": 4}
+# nested a thousand deep: orjson parses it (1024 levels), json.dumps and json.loads recursed past their limit
+DEEP = b'{"a":' * 1000 + b"1" + b"}" * 1000
+_ASK = b'{"model": "tiny_llama", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}], '
+DEEP_TOOL = _ASK + (b'"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", '
+                    b'"properties": ' + DEEP + b"}}}]}")
+LIST_TOOL = _ASK + (b'"tools": [{"type": "function", "function": {"name": "f", "parameters": ' + b"[" * 1000
+                    + b"]" * 1000 + b"}}]}")
+DEEP_FORMAT = _ASK + (b'"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": '
+                      + DEEP + b"}}}")
+DEEP_ARGUMENTS = orjson.dumps({**GOOD, "messages": [
+    {"role": "user", "content": "x"},
+    {"role": "assistant", "content": None,
+     "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": "[" * 100000}}]}]})
 
 
 def post(server: harness.ThreadedServer, body: Any) -> httpx.Response:
@@ -34,6 +47,14 @@ def error_of(response: httpx.Response, status: int) -> dict[str, Any]:
     (b"{not json", None, "not valid JSON"),
     (b"[1, 2]", None, "JSON object"),
     ({**GOOD, "messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role", "wizard"),
+    ({**GOOD, "messages": [{"role": ["user"], "content": "hi"}]}, "messages[0].role", "found ['user']"),
+    ({**GOOD, "messages": [{"role": {"x": 1}, "content": "hi"}]}, "messages[0].role", "must be one of"),
+    (b'{"model": "tiny_llama", "messages": [{"role": ' + b"[" * 1000 + b"]" * 1000 + b', "content": "hi"}]}',
+     "messages[0].role", "found [[[[...]]]]"),
+    ({**GOOD, "messages": [{"role": "user", "content": "a\u0000b"}]}, "messages[0].content", "NUL character"),
+    ({**GOOD, "messages": [{"role": "user", "content": [{"type": "text", "text": "\u0000"}]}]},
+     "messages[0].content", "NUL character"),
+    ({**GOOD, "messages": [{"role": "user", "content": "hi", "name": "a\u0000"}]}, "messages[0].name", "NUL"),
     ({**GOOD, "n": 2}, "n", "'n' must be 1"),
     ({**GOOD, "n": True}, "n", "'n' must be 1"),
     ({**GOOD, "parallel_tool_calls": False}, "parallel_tool_calls", "only beside 'tools'"),
@@ -43,6 +64,10 @@ def error_of(response: httpx.Response, status: int) -> dict[str, Any]:
     ({**GOOD, "max_tokens": 0}, "max_tokens", "at least 1"),
     ({**GOOD, "stop": ["a", "b", "c", "d", "e"]}, "stop", "up to 4"),
     ({**GOOD, "messages": []}, "messages", "non-empty"),
+    (DEEP_TOOL, "tools[0].function.parameters", "more than 64 levels deep"),
+    (LIST_TOOL, "tools[0].function.parameters", "found [[[[...]]]]"),
+    (DEEP_FORMAT, "response_format.json_schema.schema", "more than 64 levels deep"),
+    (DEEP_ARGUMENTS, "messages[1].tool_calls[0].function.arguments", "the text of a JSON object"),
     ({**GOOD, "stream_options": {"include_usage": True}}, "stream_options", "only with stream=true"),
 ])
 def test_bad_requests_are_refused_with_the_parameter_named(genai_server: harness.ThreadedServer, body: Any,
@@ -216,3 +241,27 @@ def _without_interim(answer: bytes, over: str) -> bytes:
     if over == "tcp" and answer.startswith(interim):
         return answer[len(interim):]
     return answer
+
+
+def test_a_64_bit_seed_is_taken(genai_server: harness.ThreadedServer) -> None:
+    # OpenAI's seeds are 64-bit; ORT GenAI takes an int32, and 2**31 and above failed its cast: a 500
+    for seed in (2**31, 2**64 - 1, -(2**63)):
+        reply = post(genai_server, {**GOOD, "seed": seed, "temperature": 1.0})
+        assert reply.status_code == 200, reply.text
+    for bad in (b"1.5", b"18446744073709551616", b'"7"'):  # 2**64 is parsed as a float
+        body = orjson.dumps(GOOD)[:-1] + b', "seed": ' + bad + b"}"
+        assert error_of(post(genai_server, body), 400)["param"] == "seed"
+
+
+@pytest.mark.parametrize("name", ["n", "temperature", "max_tokens", "seed", "stream"])
+def test_a_parameter_nested_a_thousand_deep_is_a_400_naming_it(genai_server: harness.ThreadedServer,
+                                                               name: str) -> None:
+    # the refusal's message showed the value with repr, which recursed past its limit: a 500
+    body = orjson.dumps(GOOD)[:-1] + b', "' + name.encode() + b'": ' + b"[" * 1000 + b"]" * 1000 + b"}"
+    error = error_of(post(genai_server, body), 400)
+    assert error["param"] == name and "[[[[...]]]]" in error["message"]
+    with httpx.Client(base_url=f"http://127.0.0.1:{genai_server.port}") as http:
+        generate = http.post("/v2/models/tiny_llama/generate",
+                             content=b'{"text_input": "a", "parameters": {"stream": ' + b"[" * 1000 + b"]" * 1000
+                             + b"}}")
+    assert generate.status_code == 400 and "[[[[...]]]]" in generate.json()["error"]

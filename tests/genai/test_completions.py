@@ -52,3 +52,14 @@ def test_chat_fields_are_refused_on_completions(genai_server: harness.ThreadedSe
         missing = http.post("/v1/completions", json={"model": "tiny_llama"})
     assert response.status_code == 400 and response.json()["error"]["param"] == "messages"
     assert missing.status_code == 400 and missing.json()["error"]["param"] == "prompt"
+
+
+def test_a_prompt_with_a_nul_is_refused_not_cut_short(genai_server: harness.ThreadedServer) -> None:
+    # the tokenizer takes a C string: "a\0b" was generated from "a", the rest dropped without a word
+    with httpx.Client(base_url=f"http://127.0.0.1:{genai_server.port}") as http:
+        response = http.post("/v1/completions", json={"model": "tiny_llama", "prompt": "The gate\u0000 is open"})
+        generate = http.post("/v2/models/tiny_llama/generate", json={"text_input": "a\u0000b"})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "prompt" and "NUL character" in error["message"] and "index 8" in error["message"]
+    assert generate.status_code == 400 and "NUL character" in generate.json()["error"]

@@ -91,3 +91,24 @@ def test_warm_up_generated_tokens_before_the_model_served(service: InferenceServ
     details = service.version_info("tiny_llama").instances[0].info.details
     assert details["warmup_tokens"] == 2
     assert details["max_sequences"] == 1
+
+
+def test_a_model_unloaded_after_the_index_was_read_is_left_out_of_the_listing(model_dir: Path) -> None:
+    # GET /v1/models reads the index without the registry lock, then looks each model up: a model unloaded
+    # between the two was a ModelNotFound for the whole listing (a 500); the interleaving, made deterministic
+    repository = Path(tempfile.mkdtemp(prefix="edged-gen-"))
+    (repository / "tiny_llama").symlink_to(model_dir.parent)
+    running = InferenceService(repository, ModelsConfig(control_mode="explicit", startup_models=("tiny_llama",)))
+    running.start()
+    try:
+        before = running.repository_index(ready_only=True)
+        assert list(running.generation.ready_generative(before)) == ["tiny_llama"]
+        running.unload_model("tiny_llama")
+        assert running.generation.ready_generative(before) == {}
+        assert running.generation.generative_models() == []
+        running.load_model("tiny_llama")
+        assert running.generation.generative_models() == ["tiny_llama"]
+        twice = before + before  # one entry per ready version: a model with two is listed once
+        assert list(running.generation.ready_generative(twice)) == ["tiny_llama"]
+    finally:
+        running.close()

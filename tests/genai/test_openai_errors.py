@@ -108,6 +108,7 @@ def test_a_prompt_past_the_context_names_the_routes_own_field(client: openai.Ope
         client.chat.completions.create(model="tiny_llama", messages=[{"role": "user", "content": "x " * 300}],
                                        max_tokens=4)
     assert chat.value.param == "messages"
+    assert completion.value.code == chat.value.code == "context_length_exceeded", "OpenAI's code for it"
 
 
 def test_a_prompt_plus_max_tokens_past_the_context_names_the_prompt_field(client: openai.OpenAI) -> None:
@@ -122,6 +123,27 @@ def test_a_prompt_plus_max_tokens_past_the_context_names_the_prompt_field(client
     with pytest.raises(openai.BadRequestError) as alone:
         client.completions.create(model="tiny_llama", prompt="x", max_tokens=256)
     assert alone.value.param == "max_tokens"
+    assert {e.value.code for e in (completion, chat, alone)} == {"context_length_exceeded"}
+
+
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/completions"])
+def test_a_huge_prompt_is_refused_by_its_size_before_it_is_tokenized(http: httpx.Client, route: str) -> None:
+    # 20 MB of text in a body the server takes: tokenizing it (ORT GenAI holds the GIL) held the daemon for
+    # seconds before the token count refused it; 256 tokens of context take at most 256 * 64 bytes
+    text = "the gate opens " * 1_400_000
+    chat = "chat" in route
+    body = ({"model": "tiny_llama", "messages": [{"role": "user", "content": text}]} if chat
+            else {"model": "tiny_llama", "prompt": text})
+    response = http.post(route, json=body)
+    assert response.status_code == 400, response.text[:300]
+    error = _openai_error(response)
+    assert error["code"] == "context_length_exceeded"
+    assert error["param"] == ("messages" if chat else "prompt")
+    message = str(error["message"])
+    assert f"the prompt is {len(text)} bytes" in message and "at most 16384 bytes" in message, message
+    assert http.get("/v2/health/ready").status_code == 200
+    small = {"model": "tiny_llama", "prompt": "The", "max_tokens": 2}
+    assert http.post("/v1/completions", json=small).status_code == 200
 
 
 def test_a_full_line_is_a_429_with_retry_after(server: harness.ThreadedServer, http: httpx.Client,

@@ -231,3 +231,19 @@ def test_a_large_body_that_does_not_fit_the_model_is_refused_before_its_data_is_
         assert status == 400 and "expected [-1, 64]" in orjson.loads(reply)["error"], reply
     finally:
         server.stop()
+
+
+def test_past_max_connections_a_v1_request_gets_the_same_503_before_it_is_read(tmp_path: Path) -> None:
+    # the README's promise: the refusal is written at accept, so /v1 gets edged's shape, not OpenAI's
+    server = make_server(tmp_path, max_connections=1)
+    held = _open(server)
+    try:
+        assert _live(held)[0] == 200
+        with _open(server) as extra:
+            extra.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-length: 2\r\n\r\n{}")
+            status, headers, body = _read_response(extra)
+        assert status == 503 and headers["retry-after"] == "1" and headers["connection"] == "close"
+        assert isinstance(orjson.loads(body)["error"], str) and "server.max_connections" in body.decode()
+    finally:
+        held.close()
+        server.stop()
