@@ -154,14 +154,14 @@ class Responder:
         what the client is still owed: its generations are cancelled, its queued infer requests dropped unrun.
         One log line per connection, however many requests it had."""
         self.cancellation.cancelled = True  # also for requests still being decoded or loaded for
-        owed = [slot for slot in self._slots if slot.cancel is not None and slot.data is None]
+        owed = [slot.cancel for slot in self._slots if slot.cancel is not None and slot.data is None]
         if not owed:
             return
         why = self._gone_why or ("the connection was lost" if exc is None else f"the connection was lost: {exc}")
         log.info("a %s client from %s is gone (%s) with %d answer(s) owed: its queued infer requests are dropped "
                  "unrun, its generations cancelled", self.kind, self.peer.describe(), why, len(owed))
-        for slot in owed:
-            slot.cancel()  # type: ignore[misc]
+        for cancel in owed:
+            cancel()
 
     def _check_gone(self, checks: int) -> None:
         self._gone_check = None
@@ -170,7 +170,7 @@ class Responder:
             return
         gone = self._why_gone(transport)
         if gone is not None:
-            self._gone_why = f"it half-closed and {gone}"
+            self._gone_why = f"it half-closed, then: {gone}"
             transport.abort()  # connection_lost cancels what is owed
             return
         delay = _GONE_CHECKS_S[min(checks, len(_GONE_CHECKS_S) - 1)]
