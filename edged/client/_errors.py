@@ -28,7 +28,8 @@ class UnavailableError(ServerError):
 
 
 class InvalidInputError(ServerError):
-    """400: the request is malformed or does not match the model (server: InvalidInput)."""
+    """400: the request is malformed or does not match the model (server: InvalidInput), or a load failed because
+    of the model: its config or its files (server: ModelLoadError, ModelConfigError)."""
 
 
 class PermissionDeniedError(ServerError):
@@ -56,7 +57,7 @@ class QueueFullError(UnavailableError):
 
 
 class InferenceFailedError(ServerError):
-    """500: the backend or the server failed (server: InferenceFailed, ModelLoadError, ...)."""
+    """500: the backend or the server failed (server: InferenceFailed, ...)."""
 
 
 class OutOfMemoryError(UnavailableError):

@@ -43,6 +43,7 @@ from edged.errors import (
     ModelLoadError,
     ModelNotFound,
     ModelNotReady,
+    OutOfMemory,
     Unavailable,
     UnknownBackend,
 )
@@ -387,11 +388,12 @@ class Registry:
             record.failed.pop(number, None)
         if errors and not fresh:
             # a load abandoned because the daemon stops is no fault of the model: 503, not 400; and the one kind
-            # of failure every version had keeps its family (MemoryBudgetExceeded is a 503 the caller may retry)
+            # of failure every version had keeps its family (MemoryBudgetExceeded, and a backend out of memory,
+            # are 503s the caller may retry; any other failure of the model is a 400)
             (kind,) = kinds if len(kinds) == 1 else (ModelLoadError,)
             if self._stopping.is_set():
                 kind = Unavailable
-            elif not issubclass(kind, ModelLoadError):
+            elif not issubclass(kind, ModelLoadError | OutOfMemory):
                 kind = ModelLoadError
             raise kind("; ".join(errors))
         old = record.versions

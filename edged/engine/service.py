@@ -29,7 +29,15 @@ from edged.engine.registry import Registry
 from edged.engine.scheduler import Done
 from edged.engine.types import InferRequest, InferResponse
 from edged.engine.version import ModelVersion
-from edged.errors import EdgedError, ModelNotFound, RequestTimeout, Unavailable
+from edged.errors import (
+    ConfigError,
+    EdgedError,
+    ModelLoadError,
+    ModelNotFound,
+    OutOfMemory,
+    RequestTimeout,
+    Unavailable,
+)
 from edged.repository.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -93,7 +101,16 @@ class InferenceService:
 
     # --- repository API ------------------------------------------------------------------------------------
     def load_model(self, name: str, config_override: ModelConfig | None = None) -> None:
-        self._registry.load(name, config_override, explicit=True)
+        """An explicit load (HTTP, gRPC, the CLI). A failure of the model's own (its config, its files, the
+        runtime it needs, memory) is worded as Triton words a failed load, "load failed for model 'm': why",
+        which tritonclient shows as it comes; the error keeps its family, so its status code stays its own."""
+        try:
+            self._registry.load(name, config_override, explicit=True)
+        except (ModelLoadError, ConfigError, OutOfMemory) as e:
+            # reworded in place: a new exception of the same class could not be built for every family
+            # (UnknownBackend takes more than a message), and the status tables read only the class
+            e.args = (f"load failed for model '{name}': {e}",)
+            raise
 
     def unload_model(self, name: str) -> None:
         self._registry.unload(name, explicit=True)

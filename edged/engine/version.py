@@ -19,7 +19,7 @@ from edged.engine.stats import VersionStats
 from edged.engine.types import InferRequest, InferResponse
 from edged.engine.validation import RequestValidator
 from edged.engine.warmup import warmup_samples
-from edged.errors import EdgedError, ModelLoadError, ModelNotReady, Unavailable
+from edged.errors import EdgedError, ModelLoadError, ModelNotReady, OutOfMemory, Unavailable
 from edged.repository import confined_path, with_confined_parameters
 from edged.repository.model_config import ModelConfig
 
@@ -108,6 +108,9 @@ class ModelVersion:
                     began = time.perf_counter_ns()
                     try:
                         instance.run(inputs, output_names)
+                    except OutOfMemory as e:  # the device's memory, not the model, is short: a 503, not a 400
+                        raise OutOfMemory(f"model {self.config.name} version {self.version}: warm-up ran out of "
+                                          f"memory: {e}") from e
                     except EdgedError as e:
                         raise ModelLoadError(f"model {self.config.name} version {self.version}: warm-up "
                                              f"failed: {e}") from e

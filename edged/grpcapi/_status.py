@@ -1,12 +1,14 @@
 """The one table that maps edged's error families to gRPC status codes, as Triton's gRPC front end maps its
-own: NOT_FOUND, INVALID_ARGUMENT, UNAVAILABLE (a full queue, a model not ready, a request that timed out in the
-queue), ALREADY_EXISTS (a region name taken), CANCELLED (a request unqueued because its call ended: nobody
-reads it, but the stream's statistics count it), INTERNAL. Triton has no family for refused access; edged answers
-PERMISSION_DENIED, which tritonclient raises like any other error; a region past edged's shared-memory limits
-(Triton has none) RESOURCE_EXHAUSTED, gRPC's code for a spent resource, as is an answer refused because the
-client's unread answers are past ``[server] grpc_max_unsent_mb`` (``AnswersUnread``). Messages too large for
-``[server] grpc_max_message_mb`` get RESOURCE_EXHAUSTED from the call layer (``_grpc_stream``) before any
-handler runs. The codes are gRPC's own numbers (doc/statuscodes.md of the gRPC project).
+own: NOT_FOUND, INVALID_ARGUMENT (also a load that failed because of the model, as Triton answers it),
+UNAVAILABLE (a full queue, a model not ready, a request that timed out in the queue, a backend out of memory and a
+load refused for lack of memory: HTTP's 503s), ALREADY_EXISTS (a region name taken), CANCELLED (a request
+unqueued because its call ended: nobody reads it, but the stream's statistics count it), INTERNAL. Triton has
+no family for refused access; edged answers PERMISSION_DENIED, which tritonclient raises like any other error;
+a region past edged's shared-memory limits (Triton has none) RESOURCE_EXHAUSTED, gRPC's code for a spent
+resource, as is an answer refused because the client's unread answers are past ``[server] grpc_max_unsent_mb``
+(``AnswersUnread``). Messages too large for ``[server] grpc_max_message_mb`` get RESOURCE_EXHAUSTED from the call
+layer (``_grpc_stream``) before any handler runs. The codes are gRPC's own numbers (doc/statuscodes.md of the
+gRPC project).
 """
 
 from __future__ import annotations
@@ -18,8 +20,12 @@ from edged.errors import (
     ConfigError,
     EdgedError,
     InvalidInput,
+    MemoryBudgetExceeded,
+    MemoryPressure,
+    ModelLoadError,
     ModelNotFound,
     ModelNotReady,
+    OutOfMemory,
     PermissionDenied,
     QueueFull,
     RequestCancelled,
@@ -51,7 +57,8 @@ class Status(IntEnum):
     UNAUTHENTICATED = 16
 
 
-# Most specific first: SharedMemoryInvalid and PayloadTooLarge are InvalidInput.
+# Most specific first: SharedMemoryInvalid and PayloadTooLarge are InvalidInput; MemoryBudgetExceeded and
+# MemoryPressure are ModelLoadErrors. The same families as serving/_response.py's 503s are UNAVAILABLE here.
 _CODE_BY_FAMILY: tuple[tuple[type[EdgedError], Status], ...] = (
     (PermissionDenied, Status.PERMISSION_DENIED),
     (ModelNotFound, Status.NOT_FOUND),
@@ -66,6 +73,10 @@ _CODE_BY_FAMILY: tuple[tuple[type[EdgedError], Status], ...] = (
     (Unavailable, Status.UNAVAILABLE),
     (RequestTimeout, Status.UNAVAILABLE),
     (RequestCancelled, Status.CANCELLED),
+    (OutOfMemory, Status.UNAVAILABLE),
+    (MemoryBudgetExceeded, Status.UNAVAILABLE),
+    (MemoryPressure, Status.UNAVAILABLE),
+    (ModelLoadError, Status.INVALID_ARGUMENT),
 )
 
 

@@ -110,9 +110,7 @@ class Connection(Responder, asyncio.Protocol):
         if self._gone_check is not None:
             self._gone_check.cancel()
         self._release_reserved()
-        for slot in self._slots:
-            if slot.cancel is not None and slot.data is None:
-                slot.cancel()
+        self.cancel_owed(exc)
         if self._refused:
             self.app.refused.pop(self, None)
             return

@@ -31,7 +31,7 @@ from edged.protocol.shm_params import ShmReader
 from edged.serving._access import ShmCallerOf
 from edged.serving._http import Connection
 from edged.serving._limits import OFFLOAD_BYTES
-from edged.serving._messages import Incoming, Slot, header_int
+from edged.serving._messages import Incoming, Slot, header_int, unqueued_when_gone
 from edged.serving._response import error_for, render
 from edged.serving._response_heads import ResponseHeads
 from edged.shm import TCP_CALLER, SharedMemoryRegistry, write_output
@@ -61,7 +61,8 @@ class _Call(InferRequest):
         self.parameters = parameters  # the request's own: a kept header's dict is shared
         self.priority = decoded.priority
         self.timeout_us = decoded.timeout_us
-        self.cancellation = None  # an HTTP request runs once queued, as before (only generations are cancelled)
+        self.cancellation = connection.cancellation  # the connection's: set when it is lost, queued ones unrun
+        slot.cancel = unqueued_when_gone  # worth looking for a half-closed client that is gone (_responder)
         self.path = path
         self.connection = connection
         self.slot = slot

@@ -27,9 +27,16 @@ class Slot:
         self.close = False
         self.reserved = 0  # bytes of the in-flight body budget this request holds until it is answered
         # A streamed response (SSE): parts written before the slot reached the head of the line (None until the
-        # first), and what to call when the client goes away before the last part (it cancels the generation).
+        # first), and what to call when the client goes away before the last part (it cancels the generation;
+        # an infer request's is `unqueued_when_gone`).
         self.pending: list[bytes] | None = None
         self.cancel: Callable[[], None] | None = None
+
+
+def unqueued_when_gone() -> None:
+    """The ``cancel`` of an infer request's slot. Nothing to call: its request shares the connection's
+    ``cancellation`` (set when the connection is lost, which drops it unrun if it is still queued); set, it marks
+    the slot as worth finding out about after a half-close (see ``edged.serving._responder``)."""
 
 
 class Incoming(Slot):

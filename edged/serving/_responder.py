@@ -6,13 +6,16 @@ first and then reads and drops what the client still sends, so that a client owe
 
 A client's FIN is not a hang-up: HTTP/1.1 lets a client half-close and still read (``nc -N``, some proxies),
 so what it is owed is still written, and the connection closes once it owes nothing. Only a generation (chat,
-completions, generate) is worth stopping for a client that is gone, so while one is owed the socket is looked at
-soon after the FIN and then every second: on a Unix socket a peer that closed shows as a hang-up (POLLHUP; a
+completions, generate) or an infer request (which may wait in a model's queue for its batching delay) is worth
+stopping for a client that is gone, so while one is owed the socket is looked at soon after the FIN and then
+every second: on a Unix socket a peer that closed shows as a hang-up (POLLHUP; a
 half-close does not); over TCP a FIN cannot tell, but a socket the client closed answers the next bytes sent to
 it with a reset, so an interim ``100 Continue`` goes out first (legal before the final response of an HTTP/1.1
 request, and skipped by its clients) unless a response has begun or the client spoke HTTP/1.0 (which knows no
 1xx), and the reset shows as the socket's error. A client found gone, or a failed write, closes the connection,
-whose loss cancels the generations.
+whose loss cancels the generations and sets the connection's one `Cancellation`, which its infer requests
+share: those still queued are dropped unrun (`RequestCancelled`, a failed request in the model's statistics).
+A lost connection that was owed answers logs one line, whatever their number.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from collections import deque
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from edged.engine import Cancellation
 from edged.serving._access import UNKNOWN_PEER, Peer
 from edged.serving._limits import unread_bytes
 from edged.serving._messages import Incoming, Slot
@@ -65,6 +69,9 @@ class Responder:
         self.interim_allowed = True  # no request on this connection spoke HTTP/1.0, which knows no 1xx answers
         self._gone_check: asyncio.TimerHandle | None = None
         self._peer_finished = False  # the client's FIN came: once nothing is owed, the connection is done
+        # Shared by the infer requests of this connection: set when it is lost, so the queued ones are not run
+        self.cancellation = Cancellation()
+        self._gone_why = ""  # what showed a half-closed client gone, for connection_lost's log line
 
     def pause_writing(self) -> None:
         self._writing_paused = True
@@ -132,25 +139,39 @@ class Responder:
         if not self._slots:
             return None
         self._peer_finished = True
-        if self._owes_generation():
+        if self._owes_cancellable():
             transport = self._transport
             if transport is not None and self.kind != "uds" and not self._front_begun and self.interim_allowed:
                 transport.write(_INTERIM)
             self._check_gone(0)
         return True
 
-    def _owes_generation(self) -> bool:
+    def _owes_cancellable(self) -> bool:
+        """An unanswered generation or infer request: worth stopping if the client is gone."""
         return any(slot.cancel is not None and slot.data is None for slot in self._slots)
+
+    def cancel_owed(self, exc: Exception | None) -> None:
+        """The connection is lost (``connection_lost``; also after a half-closed client was found gone): stop
+        what the client is still owed: its generations are cancelled, its queued infer requests dropped unrun.
+        One log line per connection, however many requests it had."""
+        self.cancellation.cancelled = True  # also for requests still being decoded or loaded for
+        owed = [slot.cancel for slot in self._slots if slot.cancel is not None and slot.data is None]
+        if not owed:
+            return
+        why = self._gone_why or ("the connection was lost" if exc is None else f"the connection was lost: {exc}")
+        log.info("a %s client from %s is gone (%s) with %d answer(s) owed: its queued infer requests are dropped "
+                 "unrun, its generations cancelled", self.kind, self.peer.describe(), why, len(owed))
+        for cancel in owed:
+            cancel()
 
     def _check_gone(self, checks: int) -> None:
         self._gone_check = None
         transport = self._transport
-        if transport is None or not self._owes_generation():
+        if transport is None or not self._owes_cancellable():
             return
         gone = self._why_gone(transport)
         if gone is not None:
-            log.info("a %s client from %s half-closed and is gone (%s): its generation is cancelled",
-                     self.kind, self.peer.describe(), gone)
+            self._gone_why = f"it half-closed, then: {gone}"
             transport.abort()  # connection_lost cancels what is owed
             return
         delay = _GONE_CHECKS_S[min(checks, len(_GONE_CHECKS_S) - 1)]
@@ -216,6 +237,7 @@ class Responder:
 
     def close_now(self) -> None:
         self._closing = True
+        self._gone_why = "the server closed the connection"  # a stop past its timeout: not the client's doing
         if self._transport is not None:
             self._transport.close()
 

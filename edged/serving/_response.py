@@ -2,7 +2,10 @@
 
 The status codes follow Triton's HTTP front end: NOT_FOUND → 404, INVALID_ARG → 400, UNAVAILABLE → 503
 (Triton reports a request that timed out in the queue as UNAVAILABLE too), INTERNAL → 500. A backend that ran
-out of memory answers 503 (OutOfMemory: on a Jetson's shared memory it is usually transient), never 400.
+out of memory answers 503 (OutOfMemory: on a Jetson's shared memory it is usually transient), never 400. A load
+that fails because of the model (its config, a corrupt or missing file, a runtime it needs) is a 400, as Triton
+answers a failed load (INVALID_ARG, "load failed for model 'm': ..."); a load refused for lack of memory stays
+a 503 the caller may retry once something is unloaded.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from edged.errors import (
     InvalidInput,
     MemoryBudgetExceeded,
     MemoryPressure,
+    ModelLoadError,
     ModelNotFound,
     ModelNotReady,
     OutOfMemory,
@@ -44,7 +48,8 @@ JSON = b"application/json"
 OCTET = b"application/octet-stream"
 PROMETHEUS = b"text/plain; version=0.0.4; charset=utf-8"
 
-# Most specific first: PayloadTooLarge is an InvalidInput, ModelConfigError a ConfigError.
+# Most specific first: PayloadTooLarge is an InvalidInput, ModelConfigError a ConfigError, MemoryBudgetExceeded and
+# MemoryPressure are ModelLoadErrors.
 _STATUS_BY_FAMILY: tuple[tuple[type[EdgedError], int], ...] = (
     (PayloadTooLarge, 413),
     (PermissionDenied, 403),
@@ -62,6 +67,7 @@ _STATUS_BY_FAMILY: tuple[tuple[type[EdgedError], int], ...] = (
     (ModelNotReady, 503),
     (Unavailable, 503),
     (RequestTimeout, 503),
+    (ModelLoadError, 400),  # after the memory refusals, which are ModelLoadErrors too
 )
 
 

@@ -97,3 +97,23 @@ def test_repository_index_load_and_unload_in_explicit_mode(explicit_tcp_server) 
         assert triton.is_model_ready("tiny_mlp")
     finally:
         triton.close()
+
+
+def test_a_failed_load_raises_with_triton_s_status_and_wording(explicit_tcp_server) -> None:  # type: ignore[no-untyped-def]
+    # a model folder whose model file is corrupt: Triton answers its load with 400 "load failed for model ..."
+    folder = explicit_tcp_server.repository / "corrupt_mlp"
+    (folder / "1").mkdir(parents=True)
+    config = (explicit_tcp_server.repository / "tiny_mlp" / "config.pbtxt").read_text()
+    (folder / "config.pbtxt").write_text(config.replace('"tiny_mlp"', '"corrupt_mlp"'))
+    (folder / "1" / "model.onnx").write_bytes(b"\x00not an onnx file" * 8)
+    triton = httpclient.InferenceServerClient(f"127.0.0.1:{explicit_tcp_server.port}")
+    try:
+        with pytest.raises(InferenceServerException) as failed:
+            triton.load_model("corrupt_mlp", headers=REPOSITORY_KEY)
+        assert failed.value.status() == "400"
+        assert failed.value.message().startswith("load failed for model 'corrupt_mlp': "), failed.value.message()
+        assert "Protobuf parsing failed" in failed.value.message()
+        assert not triton.is_model_ready("corrupt_mlp")
+        assert triton.is_model_ready("tiny_mlp")
+    finally:
+        triton.close()

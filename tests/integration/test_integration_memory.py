@@ -20,7 +20,7 @@ from integration.edged_daemon import (
 )
 from modelgen import add_model, mlp_reference, mlp_weights, write_mlp_onnx
 
-from edged.client import ClientError, EdgedClient
+from edged.client import ClientError, EdgedClient, MemoryBudgetError
 
 MIB = 1024 * 1024
 BIG_DIM = 3600  # 3600 x 3600 float32 weights: a model file of about 50 MB
@@ -163,6 +163,9 @@ def test_budget_refuses_a_third_model_naming_budget_use_and_need(small_repo: Pat
         with pytest.raises(ClientError) as refused:
             client.load("third")
         message = str(refused.value)
+        # a refusal for lack of memory stays a 503 the caller may retry (a failure of the model is a 400)
+        assert isinstance(refused.value, MemoryBudgetError) and refused.value.status == 503, message
+        assert message.startswith("load failed for model 'third': "), message
         for expected in ("third", "needs", f"budget is {BUDGET_MB:.1f} MiB", "in use", "first/1", "second/1"):
             assert expected in message, message
         assert client.model_ready("first") and client.model_ready("second")
