@@ -37,6 +37,19 @@ class ModelConfigError(ConfigError):
         self.reason = message
 
 
+class StateDirInUse(ConfigError):
+    """Another process (an edged daemon) holds the state directory's lock: two daemons on one directory would
+    corrupt each other's outbox, telemetry and OTA state. ``pid`` is the holder's, when it wrote it."""
+
+    def __init__(self, state_dir: object, pid: int | None) -> None:
+        self.state_dir = str(state_dir)
+        self.pid = pid
+        holder = f"PID {pid}" if pid is not None else "a process whose PID it has not written yet"
+        super().__init__(f"state directory {self.state_dir} is in use by another edged daemon ({holder} holds its "
+                         "edged.lock): stop that daemon first (systemctl stop edged), or give this one a "
+                         "state_dir (--state-dir) of its own")
+
+
 # --- models ------------------------------------------------------------------------------------------------
 class ModelError(EdgedError):
     """Something is wrong with a model or a model version."""

@@ -26,6 +26,7 @@ from edged.access import GRPC_NAME, activated_sockets
 from edged.clock import DeviceClock, state_file_in
 from edged.config import EdgedConfig, load_config, resolve_device_identity, resolve_state_dir
 from edged.daemon._health import health_status, render_health, supervised_task
+from edged.daemon._lock import lock_state_dir
 from edged.daemon._restarts import StartHistory
 from edged.daemon._sdnotify import SystemdNotifier
 from edged.daemon._stop import StopBudget
@@ -61,6 +62,13 @@ class Daemon:
         self.state_dir = resolve_state_dir(config.state_dir, self.environ)
         if self.state_dir.exists() and not self.state_dir.is_dir():  # before anything under it is opened
             raise _state_dir_error(self.state_dir, "it exists and is not a directory")
+        try:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise _state_dir_error(self.state_dir, e.strerror or str(e)) from e
+        # Before any part opens a file under it (the clock, the outbox, telemetry, OTA): a second daemon on this
+        # directory stops here, having touched nothing. Held until the process ends.
+        self._state_lock = lock_state_dir(self.state_dir)
         self.repository = _repository(config, self.state_dir)
         self.socket_path = Path(config.server.socket) if config.server.socket else default_socket_path(self.environ)
         self.notifier = SystemdNotifier.from_environ(self.environ)
@@ -128,10 +136,6 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._begin_stop)
         loop.add_signal_handler(signal.SIGHUP, lambda: self._spawn(self._reload()))
-        try:
-            self.state_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise _state_dir_error(self.state_dir, e.strerror or str(e)) from e
         self._record_start()
         activated = activated_sockets(self.environ)  # read once: each front end takes the sockets named for it
         if activated.grpc and self.grpc is None:
