@@ -21,7 +21,7 @@ from typing import Any
 
 from edged.clock import Clock, DeviceClock, state_file_in
 from edged.config import TelemetryConfig
-from edged.errors import TelemetryError
+from edged.errors import ConfigKeyError, TelemetryError
 from edged.supervision import HealthBoard, SupervisedThread
 from edged.telemetry._derived import EnergyAttributor, Event, ModelActivity, ThrottleDetector, input_power_mw
 from edged.telemetry._sample import Sample
@@ -81,8 +81,16 @@ class TelemetryService:
         if self._source is None:
             self._ended = True
             return
-        Path(self._database).parent.mkdir(parents=True, exist_ok=True)
-        self._store = TelemetryStore(self._database, self._config, health=self._health, clock=self._clock)
+        try:
+            Path(self._database).parent.mkdir(parents=True, exist_ok=True)
+            self._store = TelemetryStore(self._database, self._config, health=self._health, clock=self._clock)
+        except (OSError, TelemetryError) as e:
+            if self._config.database is None:  # the default, under the state directory the daemon checked
+                raise
+            problem = f"cannot create {Path(self._database).parent}: {e.strerror}" if isinstance(e, OSError) \
+                else str(e)
+            raise ConfigKeyError("telemetry.database", f"{problem}; point database at a file edged may create and "
+                                 "write, or leave it unset for the state directory's") from e
         self._store.start()
         self._started_at = self._elapsed()
         self._thread = SupervisedThread("edged-telemetry-sampler", self._run, self._sampler,

@@ -11,7 +11,7 @@ import pytest
 from telemetry_data import SYSFS, TEGRASTATS, recorded_lines
 
 from edged.config import TelemetryConfig
-from edged.errors import TelemetryError
+from edged.errors import ConfigKeyError, TelemetryError
 from edged.telemetry import TelemetryService, choose_source, open_source
 from edged.telemetry._jtop import sample_from_jtop
 from edged.telemetry._replay import ReplaySource
@@ -174,3 +174,21 @@ def test_describe_source_names_the_choice_and_the_reason(tmp_path):
     text = describe_source(TelemetryConfig(tegrastats_path=missing, jtop_socket=missing,
                                            sysfs_root=str(SYSFS / "nano_jp4")))
     assert text.startswith("sysfs (auto: no ") and missing in text
+
+
+def test_a_replay_file_or_database_that_cannot_be_used_is_named_by_its_key(tmp_path):
+    """Review: "cannot read replay file X" and "cannot open telemetry database X" named no key."""
+    missing = TelemetryConfig(source="replay", replay_file=str(tmp_path / "missing.log"))
+    with pytest.raises(ConfigKeyError) as refused:
+        open_source(missing)
+    assert str(refused.value) == (f"[telemetry] replay_file: cannot read replay file {tmp_path / 'missing.log'}: "
+                                  "No such file or directory")
+    with pytest.raises(ConfigKeyError, match=r"^\[telemetry\] replay_file: source = 'replay' needs replay_file"):
+        open_source(TelemetryConfig(source="replay"))
+    (tmp_path / "replay.log").write_text(recorded_lines()[0] + "\n")
+    config = TelemetryConfig(source="replay", replay_file=str(tmp_path / "replay.log"), database=str(tmp_path))
+    service = TelemetryService(config, str(tmp_path))  # a folder where the database file should be
+    with pytest.raises(ConfigKeyError) as unusable:
+        service.start()
+    assert str(unusable.value).startswith(f"[telemetry] database: cannot open telemetry database {tmp_path}: ")
+    service.stop()
