@@ -17,6 +17,31 @@ class ConfigError(EdgedError):
     """The daemon's TOML configuration, or a command-line flag, is invalid."""
 
 
+class ConfigKeyError(ConfigError):
+    """A part found the value of one config key unusable (a file it names is missing, unreadable or not what it
+    should hold; a source that cannot start). ``key`` is the dotted path (``mqtt.ca_file``), ``problem`` says what
+    is wrong and what to do. It reads ``[mqtt] ca_file: problem``; `located` adds where the value came from: the
+    config file (``FILE: [mqtt] ca_file: problem``) or the flag that set it (``--mqtt-broker: problem``)."""
+
+    def __init__(self, key: str, problem: str, where: str | None = None) -> None:
+        self.key = key
+        self.problem = problem
+        self.where = where
+        section, _, name = key.rpartition(".")
+        label = f"[{section}] {name}" if section else name
+        if where is not None and where.startswith("--"):
+            message = f"{where}: {problem}"
+        elif where is not None:
+            message = f"{where}: {label}: {problem}"
+        else:
+            message = f"{label}: {problem}"
+        super().__init__(message)
+
+    def located(self, where: str | None) -> ConfigKeyError:
+        """The same error, saying where its value came from (a file path, or a flag such as ``--state-dir``)."""
+        return ConfigKeyError(self.key, self.problem, where)
+
+
 class ModelConfigError(ConfigError):
     """A model's config.pbtxt is invalid; the message names the file, line and column where known."""
 
@@ -35,6 +60,19 @@ class ModelConfigError(ConfigError):
             where += ": "
         super().__init__(where + message)
         self.reason = message
+
+
+class StateDirInUse(ConfigError):
+    """Another process (an edged daemon) holds the state directory's lock: two daemons on one directory would
+    corrupt each other's outbox, telemetry and OTA state. ``pid`` is the holder's, when it wrote it."""
+
+    def __init__(self, state_dir: object, pid: int | None) -> None:
+        self.state_dir = str(state_dir)
+        self.pid = pid
+        holder = f"PID {pid}" if pid is not None else "a process whose PID it has not written yet"
+        super().__init__(f"state directory {self.state_dir} is in use by another edged daemon ({holder} holds its "
+                         "edged.lock): stop that daemon first (systemctl stop edged), or give this one a "
+                         "state_dir (--state-dir) of its own")
 
 
 # --- models ------------------------------------------------------------------------------------------------

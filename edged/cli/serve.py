@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from edged.config import load_config, with_overrides
+from edged.errors import ConfigKeyError
 
 
 def register(subparsers: Any) -> None:
@@ -61,4 +62,17 @@ def run(args: argparse.Namespace) -> int:
     from edged.daemon._logging import configure_logging
     configure_logging(config.logging.level, config.logging.format)
     from edged.daemon.app import run_daemon
-    return run_daemon(config, loaded)
+    try:
+        return run_daemon(config, loaded)
+    except ConfigKeyError as e:  # a part refused a value: say where it came from, the file or a flag
+        if e.where is not None:
+            raise
+        raise e.located(origin_of(e.key, overrides, config.source)) from e
+
+
+def origin_of(key: str, overrides: dict[str, object], source: str | None) -> str | None:
+    """The flag that set ``key`` (``--state-dir``), else the config file it was read from (None: a default)."""
+    for flag, dotted in FLAG_KEYS.items():
+        if dotted == key and dotted in overrides:
+            return "--" + flag.replace("_", "-")
+    return source

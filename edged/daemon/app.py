@@ -22,10 +22,11 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from edged import __version__
-from edged.access import GRPC_NAME, activated_sockets
+from edged.access import GRPC_NAME, Activated, activated_sockets
 from edged.clock import DeviceClock, state_file_in
 from edged.config import EdgedConfig, load_config, resolve_device_identity, resolve_state_dir
 from edged.daemon._health import health_status, render_health, supervised_task
+from edged.daemon._lock import lock_state_dir
 from edged.daemon._restarts import StartHistory
 from edged.daemon._sdnotify import SystemdNotifier
 from edged.daemon._stop import StopBudget
@@ -36,7 +37,7 @@ from edged.errors import ConfigError, EdgedError
 from edged.exposition import MetricFamily, render
 from edged.memory import PressureMonitor, active_allocator
 from edged.serving import HttpServer
-from edged.serving.listeners import default_socket_path, open_listeners
+from edged.serving.listeners import Listener, default_socket_path, open_listeners
 from edged.shm import SharedMemoryRegistry, ShmLimits
 from edged.supervision import HealthBoard
 from edged.telemetry import TelemetryService, default_database_path, summary_payload
@@ -61,6 +62,13 @@ class Daemon:
         self.state_dir = resolve_state_dir(config.state_dir, self.environ)
         if self.state_dir.exists() and not self.state_dir.is_dir():  # before anything under it is opened
             raise _state_dir_error(self.state_dir, "it exists and is not a directory")
+        try:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise _state_dir_error(self.state_dir, e.strerror or str(e)) from e
+        # Before any part opens a file under it (the clock, the outbox, telemetry, OTA): a second daemon on this
+        # directory stops here, having touched nothing. Held until the process ends.
+        self._state_lock = lock_state_dir(self.state_dir)
         self.repository = _repository(config, self.state_dir)
         self.socket_path = Path(config.server.socket) if config.server.socket else default_socket_path(self.environ)
         self.notifier = SystemdNotifier.from_environ(self.environ)
@@ -128,10 +136,6 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._begin_stop)
         loop.add_signal_handler(signal.SIGHUP, lambda: self._spawn(self._reload()))
-        try:
-            self.state_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise _state_dir_error(self.state_dir, e.strerror or str(e)) from e
         self._record_start()
         activated = activated_sockets(self.environ)  # read once: each front end takes the sockets named for it
         if activated.grpc and self.grpc is None:
@@ -142,6 +146,19 @@ class Daemon:
         listeners = open_listeners(self.config.server, self.socket_path, self.environ, activated)
         self._socket_files = [(Path(item.address), Path(item.address).stat().st_ino) for item in listeners
                               if item.kind == "uds" and not item.inherited]
+        try:
+            await self._start(listeners, activated)
+        except BaseException:
+            # a start that fails once the sockets exist (gRPC's port taken, a TLS or replay file refused) leaves no
+            # socket file behind for the next start or a client to trip over: it is unlinked as at a stop
+            await self._abandon_start()
+            raise
+        await self._stop.wait()
+        await self._shutdown()
+        return 0
+
+    async def _start(self, listeners: list[Listener], activated: Activated) -> None:
+        """Everything from the open listeners to READY=1."""
         await self.server.start([listener.socket for listener in listeners])
         for listener in listeners:
             how = "inherited from systemd" if listener.inherited else "opened"
@@ -165,9 +182,12 @@ class Daemon:
         print(f"edged: ready: {summary}", flush=True)
         if self.notifier is not None:
             self.notifier.ready(summary)
-        await self._stop.wait()
-        await self._shutdown()
-        return 0
+
+    async def _abandon_start(self) -> None:
+        if self.grpc is not None:  # its own socket file, if it had made one (nothing to drain: not ready yet)
+            with contextlib.suppress(Exception):
+                await self.grpc.stop(0)
+        self._remove_socket_files()
 
     def _begin_stop(self) -> None:
         """SIGTERM/SIGINT: a model load in progress (the start's, or one a client asked for) gives up before its

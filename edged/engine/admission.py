@@ -17,10 +17,11 @@ from pathlib import Path
 from edged.backends import Backend
 from edged.config import ModelsConfig
 from edged.engine.completion import SELF_DESCRIBING
+from edged.engine.lifecycle import ModelState
 from edged.engine.memory_governor import MemoryGovernor
 from edged.engine.record import ModelRecord
 from edged.engine.version import ModelVersion
-from edged.errors import MemoryBudgetExceeded
+from edged.errors import EdgedError, MemoryBudgetExceeded
 from edged.repository import confined_path
 from edged.repository.model_config import ModelConfig
 
@@ -118,11 +119,17 @@ class Admission:
             return
         key = memory.charge_key(version)
         try:
-            admit(memory, key, memory.load_estimate(version))
-        except MemoryBudgetExceeded as e:
-            if not memory.reserved_bytes(version):
-                raise
-            raise MemoryBudgetExceeded(f"{e}; {memory.reserve_reason(version)}") from e
+            try:
+                admit(memory, key, memory.load_estimate(version))
+            except MemoryBudgetExceeded as e:
+                if not memory.reserved_bytes(version):
+                    raise
+                raise MemoryBudgetExceeded(f"{e}; {memory.reserve_reason(version)}") from e
+        except EdgedError as e:
+            # refused before version.load() began: it made nothing, and would otherwise stay LOADING for ever in
+            # the index (Triton's UNAVAILABLE, with the budget's figures, until a later load that fits)
+            version.lifecycle.move(ModelState.UNLOADED, str(e))
+            raise
         memory.charged(version, key)
         try:
             with memory.measure() as probe:

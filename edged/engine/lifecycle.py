@@ -2,6 +2,7 @@
 
     loading -> ready -> unloading -> unloaded
     loading -> failed (with the reason)
+    loading -> unloaded (with the reason: admission refused the load before it began, nothing was made)
     ready   -> failed  (e.g. the watchdog finds the backend dead)
 
 A transition not in the table is a programmer error (RuntimeError), not bad input.
@@ -23,7 +24,7 @@ class ModelState(enum.Enum):
 
 
 _ALLOWED: dict[ModelState, frozenset[ModelState]] = {
-    ModelState.LOADING: frozenset({ModelState.READY, ModelState.FAILED}),
+    ModelState.LOADING: frozenset({ModelState.READY, ModelState.FAILED, ModelState.UNLOADED}),
     ModelState.READY: frozenset({ModelState.UNLOADING, ModelState.FAILED}),
     ModelState.UNLOADING: frozenset({ModelState.UNLOADED}),
     ModelState.FAILED: frozenset({ModelState.UNLOADED}),

@@ -64,6 +64,7 @@ from edged.repository import (
     resolve_runtime,
     select_versions,
     unknown_backend,
+    warn_not_utf8,
 )
 from edged.repository.model_config import ModelConfig
 
@@ -90,6 +91,8 @@ class Registry:
         # first branch without the call); never rebound, so a reference to it stays current
         self.by_name: Mapping[str, ModelRecord] = self._records
         self._unloaded: dict[str, str] = {}  # model name → why it is no longer loaded, for the index
+        # folders skipped for a name that is not UTF-8: warned about once, not at every index, status and poll
+        self._not_utf8: set[str] = set()
         self._backends: dict[str, Backend] = {}
         self._lock = threading.RLock()
         # Set when the daemon stops: a load in progress gives up between two instances (ModelVersion.load) and
@@ -173,9 +176,17 @@ class Registry:
 
     def _safe_find_models(self) -> list[str]:
         try:
-            return find_models(self._root)
+            return self._find_models()
         except (OSError, EdgedError):
             return []
+
+    def _find_models(self) -> list[str]:
+        return find_models(self._root, self._skip_not_utf8)
+
+    def _skip_not_utf8(self, name: str) -> None:
+        if name not in self._not_utf8 and len(self._not_utf8) < 1024:
+            self._not_utf8.add(name)
+            warn_not_utf8(name)
 
     # --- changes -------------------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -211,7 +222,7 @@ class Registry:
                 self._memory.release()
 
     def start(self) -> None:
-        names = find_models(self._root)
+        names = self._find_models()
         mode = self._settings.control_mode
         if mode == "explicit":
             wanted = set(self._settings.startup_models)

@@ -23,9 +23,9 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
-from edged.errors import MqttError
 from edged.mqtt._message import Inbound, Outbound
 from edged.mqtt._settings import ConnectionSettings
+from edged.mqtt._tls import tls_context
 from edged.mqtt._wire import PublishFields, WireClient
 from edged.supervision import HealthBoard, SupervisedThread
 
@@ -117,13 +117,8 @@ class Connection:
         client.manual_ack_set(True)  # an input is acknowledged only once its result is in the outbox
         if s.username is not None:
             client.username_pw_set(s.username, s.password)
-        if s.tls:
-            try:
-                client.tls_set(ca_certs=s.ca_file, certfile=s.cert_file, keyfile=s.key_file,
-                               cert_reqs=ssl.CERT_REQUIRED)
-            except (OSError, ssl.SSLError, ValueError) as e:
-                raise MqttError(f"mqtt TLS setup failed (ca_file={s.ca_file}, cert_file={s.cert_file}): {e}") \
-                    from e
+        if s.tls:  # every file checked first, each failure naming its key (edged.mqtt._tls)
+            client.tls_set_context(tls_context(s))
             client.tls_insecure_set(s.tls_insecure)
         client.will_set(will.topic, will.payload, will.qos, will.retain, self._properties(will))
         client.on_connect = self._on_connect

@@ -10,7 +10,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from edged.config import MqttConfig
-from edged.errors import ConfigError
+from edged.errors import ConfigError, ConfigKeyError
 
 CREDENTIAL_NAME = "mqtt-password"
 _SAFE_ID = re.compile(r"[^A-Za-z0-9_.-]")
@@ -55,20 +55,20 @@ def parse_broker(url: str) -> tuple[str, int, bool]:
     """(host, port, tls) from ``mqtt://host[:port]`` or ``mqtts://host[:port]`` (a bare host:port is mqtt)."""
     parts = urlsplit(url if "://" in url else f"mqtt://{url}")
     if "@" in parts.netloc:  # checked first, and the URL never quoted: it may hold a password
-        raise ConfigError("mqtt.broker: a user name or password in the URL is not used; set [mqtt] username and "
-                          "password_file (or the systemd credential mqtt-password) and remove them from the URL")
+        raise ConfigKeyError("mqtt.broker", "a user name or password in the URL is not used; set [mqtt] username "
+                             "and password_file (or the systemd credential mqtt-password) and remove them from the URL")
     if parts.path not in ("", "/") or parts.query or parts.fragment:
-        raise ConfigError(f"mqtt.broker: {url!r} has a path, query or fragment, which MQTT over TCP has no use for; "
-                          "expected mqtt://host:port or mqtts://host:port")
+        raise ConfigKeyError("mqtt.broker", f"{url!r} has a path, query or fragment, which MQTT over TCP has no use "
+                             "for; expected mqtt://host:port or mqtts://host:port")
     if parts.scheme not in ("mqtt", "mqtts", "tcp", "ssl"):
-        raise ConfigError(f"mqtt.broker: expected mqtt://host:port or mqtts://host:port, found {url!r}")
+        raise ConfigKeyError("mqtt.broker", f"expected mqtt://host:port or mqtts://host:port, found {url!r}")
     tls = parts.scheme in ("mqtts", "ssl")
     if not parts.hostname:
-        raise ConfigError(f"mqtt.broker: no host in {url!r}")
+        raise ConfigKeyError("mqtt.broker", f"no host in {url!r}")
     try:
         port = parts.port or (8883 if tls else 1883)
     except ValueError as e:
-        raise ConfigError(f"mqtt.broker: bad port in {url!r}") from e
+        raise ConfigKeyError("mqtt.broker", f"bad port in {url!r}") from e
     return parts.hostname, port, tls
 
 
@@ -85,17 +85,25 @@ def read_password(config: MqttConfig, environ: dict[str, str] | None = None) -> 
             raw = path.read_bytes()
         except FileNotFoundError:
             if config.password_file:
-                raise ConfigError(f"mqtt.password_file: {path} does not exist") from None
+                raise ConfigKeyError("mqtt.password_file", f"{path} does not exist") from None
             continue
-        except OSError as e:
-            raise ConfigError(f"mqtt password: cannot read {path}: {e}") from e
+        except OSError as e:  # its strerror only: str(e) repeats the path in Python's quoting
+            raise _password_error(config, f"cannot read {path}: {e.strerror}; the file must be readable by "
+                                  "edged's user") from e
         try:
             return raw.decode("utf-8").rstrip("\r\n")
         except UnicodeDecodeError as e:
             bad_byte = e.start
         # outside the except block: the UnicodeDecodeError holds the password, and its repr shows it
-        raise ConfigError(f"mqtt password: {path} is not UTF-8 text (byte {bad_byte}); save it as UTF-8")
+        raise _password_error(config, f"{path} is not UTF-8 text (byte {bad_byte}); save it as UTF-8")
     return None
+
+
+def _password_error(config: MqttConfig, problem: str) -> ConfigError:
+    """Named by its key when ``password_file`` set the file, else as the systemd credential it was."""
+    if config.password_file:
+        return ConfigKeyError("mqtt.password_file", problem)
+    return ConfigError(f"systemd credential {CREDENTIAL_NAME}: {problem}")
 
 
 def connection_settings(config: MqttConfig, environ: dict[str, str] | None = None) -> ConnectionSettings:

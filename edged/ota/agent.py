@@ -24,7 +24,7 @@ from tuf.api._payload import TargetFile
 from edged.clock import Clock, DeviceClock
 from edged.config import MACHINE_ID, DeviceIdentity, OtaConfig, resolve_device_identity
 from edged.engine import InferenceService
-from edged.errors import BadDownload, ConfigError, DiskFull, DownloadFailed, EdgedError, UpdateRejected
+from edged.errors import BadDownload, ConfigKeyError, DiskFull, DownloadFailed, EdgedError, UpdateRejected
 from edged.ota._activate import Activator, check_disk, stage
 from edged.ota._bundle import extract_bundle
 from edged.ota._client import TufClient, clock_problem
@@ -45,7 +45,8 @@ class OtaAgent:
                  identity: DeviceIdentity | None = None, machine_id: Path = MACHINE_ID) -> None:
         """``identity``: the daemon's one device id (shared with MQTT); alone, resolved from ``[ota]``."""
         if not config.repository_url:
-            raise ConfigError("[ota] enabled = true needs [ota] repository_url (the TUF repository's base URL)")
+            raise ConfigKeyError("ota.repository_url", "needed when [ota] enabled = true: set it to the TUF "
+                                 "repository's base URL")
         self.config = config
         self.service = service
         self.repository = repository
@@ -54,8 +55,8 @@ class OtaAgent:
         self.facts = facts or device_facts()
         self.clock: Clock = clock or DeviceClock()
         if 0 < config.max_bytes_per_s < config.min_bytes_per_s:
-            raise ConfigError(f"[ota] min_bytes_per_s {config.min_bytes_per_s} is above max_bytes_per_s "
-                              f"{config.max_bytes_per_s}: every download would be given up as too slow")
+            raise ConfigKeyError("ota.min_bytes_per_s", f"{config.min_bytes_per_s} is above max_bytes_per_s "
+                                 f"{config.max_bytes_per_s}: every download would be given up as too slow")
         self.client = TufClient(config.repository_url, Path(config.root_file), self.work_dir, config.max_bytes_per_s,
                                 min_bytes_per_s=config.min_bytes_per_s, rate_window_s=config.rate_window_s)
         self.store = UpdateStore(self.work_dir / "state.json", self._changed)

@@ -34,6 +34,7 @@ from edged.repository.layout import (
     missing_versions,
     resolve_runtime,
     select_versions,
+    warn_not_utf8,
 )
 
 __all__ = [
@@ -72,6 +73,7 @@ __all__ = [
     "select_versions",
     "unknown_backend",
     "unknown_fields",
+    "warn_not_utf8",
     "with_confined_parameters",
     "write_file_atomic",
 ]

@@ -51,6 +51,8 @@ def check_model_name(name: str) -> str:
         problem = "contains a path separator"
     elif "\0" in name:
         problem = "contains a NUL character"
+    elif not is_utf8_name(name):
+        problem = "is not UTF-8"
     elif name.startswith("."):
         problem = "starts with '.' (hidden, '.' or '..')"
     elif len(name.encode("utf-8", "surrogateescape")) > _MAX_NAME:
@@ -61,16 +63,45 @@ def check_model_name(name: str) -> str:
     return name
 
 
-def find_models(root: Path | str) -> list[str]:
-    """Names of the model folders in a repository, sorted; hidden entries and files are skipped."""
+def find_models(root: Path | str, skipped: Callable[[str], None] | None = None) -> list[str]:
+    """Names of the model folders in a repository, sorted; hidden entries and files are skipped, and so are
+    folders whose name is not UTF-8, each handed to ``skipped`` (default: a warning each time)."""
     root = Path(root)
     try:
         entries = list(os.scandir(root))
     except OSError as e:
         raise ModelError(f"model repository {str(root)!r} cannot be listed: {e.strerror}; point [models] "
                          "repository (or --model-repository) at a folder of model folders") from e
-    return sorted(entry.name for entry in entries
-                  if not entry.name.startswith(".") and entry.is_dir(follow_symlinks=True))
+    names = []
+    for entry in entries:
+        if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=True):
+            continue
+        if not is_utf8_name(entry.name):
+            (skipped or warn_not_utf8)(entry.name)
+            continue
+        names.append(entry.name)
+    return sorted(names)
+
+
+def is_utf8_name(name: str) -> bool:
+    """Whether a file name (as os.fsdecode gives it: undecodable bytes as lone surrogates) is UTF-8. Only such a
+    name can be a model's: a URL, a JSON document or an MQTT topic cannot carry the others (orjson refuses them)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def escaped_name(name: str) -> str:
+    """A name that is not UTF-8, printable: its bytes as Python writes them (``b'cam\\xff'``)."""
+    return ascii(os.fsencode(name))
+
+
+def warn_not_utf8(name: str) -> None:
+    logger.warning("model repository: skipping the folder %s: its name is not UTF-8, so no request, status or "
+                   "index can name it; rename it (for example with convmv, or mv in a UTF-8 locale)",
+                   escaped_name(name))
 
 
 def list_versions(model_dir: Path | str) -> list[int]:

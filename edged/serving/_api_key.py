@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from edged.config import ServerConfig
-from edged.errors import ConfigError
+from edged.errors import ConfigKeyError
 from edged.serving._openai import Unauthenticated
 
 log = logging.getLogger(__name__)
@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 HEADER = b"authorization"
 API_ACTION = "use the OpenAI API"  # what a request without the key is counted as denied to do
 _MIN_LENGTH = 16
+KEY_FILE = "server.openai_api_key_file"
 
 
 class ApiKey:
@@ -52,18 +53,18 @@ def api_key_for(config: ServerConfig) -> ApiKey | None:
         raw = path.read_bytes()
         mode = path.stat().st_mode
     except OSError as e:
-        raise ConfigError(f"server.openai_api_key_file {path}: cannot read it: {e}") from e
+        raise ConfigKeyError(KEY_FILE, f"cannot read {path}: {e.strerror}; the file must be readable by edged's "
+                             "user") from e
     bad_byte = None
     try:
         key = raw.decode("utf-8").split("\n", 1)[0].strip()
     except UnicodeDecodeError as e:
         bad_byte = e.start
     if bad_byte is not None:  # raised outside the handler: the decode error holds the file's bytes, the key too
-        raise ConfigError(f"server.openai_api_key_file {path}: the file is not UTF-8 text (byte {bad_byte}); "
-                          "save the key as UTF-8")
+        raise ConfigKeyError(KEY_FILE, f"{path} is not UTF-8 text (byte {bad_byte}); save the key as UTF-8")
     if len(key) < _MIN_LENGTH:
-        raise ConfigError(f"server.openai_api_key_file {path}: the key on its first line must be at least "
-                          f"{_MIN_LENGTH} characters, found {len(key)}")
+        raise ConfigKeyError(KEY_FILE, f"the key on the first line of {path} must be at least {_MIN_LENGTH} "
+                             f"characters, found {len(key)}")
     if mode & (stat.S_IROTH | stat.S_IWOTH):
         log.warning("server.openai_api_key_file %s is readable by every user (mode %o); chmod o-rw it", path,
                     stat.S_IMODE(mode))

@@ -21,7 +21,7 @@ from typing import Any
 
 from edged.clock import Clock, DeviceClock, state_file_in
 from edged.config import TelemetryConfig
-from edged.errors import TelemetryError
+from edged.errors import ConfigKeyError, TelemetryError
 from edged.supervision import HealthBoard, SupervisedThread
 from edged.telemetry._db import open_failure
 from edged.telemetry._derived import EnergyAttributor, Event, ModelActivity, ThrottleDetector, input_power_mw
@@ -83,7 +83,8 @@ class TelemetryService:
             self._choice = choose_source(self._config)
             try:
                 self._source = open_source(self._config, self._choice, self._clock)
-            except TelemetryError as e:  # an unreadable replay file: telemetry is off, the daemon serves on
+            except (TelemetryError, ConfigKeyError) as e:  # an unreadable replay file: telemetry is off, the
+                # daemon serves on (the reason names the key: [telemetry] replay_file)
                 log.error("telemetry source %s cannot start: %s", self._choice.name, e)
                 self._sampler.degraded(f"source {self._choice.name} cannot start: {e}")
                 self._ended = True

@@ -16,7 +16,7 @@ from typing import Protocol
 
 from edged.clock import Clock
 from edged.config import TelemetryConfig
-from edged.errors import TelemetryError
+from edged.errors import ConfigKeyError, TelemetryError
 from edged.telemetry._sample import Sample
 
 
@@ -77,15 +77,21 @@ def open_source(config: TelemetryConfig, choice: SourceChoice | None = None,
     if choice.name == "replay":
         from edged.telemetry._replay import ReplaySource
         if config.replay_file is None:
-            raise TelemetryError("[telemetry] source = 'replay' needs replay_file, found none")
-        return ReplaySource(config.replay_file, config.replay_speed, config.interval_s, config.replay_loop,
-                            clock)
+            raise ConfigKeyError("telemetry.replay_file", "source = 'replay' needs replay_file, found none")
+        try:
+            return ReplaySource(config.replay_file, config.replay_speed, config.interval_s, config.replay_loop,
+                                clock)
+        except TelemetryError as e:  # the file named by the key cannot be read
+            raise ConfigKeyError("telemetry.replay_file", str(e)) from e
     if choice.name == "sysfs":
         from edged.telemetry._sysfs import SysfsSource
         return SysfsSource(config.sysfs_root, config.interval_s)
     if choice.name == "jtop":
         from edged.telemetry._jtop import JtopSource
-        return JtopSource(config.interval_s)
+        try:
+            return JtopSource(config.interval_s)
+        except TelemetryError as e:  # jetson-stats missing or its service unreachable: the choice of source
+            raise ConfigKeyError("telemetry.source", f"{e}; or choose another source") from e
     raise TelemetryError(f"unknown telemetry source {choice.name!r}")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -199,3 +200,17 @@ def test_sighup_names_the_changed_keys_that_need_a_restart_and_only_those(tmp_pa
         assert not client.model_ready("other")
     finally:
         assert daemon.stop() == 0, daemon.output()
+
+
+def test_a_start_that_fails_after_the_socket_is_open_removes_the_socket_file(tmp_path: Path) -> None:
+    """Review: the socket file stayed behind (the next client found a socket no daemon answered on). (A missing
+    replay file no longer fails the start: it degrades telemetry, tests/telemetry/test_telemetry_replay.py.)"""
+    socket_path = tmp_path / "edged.sock"
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        daemon = start_daemon(tmp_path, args=["--grpc-port", str(port)], wait=False)
+        words = f"cannot listen for gRPC on 127.0.0.1:{port}: Address already in use"
+        assert daemon.process.wait(60) == 1
+    output = daemon.log_path.read_text()
+    assert "listening on uds:" in output and words in output and "Traceback" not in output, output
+    assert not socket_path.exists()

@@ -125,8 +125,20 @@ def test_settings_password_from_file_or_systemd_credential(tmp_path: Path) -> No
     (tmp_path / "latin1").write_bytes(b"s3cr\xe9t\n")
     with pytest.raises(ConfigError) as refused:
         read_password(MqttConfig(password_file=str(tmp_path / "latin1")), {})
-    assert str(refused.value) == f"mqtt password: {tmp_path / 'latin1'} is not UTF-8 text (byte 4); save it as UTF-8"
+    assert str(refused.value) == (f"[mqtt] password_file: {tmp_path / 'latin1'} is not UTF-8 text (byte 4); save "
+                                  "it as UTF-8")
     assert refused.value.__context__ is None and refused.value.__cause__ is None  # nothing carries the password
+    # a file that cannot be read is named by its key, or as the systemd credential it was
+    with pytest.raises(ConfigError) as unreadable:
+        read_password(MqttConfig(password_file=str(tmp_path / "creds")), {})
+    assert str(unreadable.value) == (f"[mqtt] password_file: cannot read {tmp_path / 'creds'}: Is a directory; the "
+                                     "file must be readable by edged's user")
+    (tmp_path / "creds" / "mqtt-password").unlink()
+    (tmp_path / "creds" / "mqtt-password").mkdir()
+    with pytest.raises(ConfigError) as credential:
+        read_password(MqttConfig(), {"CREDENTIALS_DIRECTORY": str(tmp_path / "creds")})
+    assert str(credential.value) == (f"systemd credential mqtt-password: cannot read {tmp_path / 'creds'}/"
+                                     "mqtt-password: Is a directory; the file must be readable by edged's user")
     settings = connection_settings(MqttConfig(broker="mqtts://broker.local", device_id="cam 1/x#"), {})
     assert (settings.host, settings.port, settings.tls) == ("broker.local", 8883, True)
     assert settings.client_id == "edged-cam_1_x_"
@@ -144,7 +156,7 @@ def test_settings_password_from_file_or_systemd_credential(tmp_path: Path) -> No
 ], ids=["credentials", "credentials-bad-scheme", "path", "query"])
 def test_a_broker_url_with_credentials_or_a_path_is_refused_without_quoting_a_secret(url: str, words: str) -> None:
     """Review: credentials in the URL were ignored (the client connected anonymously) and a path accepted."""
-    with pytest.raises(ConfigError, match=r"^mqtt\.broker: ") as refused:
+    with pytest.raises(ConfigError, match=r"^\[mqtt\] broker: ") as refused:
         parse_broker(url)
     assert words in str(refused.value) and "secretpw" not in str(refused.value)
 

@@ -1,6 +1,7 @@
 """A real service manager for edged-update's tests, in place of systemd: ``start`` runs the installed tree's
 ``edged serve`` (whatever ``/opt/edged/current`` points at when it starts) in its own mount namespace, with the
-staged ``ROOT/opt/edged`` bind-mounted at /opt/edged where its paths point; ``stop`` sends SIGTERM, then SIGKILL.
+staged ``ROOT/opt/edged`` bind-mounted at /opt/edged where its paths point; ``stop`` sends SIGTERM, then SIGKILL,
+and returns once the daemon has exited.
 
 Usage: python release_supervisor.py --pidfile F --root R --config C --log L start|stop
 """
@@ -43,18 +44,28 @@ def start(args: argparse.Namespace) -> None:
 
 
 def stop(args: argparse.Namespace) -> None:
+    """Returns only once the daemon has exited, as ``systemctl stop`` does: the next start would otherwise find
+    the state directory still locked by it (edged.daemon._lock) and refuse to run."""
     pid = running(args.pidfile)
     if pid is None:
         return
     os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and running(args.pidfile) is not None:
+    if not _exited(args.pidfile, pid, 30):
+        os.kill(pid, signal.SIGKILL)
+        if not _exited(args.pidfile, pid, 30):
+            raise SystemExit(f"edged (PID {pid}) still running 30 s after SIGKILL")
+    args.pidfile.unlink(missing_ok=True)
+
+
+def _exited(pidfile: Path, pid: int, within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while running(pidfile) is not None:
+        if time.monotonic() >= deadline:
+            return False
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
         time.sleep(0.1)
-    if running(args.pidfile) is not None:
-        os.kill(pid, signal.SIGKILL)
-    args.pidfile.unlink(missing_ok=True)
+    return True
 
 
 def main() -> int:

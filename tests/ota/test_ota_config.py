@@ -37,4 +37,5 @@ def test_a_daemon_with_ota_enabled_and_no_repository_url_refuses_to_start(tmp_pa
                            "--socket", str(tmp_path / "s.sock"), "--state-dir", str(tmp_path / "state")],
                           capture_output=True, text=True, timeout=120, env=daemon_environment(), check=False)
     assert done.returncode != 0
-    assert "[ota] enabled = true needs [ota] repository_url" in done.stdout + done.stderr
+    assert (f"edged serve: error: {tmp_path / 'edged.toml'}: [ota] repository_url: needed when [ota] enabled = true"
+            in done.stderr), done.stdout + done.stderr

@@ -109,5 +109,5 @@ def test_rate_settings_are_checked_and_a_minimum_above_the_cap_is_refused(tmp_pa
         parse_config("[ota]\nmin_bytes_per_s = -5\n")
     config = OtaConfig(enabled=True, repository_url="http://127.0.0.1:1", max_bytes_per_s=500, min_bytes_per_s=1000)
     service = InferenceService(tmp_path / "models", ModelsConfig())
-    with pytest.raises(ConfigError, match="min_bytes_per_s 1000 is above max_bytes_per_s 500"):
+    with pytest.raises(ConfigError, match="min_bytes_per_s: 1000 is above max_bytes_per_s 500"):
         OtaAgent(config, service, tmp_path / "models", tmp_path / "state")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -142,3 +143,20 @@ def test_fingerprints_name_the_changed_version_or_all_when_the_model_folder_chan
     assert changed_versions(before, fingerprint(tmp_path)) == {2}
     (tmp_path / "config.pbtxt").write_text('name: "m"\nmax_batch_size: 4\n')
     assert changed_versions(before, fingerprint(tmp_path)) is None
+
+
+def test_a_folder_whose_name_is_not_utf8_is_skipped_and_handed_over_by_its_escaped_name(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Review: such a name (os.fsdecode's lone surrogates) reached the index, and orjson refused the document."""
+    make(tmp_path, "good/1/model.onnx")
+    os.makedirs(os.path.join(os.fsencode(tmp_path), b"cam\xff", b"1"))  # as bytes: the name is not UTF-8
+    skipped: list[str] = []
+    assert find_models(tmp_path, skipped.append) == ["good"]
+    assert [os.fsencode(name) for name in skipped] == [b"cam\xff"]
+    with caplog.at_level(logging.WARNING, logger="edged.repository.layout"):
+        assert find_models(tmp_path) == ["good"]
+    assert [r.getMessage() for r in caplog.records] == [
+        "model repository: skipping the folder b'cam\\xff': its name is not UTF-8, so no request, status or index "
+        "can name it; rename it (for example with convmv, or mv in a UTF-8 locale)"]
+    with pytest.raises(ModelConfigError, match=r"is not UTF-8"):
+        check_model_name(os.fsdecode(b"cam\xff"))

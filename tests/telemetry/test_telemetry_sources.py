@@ -12,7 +12,7 @@ import pytest
 from telemetry_data import SYSFS, TEGRASTATS, recorded_lines
 
 from edged.config import TelemetryConfig
-from edged.errors import TelemetryError
+from edged.errors import ConfigKeyError, TelemetryError
 from edged.telemetry import TelemetryService, choose_source, open_source
 from edged.telemetry._jtop import sample_from_jtop
 from edged.telemetry._replay import ReplaySource
@@ -197,3 +197,14 @@ def test_tegrastats_output_with_bytes_that_are_not_utf8_keeps_the_source_reading
     damaged = samples[1]
     assert damaged is not None and "VDD_\ufffd\ufffdIN" in damaged.unparsed  # that field alone is lost
     assert damaged.ram_used_mb > 0 and "VDD_SOC" in damaged.power_mw
+
+
+def test_a_replay_file_that_cannot_be_used_is_named_by_its_key(tmp_path):
+    """Review: "cannot read replay file X" named no key (an unopenable database degrades telemetry instead)."""
+    missing = TelemetryConfig(source="replay", replay_file=str(tmp_path / "missing.log"))
+    with pytest.raises(ConfigKeyError) as refused:
+        open_source(missing)
+    assert str(refused.value) == (f"[telemetry] replay_file: cannot read replay file {tmp_path / 'missing.log'}: "
+                                  "No such file or directory")
+    with pytest.raises(ConfigKeyError, match=r"^\[telemetry\] replay_file: source = 'replay' needs replay_file"):
+        open_source(TelemetryConfig(source="replay"))
