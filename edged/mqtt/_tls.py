@@ -39,6 +39,9 @@ def tls_context(settings: ConnectionSettings) -> ssl.SSLContext:
         context.load_default_certs()
     if settings.cert_file is not None:
         _load_client_certificate(context, settings.cert_file, settings.key_file)
+    elif settings.key_file is not None:  # paho ignored it: the connection went out without a client certificate
+        raise ConfigKeyError("mqtt.key_file", f"{settings.key_file} is set without cert_file, and a private key "
+                             "alone cannot authenticate: set cert_file to the client certificate, or remove key_file")
     return context
 
 

@@ -45,12 +45,14 @@ CASES = [
     ({"cert_file": "client.crt", "key_file": "encrypted.key"}, "mqtt.key_file",
      "{d}/encrypted.key holds an encrypted private key, and edged has no way to take its pass phrase"),
     ({"cert_file": "client.crt"}, "mqtt.cert_file", "{d}/client.crt holds no PEM private key"),  # key in the cert
+    ({"key_file": "client.key"}, "mqtt.key_file", "{d}/client.key is set without cert_file"),  # it was ignored
 ]
 
 
 @pytest.mark.parametrize(("files", "key", "problem"), CASES, ids=[
     "ca-missing", "ca-folder", "ca-not-a-certificate", "cert-missing", "cert-not-a-certificate", "key-missing",
-    "key-folder", "key-not-a-key", "key-of-another-certificate", "key-encrypted", "cert-without-its-key"])
+    "key-folder", "key-not-a-key", "key-of-another-certificate", "key-encrypted", "cert-without-its-key",
+    "key-without-its-cert"])
 def test_each_unusable_tls_file_is_named_with_its_key(pki: Path, files: dict[str, str], key: str,
                                                       problem: str) -> None:
     named = {"ca_file": "ca.crt", **files}
