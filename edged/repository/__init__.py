@@ -21,6 +21,7 @@ from edged.repository._pbtxt import Field, Ident, Message, dump, parse
 from edged.repository.confine import check_config_files, confined_path, read_confined, with_confined_parameters
 from edged.repository.layout import (
     CONFIG_FILENAME,
+    MAX_CONFIG_BYTES,
     Fingerprint,
     Settling,
     changed_versions,
@@ -40,6 +41,7 @@ __all__ = [
     "BUILTIN_BACKENDS",
     "CONFIG_FILENAME",
     "DEFAULT_MAX_BATCH_SIZE",
+    "MAX_CONFIG_BYTES",
     "Field",
     "Fingerprint",
     "Ident",

@@ -65,8 +65,10 @@ def confined_path(model_dir: Path | str, name: str, what: str, *, under: str = "
     return resolved
 
 
-def read_confined(model_dir: Path | str, name: str, what: str, *, under: str = "") -> bytes:
-    """The bytes of ``name``, confined as by `confined_path`, checked again on the opened descriptor."""
+def read_confined(model_dir: Path | str, name: str, what: str, *, under: str = "",
+                  max_bytes: int | None = None) -> bytes:
+    """The bytes of ``name``, confined as by `confined_path`, checked again on the opened descriptor. With
+    ``max_bytes`` a larger file is refused before and while it is read (it may grow between the two)."""
     path = confined_path(model_dir, name, what, under=under)
     folder = Path(os.path.realpath(model_dir))
     try:
@@ -74,10 +76,17 @@ def read_confined(model_dir: Path | str, name: str, what: str, *, under: str = "
     except OSError as e:
         raise ModelConfigError(f"{what} {name!r}: cannot open {path}: {e.strerror}") from e
     with os.fdopen(fd, "rb") as file:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
             raise ModelConfigError(f"{what} {name!r} in the model folder {folder} is not a regular file")
         _check_descriptor(fd, folder, what, name)
-        return file.read()
+        if max_bytes is None:
+            return file.read()
+        data = file.read(max_bytes + 1) if info.st_size <= max_bytes else b""
+        if info.st_size > max_bytes or len(data) > max_bytes:
+            raise ModelConfigError(f"{what} {name!r} in the model folder {folder} is larger than the limit of "
+                                   f"{max_bytes} bytes (found {max(info.st_size, len(data))})")
+        return data
 
 
 def _check_descriptor(fd: int, folder: Path, what: str, name: str) -> None:

@@ -24,6 +24,7 @@ from pathlib import Path
 from edged.durable import fsync_dir
 from edged.errors import ModelConfigError, ModelError
 from edged.repository._build import parse_model_config
+from edged.repository.confine import read_confined
 from edged.repository.model_config import ModelConfig, VersionPolicy
 
 logger = logging.getLogger(__name__)
@@ -39,6 +40,9 @@ RUNTIME_FILES: tuple[tuple[str, str], ...] = (
     ("model.pt2", "pytorch"),
 )
 _VERSION = re.compile(r"[1-9][0-9]{0,18}")
+# Triton's configs are a few KB; the cap keeps a hostile or mistaken file (a multi-GB log, a link to /dev/zero)
+# from being read, and parsed under the registry lock, without bound.
+MAX_CONFIG_BYTES = 1 << 20
 _MAX_NAME = 255
 
 
@@ -133,16 +137,21 @@ def resolve_runtime(config: ModelConfig | None, model_dir: Path | str,
 
 
 def load_model_config(model_dir: Path | str) -> ModelConfig | None:
-    """Parse a model folder's ``config.pbtxt``; None when there is none. The name defaults to the folder's."""
+    """Parse a model folder's ``config.pbtxt``; None when there is none. The name defaults to the folder's.
+
+    The file is read as every file a config names is (`read_confined`): it must resolve inside the model folder
+    (the config comes back through GET /v2/models/{m}/config, so a link out would leak what it points to), be a
+    regular file (a FIFO is opened without blocking and refused: it hung the load with the registry lock held)
+    and at most MAX_CONFIG_BYTES long."""
     model_dir = Path(model_dir)
     name = check_model_name(model_dir.name)
     path = model_dir / CONFIG_FILENAME
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         return None
-    except OSError as e:
-        raise ModelConfigError(f"cannot read the model config: {e.strerror}", str(path)) from e
+    try:
+        raw = read_confined(model_dir, CONFIG_FILENAME, "the model config", max_bytes=MAX_CONFIG_BYTES)
+    except ModelConfigError as e:
+        raise ModelConfigError(e.reason, str(path)) from e
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:

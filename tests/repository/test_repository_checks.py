@@ -4,6 +4,7 @@ entries against the config's inputs and max_batch_size; validate on real folders
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -146,3 +147,15 @@ def test_validate_completes_a_config_without_platform_as_the_daemon_loads_it(tmp
     completed = json.loads(result.stdout)
     assert (completed["platform"], completed["backend"], completed["default_model_filename"]) == (
         "onnxruntime_onnx", "onnxruntime", "model.onnx")
+
+
+def test_validate_refuses_a_fifo_or_a_link_to_a_device_as_config_with_an_error_line(tmp_path: Path) -> None:
+    (tmp_path / "fifo" / "1").mkdir(parents=True)
+    os.mkfifo(tmp_path / "fifo" / "config.pbtxt")
+    (tmp_path / "zero" / "1").mkdir(parents=True)
+    (tmp_path / "zero" / "config.pbtxt").symlink_to("/dev/zero")
+    for name, words in (("fifo", "is not a regular file"), ("zero", "leads outside the model folder")):
+        result = run_validate(tmp_path / name)  # before the fix: blocked on the FIFO, or read /dev/zero forever
+        assert result.returncode == 1, (name, result.stdout, result.stderr)
+        assert f"error: {tmp_path / name / 'config.pbtxt'}: the model config 'config.pbtxt'" in result.stderr
+        assert words in result.stderr, (name, result.stderr)
