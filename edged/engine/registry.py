@@ -68,6 +68,7 @@ from edged.repository.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
 READY = ModelState.READY
+_MAX_SHOWN = 500  # characters of a foreign exception's text in a load's error (its traceback is in the log)
 
 
 class Registry:
@@ -250,7 +251,7 @@ class Registry:
             record.loaded_explicitly = explicit
             changed = None if seen is None or override is not None else changed_versions(record.fingerprint, seen)
             try:
-                self._load_record(record, override, changed)
+                self._load_record_translated(record, override, changed)
             except EdgedError as e:
                 if not record.versions:
                     record.error = str(e)
@@ -274,6 +275,22 @@ class Registry:
             yield
         finally:
             self._loading = outer
+
+    def _load_record_translated(self, record: ModelRecord, override: ModelConfig | None,
+                                changed: set[int] | None) -> None:
+        """`_load_record` with a foreign exception (a bug, a runtime's surprise) translated at this boundary: it is
+        logged with its traceback and the load fails as any failed load does (the model marked with the reason),
+        so one model cannot stop a start or a poll from loading the others."""
+        try:
+            self._load_record(record, override, changed)
+        except EdgedError:
+            raise
+        except Exception as e:
+            log.exception("model %s: unexpected error while loading", record.name)
+            text = str(e)
+            shown = text if len(text) <= _MAX_SHOWN else text[:_MAX_SHOWN] + "..."
+            raise ModelLoadError(f"model {record.name}: load failed on an unexpected {type(e).__name__}: {shown} "
+                                 "(the daemon's log has the traceback)") from e
 
     def _load_record(self, record: ModelRecord, override: ModelConfig | None, changed: set[int] | None) -> None:
         model_dir = self._root / record.name
@@ -468,6 +485,12 @@ class Registry:
                     if record is not None:
                         record.fingerprint = seen  # retried when the files change again, not on every poll
                 log.error("model %s: reload failed, previous versions keep serving: %s", name, e)
+            except Exception:  # a bug outside the load proper: this model waits for its next change, the rest go on
+                with self._lock:
+                    record = self._records.get(name)
+                    if record is not None:
+                        record.fingerprint = seen
+                log.exception("model %s: poll failed unexpectedly; the other models are still polled", name)
 
     def stop_loading(self) -> None:
         """The daemon is stopping: loads in progress give up at their next instance, new ones are refused."""

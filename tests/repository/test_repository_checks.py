@@ -159,3 +159,12 @@ def test_validate_refuses_a_fifo_or_a_link_to_a_device_as_config_with_an_error_l
         assert result.returncode == 1, (name, result.stdout, result.stderr)
         assert f"error: {tmp_path / name / 'config.pbtxt'}: the model config 'config.pbtxt'" in result.stderr
         assert words in result.stderr, (name, result.stderr)
+
+
+def test_validate_refuses_an_integer_past_64_bits_with_an_error_line(tmp_path: Path) -> None:
+    add_model(tmp_path, "huge", config(extra=f"optimization {{ z: 0x{'f' * 5000} }}\n").replace('"m"', '"huge"'),
+              {1: mlp_weights()})
+    result = run_validate(tmp_path / "huge")  # before: a traceback (the kept value was not printable as JSON)
+    assert result.returncode == 1, result.stdout
+    assert f"error: {tmp_path / 'huge' / 'config.pbtxt'}:6:19: number 0xffffffffff...(5002 digits) of field 'z' is " \
+           "out of range" in result.stderr, result.stderr
