@@ -18,6 +18,9 @@ from edged.repository.model_config import BACKEND_DEFAULT_FILENAME, ModelConfig,
 # The platforms edged serves, and the backend each one means (tensorflow_* are Triton's, not edged's).
 SERVED_PLATFORMS: dict[str, str] = {p: b for p, b in PLATFORM_BACKENDS.items() if b in BACKEND_DEFAULT_FILENAME}
 BUILTIN_BACKENDS: tuple[str, ...] = tuple(sorted(BACKEND_DEFAULT_FILENAME))
+# Triton bounds model_warmup count only by uint32; every run holds the registry for the whole load, so a count in
+# the billions never ends it. Warming a steady state takes a handful of runs: ten thousand is far past any use.
+MAX_WARMUP_COUNT = 10_000
 
 
 def check_platform_backend(config: ModelConfig, path: str | None,
@@ -70,6 +73,10 @@ def _check_entry(config: ModelConfig, entry: ModelWarmup, where: str, inputs: di
     if entry.batch_size > limit:
         raise ModelConfigError(f"{where}: field 'batch_size' is {entry.batch_size}, more than "
                                f"{limit} (max_batch_size {config.max_batch_size})", path)
+    if entry.count > MAX_WARMUP_COUNT:
+        raise ModelConfigError(f"{where}: field 'count' is {entry.count}, more than the limit of {MAX_WARMUP_COUNT} "
+                               "runs (each run holds up every other load and unload); a few runs warm a model up",
+                               path)
     batch = max(1, entry.batch_size) if config.max_batch_size > 0 else 1
     for name, given in entry.inputs.items():
         spec = inputs.get(name)

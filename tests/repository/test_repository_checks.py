@@ -65,6 +65,8 @@ def test_a_custom_backend_passes_when_the_caller_checks_names_itself() -> None:
     (8, warmup(dims="[ 1000000000000 ]"), r"field 'inputs\[input\]\.dims' is \[1000000000000\]"),
     (8, 'model_warmup [ { name: "w", batch_size: 1 } ]',
      r"field 'inputs' has no entry for the model's input 'input'"),
+    (8, warmup().replace("batch_size: 1,", "batch_size: 1, count: 4294967295,"),
+     r"field 'count' is 4294967295, more than the limit of 10000 runs"),
 ])
 def test_warmup_entries_that_do_not_fit_the_config_are_refused(max_batch: int, extra: str, match: str) -> None:
     with pytest.raises(ModelConfigError, match=r"^/repo/m/config\.pbtxt: model_warmup\[0\] \('w'\): " + match):
