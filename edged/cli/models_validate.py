@@ -29,6 +29,7 @@ from edged.repository import (
     autocomplete,
     check_config_files,
     check_platform_backend,
+    check_reshapes,
     check_tensor_types,
     check_warmup,
     list_versions,
@@ -117,6 +118,7 @@ def validate_path(path: Path, backends: Collection[str] = BUILTIN_BACKENDS,
         check_config_files(config, model_dir, chosen)
     completed = _complete(config, model_dir, chosen, runtime, warnings, notes)
     check_tensor_types(completed, config_path)
+    check_reshapes(completed, config_path)
     check_warmup(completed, config_path, max_elements)
     return Report(model_config_to_json(completed), unknown_fields(completed), warnings, notes)
 

@@ -54,6 +54,7 @@ from edged.repository import (
     check_config_files,
     check_model_name,
     check_platform_backend,
+    check_reshapes,
     check_tensor_types,
     check_warmup,
     find_models,
@@ -311,6 +312,7 @@ class Registry:
                                      self._settings.autocomplete)
         check_instance_count(config, self._settings.max_instance_count)
         check_tensor_types(config, config_path)
+        check_reshapes(config, config_path)
         check_warmup(config, config_path, self._max_elements)
         wanted = select_versions(config.version_policy, available)
         if not wanted:
@@ -349,6 +351,7 @@ class Registry:
         config = complete_config(name, config, runtime, backend, model_dir, available, self._settings.autocomplete)
         check_instance_count(config, self._settings.max_instance_count)
         check_tensor_types(config, config_path)
+        check_reshapes(config, config_path)
         check_warmup(config, config_path, self._max_elements)
         return config, backend
 

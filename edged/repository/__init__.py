@@ -10,6 +10,7 @@ from edged.repository._build import build_model_config, parse_model_config, unkn
 from edged.repository._checks import (
     BUILTIN_BACKENDS,
     check_platform_backend,
+    check_reshapes,
     check_tensor_types,
     check_warmup,
     unknown_backend,
@@ -53,6 +54,7 @@ __all__ = [
     "check_config_files",
     "check_model_name",
     "check_platform_backend",
+    "check_reshapes",
     "check_tensor_types",
     "check_warmup",
     "confined_path",

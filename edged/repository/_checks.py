@@ -56,6 +56,46 @@ def check_tensor_types(config: ModelConfig, path: str | None) -> None:
                                        "FP32 inputs and outputs", path)
 
 
+def check_reshapes(config: ModelConfig, path: str | None) -> None:
+    """Refuse a ``reshape`` that does not keep its tensor's element count, by Triton's rule (ValidateIOShape):
+    fixed shapes hold the same number of elements (an empty reshape, a scalar, goes with dims holding one), and
+    shapes with -1 have as many -1s, the fixed runs between them holding the same counts ([2, 4, -1, 6] can become
+    [8, -1, 1, 6]). Such a config loaded, and every request it got then failed with a 500."""
+    for kind, specs in (("input", config.input), ("output", config.output)):
+        for spec in specs:
+            if spec.reshape is None:
+                continue
+            dims, shape = list(spec.dims), list(spec.reshape.shape)
+            problem = _reshape_problem(dims, shape)
+            if problem:
+                raise ModelConfigError(f"{kind} {spec.name!r}: field 'reshape' shape {shape} {problem} than dims "
+                                       f"{dims}; a reshape must keep the tensor's element count (-1 dimensions "
+                                       "pair up between the two)", path)
+
+
+def _reshape_problem(dims: list[int], shape: list[int]) -> str:
+    runs_dims, runs_shape = _fixed_runs(dims), _fixed_runs(shape)
+    if len(runs_dims) != len(runs_shape):
+        return "has another number of variable-size (-1) dimensions"
+    if len(runs_dims) == 1 and not shape and prod(dims) == 1:
+        return ""  # a scalar reshape of a one-element tensor
+    if runs_dims != runs_shape or (not dims) != (not shape):
+        return "holds another number of elements"
+    return ""
+
+
+def _fixed_runs(dims: list[int]) -> list[int]:
+    """The element counts of the runs of fixed dimensions between the -1s (one run when there is no -1)."""
+    runs, current = [], 1
+    for dim in dims:
+        if dim == -1:
+            runs.append(current)
+            current = 1
+        else:
+            current *= dim
+    return [*runs, current]
+
+
 def check_warmup(config: ModelConfig, path: str | None, max_elements: int) -> None:
     """Refuse ``model_warmup`` entries that cannot run on this config: checked on the completed config, whose
     inputs are known, and before any tensor is made (a huge batch or dims would allocate without bound)."""

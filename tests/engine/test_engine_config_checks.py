@@ -141,3 +141,17 @@ def test_a_config_naming_no_platform_or_backend_loads_the_runtime_of_its_model_f
     service.load_model("full", ModelConfig(name="full", max_batch_size=2))  # an override without platform, too
     assert service.model_config("full").max_batch_size == 2
     assert service.version_info("full").state is ModelState.READY
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    (config("rs", dims="[ 63 ]", extra="reshape: { shape: [ 64 ] }"),
+     "input 'input': field 'reshape' shape [64] holds another number of elements than dims [63]"),
+    (config("rs").replace("dims: [ 10 ] }", "dims: [ 3, 3 ] reshape: { shape: [ 10 ] } }"),
+     "output 'output': field 'reshape' shape [10] holds another number of elements than dims [3, 3]"),
+])
+def test_a_reshape_of_another_element_count_is_a_config_error_at_load(tmp_path: Path, service: InferenceService,
+                                                                       text: str, words: str) -> None:
+    add_model(tmp_path, "rs", text, {1: mlp_weights()})
+    with pytest.raises(ModelConfigError) as caught:  # before: a ModelLoadError (500) from the warm-up, or a load
+        service.load_model("rs")                      # whose every infer was a 500
+    assert str(caught.value).startswith(f"{tmp_path / 'rs' / 'config.pbtxt'}: {words}"), caught.value

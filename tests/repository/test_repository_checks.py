@@ -13,7 +13,7 @@ import pytest
 from modelgen import add_model, mlp_weights
 
 from edged.errors import ModelConfigError
-from edged.repository import check_platform_backend, check_warmup, parse_model_config
+from edged.repository import check_platform_backend, check_reshapes, check_warmup, parse_model_config
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PATH = "/repo/m/config.pbtxt"
@@ -170,3 +170,43 @@ def test_validate_refuses_an_integer_past_64_bits_with_an_error_line(tmp_path: P
     assert result.returncode == 1, result.stdout
     assert f"error: {tmp_path / 'huge' / 'config.pbtxt'}:6:19: number 0xffffffffff...(5002 digits) of field 'z' is " \
            "out of range" in result.stderr, result.stderr
+
+
+def _reshaped(kind: str, dims: str, shape: str) -> str:
+    return (f'name: "m"\nmax_batch_size: 8\n{kind} [ {{ name: "t", data_type: TYPE_FP32, dims: {dims} '
+            f'reshape: {{ shape: {shape} }} }} ]\n')
+
+
+@pytest.mark.parametrize("kind", ["input", "output"])
+@pytest.mark.parametrize(("dims", "shape", "words"), [
+    ("[ 3, 3 ]", "[ 10 ]", "holds another number of elements"),
+    ("[ 63 ]", "[ 64 ]", "holds another number of elements"),
+    ("[ 2 ]", "[ ]", "holds another number of elements"),
+    ("[ -1, 4 ]", "[ 8 ]", "has another number of variable-size (-1) dimensions"),
+    ("[ 16 ]", "[ -1, 4 ]", "has another number of variable-size (-1) dimensions"),
+    ("[ 2, 4, -1, 6 ]", "[ 8, -1, 2, 6 ]", "holds another number of elements"),
+])
+def test_a_reshape_that_changes_the_element_count_is_refused_naming_the_tensor(kind: str, dims: str, shape: str,
+                                                                              words: str) -> None:
+    with pytest.raises(ModelConfigError) as caught:
+        check_reshapes(parse_model_config(_reshaped(kind, dims, shape)), PATH)
+    assert str(caught.value).startswith(f"{PATH}: {kind} 't': field 'reshape' shape "), caught.value
+    assert words in str(caught.value)
+
+
+@pytest.mark.parametrize(("dims", "shape"), [
+    ("[ 3, 3 ]", "[ 9 ]"), ("[ 1 ]", "[ ]"), ("[ 1, 1 ]", "[ ]"), ("[ 2, 4, -1, 6 ]", "[ 8, -1, 1, 6 ]"),
+    ("[ -1 ]", "[ -1, 1 ]"), ("[ 64 ]", "[ 8, 8 ]"),
+])
+def test_a_reshape_that_keeps_the_element_count_passes(dims: str, shape: str) -> None:
+    for kind in ("input", "output"):
+        check_reshapes(parse_model_config(_reshaped(kind, dims, shape)), PATH)
+
+
+def test_validate_exits_1_on_an_output_reshape_of_another_size(tmp_path: Path) -> None:
+    text = config().replace('dims: [ 10 ] }', 'dims: [ 3, 3 ] reshape: { shape: [ 10 ] } }').replace('"m"', '"rs3"')
+    add_model(tmp_path, "rs3", text, {1: mlp_weights()})
+    result = run_validate(tmp_path / "rs3")  # before: "ok", and every infer of the loaded model was a 500
+    assert result.returncode == 1, result.stdout
+    assert "output 'output': field 'reshape' shape [10] holds another number of elements than dims [3, 3]" in \
+        result.stderr, result.stderr
