@@ -72,8 +72,10 @@ def parse_model_config(text: str, path: str | None = None, default_name: str = "
     return build_model_config(parse(text, path), path, default_name)
 
 
-def build_model_config(tree: Message, path: str | None = None, default_name: str = "") -> ModelConfig:
-    reader = Reader(path)
+def build_model_config(tree: Message, path: str | None = None, default_name: str = "",
+                       int_strings: bool = False) -> ModelConfig:
+    """``int_strings``: the tree comes from protobuf's JSON form, where integers may be strings."""
+    reader = Reader(path, int_strings=int_strings)
     _refuse_unsupported_schedulers(reader, tree)
     groups = reader.group(tree, "", _TOP, _REPEATED_TOP)
     config = ModelConfig(
