@@ -51,6 +51,7 @@ from edged.repository import (
     Fingerprint,
     Settling,
     changed_versions,
+    check_batching,
     check_config_files,
     check_model_name,
     check_platform_backend,
@@ -313,6 +314,7 @@ class Registry:
         check_instance_count(config, self._settings.max_instance_count)
         check_tensor_types(config, config_path)
         check_reshapes(config, config_path)
+        check_batching(config, config_path)
         check_warmup(config, config_path, self._max_elements)
         wanted = select_versions(config.version_policy, available)
         if not wanted:
@@ -352,6 +354,7 @@ class Registry:
         check_instance_count(config, self._settings.max_instance_count)
         check_tensor_types(config, config_path)
         check_reshapes(config, config_path)
+        check_batching(config, config_path)
         check_warmup(config, config_path, self._max_elements)
         return config, backend
 

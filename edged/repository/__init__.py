@@ -9,6 +9,7 @@ from edged.repository._autocomplete import DEFAULT_MAX_BATCH_SIZE, autocomplete
 from edged.repository._build import build_model_config, parse_model_config, unknown_fields
 from edged.repository._checks import (
     BUILTIN_BACKENDS,
+    check_batching,
     check_platform_backend,
     check_reshapes,
     check_tensor_types,
@@ -51,6 +52,7 @@ __all__ = [
     "autocomplete",
     "build_model_config",
     "changed_versions",
+    "check_batching",
     "check_config_files",
     "check_model_name",
     "check_platform_backend",

@@ -56,6 +56,19 @@ def check_tensor_types(config: ModelConfig, path: str | None) -> None:
                                        "FP32 inputs and outputs", path)
 
 
+def check_batching(config: ModelConfig, path: str | None) -> None:
+    """Refuse a ``preferred_batch_size`` above max_batch_size, as Triton does, on the completed config (auto-complete
+    may set max_batch_size): no batch can reach it, so every batch waited out its whole delay."""
+    batching = config.dynamic_batching
+    if batching is None:
+        return
+    for size in batching.preferred_batch_size:
+        if size > config.max_batch_size:
+            raise ModelConfigError(f"field 'dynamic_batching.preferred_batch_size' holds {size}, more than "
+                                   f"max_batch_size {config.max_batch_size}; a preferred batch size must be at "
+                                   "most max_batch_size", path)
+
+
 def check_reshapes(config: ModelConfig, path: str | None) -> None:
     """Refuse a ``reshape`` that does not keep its tensor's element count, by Triton's rule (ValidateIOShape):
     fixed shapes hold the same number of elements (an empty reshape, a scalar, goes with dims holding one), and
