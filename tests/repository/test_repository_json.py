@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from edged.errors import ModelConfigError
@@ -172,3 +173,15 @@ def test_integer_fields_read_from_json_take_decimal_strings_as_protobuf_json_wri
             model_config_from_json({**numbers, "max_batch_size": bad})
     with pytest.raises(ModelConfigError, match="expects a quoted string"):
         model_config_from_json({**numbers, "name": 5})  # string fields stay strings: only integers convert
+
+
+def test_infinite_and_nan_kept_values_are_written_as_protobuf_json_strings() -> None:
+    # floats the parser makes (a bare inf or nan stays an identifier: the schema-less tree cannot tell it is a float)
+    config = parse_model_config('name: "m"\noptimization { foo: -inf bar: 1e999 baz: -nan }\n'
+                                'zz { q: [ 1.5, 2e308 ] }\n')
+    doc = model_config_to_json(config)
+    assert {k: doc["optimization"][k] for k in ("foo", "bar", "baz")} == {
+        "foo": "-Infinity", "bar": "Infinity", "baz": "NaN"}
+    assert doc["zz"] == {"q": [1.5, "Infinity"]}
+    text = json.dumps(doc, allow_nan=False)  # strict JSON: before, ValueError (json wrote -Infinity, orjson null)
+    assert orjson.loads(orjson.dumps(doc)) == json.loads(text)
