@@ -62,6 +62,7 @@ from edged.repository import (
     fingerprint,
     list_versions,
     load_model_config,
+    parse_version,
     resolve_runtime,
     select_versions,
     unknown_backend,
@@ -145,10 +146,11 @@ class Registry:
             if record.error:
                 raise ModelNotReady(f"model {name} is not ready: {record.error}")
             raise ModelNotReady(f"model {name} has no ready version")
-        try:
-            number = int(version)
-        except ValueError:
-            raise ModelNotFound(f"model {name}: version {version!r} is not a version number") from None
+        number = parse_version(version)
+        if number is None:  # the folders' rule: int() took '02', ' 2', '2_0' and other scripts' digits
+            shown = version if len(version) <= 40 else version[:40] + "..."
+            raise ModelNotFound(f"model {name}: version {shown!r} is not a version number (1, 2, ... without "
+                                "leading zeros)")
         served = record.versions.get(number) or record.failed.get(number)
         if served is None:
             known = ", ".join(str(v) for v in sorted(record.versions)) or "none"

@@ -35,6 +35,7 @@ from edged.repository.layout import (
     list_versions,
     load_model_config,
     missing_versions,
+    parse_version,
     resolve_runtime,
     select_versions,
 )
@@ -73,6 +74,7 @@ __all__ = [
     "normalize",
     "parse",
     "parse_model_config",
+    "parse_version",
     "read_confined",
     "resolve_runtime",
     "select_versions",

@@ -46,10 +46,13 @@ def test_find_models_lists_folders_and_skips_hidden_entries_and_files(tmp_path: 
 
 def test_list_versions_keeps_numeric_folders_and_logs_the_rest(tmp_path: Path,
                                                                caplog: pytest.LogCaptureFixture) -> None:
-    make(tmp_path, "10/", "2/", "1/", "latest/", "007/", "3", ".install-4-abc/")
+    make(tmp_path, "10/", "2/", "1/", "latest/", "007/", "3", ".install-4-abc/", "9223372036854775807/",
+         "9223372036854775808/", "9999999999999999999/")
     with caplog.at_level(logging.INFO, logger="edged.repository.layout"):
-        assert list_versions(tmp_path) == [1, 2, 10]
+        assert list_versions(tmp_path) == [1, 2, 10, 2**63 - 1]  # Triton's versions are int64
     assert "'latest'" in caplog.text and "'007'" in caplog.text
+    assert "'9223372036854775808'" in caplog.text and "'9999999999999999999'" in caplog.text
+    assert set(fingerprint(tmp_path)) == {"", "1", "2", "10", "9223372036854775807"}
     assert ".install" not in caplog.text
 
 
