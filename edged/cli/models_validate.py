@@ -25,9 +25,12 @@ from edged.errors import EdgedError, ModelConfigError, ModelLoadError
 from edged.repository import (
     BUILTIN_BACKENDS,
     CONFIG_FILENAME,
+    MAX_CONFIG_BYTES,
     autocomplete,
+    check_batching,
     check_config_files,
     check_platform_backend,
+    check_reshapes,
     check_tensor_types,
     check_warmup,
     list_versions,
@@ -116,13 +119,20 @@ def validate_path(path: Path, backends: Collection[str] = BUILTIN_BACKENDS,
         check_config_files(config, model_dir, chosen)
     completed = _complete(config, model_dir, chosen, runtime, warnings, notes)
     check_tensor_types(completed, config_path)
+    check_reshapes(completed, config_path)
+    check_batching(completed, config_path)
     check_warmup(completed, config_path, max_elements)
     return Report(model_config_to_json(completed), unknown_fields(completed), warnings, notes)
 
 
 def _read_file(path: Path, warnings: list[str]) -> ModelConfig:
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as file:  # a regular file (validate_path checked): no FIFO to block on
+            raw = file.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ModelConfigError(f"the model config is larger than the limit of {MAX_CONFIG_BYTES} bytes (the "
+                                   "daemon refuses it too)", str(path))
+        text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise ModelConfigError(f"cannot read the model config as UTF-8 text: {e}", str(path)) from e
     config = parse_model_config(text, str(path), default_name=path.parent.name)

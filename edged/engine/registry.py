@@ -52,15 +52,18 @@ from edged.repository import (
     Fingerprint,
     Settling,
     changed_versions,
+    check_batching,
     check_config_files,
     check_model_name,
     check_platform_backend,
+    check_reshapes,
     check_tensor_types,
     check_warmup,
     find_models,
     fingerprint,
     list_versions,
     load_model_config,
+    parse_version,
     resolve_runtime,
     select_versions,
     unknown_backend,
@@ -70,6 +73,7 @@ from edged.repository.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
 READY = ModelState.READY
+_MAX_SHOWN = 500  # characters of a foreign exception's text in a load's error (its traceback is in the log)
 
 
 class Registry:
@@ -146,10 +150,11 @@ class Registry:
             if record.error:
                 raise ModelNotReady(f"model {name} is not ready: {record.error}")
             raise ModelNotReady(f"model {name} has no ready version")
-        try:
-            number = int(version)
-        except ValueError:
-            raise ModelNotFound(f"model {name}: version {version!r} is not a version number") from None
+        number = parse_version(version)
+        if number is None:  # the folders' rule: int() took '02', ' 2', '2_0' and other scripts' digits
+            shown = version if len(version) <= 40 else version[:40] + "..."
+            raise ModelNotFound(f"model {name}: version {shown!r} is not a version number (1, 2, ... without "
+                                "leading zeros)")
         served = record.versions.get(number) or record.failed.get(number)
         if served is None:
             known = ", ".join(str(v) for v in sorted(record.versions)) or "none"
@@ -262,7 +267,7 @@ class Registry:
             record.loaded_explicitly = explicit
             changed = None if seen is None or override is not None else changed_versions(record.fingerprint, seen)
             try:
-                self._load_record(record, override, changed)
+                self._load_record_translated(record, override, changed)
             except EdgedError as e:
                 if not record.versions:
                     record.error = str(e)
@@ -287,6 +292,22 @@ class Registry:
         finally:
             self._loading = outer
 
+    def _load_record_translated(self, record: ModelRecord, override: ModelConfig | None,
+                                changed: set[int] | None) -> None:
+        """`_load_record` with a foreign exception (a bug, a runtime's surprise) translated at this boundary: it is
+        logged with its traceback and the load fails as any failed load does (the model marked with the reason),
+        so one model cannot stop a start or a poll from loading the others."""
+        try:
+            self._load_record(record, override, changed)
+        except EdgedError:
+            raise
+        except Exception as e:
+            log.exception("model %s: unexpected error while loading", record.name)
+            text = str(e)
+            shown = text if len(text) <= _MAX_SHOWN else text[:_MAX_SHOWN] + "..."
+            raise ModelLoadError(f"model {record.name}: load failed on an unexpected {type(e).__name__}: {shown} "
+                                 "(the daemon's log has the traceback)") from e
+
     def _load_record(self, record: ModelRecord, override: ModelConfig | None, changed: set[int] | None) -> None:
         model_dir = self._root / record.name
         if not model_dir.is_dir():
@@ -306,6 +327,8 @@ class Registry:
                                      self._settings.autocomplete)
         check_instance_count(config, self._settings.max_instance_count)
         check_tensor_types(config, config_path)
+        check_reshapes(config, config_path)
+        check_batching(config, config_path)
         check_warmup(config, config_path, self._max_elements)
         wanted = select_versions(config.version_policy, available)
         if not wanted:
@@ -344,6 +367,8 @@ class Registry:
         config = complete_config(name, config, runtime, backend, model_dir, available, self._settings.autocomplete)
         check_instance_count(config, self._settings.max_instance_count)
         check_tensor_types(config, config_path)
+        check_reshapes(config, config_path)
+        check_batching(config, config_path)
         check_warmup(config, config_path, self._max_elements)
         return config, backend
 
@@ -481,6 +506,12 @@ class Registry:
                     if record is not None:
                         record.fingerprint = seen  # retried when the files change again, not on every poll
                 log.error("model %s: reload failed, previous versions keep serving: %s", name, e)
+            except Exception:  # a bug outside the load proper: this model waits for its next change, the rest go on
+                with self._lock:
+                    record = self._records.get(name)
+                    if record is not None:
+                        record.fingerprint = seen
+                log.exception("model %s: poll failed unexpectedly; the other models are still polled", name)
 
     def stop_loading(self) -> None:
         """The daemon is stopping: loads in progress give up at their next instance, new ones are refused."""

@@ -103,8 +103,9 @@ class ModelVersion:
         timings: list[float] = []
         for inputs, count in samples:
             for instance in self.instances:
-                self._give_up_if_stopping(stopping, "during warm-up")
                 for _ in range(count + 2):  # two extra runs to time the steady state
+                    # checked on every run, not once per instance: a stop waits for one run, not for `count`
+                    self._give_up_if_stopping(stopping, "during warm-up")
                     began = time.perf_counter_ns()
                     try:
                         instance.run(inputs, output_names)

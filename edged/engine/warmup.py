@@ -9,7 +9,7 @@ import numpy as np
 
 from edged.engine.types import Array
 from edged.errors import ModelLoadError
-from edged.repository.confine import read_confined
+from edged.repository.confine import read_confined, warmup_shape
 from edged.repository.datatypes import TRITON_TO_NUMPY
 from edged.repository.model_config import ModelConfig, WarmupInput
 
@@ -37,9 +37,7 @@ def _from_entry(config: ModelConfig, inputs: dict[str, WarmupInput], batch_size:
         dtype = TRITON_TO_NUMPY.get(spec.data_type)
         if dtype is None:
             raise ModelLoadError(f"model {config.name}: warm-up input {name!r} has unsupported type {spec.data_type}")
-        shape = [d if d > 0 else 1 for d in spec.dims]
-        if config.max_batch_size > 0:
-            shape = [max(1, batch_size), *shape]
+        shape = warmup_shape(config, batch_size, spec)
         arrays[name] = _warmup_array(config, name, spec, shape, dtype, rng, model_dir)
     return arrays
 
@@ -55,9 +53,11 @@ def _warmup_array(config: ModelConfig, name: str, spec: WarmupInput, shape: list
             return rng.integers(0, 2, size=shape).astype(dtype)
         return np.zeros(shape, dtype=dtype)
     path = model_dir / "warmup" / spec.input_data_file  # Triton's location for input_data_file
-    raw = read_confined(model_dir, spec.input_data_file,
-                        f"model {config.name}: input_data_file of warm-up input {name!r}", under="warmup")
     count = int(np.prod(shape))
+    # only what the tensor takes: a file of 100 MB for a 256-byte input was read whole, then cut
+    raw = read_confined(model_dir, spec.input_data_file,
+                        f"model {config.name}: input_data_file of warm-up input {name!r}", under="warmup",
+                        at_most=count * dtype.itemsize)
     data = np.frombuffer(raw, dtype=dtype)
     if data.size < count:
         raise ModelLoadError(f"model {config.name}: warm-up file {path} holds {data.size} elements, expected "

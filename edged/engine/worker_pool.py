@@ -59,6 +59,7 @@ CALLER_DELAY_MAX_NS = 500_000
 # read: if others were waiting, they join it and the traffic is no longer taken for lone.
 CALLER_PROBE_EVERY = 8
 SOLO_EVIDENCE = 2
+_MAX_WAIT_S = 3600.0  # the longest single timed wait of a worker (see _wait_locked)
 
 
 class WorkerPool(BatchExecution):
@@ -140,7 +141,9 @@ class WorkerPool(BatchExecution):
     def _wait_locked(self, timeout_s: float | None = None) -> None:
         self._sleepers += 1
         try:
-            self._wake.wait(timeout_s)
+            # capped: a wait past what the platform's clock holds raises OverflowError and would end the worker; a
+            # worker woken early recomputes its wait and sleeps again
+            self._wake.wait(None if timeout_s is None else min(timeout_s, _MAX_WAIT_S))
         finally:
             self._sleepers -= 1
 

@@ -9,7 +9,9 @@ from edged.repository._autocomplete import DEFAULT_MAX_BATCH_SIZE, autocomplete
 from edged.repository._build import build_model_config, parse_model_config, unknown_fields
 from edged.repository._checks import (
     BUILTIN_BACKENDS,
+    check_batching,
     check_platform_backend,
+    check_reshapes,
     check_tensor_types,
     check_warmup,
     unknown_backend,
@@ -21,6 +23,7 @@ from edged.repository._pbtxt import Field, Ident, Message, dump, parse
 from edged.repository.confine import check_config_files, confined_path, read_confined, with_confined_parameters
 from edged.repository.layout import (
     CONFIG_FILENAME,
+    MAX_CONFIG_BYTES,
     Fingerprint,
     Settling,
     changed_versions,
@@ -32,6 +35,7 @@ from edged.repository.layout import (
     list_versions,
     load_model_config,
     missing_versions,
+    parse_version,
     resolve_runtime,
     select_versions,
     warn_not_utf8,
@@ -41,6 +45,7 @@ __all__ = [
     "BUILTIN_BACKENDS",
     "CONFIG_FILENAME",
     "DEFAULT_MAX_BATCH_SIZE",
+    "MAX_CONFIG_BYTES",
     "Field",
     "Fingerprint",
     "Ident",
@@ -49,9 +54,11 @@ __all__ = [
     "autocomplete",
     "build_model_config",
     "changed_versions",
+    "check_batching",
     "check_config_files",
     "check_model_name",
     "check_platform_backend",
+    "check_reshapes",
     "check_tensor_types",
     "check_warmup",
     "confined_path",
@@ -68,6 +75,7 @@ __all__ = [
     "normalize",
     "parse",
     "parse_model_config",
+    "parse_version",
     "read_confined",
     "resolve_runtime",
     "select_versions",

@@ -57,6 +57,9 @@ _REPEATED_TOP = frozenset({"input", "output", "instance_group", "parameters", "m
 _INPUT = frozenset({"name", "data_type", "format", "dims", "reshape", "is_shape_tensor", "allow_ragged_batch",
                     "optional"})
 _OUTPUT = frozenset({"name", "data_type", "dims", "reshape", "label_filename", "is_shape_tensor"})
+# Triton takes any uint64 delay; a thread cannot wait that long (Condition.wait overflows time_t) and no batch is
+# worth waiting a day for, so longer delays are refused where they are written.
+MAX_QUEUE_DELAY_US = 86_400 * 1_000_000
 _QUEUE = frozenset({"timeout_action", "default_timeout_microseconds", "allow_timeout_override",
                     "max_queue_size"})
 _BATCHING = frozenset({"preferred_batch_size", "max_queue_delay_microseconds", "preserve_ordering",
@@ -69,8 +72,10 @@ def parse_model_config(text: str, path: str | None = None, default_name: str = "
     return build_model_config(parse(text, path), path, default_name)
 
 
-def build_model_config(tree: Message, path: str | None = None, default_name: str = "") -> ModelConfig:
-    reader = Reader(path)
+def build_model_config(tree: Message, path: str | None = None, default_name: str = "",
+                       int_strings: bool = False) -> ModelConfig:
+    """``int_strings``: the tree comes from protobuf's JSON form, where integers may be strings."""
+    reader = Reader(path, int_strings=int_strings)
     _refuse_unsupported_schedulers(reader, tree)
     groups = reader.group(tree, "", _TOP, _REPEATED_TOP)
     config = ModelConfig(
@@ -248,14 +253,23 @@ def _dynamic_batching(reader: Reader, item: Field | None) -> DynamicBatching | N
                            one(groups, "default_priority_level") or item)
     return DynamicBatching(
         preferred_batch_size=reader.ints(groups.get("preferred_batch_size"), where, (1, INT32[1])),
-        max_queue_delay_microseconds=_int_at(reader, groups, "max_queue_delay_microseconds", where,
-                                             bounds=UINT64),
+        max_queue_delay_microseconds=_queue_delay(reader, groups, where),
         preserve_ordering=_bool_at(reader, groups, "preserve_ordering", where),
         priority_levels=levels,
         default_priority_level=default_level,
         default_queue_policy=_queue_policy(reader, one(groups, "default_queue_policy"), where),
         priority_queue_policy=_priority_policies(reader, groups.get("priority_queue_policy", []), levels),
     )
+
+
+def _queue_delay(reader: Reader, groups: dict[str, list[Field]], where: str) -> int:
+    delay = _int_at(reader, groups, "max_queue_delay_microseconds", where, bounds=UINT64)
+    item = one(groups, "max_queue_delay_microseconds")
+    if item is not None and delay > MAX_QUEUE_DELAY_US:
+        raise reader.error(f"field '{where}max_queue_delay_microseconds' is {delay}, more than a day "
+                           f"({MAX_QUEUE_DELAY_US} µs), the longest batching delay edged waits; a batching delay is "
+                           "usually a few hundred to a few thousand microseconds", item)
+    return delay
 
 
 def _priority_policies(reader: Reader, items: list[Field], levels: int) -> dict[int, QueuePolicy]:

@@ -18,6 +18,9 @@ from edged.repository.model_config import BACKEND_DEFAULT_FILENAME, ModelConfig,
 # The platforms edged serves, and the backend each one means (tensorflow_* are Triton's, not edged's).
 SERVED_PLATFORMS: dict[str, str] = {p: b for p, b in PLATFORM_BACKENDS.items() if b in BACKEND_DEFAULT_FILENAME}
 BUILTIN_BACKENDS: tuple[str, ...] = tuple(sorted(BACKEND_DEFAULT_FILENAME))
+# Triton bounds model_warmup count only by uint32; every run holds the registry for the whole load, so a count in
+# the billions never ends it. Warming a steady state takes a handful of runs: ten thousand is far past any use.
+MAX_WARMUP_COUNT = 10_000
 
 
 def check_platform_backend(config: ModelConfig, path: str | None,
@@ -53,6 +56,59 @@ def check_tensor_types(config: ModelConfig, path: str | None) -> None:
                                        "FP32 inputs and outputs", path)
 
 
+def check_batching(config: ModelConfig, path: str | None) -> None:
+    """Refuse a ``preferred_batch_size`` above max_batch_size, as Triton does, on the completed config (auto-complete
+    may set max_batch_size): no batch can reach it, so every batch waited out its whole delay."""
+    batching = config.dynamic_batching
+    if batching is None:
+        return
+    for size in batching.preferred_batch_size:
+        if size > config.max_batch_size:
+            raise ModelConfigError(f"field 'dynamic_batching.preferred_batch_size' holds {size}, more than "
+                                   f"max_batch_size {config.max_batch_size}; a preferred batch size must be at "
+                                   "most max_batch_size", path)
+
+
+def check_reshapes(config: ModelConfig, path: str | None) -> None:
+    """Refuse a ``reshape`` that does not keep its tensor's element count, by Triton's rule (ValidateIOShape):
+    fixed shapes hold the same number of elements (an empty reshape, a scalar, goes with dims holding one), and
+    shapes with -1 have as many -1s, the fixed runs between them holding the same counts ([2, 4, -1, 6] can become
+    [8, -1, 1, 6]). Such a config loaded, and every request it got then failed with a 500."""
+    for kind, specs in (("input", config.input), ("output", config.output)):
+        for spec in specs:
+            if spec.reshape is None:
+                continue
+            dims, shape = list(spec.dims), list(spec.reshape.shape)
+            problem = _reshape_problem(dims, shape)
+            if problem:
+                raise ModelConfigError(f"{kind} {spec.name!r}: field 'reshape' shape {shape} {problem} than dims "
+                                       f"{dims}; a reshape must keep the tensor's element count (-1 dimensions "
+                                       "pair up between the two)", path)
+
+
+def _reshape_problem(dims: list[int], shape: list[int]) -> str:
+    runs_dims, runs_shape = _fixed_runs(dims), _fixed_runs(shape)
+    if len(runs_dims) != len(runs_shape):
+        return "has another number of variable-size (-1) dimensions"
+    if len(runs_dims) == 1 and not shape and prod(dims) == 1:
+        return ""  # a scalar reshape of a one-element tensor
+    if runs_dims != runs_shape or (not dims) != (not shape):
+        return "holds another number of elements"
+    return ""
+
+
+def _fixed_runs(dims: list[int]) -> list[int]:
+    """The element counts of the runs of fixed dimensions between the -1s (one run when there is no -1)."""
+    runs, current = [], 1
+    for dim in dims:
+        if dim == -1:
+            runs.append(current)
+            current = 1
+        else:
+            current *= dim
+    return [*runs, current]
+
+
 def check_warmup(config: ModelConfig, path: str | None, max_elements: int) -> None:
     """Refuse ``model_warmup`` entries that cannot run on this config: checked on the completed config, whose
     inputs are known, and before any tensor is made (a huge batch or dims would allocate without bound)."""
@@ -70,6 +126,10 @@ def _check_entry(config: ModelConfig, entry: ModelWarmup, where: str, inputs: di
     if entry.batch_size > limit:
         raise ModelConfigError(f"{where}: field 'batch_size' is {entry.batch_size}, more than "
                                f"{limit} (max_batch_size {config.max_batch_size})", path)
+    if entry.count > MAX_WARMUP_COUNT:
+        raise ModelConfigError(f"{where}: field 'count' is {entry.count}, more than the limit of {MAX_WARMUP_COUNT} "
+                               "runs (each run holds up every other load and unload); a few runs warm a model up",
+                               path)
     batch = max(1, entry.batch_size) if config.max_batch_size > 0 else 1
     for name, given in entry.inputs.items():
         spec = inputs.get(name)

@@ -4,6 +4,7 @@ ModelConfigError at the field's line and column naming the field, what was expec
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +16,7 @@ INT32 = (-(2**31), 2**31 - 1)
 UINT32 = (0, 2**32 - 1)
 INT64 = (-(2**63), 2**63 - 1)
 UINT64 = (0, 2**64 - 1)
+_INT_STRING = re.compile(r"-?[0-9]+")
 
 
 def describe(value: Message | Ident | int | float | str) -> str:
@@ -33,6 +35,9 @@ class Reader:
 
     path: str | None
     extra: dict[str, Any] = field(default_factory=dict)
+    # protobuf's JSON form writes int64 and uint64 as strings ("dims": ["64"]) and its parser takes either form
+    # for every integer field: a tree read from JSON accepts a string of decimal digits where an integer goes
+    int_strings: bool = False
 
     def error(self, message: str, node: Field | Message) -> ModelConfigError:
         return ModelConfigError(message, self.path, node.line or None, node.column or None)
@@ -54,6 +59,11 @@ class Reader:
 
     def integer(self, item: Field, where: str, bounds: tuple[int, int]) -> int:
         value = item.value
+        if self.int_strings and isinstance(value, str) and _INT_STRING.fullmatch(value):
+            if len(value.lstrip("-")) > len(str(UINT64[1])):  # far out of range: int() would refuse past 4300
+                raise self.error(f"field '{where}{item.name}' must be in [{bounds[0]}, {bounds[1]}], found a "
+                                 f"{len(value)}-character number", item)
+            value = int(value)
         if not isinstance(value, int):
             raise self.error(f"field '{where}{item.name}' expects an integer, found {describe(value)}", item)
         low, high = bounds

@@ -1,9 +1,10 @@
 """Reading Triton's JSON model-config back into a ModelConfig.
 
 The JSON is turned into the same text-format tree the pbtxt parser makes (maps become key/value entries, enum
-names become identifiers, int64 strings become ints) and built by the same builder, so both inputs get the
-same type checks. Values that only normalization adds (runtime, batch_input, optimization defaults, ...) are
-accepted and kept.
+names become identifiers) and built by the same builder, so both inputs get the same type checks; integer fields
+also take decimal strings, as protobuf's JSON form writes int64 and uint64 (its parser takes them for any integer
+field, as Triton's JsonStringToMessage does). Values that only normalization adds (runtime, batch_input,
+optimization defaults, ...) are accepted and kept.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def model_config_from_json(data: dict[str, Any], path: str | None = None) -> Mod
     if not isinstance(data, dict):
         raise ModelConfigError(f"a model config in JSON must be an object, found {type(data).__name__}", path)
     cleaned = {key: value for key, value in data.items() if _DEFAULTS.get(key, ...) != value}
-    return build_model_config(_message(cleaned, path), path)
+    return build_model_config(_message(cleaned, path), path, int_strings=True)
 
 
 def _message(data: dict[str, Any], path: str | None) -> Message:
@@ -49,7 +50,7 @@ def _fields(name: str, value: Any, path: str | None) -> list[Field]:
 def _entry(name: str, key: str, item: Any, path: str | None) -> Message:
     key_value: int | str = key
     if name in _INT_KEY_MAPS:
-        if not key.isdigit():
+        if not (key.isascii() and key.isdigit() and len(key) <= 20):  # '²' is a digit to isdigit, not to int()
             raise ModelConfigError(f"field '{name}' expects integer keys, found {key!r}", path)
         key_value = int(key)
     return Message((Field("key", key_value), Field("value", _value("value", item, path))))

@@ -10,6 +10,7 @@ Checked against responses of real servers (see tests/repository/test_repository_
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -57,9 +58,9 @@ def model_config_to_json(config: ModelConfig, gpus: Sequence[int] = ()) -> dict[
         "batch_output": config.extra.get("batch_output", []),
     }
     if not ensemble:
-        out["optimization"] = {**_OPTIMIZATION_DEFAULTS, **config.optimization}
+        out["optimization"] = {**_OPTIMIZATION_DEFAULTS, **_finite(config.optimization)}
     elif config.optimization:
-        out["optimization"] = dict(config.optimization)
+        out["optimization"] = _finite(config.optimization)
     if config.dynamic_batching is not None:
         out["dynamic_batching"] = _dynamic_batching(config.dynamic_batching)
     out["instance_group"] = [_instance_group(g) for g in config.instance_group]
@@ -68,7 +69,19 @@ def model_config_to_json(config: ModelConfig, gpus: Sequence[int] = ()) -> dict[
     out["metric_tags"] = config.extra.get("metric_tags", {})
     out["parameters"] = {key: {"string_value": value} for key, value in config.parameters.items()}
     out["model_warmup"] = [_warmup(w) for w in config.model_warmup]
-    return _with_extra(out, config.extra)
+    return _with_extra(out, _finite(config.extra))
+
+
+def _finite(value: Any) -> Any:
+    """Kept values with inf and nan written as protobuf's JSON form does, as the strings "Infinity", "-Infinity"
+    and "NaN": JSON has no such numbers (json.dumps wrote -Infinity, which strict parsers refuse; orjson null)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_finite(item) for item in value]
+    return value
 
 
 def _with_extra(out: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

@@ -20,6 +20,11 @@ from edged.errors import ModelConfigError
 # Deep nesting is never legitimate in a model config; the bound keeps a hostile file from exhausting the
 # Python stack (a RecursionError would escape as a foreign exception).
 MAX_DEPTH = 64
+# No protobuf integer field is wider than 64 bits: a literal outside [-2^63, 2^64 - 1] fits no field, so it is
+# refused where it is written. Checking the digits first also keeps int() away from literals past Python's
+# 4300-digit conversion limit (a ValueError), and the values kept as they are (unknown fields) printable as JSON.
+INT_MIN, UINT_MAX = -(2**63), 2**64 - 1
+_MAX_DECIMAL_DIGITS = len(str(UINT_MAX))
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,7 +183,7 @@ class _Parser:
             return
         if not has_colon:
             raise self.error(f"expected ':' after field {token.text!r}, found {self.describe()}")
-        out.append(Field(token.text, self.scalar(), line, column))
+        out.append(Field(token.text, self.scalar(token.text), line, column))
 
     def message(self, depth: int) -> Message:
         token = self.tokens[self.pos]
@@ -198,15 +203,16 @@ class _Parser:
                 # Protobuf allows omitting ':' only before a message value or a list of messages.
                 raise self.error(f"expected ':' before the list of scalars of field {name!r}")
             else:
-                values.append(self.scalar())
+                values.append(self.scalar(name))
             if self.take_symbol("]"):
                 return values
             self.expect_symbol(",", f"between the values of field {name!r}")
 
-    def scalar(self) -> Ident | int | float | str:
+    def scalar(self, name: str) -> Ident | int | float | str:
         token = self.peek()
         if token is None:
             raise self.error("expected a value, found end of file")
+        start = token.offset
         negative = token.kind == "symbol" and token.text == "-"
         if negative:
             self.pos += 1
@@ -215,9 +221,7 @@ class _Parser:
                 raise self.error(f"expected a number after '-', found {self.describe()}")
         self.pos += 1
         if token.kind == "int":
-            value = int(token.text, 0) if token.text[:2] in ("0x", "0X") else int(token.text, 8 if (
-                len(token.text) > 1 and token.text[0] == "0") else 10)
-            return -value if negative else value
+            return self.integer(token, negative, name, start)
         if token.kind == "float":
             number = float(token.text.rstrip("fF"))
             return -number if negative else number
@@ -231,6 +235,20 @@ class _Parser:
         if token.kind == "string":
             return self.strings(token)
         raise self.error(f"expected a value, found {token.text!r}", token.offset)
+
+    def integer(self, token: _Token, negative: bool, name: str, start: int) -> int:
+        text = token.text
+        hexadecimal, octal = text[:2] in ("0x", "0X"), len(text) > 1 and text[0] == "0"
+        value = None
+        if hexadecimal or octal or len(text) <= _MAX_DECIMAL_DIGITS:
+            value = int(text, 16 if hexadecimal else 8 if octal else 10)  # power-of-two bases have no digit limit
+            value = -value if negative else value
+        if value is None or not INT_MIN <= value <= UINT_MAX:
+            shown = ("-" if negative else "") + (text if len(text) <= 24 else f"{text[:12]}...({len(text)} digits)")
+            raise self.error(f"number {shown} of field {name!r} is out of range: integer fields hold at most 64 "
+                             f"bits, [{INT_MIN}, {UINT_MAX}] (write a float such as 1e30 for a larger number)",
+                             start)
+        return value
 
     def strings(self, first: _Token) -> str:
         # Adjacent string literals concatenate, as in C.

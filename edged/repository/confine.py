@@ -21,11 +21,13 @@ import dataclasses
 import os
 import stat
 from collections.abc import Iterable
+from math import prod
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
 from edged.errors import ModelConfigError
-from edged.repository.model_config import ModelConfig
+from edged.repository.datatypes import TRITON_TO_NUMPY
+from edged.repository.model_config import ModelConfig, WarmupInput
 
 TRT_CACHE_PARAMETER = "trt_engine_cache_path"  # onnxruntime's TensorRT engine cache: a folder it writes to
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # NONBLOCK: a FIFO must not hang us
@@ -65,8 +67,11 @@ def confined_path(model_dir: Path | str, name: str, what: str, *, under: str = "
     return resolved
 
 
-def read_confined(model_dir: Path | str, name: str, what: str, *, under: str = "") -> bytes:
-    """The bytes of ``name``, confined as by `confined_path`, checked again on the opened descriptor."""
+def read_confined(model_dir: Path | str, name: str, what: str, *, under: str = "",
+                  max_bytes: int | None = None, at_most: int | None = None) -> bytes:
+    """The bytes of ``name``, confined as by `confined_path`, checked again on the opened descriptor. With
+    ``max_bytes`` a larger file is refused before and while it is read (it may grow between the two); with
+    ``at_most`` only its first bytes are read (a warm-up file uses as many as its tensor takes)."""
     path = confined_path(model_dir, name, what, under=under)
     folder = Path(os.path.realpath(model_dir))
     try:
@@ -74,10 +79,17 @@ def read_confined(model_dir: Path | str, name: str, what: str, *, under: str = "
     except OSError as e:
         raise ModelConfigError(f"{what} {name!r}: cannot open {path}: {e.strerror}") from e
     with os.fdopen(fd, "rb") as file:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
             raise ModelConfigError(f"{what} {name!r} in the model folder {folder} is not a regular file")
         _check_descriptor(fd, folder, what, name)
-        return file.read()
+        if max_bytes is None:
+            return file.read() if at_most is None else file.read(at_most)
+        data = file.read(max_bytes + 1) if info.st_size <= max_bytes else b""
+        if info.st_size > max_bytes or len(data) > max_bytes:
+            raise ModelConfigError(f"{what} {name!r} in the model folder {folder} is larger than the limit of "
+                                   f"{max_bytes} bytes (found {max(info.st_size, len(data))})")
+        return data
 
 
 def _check_descriptor(fd: int, folder: Path, what: str, name: str) -> None:
@@ -106,9 +118,32 @@ def check_config_files(config: ModelConfig, model_dir: Path | str, versions: Ite
     for entry in config.model_warmup:
         for name, spec in entry.inputs.items():
             if spec.source == "input_data_file":
-                confined_path(model_dir, spec.input_data_file,
-                              f"input_data_file of warm-up {entry.name!r} input {name!r}", under="warmup",
-                              must_exist=False)
+                what = f"input_data_file of warm-up {entry.name!r} input {name!r}"
+                path = confined_path(model_dir, spec.input_data_file, what, under="warmup", must_exist=False)
+                _check_warmup_file_size(path, what, spec.input_data_file, warmup_shape(config, entry.batch_size, spec),
+                                        spec.data_type)
+
+
+def warmup_shape(config: ModelConfig, batch_size: int, spec: WarmupInput) -> list[int]:
+    """The shape of a warm-up input's tensor: its dims (-1 counts as 1), after the batch when the model batches."""
+    shape = [d if d > 0 else 1 for d in spec.dims]
+    return [max(1, batch_size), *shape] if config.max_batch_size > 0 else shape
+
+
+def _check_warmup_file_size(path: Path, what: str, name: str, shape: list[int], data_type: str) -> None:
+    """A data file too short to fill its tensor is the config's error (400), found before any instance loads;
+    inside the load it was a failed load (500). A type without a fixed size (TYPE_STRING) is not checked."""
+    dtype = TRITON_TO_NUMPY.get(data_type)
+    if dtype is None or dtype.kind == "O":
+        return
+    needed = prod(shape) * int(dtype.itemsize)
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return  # missing: the read at load says so
+    if size < needed:
+        raise ModelConfigError(f"{what} {name!r} ({path}) holds {size} bytes, fewer than the {needed} of its tensor "
+                               f"({data_type}, shape {shape})")
 
 
 def with_confined_parameters(config: ModelConfig, model_dir: Path | str) -> ModelConfig:

@@ -1,7 +1,8 @@
 """The on-disk layout of a Triton model repository: ``<repo>/<model>/config.pbtxt`` and
 ``<repo>/<model>/<version>/<model file>``.
 
-Model names are single safe path segments; versions are positive decimal folder names (anything else in a
+Model names are single safe path segments; versions are positive decimal int64 folder names, without leading
+zeros (`parse_version`, the one rule for folders and request URLs; anything else in a
 model folder is ignored with a log line, as Triton does). Installing a version is atomic: the version appears
 complete or not at all, even across a power cut.
 
@@ -24,6 +25,7 @@ from pathlib import Path
 from edged.durable import fsync_dir
 from edged.errors import ModelConfigError, ModelError
 from edged.repository._build import parse_model_config
+from edged.repository.confine import read_confined
 from edged.repository.model_config import ModelConfig, VersionPolicy
 
 logger = logging.getLogger(__name__)
@@ -39,6 +41,10 @@ RUNTIME_FILES: tuple[tuple[str, str], ...] = (
     ("model.pt2", "pytorch"),
 )
 _VERSION = re.compile(r"[1-9][0-9]{0,18}")
+_MAX_VERSION = 2**63 - 1  # Triton's versions are int64: a larger folder name reads wrong in every client
+# Triton's configs are a few KB; the cap keeps a hostile or mistaken file (a multi-GB log, a link to /dev/zero)
+# from being read, and parsed under the registry lock, without bound.
+MAX_CONFIG_BYTES = 1 << 20
 _MAX_NAME = 255
 
 
@@ -104,6 +110,15 @@ def warn_not_utf8(name: str) -> None:
                    escaped_name(name))
 
 
+def parse_version(text: str) -> int | None:
+    """The version a folder name or a URL's version segment names: a positive decimal int64 without leading zeros
+    (folders and URLs follow one rule, so /versions/02 reaches no folder '2' that a folder '02' could not), or None."""
+    if not _VERSION.fullmatch(text):
+        return None
+    number = int(text)
+    return number if number <= _MAX_VERSION else None
+
+
 def list_versions(model_dir: Path | str) -> list[int]:
     """The numeric version folders of a model, ascending; other entries are logged and ignored."""
     model_dir = Path(model_dir)
@@ -111,11 +126,12 @@ def list_versions(model_dir: Path | str) -> list[int]:
     for entry in os.scandir(model_dir):
         if not entry.is_dir(follow_symlinks=True):
             continue
-        if _VERSION.fullmatch(entry.name):
-            versions.append(int(entry.name))
+        number = parse_version(entry.name)
+        if number is not None:
+            versions.append(number)
         elif not entry.name.startswith("."):
-            logger.info("model %s: ignoring folder %r, which is not a version number (expected 1, 2, ...)",
-                        model_dir.name, entry.name)
+            logger.info("model %s: ignoring folder %r, which is not a version number (expected 1, 2, ... up to "
+                        "%d)", model_dir.name, entry.name, _MAX_VERSION)
     return sorted(versions)
 
 
@@ -164,16 +180,21 @@ def resolve_runtime(config: ModelConfig | None, model_dir: Path | str,
 
 
 def load_model_config(model_dir: Path | str) -> ModelConfig | None:
-    """Parse a model folder's ``config.pbtxt``; None when there is none. The name defaults to the folder's."""
+    """Parse a model folder's ``config.pbtxt``; None when there is none. The name defaults to the folder's.
+
+    The file is read as every file a config names is (`read_confined`): it must resolve inside the model folder
+    (the config comes back through GET /v2/models/{m}/config, so a link out would leak what it points to), be a
+    regular file (a FIFO is opened without blocking and refused: it hung the load with the registry lock held)
+    and at most MAX_CONFIG_BYTES long."""
     model_dir = Path(model_dir)
     name = check_model_name(model_dir.name)
     path = model_dir / CONFIG_FILENAME
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         return None
-    except OSError as e:
-        raise ModelConfigError(f"cannot read the model config: {e.strerror}", str(path)) from e
+    try:
+        raw = read_confined(model_dir, CONFIG_FILENAME, "the model config", max_bytes=MAX_CONFIG_BYTES)
+    except ModelConfigError as e:
+        raise ModelConfigError(e.reason, str(path)) from e
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -208,7 +229,7 @@ def fingerprint(model_dir: Path | str) -> Fingerprint:
         return result
     result[MODEL_FILES] = _file_entries(e for e in entries if not e.is_dir(follow_symlinks=True))
     for entry in entries:
-        if entry.is_dir(follow_symlinks=True) and _VERSION.fullmatch(entry.name):
+        if entry.is_dir(follow_symlinks=True) and parse_version(entry.name) is not None:
             result[entry.name] = _tree_entries(Path(entry.path))
     return result
 

@@ -150,8 +150,8 @@ def load_override(body: bytes | bytearray, model: str) -> ModelConfig | None:
         config = model_config_from_json(orjson.loads(raw), f"load request for {model}")
     except orjson.JSONDecodeError as e:
         raise InvalidInput(f"load request for model {model}: parameters.config is not valid JSON: {e}") from None
-    except ModelConfigError as e:
-        raise InvalidInput(f"load request for model {model}: {e}") from None
+    except ModelConfigError as e:  # its reason: the error's path already says "load request for <model>"
+        raise InvalidInput(f"load request for model {model}: {e.reason}") from None
     if config.name and config.name != model:
         raise InvalidInput(f"load request for model {model}: the config names model {config.name!r}")
     return config

@@ -85,6 +85,16 @@ class DoublingBackend:
         return ()
 
 
+class CrashingBackend(DoublingBackend):
+    """A runtime with a bug: describing a model file (auto-complete of a config without inputs and outputs) raises
+    something that is not an edged error, as a third-party runtime may."""
+
+    name = "crashing"
+
+    def describe(self, model_path: Path) -> ModelSignature:
+        raise RuntimeError(f"simulated runtime bug describing {model_path.name}")
+
+
 def reset() -> None:
     with LOCK:
         CONCURRENCY.update(now=0, max=0, calls=0, batches=[])
@@ -92,7 +102,7 @@ def reset() -> None:
 
 
 # What a test puts in ModelsConfig.backends to serve models with `backend: "doubling"`.
-BACKENDS = {"doubling": "engine_fakes:DoublingBackend"}
+BACKENDS = {"doubling": "engine_fakes:DoublingBackend", "crashing": "engine_fakes:CrashingBackend"}
 
 
 def start_service(repo: Path) -> InferenceService:

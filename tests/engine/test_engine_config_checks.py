@@ -141,3 +141,45 @@ def test_a_config_naming_no_platform_or_backend_loads_the_runtime_of_its_model_f
     service.load_model("full", ModelConfig(name="full", max_batch_size=2))  # an override without platform, too
     assert service.model_config("full").max_batch_size == 2
     assert service.version_info("full").state is ModelState.READY
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    (config("rs", dims="[ 63 ]", extra="reshape: { shape: [ 64 ] }"),
+     "input 'input': field 'reshape' shape [64] holds another number of elements than dims [63]"),
+    (config("rs").replace("dims: [ 10 ] }", "dims: [ 3, 3 ] reshape: { shape: [ 10 ] } }"),
+     "output 'output': field 'reshape' shape [10] holds another number of elements than dims [3, 3]"),
+])
+def test_a_reshape_of_another_element_count_is_a_config_error_at_load(tmp_path: Path, service: InferenceService,
+                                                                       text: str, words: str) -> None:
+    add_model(tmp_path, "rs", text, {1: mlp_weights()})
+    with pytest.raises(ModelConfigError) as caught:  # before: a ModelLoadError (500) from the warm-up, or a load
+        service.load_model("rs")                      # whose every infer was a 500
+    assert str(caught.value).startswith(f"{tmp_path / 'rs' / 'config.pbtxt'}: {words}"), caught.value
+
+
+FILE_WARMUP = ('model_warmup [ { name: "w", batch_size: 2, inputs { key: "input" value: { data_type: TYPE_FP32, '
+               'dims: [ 64 ], input_data_file: "in.bin" } } } ]\n')
+
+
+def test_a_warmup_data_file_too_short_for_its_tensor_is_a_config_error_at_load(tmp_path: Path,
+                                                                               service: InferenceService) -> None:
+    folder = add_model(tmp_path, "wf", config("wf") + FILE_WARMUP, {1: mlp_weights()})
+    (folder / "warmup").mkdir()
+    (folder / "warmup" / "in.bin").write_bytes(b"\0" * 100)
+    with pytest.raises(ModelConfigError) as caught:  # before: a ModelLoadError (500) from inside the load
+        service.load_model("wf")
+    data = folder / "warmup" / "in.bin"
+    assert str(caught.value) == (f"input_data_file of warm-up 'w' input 'input' 'in.bin' ({data}) holds 100 bytes, "
+                                 "fewer than the 512 of its tensor (TYPE_FP32, shape [2, 64])")
+    (folder / "warmup" / "in.bin").write_bytes(np.ones(2 * 64 + 1000, np.float32).tobytes())  # longer: a prefix
+    service.load_model("wf")
+    assert service.model_ready("wf")
+
+
+def test_a_preferred_batch_size_above_max_batch_size_is_a_config_error_at_load(tmp_path: Path,
+                                                                               service: InferenceService) -> None:
+    add_model(tmp_path, "pb", config("pb", max_batch=2) + "dynamic_batching { preferred_batch_size: [ 2, 64 ] }\n",
+              {1: mlp_weights()})
+    with pytest.raises(ModelConfigError, match=r"pb/config\.pbtxt: field 'dynamic_batching\.preferred_batch_size' "
+                                               r"holds 64, more than max_batch_size 2"):
+        service.load_model("pb")  # before: it loaded, and every batch waited out its whole delay

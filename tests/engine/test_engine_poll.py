@@ -8,7 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from modelgen import add_model, mlp_reference, mlp_weights, write_mlp_onnx
+from engine_fakes import BACKENDS
+from modelgen import add_custom_model, add_model, mlp_reference, mlp_weights, write_mlp_onnx
 
 from edged.config import ModelsConfig
 from edged.engine import InferenceService, InferRequest
@@ -88,3 +89,32 @@ def test_a_file_still_being_written_is_loaded_once_it_settles(service: Inference
     assert service.model_ready("multi", "3")
     x = np.ones((1, 4), np.float32)
     np.testing.assert_allclose(_answer(service, "3"), mlp_reference(_weights(3), x), rtol=1e-4, atol=1e-5)
+
+
+def _add_crashing_model(repo: Path, name: str) -> None:
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "1" / "model").write_bytes(b"test backend model\n")
+    # no inputs and outputs: the load asks the backend to describe the file, and the crashing backend raises
+    (repo / name / "config.pbtxt").write_text(f'name: "{name}"\nbackend: "crashing"\nmax_batch_size: 8\n')
+
+
+def test_an_unexpected_error_in_one_models_load_stops_neither_the_start_nor_the_poll(tmp_path: Path) -> None:
+    add_custom_model(tmp_path, "aa", "doubling")
+    _add_crashing_model(tmp_path, "bad1")
+    add_custom_model(tmp_path, "zz1", "doubling")
+    service = InferenceService(tmp_path, ModelsConfig(control_mode="poll", backends=BACKENDS, warmup=False))
+    try:
+        service.start()  # before: the RuntimeError went through start(), and zz1 was never loaded
+        assert service.model_ready("aa") and service.model_ready("zz1")
+        _add_crashing_model(tmp_path, "bad2")
+        add_custom_model(tmp_path, "zz2", "doubling")
+        service.poll(settle=False)  # before: the poll stopped at bad2, so zz2 (sorted after it) never loaded
+        assert service.model_ready("zz2")
+        reasons = {entry["name"]: entry["reason"] for entry in service.repository_index()}
+        for name in ("bad1", "bad2"):
+            assert reasons[name].startswith(f"model {name}: load failed on an unexpected RuntimeError: simulated "
+                                            "runtime bug describing model"), reasons
+        service.poll(settle=False)  # a failed model is retried when its files change, not on every poll
+        assert not service.model_ready("bad2")
+    finally:
+        service.close()

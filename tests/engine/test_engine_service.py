@@ -88,6 +88,15 @@ def test_unknown_output_and_model_and_version_are_refused(bundled: InferenceServ
         bundled.infer(InferRequest("tiny_mlp", {"input": x}, version="9"))
 
 
+@pytest.mark.parametrize("version", ["01", " 1", "1_0", "+1", "\u0661", "9223372036854775808", "1" * 5000])
+def test_a_version_is_named_as_its_folder_is_without_leading_zeros_or_other_forms(bundled: InferenceService,
+                                                                                  version: str) -> None:
+    x = np.zeros((1, 64), np.float32)
+    assert bundled.infer(InferRequest("tiny_mlp", {"input": x}, version="1")).version == "1"
+    with pytest.raises(ModelNotFound, match="is not a version number"):  # before: '01', ' 1', '\u0661' reached 1
+        bundled.infer(InferRequest("tiny_mlp", {"input": x}, version=version))
+
+
 def test_element_limit_is_enforced(tmp_path: Path) -> None:
     add_model(tmp_path, "mlp", None, {1: mlp_weights()})
     service = InferenceService(tmp_path, ModelsConfig(), max_elements=100)

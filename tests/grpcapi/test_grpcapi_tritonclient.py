@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
 import os
 import queue
 import stat
@@ -248,3 +249,18 @@ def test_inference_limited_to_listed_users_is_refused_over_grpc_tcp_unary_and_st
         assert result is None and "PERMISSION_DENIED" in str(error.status())
     finally:
         daemon.stop()
+
+
+def test_a_load_override_takes_int64_strings_and_names_a_refused_field_once(grpc_daemon: GrpcDaemon) -> None:
+    client = triton_grpc.InferenceServerClient(grpc_daemon.unix)
+    config = client.get_model_config("tiny_mlp", as_json=True)["config"]  # MessageToJson: int64 dims as strings
+    config = {key: config[key] for key in ("name", "backend", "max_batch_size", "input", "output")}
+    assert all(isinstance(d, str) for d in config["input"][0]["dims"]), config
+    client.load_model("tiny_mlp", config=json.dumps(config))  # before: refused, "expects an integer, found string"
+    assert client.is_model_ready("tiny_mlp")
+    config["input"][0]["dims"] = ["sixty-four"]
+    with pytest.raises(InferenceServerException) as refused:
+        client.load_model("tiny_mlp", config=json.dumps(config))
+    assert refused.value.message() == ("load request for model tiny_mlp: field 'input[0].dims' expects an integer, "
+                                       'found string "sixty-four"'), refused.value.message()
+    assert client.is_model_ready("tiny_mlp")

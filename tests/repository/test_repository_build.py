@@ -106,6 +106,9 @@ def test_enums_by_number_and_nested_unknown_fields() -> None:
         ("dynamic_batching { default_queue_policy { timeout_action: DROP } }", 1, 43, "REJECT, DELAY"),
         ("dynamic_batching { priority_levels: 1 default_priority_level: 1 priority_queue_policy { key: 5 } }",
          1, 89, "priority level in [1, 1]"),
+        ("dynamic_batching { max_queue_delay_microseconds: 18446744073709551615 }", 1, 20,
+         "field 'dynamic_batching.max_queue_delay_microseconds' is 18446744073709551615, more than a day "
+         "(86400000000 µs)"),
         ('parameters { key: "a" value: "b" }', 1, 23, "expects a message"),
         ("model_warmup { inputs { key: \"x\" value { zero_data: true random_data: true } } }", 1, 34,
          "expected exactly one"),

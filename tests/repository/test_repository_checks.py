@@ -4,6 +4,7 @@ entries against the config's inputs and max_batch_size; validate on real folders
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 from modelgen import add_model, mlp_weights
 
 from edged.errors import ModelConfigError
-from edged.repository import check_platform_backend, check_warmup, parse_model_config
+from edged.repository import check_platform_backend, check_reshapes, check_warmup, parse_model_config
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PATH = "/repo/m/config.pbtxt"
@@ -64,6 +65,8 @@ def test_a_custom_backend_passes_when_the_caller_checks_names_itself() -> None:
     (8, warmup(dims="[ 1000000000000 ]"), r"field 'inputs\[input\]\.dims' is \[1000000000000\]"),
     (8, 'model_warmup [ { name: "w", batch_size: 1 } ]',
      r"field 'inputs' has no entry for the model's input 'input'"),
+    (8, warmup().replace("batch_size: 1,", "batch_size: 1, count: 4294967295,"),
+     r"field 'count' is 4294967295, more than the limit of 10000 runs"),
 ])
 def test_warmup_entries_that_do_not_fit_the_config_are_refused(max_batch: int, extra: str, match: str) -> None:
     with pytest.raises(ModelConfigError, match=r"^/repo/m/config\.pbtxt: model_warmup\[0\] \('w'\): " + match):
@@ -146,3 +149,64 @@ def test_validate_completes_a_config_without_platform_as_the_daemon_loads_it(tmp
     completed = json.loads(result.stdout)
     assert (completed["platform"], completed["backend"], completed["default_model_filename"]) == (
         "onnxruntime_onnx", "onnxruntime", "model.onnx")
+
+
+def test_validate_refuses_a_fifo_or_a_link_to_a_device_as_config_with_an_error_line(tmp_path: Path) -> None:
+    (tmp_path / "fifo" / "1").mkdir(parents=True)
+    os.mkfifo(tmp_path / "fifo" / "config.pbtxt")
+    (tmp_path / "zero" / "1").mkdir(parents=True)
+    (tmp_path / "zero" / "config.pbtxt").symlink_to("/dev/zero")
+    for name, words in (("fifo", "is not a regular file"), ("zero", "leads outside the model folder")):
+        result = run_validate(tmp_path / name)  # before the fix: blocked on the FIFO, or read /dev/zero forever
+        assert result.returncode == 1, (name, result.stdout, result.stderr)
+        assert f"error: {tmp_path / name / 'config.pbtxt'}: the model config 'config.pbtxt'" in result.stderr
+        assert words in result.stderr, (name, result.stderr)
+
+
+def test_validate_refuses_an_integer_past_64_bits_with_an_error_line(tmp_path: Path) -> None:
+    add_model(tmp_path, "huge", config(extra=f"optimization {{ z: 0x{'f' * 5000} }}\n").replace('"m"', '"huge"'),
+              {1: mlp_weights()})
+    result = run_validate(tmp_path / "huge")  # before: a traceback (the kept value was not printable as JSON)
+    assert result.returncode == 1, result.stdout
+    assert f"error: {tmp_path / 'huge' / 'config.pbtxt'}:6:19: number 0xffffffffff...(5002 digits) of field 'z' is " \
+           "out of range" in result.stderr, result.stderr
+
+
+def _reshaped(kind: str, dims: str, shape: str) -> str:
+    return (f'name: "m"\nmax_batch_size: 8\n{kind} [ {{ name: "t", data_type: TYPE_FP32, dims: {dims} '
+            f'reshape: {{ shape: {shape} }} }} ]\n')
+
+
+@pytest.mark.parametrize("kind", ["input", "output"])
+@pytest.mark.parametrize(("dims", "shape", "words"), [
+    ("[ 3, 3 ]", "[ 10 ]", "holds another number of elements"),
+    ("[ 63 ]", "[ 64 ]", "holds another number of elements"),
+    ("[ 2 ]", "[ ]", "holds another number of elements"),
+    ("[ -1, 4 ]", "[ 8 ]", "has another number of variable-size (-1) dimensions"),
+    ("[ 16 ]", "[ -1, 4 ]", "has another number of variable-size (-1) dimensions"),
+    ("[ 2, 4, -1, 6 ]", "[ 8, -1, 2, 6 ]", "holds another number of elements"),
+])
+def test_a_reshape_that_changes_the_element_count_is_refused_naming_the_tensor(kind: str, dims: str, shape: str,
+                                                                              words: str) -> None:
+    with pytest.raises(ModelConfigError) as caught:
+        check_reshapes(parse_model_config(_reshaped(kind, dims, shape)), PATH)
+    assert str(caught.value).startswith(f"{PATH}: {kind} 't': field 'reshape' shape "), caught.value
+    assert words in str(caught.value)
+
+
+@pytest.mark.parametrize(("dims", "shape"), [
+    ("[ 3, 3 ]", "[ 9 ]"), ("[ 1 ]", "[ ]"), ("[ 1, 1 ]", "[ ]"), ("[ 2, 4, -1, 6 ]", "[ 8, -1, 1, 6 ]"),
+    ("[ -1 ]", "[ -1, 1 ]"), ("[ 64 ]", "[ 8, 8 ]"),
+])
+def test_a_reshape_that_keeps_the_element_count_passes(dims: str, shape: str) -> None:
+    for kind in ("input", "output"):
+        check_reshapes(parse_model_config(_reshaped(kind, dims, shape)), PATH)
+
+
+def test_validate_exits_1_on_an_output_reshape_of_another_size(tmp_path: Path) -> None:
+    text = config().replace('dims: [ 10 ] }', 'dims: [ 3, 3 ] reshape: { shape: [ 10 ] } }').replace('"m"', '"rs3"')
+    add_model(tmp_path, "rs3", text, {1: mlp_weights()})
+    result = run_validate(tmp_path / "rs3")  # before: "ok", and every infer of the loaded model was a 500
+    assert result.returncode == 1, result.stdout
+    assert "output 'output': field 'reshape' shape [10] holds another number of elements than dims [3, 3]" in \
+        result.stderr, result.stderr

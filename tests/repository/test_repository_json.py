@@ -10,9 +10,14 @@ qa/L0_config_json/test.sh.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
+import orjson
+import pytest
+
+from edged.errors import ModelConfigError
 from edged.repository import autocomplete, model_config_from_json, model_config_to_json, parse_model_config
 from edged.repository.model_config import ModelSignature, TensorSignature
 
@@ -152,3 +157,31 @@ def test_json_reads_back_into_the_same_config() -> None:
         first = model_config_to_json(parse_model_config(path.read_text(), str(path), "m"))
         again = model_config_to_json(model_config_from_json(json.loads(json.dumps(first))))
         assert again == first, path.name
+
+
+def test_integer_fields_read_from_json_take_decimal_strings_as_protobuf_json_writes_int64() -> None:
+    numbers = {"name": "m", "max_batch_size": 8, "version_policy": {"specific": {"versions": [1, 3]}},
+               "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [-1, 64]}],
+               "dynamic_batching": {"max_queue_delay_microseconds": 100}}
+    strings = {"name": "m", "max_batch_size": "8", "version_policy": {"specific": {"versions": ["1", "3"]}},
+               "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": ["-1", "64"]}],
+               "dynamic_batching": {"max_queue_delay_microseconds": "100"}}
+    assert model_config_from_json(strings) == model_config_from_json(numbers)
+    for bad, words in (("1" * 5000, "found a 5000-character number"), ("99999999999", "must be in [0, 2147483647]"),
+                       ("8.0", "expects an integer, found string")):
+        with pytest.raises(ModelConfigError, match=re.escape(words)):
+            model_config_from_json({**numbers, "max_batch_size": bad})
+    with pytest.raises(ModelConfigError, match="expects a quoted string"):
+        model_config_from_json({**numbers, "name": 5})  # string fields stay strings: only integers convert
+
+
+def test_infinite_and_nan_kept_values_are_written_as_protobuf_json_strings() -> None:
+    # floats the parser makes (a bare inf or nan stays an identifier: the schema-less tree cannot tell it is a float)
+    config = parse_model_config('name: "m"\noptimization { foo: -inf bar: 1e999 baz: -nan }\n'
+                                'zz { q: [ 1.5, 2e308 ] }\n')
+    doc = model_config_to_json(config)
+    assert {k: doc["optimization"][k] for k in ("foo", "bar", "baz")} == {
+        "foo": "-Infinity", "bar": "Infinity", "baz": "NaN"}
+    assert doc["zz"] == {"q": [1.5, "Infinity"]}
+    text = json.dumps(doc, allow_nan=False)  # strict JSON: before, ValueError (json wrote -Infinity, orjson null)
+    assert orjson.loads(orjson.dumps(doc)) == json.loads(text)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from pathlib import Path
 
 import pytest
 
 from edged.errors import ModelConfigError, ModelError
 from edged.repository import (
+    MAX_CONFIG_BYTES,
     changed_versions,
     check_model_name,
     detect_runtime,
@@ -44,10 +46,13 @@ def test_find_models_lists_folders_and_skips_hidden_entries_and_files(tmp_path: 
 
 def test_list_versions_keeps_numeric_folders_and_logs_the_rest(tmp_path: Path,
                                                                caplog: pytest.LogCaptureFixture) -> None:
-    make(tmp_path, "10/", "2/", "1/", "latest/", "007/", "3", ".install-4-abc/")
+    make(tmp_path, "10/", "2/", "1/", "latest/", "007/", "3", ".install-4-abc/", "9223372036854775807/",
+         "9223372036854775808/", "9999999999999999999/")
     with caplog.at_level(logging.INFO, logger="edged.repository.layout"):
-        assert list_versions(tmp_path) == [1, 2, 10]
+        assert list_versions(tmp_path) == [1, 2, 10, 2**63 - 1]  # Triton's versions are int64
     assert "'latest'" in caplog.text and "'007'" in caplog.text
+    assert "'9223372036854775808'" in caplog.text and "'9999999999999999999'" in caplog.text
+    assert set(fingerprint(tmp_path)) == {"", "1", "2", "10", "9223372036854775807"}
     assert ".install" not in caplog.text
 
 
@@ -87,6 +92,63 @@ def test_load_model_config_names_the_model_after_its_folder(tmp_path: Path) -> N
     (model / "config.pbtxt").write_bytes(b'name: "\xff"')
     with pytest.raises(ModelConfigError, match="not UTF-8"):
         load_model_config(model)
+
+
+def _load_in_thread(model: Path) -> BaseException | None:
+    """load_model_config in a thread, waited for with a deadline: a read that blocks (a FIFO) must not hang the
+    test run; it shows as the thread still alive."""
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            load_model_config(model)
+            outcome.append(None)
+        except BaseException as e:  # the test inspects what was raised
+            outcome.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive(), f"load_model_config({model}) is still blocked"
+    return outcome[0]
+
+
+def test_a_fifo_as_config_is_refused_without_blocking(tmp_path: Path) -> None:
+    model = tmp_path / "fifo"
+    model.mkdir()
+    os.mkfifo(model / "config.pbtxt")
+    error = _load_in_thread(model)
+    assert isinstance(error, ModelConfigError), error
+    assert str(error).startswith(f"{model / 'config.pbtxt'}: ") and "is not a regular file" in str(error)
+
+
+def test_a_config_larger_than_the_cap_is_refused_naming_the_limit(tmp_path: Path) -> None:
+    model = tmp_path / "big"
+    model.mkdir()
+    (model / "config.pbtxt").write_bytes(b"# padding\n" * (MAX_CONFIG_BYTES // 10 + 1))
+    with pytest.raises(ModelConfigError, match=f"config.pbtxt: .*larger than the limit of {MAX_CONFIG_BYTES} bytes"):
+        load_model_config(model)
+    (model / "config.pbtxt").write_bytes(b"# padding\n" * (MAX_CONFIG_BYTES // 20))
+    assert load_model_config(model) is not None  # a large but allowed file is read whole
+
+
+def test_a_config_linked_out_of_the_model_folder_is_refused(tmp_path: Path) -> None:
+    secret = tmp_path / "secret.pbtxt"
+    secret.write_text('api_password: "hunter2"\n')
+    leak, zero = tmp_path / "repo" / "leak", tmp_path / "repo" / "zero"
+    leak.mkdir(parents=True)
+    zero.mkdir()
+    (leak / "config.pbtxt").symlink_to(secret)
+    (zero / "config.pbtxt").symlink_to("/dev/zero")
+    for model in (leak, zero):
+        error = _load_in_thread(model)
+        assert isinstance(error, ModelConfigError), error
+        assert f"{model / 'config.pbtxt'}: " in str(error) and "leads outside the model folder" in str(error)
+    (leak / "real.pbtxt").write_text('max_batch_size: 4\n')  # a link inside the folder is fine
+    (leak / "config.pbtxt").unlink()
+    (leak / "config.pbtxt").symlink_to("real.pbtxt")
+    config = load_model_config(leak)
+    assert config is not None and config.max_batch_size == 4
 
 
 @pytest.mark.parametrize("name", ["", "a/b", "..", ".", ".hidden", "a\0b", "x" * 256, "a\\b"])

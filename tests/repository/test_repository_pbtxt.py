@@ -113,6 +113,26 @@ def test_syntax_errors_name_file_line_and_column(text: str, line: int, column: i
     assert str(error).startswith(f"models/m/config.pbtxt:{line}:{column}: ")
 
 
+@pytest.mark.parametrize(("literal", "shown"), [
+    ("1" + "0" * 4400, "100000000000...(4401 digits)"),  # past Python's 4300-digit int() limit
+    ("0x" + "f" * 5000, "0xffffffffff...(5002 digits)"),  # parsed, then not printable as JSON
+    ("18446744073709551616", "18446744073709551616"),  # 2^64
+    ("-9223372036854775809", "-9223372036854775809"),  # below -2^63
+    ("0" + "7" * 30, "077777777777...(31 digits)"),
+])
+def test_integers_outside_64_bits_name_file_line_column_and_field(literal: str, shown: str) -> None:
+    with pytest.raises(ModelConfigError) as caught:
+        parse(f'name: "m"\noptimization {{ z: [ 1, {literal} ] }}', "models/m/config.pbtxt")
+    error = caught.value
+    assert (error.path, error.line, error.column) == ("models/m/config.pbtxt", 2, 24)  # where the number begins
+    assert error.reason.startswith(f"number {shown} of field 'z' is out of range: integer fields hold at most 64 bits")
+
+
+def test_integers_at_the_64_bit_edges_parse() -> None:
+    tree = parse("a: 18446744073709551615 b: -9223372036854775808 c: 0xffffffffffffffff d: 0" + "0" * 40)
+    assert [f.value for f in tree.fields] == [2**64 - 1, -(2**63), 2**64 - 1, 0]
+
+
 def test_nesting_deeper_than_the_limit_is_a_config_error() -> None:
     with pytest.raises(ModelConfigError, match="nested deeper"):
         parse("a {" * 200 + "}" * 200)

@@ -124,6 +124,26 @@ def test_repository_index_and_unload_then_load(server: RunningServer) -> None:
     assert server.request("GET", "/v2/models/tiny_strict/ready")[0] == 200
 
 
+def test_a_load_override_takes_int64_fields_as_strings_as_protobuf_json_writes_them(server: RunningServer) -> None:
+    config = orjson.loads(server.request("GET", "/v2/models/tiny_mlp/config")[2])
+    config["name"] = "tiny_strict"
+    config["parameters"] = {"reject_nonfinite_inputs": {"string_value": "true"}}
+    for tensor in (*config["input"], *config["output"]):
+        tensor["dims"] = [str(d) for d in tensor["dims"]]  # MessageToJson's form of int64; before: a 400
+    config["version_policy"] = {"specific": {"versions": ["1"]}}
+    load = orjson.dumps({"parameters": {"config": orjson.dumps(config).decode()}})
+    status, _, body = server.request("POST", "/v2/repository/models/tiny_strict/load", load)
+    assert status == 200, body
+    served = orjson.loads(server.request("GET", "/v2/models/tiny_strict/config")[2])
+    assert served["input"][0]["dims"] == [int(d) for d in config["input"][0]["dims"]]  # numbers, as Triton answers
+    config["input"][0]["dims"] = ["sixty-four"]
+    load = orjson.dumps({"parameters": {"config": orjson.dumps(config).decode()}})
+    status, _, body = server.request("POST", "/v2/repository/models/tiny_strict/load", load)
+    assert status == 400
+    assert orjson.loads(body)["error"] == ("load request for model tiny_strict: field 'input[0].dims' expects an "
+                                           'integer, found string "sixty-four"')  # the prefix once
+
+
 def test_load_with_a_bad_config_is_400(server: RunningServer) -> None:
     status, _, body = server.request("POST", "/v2/repository/models/tiny_mlp/load",
                                      b'{"parameters": {"config": "{not json"}}')
