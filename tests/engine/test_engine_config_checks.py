@@ -154,7 +154,8 @@ def test_a_reshape_of_another_element_count_is_a_config_error_at_load(tmp_path: 
     add_model(tmp_path, "rs", text, {1: mlp_weights()})
     with pytest.raises(ModelConfigError) as caught:  # before: a ModelLoadError (500) from the warm-up, or a load
         service.load_model("rs")                      # whose every infer was a 500
-    assert str(caught.value).startswith(f"{tmp_path / 'rs' / 'config.pbtxt'}: {words}"), caught.value
+    assert str(caught.value).startswith(f"load failed for model 'rs': {tmp_path / 'rs' / 'config.pbtxt'}: {words}"), \
+        caught.value
 
 
 FILE_WARMUP = ('model_warmup [ { name: "w", batch_size: 2, inputs { key: "input" value: { data_type: TYPE_FP32, '
@@ -169,8 +170,9 @@ def test_a_warmup_data_file_too_short_for_its_tensor_is_a_config_error_at_load(t
     with pytest.raises(ModelConfigError) as caught:  # before: a ModelLoadError (500) from inside the load
         service.load_model("wf")
     data = folder / "warmup" / "in.bin"
-    assert str(caught.value) == (f"input_data_file of warm-up 'w' input 'input' 'in.bin' ({data}) holds 100 bytes, "
-                                 "fewer than the 512 of its tensor (TYPE_FP32, shape [2, 64])")
+    assert str(caught.value) == (f"load failed for model 'wf': input_data_file of warm-up 'w' input 'input' "
+                                 f"'in.bin' ({data}) holds 100 bytes, fewer than the 512 of its tensor (TYPE_FP32, "
+                                 "shape [2, 64])")
     (folder / "warmup" / "in.bin").write_bytes(np.ones(2 * 64 + 1000, np.float32).tobytes())  # longer: a prefix
     service.load_model("wf")
     assert service.model_ready("wf")
