@@ -83,7 +83,11 @@ def test_repository_index_load_and_unload_in_explicit_mode(explicit_tcp_server) 
         triton.load_model("digits_onnx", headers=key)
         assert triton.is_model_ready("digits_onnx")
         config = triton.get_model_config("tiny_mlp")
-        triton.load_model("tiny_mlp", config=json.dumps({**config, "max_batch_size": 4}), headers=key)
+        # the preferred batch size the config came back with (64) must shrink with max_batch_size: Triton refuses
+        # a preferred size past max_batch_size, and so does edged now
+        smaller = {**config, "max_batch_size": 4,
+                   "dynamic_batching": {**config.get("dynamic_batching", {}), "preferred_batch_size": [4]}}
+        triton.load_model("tiny_mlp", config=json.dumps(smaller), headers=key)
         assert triton.get_model_config("tiny_mlp")["max_batch_size"] == 4
         triton.unload_model("digits_onnx", headers=key)
         assert not triton.is_model_ready("digits_onnx")
