@@ -32,7 +32,9 @@ def test_load_and_unload_change_the_index_and_readiness(explicit_server) -> None
 def test_load_with_an_override_config_applies_it(explicit_server) -> None:  # type: ignore[no-untyped-def]
     with EdgedClient(explicit_server.socket_path) as client:
         config = client.model_config("tiny_mlp")
-        client.load("tiny_mlp", {**config, "max_batch_size": 8})
+        # the preferred batch size (64, Triton's default of max_batch_size) shrinks with it, as Triton requires
+        client.load("tiny_mlp", {**config, "max_batch_size": 8,
+                                 "dynamic_batching": {**config["dynamic_batching"], "preferred_batch_size": [8]}})
         assert client.model_config("tiny_mlp")["max_batch_size"] == 8
         with pytest.raises(InvalidInputError, match="8"):
             client.infer("tiny_mlp", {"input": np.zeros((9, 64), np.float32)})
