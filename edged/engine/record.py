@@ -24,6 +24,9 @@ class ModelRecord:
         # asks for it, so it is chosen once per change of the dict, not per request.
         self.chosen: tuple[dict[int, ModelVersion], ModelVersion | None] = ({}, None)
         self.failed: dict[int, ModelVersion] = {}  # versions whose last load failed, with the reason
+        # Versions being loaded now (state LOADING), so the index shows them as Triton's does; replaced as a whole,
+        # like ``versions``, because the index reads it without the registry lock.
+        self.loading: dict[int, ModelVersion] = {}
         self.error = ""  # a failure before any version could be tried (bad config, missing runtime)
         self.fingerprint: Fingerprint = {}  # of the files the served versions were loaded from
         self.loaded_explicitly = False
@@ -55,7 +58,9 @@ def index_entries(names: list[str], records: Mapping[str, ModelRecord], unloaded
     entries: list[dict[str, Any]] = []
     for name in names:
         record = records.get(name)
-        versions = sorted({**(record.failed if record else {}), **(record.versions if record else {})}.items())
+        # a served version hides a retry of its number, which hides the failure before it
+        versions = sorted({**(record.failed if record else {}), **(record.loading if record else {}),
+                           **(record.versions if record else {})}.items())
         if not versions:
             if not ready_only:
                 reason = record.error if record else unloaded.get(name, "")

@@ -413,6 +413,7 @@ class Registry:
             if number in unchanged:
                 continue
             version = ModelVersion(config, number, model_dir, self._max_elements, self._intake)
+            record.loading = {**record.loading, number: version}  # the index shows it LOADING meanwhile
             try:
                 self._admission.load_version(record, version, backend)
             except EdgedError as e:
@@ -420,6 +421,8 @@ class Registry:
                 errors.append(str(e))
                 kinds.add(type(e))
                 continue
+            finally:
+                record.loading = {n: v for n, v in record.loading.items() if n != number}
             fresh[number] = version
             record.failed.pop(number, None)
         if errors and not fresh:
