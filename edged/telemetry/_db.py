@@ -11,6 +11,7 @@ pragmas below too), then refused as locked; the service retries later (see `edge
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 from pathlib import Path
@@ -79,3 +80,11 @@ def open_failure(path: str, error: sqlite3.Error | OSError) -> str:
                 "user edged runs as (on a filesystem mounted read-write), or set [telemetry] database to a "
                 "writable path")
     return f"cannot open telemetry database {path}: {text}"
+
+
+def rollback_quietly(conn: sqlite3.Connection) -> None:
+    """Roll back what a failed transaction left, for the caller to re-raise its own error: SQLite may have rolled
+    back by itself (a full disk, SQLITE_FULL), and a ROLLBACK that then fails would hide the cause."""
+    if conn.in_transaction:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")

@@ -8,10 +8,10 @@ consistently. Raw rows are deleted only once rolled up.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import sqlite3
 
+from edged.telemetry._db import rollback_quietly
 from edged.telemetry._schema import SAMPLE_SERIES
 
 _RAW_TABLES = ("samples", "rails", "temperatures", "engine_loads", "model_stats")
@@ -95,9 +95,7 @@ def drop_unusable_times(conn: sqlite3.Connection) -> int:
                 conn.execute("DELETE FROM meta WHERE key = ?", (key,))
         conn.execute("COMMIT")
     except BaseException:
-        if conn.in_transaction:
-            with contextlib.suppress(sqlite3.Error):
-                conn.execute("ROLLBACK")
+        rollback_quietly(conn)
         raise
     return dropped
 

@@ -21,10 +21,11 @@ VACUUM ever runs): at steady state the file stops growing at its high-water mark
 
 from __future__ import annotations
 
-import contextlib
 import math
 import sqlite3
 from collections.abc import Callable
+
+from edged.telemetry._db import rollback_quietly
 
 _V1 = """
 CREATE TABLE names (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE);
@@ -138,9 +139,6 @@ def migrate(conn: sqlite3.Connection, elapsed_now: float) -> int:
             conn.execute(f"PRAGMA user_version = {version + 1}")
             conn.execute("COMMIT")
         except BaseException:
-            # SQLite may have rolled back by itself (a full disk): a ROLLBACK then fails and would hide the cause
-            if conn.in_transaction:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
+            rollback_quietly(conn)
             raise
     return found

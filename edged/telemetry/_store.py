@@ -28,7 +28,7 @@ from edged.clock import Clock, DeviceClock
 from edged.config import TelemetryConfig
 from edged.errors import TelemetryError
 from edged.supervision import HealthBoard, SupervisedThread
-from edged.telemetry._db import connect, open_failure
+from edged.telemetry._db import connect, open_failure, rollback_quietly
 from edged.telemetry._derived import Event, ModelInterval
 from edged.telemetry._rollup import apply_retention, drop_unusable_times, roll_hours, roll_minutes
 from edged.telemetry._sample import Sample
@@ -232,10 +232,7 @@ class TelemetryStore:
                 self._maintain(max(r.key for r in batch))
             conn.execute("COMMIT")
         except BaseException:
-            # SQLite may have rolled back by itself (SQLITE_FULL): a ROLLBACK then fails and would hide the cause.
-            if conn.in_transaction:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
+            rollback_quietly(conn)
             self._names.rolled_back()
             raise
         self._names.committed()
