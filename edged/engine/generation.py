@@ -231,6 +231,18 @@ class _Worker:
         self._handed_over = 0.0  # perf_counter of the last hand-over to the consumer
 
     def run(self) -> None:
+        # The gate is left before the terminal item reaches the consumer: a client that sends its next request
+        # as soon as it reads the answer (a 400 for a prompt too long, or the last token) must find this
+        # request's place free, not a 429 naming a sequence that has already ended.
+        terminal: Finished | BaseException | None = None
+        try:
+            terminal = self._outcome()
+        finally:
+            self._gate.leave()
+            if terminal is not None:
+                self._stream.put(terminal)
+
+    def _outcome(self) -> Finished | BaseException:
         stats = self._gate.stats
         try:
             instance = self._owner.instance(self._request.model)
@@ -240,16 +252,14 @@ class _Worker:
             reason = self._in_slot(instance, prompt, sampling)
             stats.ended("cancelled" if reason == "cancelled" else "completed", len(prompt), self._count,
                         self._decode_ns, self._holding)
-            self._stream.put(Finished(reason, Usage(len(prompt), self._count), self._calls))
+            return Finished(reason, Usage(len(prompt), self._count), self._calls)
         except EdgedError as e:
             stats.ended("refused", self._prompt_tokens, self._count, self._decode_ns, self._holding)
-            self._stream.put(e)
+            return e
         except Exception as e:  # a worker thread: an escaping error would leave the consumer waiting forever
             log.error("generation failed for model %s", self._request.model, exc_info=e)
             stats.ended("failed", self._prompt_tokens, self._count, self._decode_ns, self._holding)
-            self._stream.put(e)
-        finally:
-            self._gate.leave()
+            return e
 
     def _in_slot(self, instance: GenerativeInstance, prompt: list[int], sampling: Sampling) -> FinishReason:
         slot = self._gate.running

@@ -3,7 +3,9 @@ InferenceService over a repository holding the bundled tiny Llama with a config.
 
 from __future__ import annotations
 
+import asyncio
 import shutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -88,6 +90,42 @@ def test_a_request_cancelled_while_it_waits_leaves_with_nothing_generated(serve)
     last = list(waiting)[-1]
     assert isinstance(last, Finished) and last.reason == "cancelled"
     assert isinstance(list(running)[-1], Finished)
+
+
+
+def test_a_request_has_left_the_line_when_its_answer_is_read(serve) -> None:  # type: ignore[no-untyped-def]
+    # With no line (max_waiting 0) a client that sends its next request as soon as it has read the answer, a
+    # refusal or the last token, must be admitted: CI saw a 429 naming a sequence that had already ended,
+    # because the worker left the gate only after handing the consumer its terminal item. The consumer here is
+    # an event loop, as in the HTTP server, and the interpreter switches threads as often as it can, so the
+    # loop runs its callback while the worker is still inside its hand-over.
+    service = serve({"max_sequences": "1", "max_waiting": "0", "max_prompt_tokens": "6"})
+    gate = service.generation._gate("tiny_llama")  # the model's one gate: requests generating or waiting
+    held: list[int] = []
+
+    async def ask(request: GenerationRequest) -> None:
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+
+        def sink(events: list[GenerationEvent], error: BaseException | None) -> None:
+            if error is not None or any(isinstance(e, Finished) for e in events):
+                held.append(gate.admitted)
+                done.set_result(None)
+        service.generation.submit(request, deliver=(loop, sink))
+        await done
+
+    async def alternate() -> None:
+        for _ in range(100):
+            await ask(GenerationRequest("tiny_llama", prompt=PROMPT * 4))  # refused: the prompt is too long
+            await ask(GenerationRequest("tiny_llama", prompt="Once", max_tokens=1))
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        asyncio.run(alternate())
+    finally:
+        sys.setswitchinterval(switch)
+    assert held == [0] * 200, f"{sum(held)} of 200 answers arrived while their request still held its place"
 
 
 def test_prompt_and_output_token_limits_are_enforced(serve) -> None:  # type: ignore[no-untyped-def]
