@@ -12,8 +12,9 @@ import sys
 from datetime import datetime
 from typing import Any, TextIO
 
-from edged.errors import TelemetryParseError
+from edged.errors import TelemetryError, TelemetryParseError
 from edged.telemetry._query import TelemetryReader, parse_duration
+from edged.telemetry.plot import output_error
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -120,8 +121,11 @@ def _export(args: argparse.Namespace) -> int:
     rows = [{"t": p.t, "time": _iso(p.t), "elapsed_s": p.elapsed, "series": p.series, "mean": p.mean,
              "min": p.min, "max": p.max} for p in points]
     if args.output:
-        with open(args.output, "w", encoding="utf-8", newline="") as f:
-            _write_export(f, rows, args.csv)
+        try:
+            with open(args.output, "w", encoding="utf-8", newline="") as f:
+                _write_export(f, rows, args.csv)
+        except OSError as e:
+            raise TelemetryError(output_error(args.output, e)) from e
     else:
         _write_export(sys.stdout, rows, args.csv)
     return 0

@@ -57,6 +57,16 @@ def plot_history(reader: TelemetryReader, since_s: float, out_path: str) -> int:
     fig.suptitle(f"edged telemetry, last {window}")
     fig.autofmt_xdate()
     fig.tight_layout()
-    fig.savefig(out_path, dpi=100)
-    plt.close(fig)
+    try:
+        fig.savefig(out_path, dpi=100, format="png")  # the file named, not NAME.png beside it
+    except OSError as e:
+        raise TelemetryError(output_error(out_path, e)) from e
+    finally:
+        plt.close(fig)
     return drawn
+
+
+def output_error(path: str, error: OSError) -> str:
+    """What ``-o PATH`` could not do, and what to do instead."""
+    return (f"-o {path}: cannot write there ({error.strerror or error}); name a file in a folder that exists "
+            "and that you may write")

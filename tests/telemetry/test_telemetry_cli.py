@@ -154,3 +154,15 @@ def test_a_huge_since_is_a_clear_error(history, capsys):
     assert main(["telemetry", "summary", "--db", str(history), "--since", "99999999999999999999999w"]) == 1
     err = capsys.readouterr().err
     assert "at most 100 years" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("command", [["export", "--csv"], ["export", "--json"], ["plot"]])
+@pytest.mark.parametrize("target", ["missing-dir/out.png", "a-directory.png"])
+def test_an_output_file_that_cannot_be_written_is_a_one_line_error(history, tmp_path, capsys, command, target):
+    """-o into a folder that does not exist (or onto a folder) ended in a FileNotFoundError traceback."""
+    (tmp_path / "a-directory.png").mkdir()
+    output = str(tmp_path / target)
+    assert main(["telemetry", *command, "--db", str(history), "--since", "1h", "-o", output]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("edged telemetry: error: ") and "Traceback" not in err
+    assert output in err and "-o" in err
