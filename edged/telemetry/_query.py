@@ -190,7 +190,9 @@ class TelemetryReader:
         parts = [f"SELECT {sums} FROM model_stats WHERE t >= :ra{i} AND t < :rb{i}" for i in range(len(w.raw))]
         parts += _bucket_parts("model_rollup_1m", sums, "m", w.minutes)
         parts += _bucket_parts("model_rollup_1h", sums, "h", w.hours)
-        sql = f"SELECT name_id, SUM(energy_mj), SUM(inferences) FROM ({' UNION ALL '.join(parts)}) GROUP BY name_id"
+        # Inferences of an interval (or bucket) without a power reading have a NULL energy: not in the ratio.
+        sql = (f"SELECT name_id, SUM(energy_mj), SUM(CASE WHEN energy_mj IS NOT NULL THEN inferences END) "
+               f"FROM ({' UNION ALL '.join(parts)}) GROUP BY name_id")
         return self._rows(sql, {**_params("r", w.raw), **_params("m", w.minutes), **_params("h", w.hours)})
 
     def summary(self, since_s: float) -> dict[str, Any]:
@@ -211,7 +213,8 @@ class TelemetryReader:
         # A v1 database (the daemon has not run this edged yet; readers never migrate) has no model rollups.
         legacy = self._one("PRAGMA user_version") < 2
         energy_w = Window(raw=((start, math.inf),), minutes=(), hours=()) if legacy else w
-        energy = {names[i].removeprefix("model:"): e / c for i, e, c in self._energy(energy_w) if c}
+        energy = {names[i].removeprefix("model:"): e / c for i, e, c in self._energy(energy_w)
+                  if c and e is not None}
         offset = self.wall_offset()
         return {"from": start + offset, "to": newest + offset, "from_elapsed": start, "to_elapsed": newest,
                 "samples": self._one(
