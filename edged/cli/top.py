@@ -1,13 +1,15 @@
 """``edged top``: a live terminal view in the spirit of jtop, fed by the daemon over its Unix socket.
 
 It reads ``GET /v2/edged/telemetry`` (the telemetry snapshot) and ``GET /v2/models/stats`` (Triton statistics
-JSON) through `edged.client`. ``--once`` prints one frame and exits.
+JSON) through `edged.client`. ``--once`` prints one frame and exits; into a pipe or a file it prints one frame
+per interval, one after the other.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
 from typing import Any
 
@@ -93,6 +95,13 @@ def _run(args: argparse.Namespace) -> int:
         if args.once:
             console.print(_fetch(client))
             return 0
+        if not console.is_terminal:
+            # Into a pipe or a file, Live would print only when it stops, which a live view never does: a frame
+            # per interval instead, one after the other, as `top -b` writes.
+            while True:
+                console.print(_fetch(client))
+                sys.stdout.flush()
+                time.sleep(args.interval)
         with Live(_fetch(client), console=console, screen=False, auto_refresh=False) as live:
             while True:
                 time.sleep(args.interval)  # the refresh period of an interactive view, not a readiness wait

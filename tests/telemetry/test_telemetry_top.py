@@ -94,3 +94,31 @@ def test_top_refuses_an_interval_that_is_not_a_positive_number_as_a_usage_error(
         main(["top", "--interval", interval])
     assert raised.value.code == 2
     assert "--interval" in capsys.readouterr().err
+
+
+def test_top_into_a_pipe_prints_a_frame_per_interval(server):
+    """Into a pipe (`edged top | tee`, a non-interactive ssh) rich's Live printed nothing until the end, which a
+    live view never reaches: the reader waited forever on an empty pipe."""
+    import os
+    import select
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "edged.cli.main", "top", "--interval", "0.05", "--socket",
+                             server], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out = b""
+    deadline = time.monotonic() + 60  # a bound for a broken build, not a timing the test measures
+    try:
+        while out.count(b"source tegrastats") < 2 and time.monotonic() < deadline:
+            ready, _, _ = select.select([proc.stdout], [], [], 1.0)
+            if ready:
+                chunk = os.read(proc.stdout.fileno(), 65536)
+                if not chunk:
+                    break
+                out += chunk
+    finally:
+        proc.kill()
+        proc.wait()
+    assert out.count(b"source tegrastats") >= 2, (out[-500:], proc.stderr.read()[-500:])
+    assert b"\x1b[" not in out  # no cursor movement or colour codes into a file
