@@ -66,7 +66,7 @@ def render_prometheus(snapshot: Mapping[str, Any]) -> str:
                            "counter"))
     source = {"source": str(snapshot.get("source"))}
     families.append(_gauge("edged_telemetry_bad_lines_total", "Source lines refused as not tegrastats or corrupt "
-                           "(a value out of range); skipped, not stored.",
+                           "(an impossible RAM field); skipped, not stored.",
                            [(source, float(snapshot.get("bad_lines") or 0))], "counter"))
     families.append(_gauge("edged_telemetry_rows_rejected_total", "Samples the store skipped because a value "
                            "does not fit 64 bits.", [({}, float(snapshot.get("store_rejected") or 0))], "counter"))
