@@ -208,3 +208,16 @@ def test_a_replay_file_that_cannot_be_used_is_named_by_its_key(tmp_path):
                                   "No such file or directory")
     with pytest.raises(ConfigKeyError, match=r"^\[telemetry\] replay_file: source = 'replay' needs replay_file"):
         open_source(TelemetryConfig(source="replay"))
+
+
+def test_jtop_gpu_clock_read_through_nvml_is_in_mhz():
+    """jetson-stats reads the GPU through NVML on JetPack 7 (Thor, Orin): its freq 'cur' is then NVML's MHz
+    (governor 'nvml'), not devfreq's kHz; divided by 1000 a 1300 MHz GPU showed 1 MHz."""
+    common = {"memory": {"RAM": {"used": 2702336, "tot": 7802376}}, "cpu": {"cpu": []}, "power": {},
+              "temperature": {}, "engine": {}, "t": 1.0}
+    nvml = sample_from_jtop(gpu={"gpu": {"status": {"load": 35.0}, "freq": {"governor": "nvml", "cur": 1300,
+                                                                           "max": 1300, "min": 0}}}, **common)
+    assert (nvml.gpu_load_pct, nvml.gpu_freq_mhz) == (35, 1300)
+    devfreq = sample_from_jtop(gpu={"gpu": {"status": {"load": 35.0},
+                                            "freq": {"governor": "nvhost_podgov", "cur": 1300500}}}, **common)
+    assert devfreq.gpu_freq_mhz == 1300
