@@ -221,3 +221,16 @@ def test_jtop_gpu_clock_read_through_nvml_is_in_mhz():
     devfreq = sample_from_jtop(gpu={"gpu": {"status": {"load": 35.0},
                                             "freq": {"governor": "nvhost_podgov", "cur": 1300500}}}, **common)
     assert devfreq.gpu_freq_mhz == 1300
+
+
+@pytest.mark.parametrize("bogus", ["-650788984", "2147483647", "125000000"])
+def test_a_thermal_zone_with_a_bogus_reading_is_left_out_as_tegrastats_leaves_it(tmp_path, bogus):
+    """A zone that now and then reads garbage (docs/jetson.md §8) became a -650788 C or 2147483 C sensor in
+    /metrics and an over-temperature event; tegrastats' parser already drops such a field."""
+    from edged.telemetry._sysfs_read import read_thermal
+
+    root = tmp_path / "root"
+    shutil.copytree(SYSFS / "orin_nano_jp6", root, symlinks=True)
+    (root / "sys/class/thermal/thermal_zone1/temp").write_text(bogus + "\n")  # gpu-thermal
+    temps, _ = read_thermal(root)
+    assert "gpu" not in temps and temps["cpu"] == 44.156 and temps["tj"] == 45.968
