@@ -239,6 +239,7 @@ class TelemetryService:
                 "power_mode": self._power_mode,
                 "energy_per_inference_mj": self._energy.per_inference_mj(),
                 "inferences": dict(self._energy.inferences),
+                "energy_mj": dict(self._energy.energy_mj),
                 "throttle_counts": dict(self._throttle.counts),
                 "throttle_active": sorted(self._throttle.active),
                 "stale": stale,
