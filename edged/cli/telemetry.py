@@ -87,7 +87,10 @@ def _summary(args: argparse.Namespace) -> int:
     if not summary["samples"] and not summary["series"]:
         print("no telemetry in the database yet")
         return 0
-    print(f"{summary['samples']} samples from {_iso(summary['from'])} to {_iso(summary['to'])}")
+    # From the oldest data in the window, not the window's start: two hours of data under --since 24h. The
+    # count of every sample (rolled up too) is the RAM series', which every sample has.
+    count = max(summary["samples"], (summary["series"].get("ram_used_mb") or {}).get("n") or 0)
+    print(f"{count} samples from {_iso(summary['first'])} to {_iso(summary['to'])}")
     print(f"{'series':<40} {'min':>10} {'mean':>10} {'max':>10}")
     for name, s in sorted(summary["series"].items()):
         print(f"{name:<40} {s['min']:>10.1f} {s['mean']:>10.1f} {s['max']:>10.1f}")

@@ -216,10 +216,22 @@ class TelemetryReader:
         energy = {names[i].removeprefix("model:"): e / c for i, e, c in self._energy(energy_w)
                   if c and e is not None}
         offset = self.wall_offset()
+        first = self._first_at_or_after(start)
         return {"from": start + offset, "to": newest + offset, "from_elapsed": start, "to_elapsed": newest,
+                "first": first + offset, "first_elapsed": first,
                 "samples": self._one(
             "SELECT COUNT(*) FROM samples WHERE t >= ?", start), "series": series, "events": events,
             "energy_per_inference_mj": energy}
+
+    def _first_at_or_after(self, start: float) -> float:
+        """The oldest data of the window [start, newest]: its oldest raw sample, or where raw rows are gone
+        (retention), the start of the oldest rollup bucket that ended before them."""
+        raw = self._one("SELECT MIN(t) FROM samples WHERE t >= ?", start)
+        before = raw if raw is not None else 1e300
+        firsts = [raw, *(self._one(f"SELECT MIN(bucket) FROM {table} WHERE bucket >= ? AND bucket + ? <= ?",
+                                   start, width, before)
+                         for table, width in (("rollup_1m", 60), ("rollup_1h", 3600)))]
+        return min((f for f in firsts if f is not None), default=start)
 
     def events(self, since_s: float) -> list[dict[str, Any]]:
         """Events of the window: ``t`` is the wall time recorded with each, ``elapsed`` the device time."""

@@ -166,3 +166,18 @@ def test_an_output_file_that_cannot_be_written_is_a_one_line_error(history, tmp_
     err = capsys.readouterr().err
     assert err.startswith("edged telemetry: error: ") and "Traceback" not in err
     assert output in err and "-o" in err
+
+
+def test_summary_header_spans_the_data_not_the_whole_window(history, capsys):
+    """Two hours of history under the default --since 24h read '7201 samples from <a day ago> to <now>'."""
+    from datetime import datetime
+
+    assert main(["telemetry", "summary", "--db", str(history)]) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    count, first, last = header.split()[0], header.split()[3], header.split()[5]
+    span = datetime.fromisoformat(last) - datetime.fromisoformat(first)
+    assert int(count) >= 7200 and 7190 <= span.total_seconds() <= 7260, header
+    assert main(["telemetry", "summary", "--db", str(history), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["to_elapsed"] - summary["first_elapsed"] == pytest.approx(span.total_seconds(), abs=1)
+    assert summary["to_elapsed"] - summary["from_elapsed"] == 24 * 3600  # the window asked for
