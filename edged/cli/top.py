@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any
 
-from edged.client import EdgedClient
+from edged.client import EdgedClient, ModelNotFoundError
 from edged.errors import ClientError
 
 
@@ -52,6 +52,8 @@ def _system_table(snap: dict[str, Any]) -> Any:
     table.add_row("Power", _text(f"in {snap.get('power_in_mw') or '-'} mW  ({rails or 'no rails'})"))
     temps = ", ".join(f"{k} {v:.1f}C" for k, v in (s.get("temps_c") or {}).items())
     table.add_row("Temp", _text(temps or "-"))
+    if snap.get("off_reason"):
+        table.add_row("Telemetry", _text(snap["off_reason"]))
     if snap.get("throttle_active"):
         table.add_row("Throttle", _text(", ".join(snap["throttle_active"])), style="red")
     return table
@@ -80,8 +82,15 @@ def frame(snap: dict[str, Any], stats: dict[str, Any]) -> Any:
     return Group(_system_table(snap), _models_table(stats, snap))
 
 
+_OFF = "telemetry is off: set [telemetry] source in the daemon's config (auto picks tegrastats, jtop or sysfs)"
+
+
 def _fetch(client: EdgedClient) -> Any:
-    return frame(client.telemetry(), client.statistics())
+    try:
+        snap = client.telemetry()
+    except ModelNotFoundError:  # 404: the daemon runs without telemetry; its models are still worth a view
+        snap = {"source": "off", "off_reason": _OFF}
+    return frame(snap, client.statistics())
 
 
 def _run(args: argparse.Namespace) -> int:

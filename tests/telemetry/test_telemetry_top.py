@@ -122,3 +122,33 @@ def test_top_into_a_pipe_prints_a_frame_per_interval(server):
         proc.wait()
     assert out.count(b"source tegrastats") >= 2, (out[-500:], proc.stderr.read()[-500:])
     assert b"\x1b[" not in out  # no cursor movement or colour codes into a file
+
+
+class NoTelemetryHandler(Handler):
+    def do_GET(self) -> None:
+        if self.path == "/v2/edged/telemetry":  # as the daemon answers with [telemetry] source = "off"
+            data = json.dumps({"error": "telemetry is not enabled on this daemon"}).encode()
+            self.send_response(404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
+        super().do_GET()
+
+
+def test_top_without_telemetry_shows_the_models_and_how_to_turn_telemetry_on(tmp_path, capsys, monkeypatch):
+    """With telemetry off, edged top refused to run at all ('telemetry is not enabled on this daemon'), model
+    table included, and said nothing of how to enable it."""
+    monkeypatch.setenv("COLUMNS", "200")
+    path = str(tmp_path / "edged.sock")
+    httpd = UnixHTTPServer(path, NoTelemetryHandler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        assert main(["top", "--once", "--socket", path]) == 0
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    out = capsys.readouterr().out
+    assert "digits" in out and "1200" in out  # the models table
+    assert "telemetry is off" in out and "[telemetry] source" in out
