@@ -234,3 +234,14 @@ def test_a_thermal_zone_with_a_bogus_reading_is_left_out_as_tegrastats_leaves_it
     (root / "sys/class/thermal/thermal_zone1/temp").write_text(bogus + "\n")  # gpu-thermal
     temps, _ = read_thermal(root)
     assert "gpu" not in temps and temps["cpu"] == 44.156 and temps["tj"] == 45.968
+
+
+def test_a_tegrastats_that_cannot_start_says_which_keys_to_change(tmp_path):
+    """The error named the binary and errno only: nothing said to fix tegrastats_path or pick another source,
+    as the jtop source's error does."""
+    source = TegrastatsSource(TelemetryConfig(tegrastats_path=str(tmp_path / "absent")))
+    with pytest.raises(TelemetryError) as raised:
+        source.next_sample(threading.Event())
+    message = str(raised.value)
+    assert str(tmp_path / "absent") in message and "No such file" in message
+    assert "[telemetry] tegrastats_path" in message and "source" in message.split("tegrastats_path", 1)[1]
