@@ -99,6 +99,10 @@ class TelemetryReader:
             raise TelemetryError(f"no telemetry database at {path} (is the daemon running with telemetry on?)")
         self._conn = connect(path, readonly=True)
         self._given_config = config
+        if self._one("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name IN ('samples', 'names')") < 2:
+            self._conn.close()
+            raise TelemetryError(f"{path} is not an edged telemetry database (it has no samples table): point --db "
+                                 "at <state dir>/telemetry.db, which the daemon writes")
 
     @property
     def _config(self) -> TelemetryConfig:

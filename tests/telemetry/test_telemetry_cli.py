@@ -181,3 +181,16 @@ def test_summary_header_spans_the_data_not_the_whole_window(history, capsys):
     summary = json.loads(capsys.readouterr().out)
     assert summary["to_elapsed"] - summary["first_elapsed"] == pytest.approx(span.total_seconds(), abs=1)
     assert summary["to_elapsed"] - summary["from_elapsed"] == 24 * 3600  # the window asked for
+
+
+@pytest.mark.parametrize("command", [["summary"], ["query"], ["export", "--csv"]])
+def test_a_database_that_is_not_edgeds_telemetry_is_named_as_such(tmp_path, capsys, command):
+    """Another SQLite file (or an empty one) gave 'cannot read the telemetry database: no such table: samples',
+    naming neither the file nor what to point --db at."""
+    import sqlite3
+
+    other = tmp_path / "other.db"
+    sqlite3.connect(other).execute("CREATE TABLE foo (x)").connection.commit()
+    assert main(["telemetry", *command, "--db", str(other)]) == 1
+    err = capsys.readouterr().err
+    assert f"{other} is not an edged telemetry database" in err and "telemetry.db" in err
