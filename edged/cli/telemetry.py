@@ -20,7 +20,10 @@ from edged.telemetry.plot import output_error
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("telemetry", help="parse tegrastats output; query the telemetry history")
     sub = parser.add_subparsers(dest="telemetry_command", metavar="SUBCOMMAND", required=True)
-    p = sub.add_parser("parse", help="tegrastats lines on stdin -> one JSON object per line on stdout")
+    p = sub.add_parser("parse", help="tegrastats lines on stdin -> one JSON object per line on stdout",
+                       description="Read tegrastats lines on stdin (tegrastats | edged telemetry parse, or "
+                       "< capture.log) and write one JSON object per line on stdout; a line that is not "
+                       "tegrastats is reported on stderr by number, and the exit status is then 1.")
     p.set_defaults(handler=_parse)
     for name, help_text, since in (("summary", "min/mean/max per series, events, energy per inference", "24h"),
                                    ("query", "time series rows", "1h"),
@@ -47,6 +50,9 @@ def _parse(args: argparse.Namespace) -> int:
     from edged.telemetry.tegrastats import parse_tegrastats
 
     failed = 0
+    if sys.stdin.isatty():  # run by hand: say what it waits for rather than sit there like a hang
+        print("reading tegrastats lines from stdin (e.g. tegrastats | edged telemetry parse, or < capture.log); "
+              "Ctrl-D ends", file=sys.stderr)
     # Bytes, decoded here: whatever the locale, a byte that is not UTF-8 is U+FFFD in its line, not a traceback.
     for number, raw in enumerate(sys.stdin.buffer, start=1):
         line = raw.decode("utf-8", errors="replace")

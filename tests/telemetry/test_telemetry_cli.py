@@ -194,3 +194,20 @@ def test_a_database_that_is_not_edgeds_telemetry_is_named_as_such(tmp_path, caps
     assert main(["telemetry", *command, "--db", str(other)]) == 1
     err = capsys.readouterr().err
     assert f"{other} is not an edged telemetry database" in err and "telemetry.db" in err
+
+
+def test_parse_on_a_terminal_says_it_reads_stdin():
+    """Run by hand, edged telemetry parse waited on the terminal without a word, like a hang."""
+    import pty
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "edged.cli.main", "telemetry", "parse"], stdin=slave,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    os.close(slave)
+    try:
+        os.write(master, b"\x04")  # end of input, as Ctrl-D on the terminal
+        _, err = proc.communicate(timeout=60)
+    finally:
+        os.close(master)
+    assert proc.returncode == 0
+    assert b"stdin" in err and b"tegrastats |" in err
