@@ -77,6 +77,9 @@ def render_prometheus(snapshot: Mapping[str, Any]) -> str:
     families.append(_gauge("edged_telemetry_bad_lines_total", "Source lines refused as not tegrastats or corrupt "
                            "(an impossible RAM field); skipped, not stored.",
                            [(source, float(snapshot.get("bad_lines") or 0))], "counter"))
+    families.append(_gauge("edged_telemetry_fields_unread_total", "Fields of good lines not read: a name "
+                           "unknown to edged, or a value no Jetson can report (the rest of the line is kept).",
+                           [(source, float(snapshot.get("unread_fields") or 0))], "counter"))
     families.append(_gauge("edged_telemetry_rows_rejected_total", "Samples the store skipped because a value "
                            "does not fit 64 bits.", [({}, float(snapshot.get("store_rejected") or 0))], "counter"))
     families.append(_gauge("edged_telemetry_samples_dropped_total", "Samples lost before the database: writer "

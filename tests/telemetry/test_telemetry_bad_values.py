@@ -132,3 +132,21 @@ def test_on_a_small_partition_the_wal_stays_small_and_a_full_disk_is_reported_as
     assert store.dropped > 0
     writer = health.component("telemetry_writer").health
     assert writer.state == "degraded" and "disk full" in writer.reason
+
+
+def test_fields_not_read_are_counted_exported_and_logged_once_per_name(tmp_path, caplog):
+    """A refused field (a bogus zone) or an unknown one went nowhere but the sample's unparsed list: no counter,
+    no log line, while a whole bad line is counted in edged_telemetry_bad_lines_total."""
+    replay = tmp_path / "replay.log"
+    replay.write_text("".join(f"RAM 3000/7620MB CPU [1%@729] soc0@-65078{i}.5C tj@50C VDD_IN 5000mW/5000mW "
+                              "FROB 7/8/x\n" for i in range(10)))
+    service = TelemetryService(TelemetryConfig(flush_interval_s=0.05), str(tmp_path / "t.db"),
+                               source=ReplaySource(str(replay), speed=1e6))
+    with caplog.at_level(logging.WARNING, logger="edged.telemetry"):
+        service.start()
+        service.wait_samples(10, timeout=10)
+        service.stop()
+    assert service.snapshot()["unread_fields"] == 30  # soc0@..., FROB, 7/8/x in each of 10 lines
+    assert 'edged_telemetry_fields_unread_total{source="replay"} 30' in service.render_prometheus()
+    logged = [r.getMessage() for r in caplog.records if "not read" in r.getMessage()]
+    assert len(logged) == 1 and "soc0@" in logged[0] and "FROB" in logged[0]
