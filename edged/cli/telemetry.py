@@ -43,7 +43,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     fmt.add_argument("--csv", action="store_true")
     fmt.add_argument("--json", action="store_true")
     sub.choices["export"].add_argument("-o", "--output", help="file to write (default: stdout)")
-    sub.choices["plot"].add_argument("-o", "--output", required=True, help="PNG file to write")
+    sub.choices["plot"].add_argument("-o", "--output", required=True,
+                                   help="file to write: PNG, or SVG or PDF as its extension says")
 
 
 def _parse(args: argparse.Namespace) -> int:

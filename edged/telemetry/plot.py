@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from datetime import datetime
+from pathlib import Path
 
 from edged.errors import TelemetryError
 from edged.telemetry._query import Point, TelemetryReader
@@ -58,7 +59,9 @@ def plot_history(reader: TelemetryReader, since_s: float, out_path: str) -> int:
     fig.autofmt_xdate()
     fig.tight_layout()
     try:
-        fig.savefig(out_path, dpi=100, format="png")  # the file named, not NAME.png beside it
+        # The format its extension names (.svg, .pdf), else PNG written to the file named, not NAME.png beside it
+        suffix = Path(out_path).suffix.lstrip(".").lower()
+        fig.savefig(out_path, dpi=100, format=suffix if suffix in fig.canvas.get_supported_filetypes() else "png")
     except OSError as e:
         raise TelemetryError(output_error(out_path, e)) from e
     finally:

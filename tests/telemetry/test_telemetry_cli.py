@@ -211,3 +211,10 @@ def test_parse_on_a_terminal_says_it_reads_stdin():
         os.close(master)
     assert proc.returncode == 0
     assert b"stdin" in err and b"tegrastats |" in err
+
+
+def test_plot_writes_the_file_named_in_the_format_its_extension_names(history, tmp_path, capsys):
+    for name, magic in (("power", b"\x89PNG"), ("power.svg", b"<?xml"), ("power.pdf", b"%PDF")):
+        assert main(["telemetry", "plot", "--db", str(history), "--since", "10m", "-o", str(tmp_path / name)]) == 0
+        assert (tmp_path / name).read_bytes().startswith(magic), name
+    assert not (tmp_path / "power.png").exists()
