@@ -91,7 +91,11 @@ def run(args: argparse.Namespace) -> int:
             progress("starting a private daemon")
             target = stack.enter_context(spawned_daemon(repository, args.http_port))
         elif needs_daemon:
-            target = {"unix": args.socket or _discover_socket(), "port": args.http_port}
+            # http scenarios use the port alone, openai ones too when it is named: only uds needs the socket
+            needs_socket = any(s.transport == "uds" or (s.transport == "openai" and not args.http_port)
+                               for s in scenarios)
+            socket = args.socket or (_discover_socket() if needs_socket else None)
+            target = {"unix": socket, "port": args.http_port}
         results = run_all(scenarios, repository, target, progress)
     print(report(results))
     if args.json:
