@@ -152,3 +152,56 @@ def test_top_without_telemetry_shows_the_models_and_how_to_turn_telemetry_on(tmp
     out = capsys.readouterr().out
     assert "digits" in out and "1200" in out  # the models table
     assert "telemetry is off" in out and "[telemetry] source" in out
+
+
+class GrowingHandler(Handler):
+    """Each statistics request finds 50 more inferences of 'digits' than the one before."""
+
+    served = 0
+
+    def do_GET(self) -> None:
+        if self.path == "/v2/models/stats":
+            GrowingHandler.served += 1
+            stats = {"model_stats": [{**STATS["model_stats"][0], "inference_count": 1200 + 50 * self.served}]}
+            data = json.dumps(stats).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
+        super().do_GET()
+
+
+def test_top_shows_each_models_inference_rate_from_the_second_frame(tmp_path):
+    """The README promises per-model rate; top showed only the cumulative counts."""
+    import os
+    import select
+    import subprocess
+    import sys
+    import time
+
+    path = str(tmp_path / "edged.sock")
+    httpd = UnixHTTPServer(path, GrowingHandler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    proc = subprocess.Popen([sys.executable, "-m", "edged.cli.main", "top", "--interval", "0.1", "--socket", path],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "COLUMNS": "160"})
+    out = b""
+    deadline = time.monotonic() + 60  # a bound for a broken build, not a timing the test measures
+    try:
+        while out.count(b"source tegrastats") < 3 and time.monotonic() < deadline:
+            if select.select([proc.stdout], [], [], 1.0)[0]:
+                chunk = os.read(proc.stdout.fileno(), 65536)
+                if not chunk:
+                    break
+                out += chunk
+    finally:
+        proc.kill()
+        proc.wait()
+        httpd.shutdown()
+        httpd.server_close()
+    frames = out.decode().split("source tegrastats")[1:]
+    assert len(frames) >= 3 and "infer/s" in frames[0]
+    rows = [next(line for line in f.splitlines() if "digits" in line and "│" in line) for f in frames[:3]]
+    assert rows[0].split("│")[4].strip() == "-"  # no rate before a second reading
+    assert float(rows[2].split("│")[4]) > 0
