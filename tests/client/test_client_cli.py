@@ -162,3 +162,21 @@ def test_a_npy_input_that_is_not_a_npy_file_is_named_as_such(server, tmp_path: P
     assert "pickle" not in done.stderr
     missing = edged("infer", "tiny_mlp", "--input", f"input={tmp_path / 'none.npy'}", env=server.env())
     assert missing.returncode == 1 and "No such file or directory" in missing.stderr
+
+
+def test_a_load_that_outlasts_the_timeout_says_the_daemon_goes_on_loading(explicit_server) -> None:  # type: ignore[no-untyped-def]
+    """The error read only 'no answer from SOCKET within 0.001 s' while the daemon went on and loaded the model:
+    nothing said the load was not refused, how to follow it, or how to wait longer (a TensorRT load takes
+    minutes on a Jetson, the default timeout is 30 s)."""
+    env = explicit_server.env()
+    slow = edged("models", "load", "digits_onnx", "--timeout", "0.001", env=env)
+    assert slow.returncode == 1
+    assert "still be loading" in slow.stderr and "edged models list" in slow.stderr and "--timeout" in slow.stderr
+    import time
+
+    with harness.EdgedClient(explicit_server.socket_path) as client:
+        deadline = time.monotonic() + 60  # the load goes on in the daemon: wait for it through readiness
+        while not client.model_ready("digits_onnx") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.model_ready("digits_onnx")
+        client.unload("digits_onnx")
