@@ -228,14 +228,14 @@ class TelemetryReader:
             "energy_per_inference_mj": energy}
 
     def _first_at_or_after(self, start: float) -> float:
-        """The oldest data of the window [start, newest]: its oldest raw sample, or where raw rows are gone
-        (retention), the start of the oldest rollup bucket that ended before them."""
-        raw = self._one("SELECT MIN(t) FROM samples WHERE t >= ?", start)
-        before = raw if raw is not None else 1e300
-        firsts = [raw, *(self._one(f"SELECT MIN(bucket) FROM {table} WHERE bucket >= ? AND bucket + ? <= ?",
-                                   start, width, before)
-                         for table, width in (("rollup_1m", 60), ("rollup_1h", 3600)))]
-        return min((f for f in firsts if f is not None), default=start)
+        """The oldest data of the window [start, newest]: its oldest raw sample; where raw rows are gone
+        (retention), the oldest minute bucket that ended before them; before those, the oldest hour bucket."""
+        first: float | None = self._one("SELECT MIN(t) FROM samples WHERE t >= ?", start)
+        for table, width in (("rollup_1m", 60), ("rollup_1h", 3600)):
+            older = self._one(f"SELECT MIN(bucket) FROM {table} WHERE bucket >= ? AND bucket + ? <= ?",
+                              start, width, first if first is not None else 1e300)
+            first = older if older is not None else first
+        return float(first) if first is not None else start
 
     def events(self, since_s: float) -> list[dict[str, Any]]:
         """Events of the window: ``t`` is the wall time recorded with each, ``elapsed`` the device time."""

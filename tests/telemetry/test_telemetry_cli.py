@@ -218,3 +218,22 @@ def test_plot_writes_the_file_named_in_the_format_its_extension_names(history, t
         assert main(["telemetry", "plot", "--db", str(history), "--since", "10m", "-o", str(tmp_path / name)]) == 0
         assert (tmp_path / name).read_bytes().startswith(magic), name
     assert not (tmp_path / "power.png").exists()
+
+
+def test_summary_first_sample_is_found_in_the_rollups_once_raw_rows_are_gone(tmp_path):
+    """Past raw retention only rollups hold the start of the data: the header's start is the oldest minute
+    bucket's, not an hour bucket's (up to an hour too early) nor the window's."""
+    from edged.telemetry._query import TelemetryReader
+
+    lines = tmp_path / "lines.log"
+    lines.write_text("\n".join(recorded_lines("orin_nano_jp6.log")) + "\n")
+    source = ReplaySource(str(lines), speed=1e9, interval_s=1.0, loop=True)
+    service = TelemetryService(TelemetryConfig(flush_interval_s=0.2, raw_retention_s=600), str(tmp_path / "t.db"),
+                               source=source)
+    service.start()
+    assert service.wait_samples(2 * 3600 + 1800, timeout=120)
+    service.stop()
+    summary = TelemetryReader(str(tmp_path / "t.db")).summary(24 * 3600)
+    samples = summary["series"]["ram_used_mb"]["n"]
+    assert samples >= 2 * 3600 + 1800 and summary["samples"] < samples  # most are rolled up only
+    assert samples - 1 <= summary["to_elapsed"] - summary["first_elapsed"] <= samples + 60
