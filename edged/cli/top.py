@@ -52,6 +52,11 @@ def _system_table(snap: dict[str, Any]) -> Any:
     table.add_row("Power", _text(f"in {snap.get('power_in_mw') or '-'} mW  ({rails or 'no rails'})"))
     temps = ", ".join(f"{k} {v:.1f}C" for k, v in (s.get("temps_c") or {}).items())
     table.add_row("Temp", _text(temps or "-"))
+    if snap.get("stale"):  # /metrics drops such readings; here they stay, marked as old
+        age = snap.get("last_sample_age_s")
+        when = f"last sample {age:.0f} s ago" if age is not None else "no sample yet"
+        table.add_row("Telemetry", _text(f"STALE: {when}; the readings above are not current "
+                                         "(see edged status for why)"), style="red")
     if snap.get("off_reason"):
         table.add_row("Telemetry", _text(snap["off_reason"]))
     if snap.get("throttle_active"):

@@ -205,3 +205,15 @@ def test_top_shows_each_models_inference_rate_from_the_second_frame(tmp_path):
     rows = [next(line for line in f.splitlines() if "digits" in line and "│" in line) for f in frames[:3]]
     assert rows[0].split("│")[4].strip() == "-"  # no rate before a second reading
     assert float(rows[2].split("│")[4]) > 0
+
+
+def test_top_marks_stale_readings_as_stale(server, capsys, monkeypatch):
+    """/metrics drops readings once the newest sample is too old; top showed them as current, unmarked."""
+    monkeypatch.setenv("COLUMNS", "200")
+    TELEMETRY.update(stale=True, last_sample_age_s=42.5)
+    try:
+        assert main(["top", "--once", "--socket", server]) == 0
+    finally:
+        del TELEMETRY["stale"], TELEMETRY["last_sample_age_s"]
+    out = capsys.readouterr().out
+    assert "STALE" in out and "42 s" in out
