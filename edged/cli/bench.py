@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
     from edged.daemon.paths import bundled_models
 
     scenarios = _scenarios(args)
+    if args.json:
+        _check_writable(args.json)  # before the run: minutes of measurement must not end in a lost result
     repository = args.model_repository or bundled_models()
     needs_daemon = any(s.transport in ("uds", "http", "openai") for s in scenarios)
 
@@ -88,12 +91,36 @@ def run(args: argparse.Namespace) -> int:
             progress("starting a private daemon")
             target = stack.enter_context(spawned_daemon(repository, args.http_port))
         elif needs_daemon:
-            target = {"unix": args.socket or _discover_socket(), "port": args.http_port}
+            # http scenarios use the port alone, openai ones too when it is named: only uds needs the socket
+            needs_socket = any(s.transport == "uds" or (s.transport == "openai" and not args.http_port)
+                               for s in scenarios)
+            socket = args.socket or (_discover_socket() if needs_socket else None)
+            target = {"unix": socket, "port": args.http_port}
         results = run_all(scenarios, repository, target, progress)
     print(report(results))
     if args.json:
-        args.json.write_text(json.dumps([r.as_json() for r in results], indent=2) + "\n", encoding="utf-8")
+        try:
+            args.json.write_text(json.dumps([r.as_json() for r in results], indent=2) + "\n", encoding="utf-8")
+        except OSError as e:
+            raise _json_error(args.json, e) from e
     return 0
+
+
+def _json_error(path: Path, error: OSError) -> Exception:
+    from edged.errors import ConfigError
+
+    return ConfigError(f"--json {path}: cannot write there ({error.strerror or error}); name a file in a folder "
+                       "that exists and that you may write")
+
+
+def _check_writable(path: Path) -> None:
+    if path.is_dir():
+        raise _json_error(path, IsADirectoryError(21, "Is a directory"))
+    folder = path.parent
+    if not folder.is_dir():
+        raise _json_error(path, FileNotFoundError(2, f"no folder {folder}"))
+    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise _json_error(path, PermissionError(13, "Permission denied"))
 
 
 def _discover_socket() -> str:

@@ -31,7 +31,7 @@ LABELS = {"ok": "OK", "warn": "WARN", "fail": "FAIL", "info": "INFO"}
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("doctor", help="check this device's setup and say how to fix problems",
-                                   description=__doc__.splitlines()[0])
+                                   description=__doc__.splitlines()[0].replace("``", ""))
     parser.add_argument("--config", help="config file (default /etc/edged/edged.toml when it exists)")
     parser.add_argument("--socket", help="the daemon's socket (default: as every edged command finds it)")
     parser.add_argument("--root", default="/",

@@ -106,11 +106,23 @@ def _split(spec: str, declared: dict[str, Any]) -> tuple[str, str]:
     return name, value
 
 
+_NPY_MAGIC = b"\x93NUMPY"
+
+
 def _load_value(name: str, value: str, datatype: str) -> Array:
     if value.endswith(".npy"):
         try:
-            loaded: Array = np.load(value, allow_pickle=False)
-        except (OSError, ValueError) as e:
+            with open(value, "rb") as f:
+                # Without NumPy's magic bytes np.load takes the file for a pickle and says so, and how to load
+                # it unsafely: wrong, and the wrong advice.
+                if f.read(len(_NPY_MAGIC)) != _NPY_MAGIC:
+                    raise ConfigError(f"--input {name}: {value} is not a .npy file (it does not start with "
+                                      "NumPy's header); write it with numpy.save, or pass @file.json")
+                f.seek(0)
+                loaded: Array = np.load(f, allow_pickle=False)
+        except OSError as e:
+            raise ConfigError(f"--input {name}: cannot read {value}: {e.strerror or e}") from e
+        except ValueError as e:
             raise ConfigError(f"--input {name}: cannot read {value}: {e}") from e
         return loaded
     data = read_json_argument(f"--input {name}", value, "a .npy file, @file.json or a JSON list")

@@ -48,6 +48,31 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             subparsers.add_parser(name, help=summary, add_help=False)
             continue
         importlib.import_module(module_name).register(subparsers)
+    _describe(parser)
+    return parser
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> list[argparse._SubParsersAction[argparse.ArgumentParser]]:
+    return [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+
+
+def _describe(parser: argparse.ArgumentParser) -> None:
+    """A subcommand registered with only a one-line ``help`` gets it as its ``--help`` description too, so that
+    ``edged telemetry parse --help`` says what the command does, not only its usage line."""
+    for action in _subcommands(parser):
+        helps = {choice.dest: choice.help for choice in action._choices_actions}
+        for name, sub in action.choices.items():
+            if sub.description is None and helps.get(name):
+                sub.description = str(helps[name])
+            _describe(sub)
+
+
+def _innermost(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The subcommand's parser that ``args`` reached (``edged telemetry summary``), for its usage and errors."""
+    for action in _subcommands(parser):
+        chosen = getattr(args, action.dest, None)
+        if chosen in action.choices:
+            return _innermost(action.choices[chosen], args)
     return parser
 
 
@@ -66,7 +91,9 @@ def _run(argv: Sequence[str] | None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     chosen = next((word for word in words if not word.startswith("-")), None)
     parser = build_parser(only=chosen if chosen in COMMANDS else "")
-    args = parser.parse_args(words)
+    args, extra = parser.parse_known_args(words)
+    if extra:  # refused by the subcommand that was given them, with its usage: not by the top-level parser
+        _innermost(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()

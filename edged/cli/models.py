@@ -11,6 +11,7 @@ from typing import Any
 
 from edged.cli._args import read_json_argument
 from edged.cli._socket import add_client_options, client_from
+from edged.client import ClientTimeout
 from edged.errors import ConfigError
 
 
@@ -88,7 +89,11 @@ def show_model(args: argparse.Namespace) -> int:
 def load_model(args: argparse.Namespace) -> int:
     config = _read_config(args.config) if args.config else None
     with client_from(args) as client:
-        client.load(args.model, config)
+        try:
+            client.load(args.model, config)
+        except ClientTimeout as e:  # the daemon does not give up on the load when this client stops waiting
+            raise ClientTimeout(f"{e}; the daemon may still be loading it (a TensorRT engine can take minutes): "
+                                "follow it with `edged models list`, or wait longer with --timeout SECONDS") from e
         ready = client.model_ready(args.model)
     print(f"{args.model}: loaded" + ("" if ready else " (not ready yet)"))
     return 0

@@ -12,14 +12,18 @@ import sys
 from datetime import datetime
 from typing import Any, TextIO
 
-from edged.errors import TelemetryParseError
+from edged.errors import TelemetryError, TelemetryParseError
 from edged.telemetry._query import TelemetryReader, parse_duration
+from edged.telemetry.plot import output_error
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("telemetry", help="parse tegrastats output; query the telemetry history")
     sub = parser.add_subparsers(dest="telemetry_command", metavar="SUBCOMMAND", required=True)
-    p = sub.add_parser("parse", help="tegrastats lines on stdin -> one JSON object per line on stdout")
+    p = sub.add_parser("parse", help="tegrastats lines on stdin -> one JSON object per line on stdout",
+                       description="Read tegrastats lines on stdin (tegrastats | edged telemetry parse, or "
+                       "< capture.log) and write one JSON object per line on stdout; a line that is not "
+                       "tegrastats is reported on stderr by number, and the exit status is then 1.")
     p.set_defaults(handler=_parse)
     for name, help_text, since in (("summary", "min/mean/max per series, events, energy per inference", "24h"),
                                    ("query", "time series rows", "1h"),
@@ -39,13 +43,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     fmt.add_argument("--csv", action="store_true")
     fmt.add_argument("--json", action="store_true")
     sub.choices["export"].add_argument("-o", "--output", help="file to write (default: stdout)")
-    sub.choices["plot"].add_argument("-o", "--output", required=True, help="PNG file to write")
+    sub.choices["plot"].add_argument("-o", "--output", required=True,
+                                   help="file to write: PNG, or SVG or PDF as its extension says")
 
 
 def _parse(args: argparse.Namespace) -> int:
     from edged.telemetry.tegrastats import parse_tegrastats
 
     failed = 0
+    if sys.stdin.isatty():  # run by hand: say what it waits for rather than sit there like a hang
+        print("reading tegrastats lines from stdin (e.g. tegrastats | edged telemetry parse, or < capture.log); "
+              "Ctrl-D ends", file=sys.stderr)
     # Bytes, decoded here: whatever the locale, a byte that is not UTF-8 is U+FFFD in its line, not a traceback.
     for number, raw in enumerate(sys.stdin.buffer, start=1):
         line = raw.decode("utf-8", errors="replace")
@@ -86,7 +94,10 @@ def _summary(args: argparse.Namespace) -> int:
     if not summary["samples"] and not summary["series"]:
         print("no telemetry in the database yet")
         return 0
-    print(f"{summary['samples']} samples from {_iso(summary['from'])} to {_iso(summary['to'])}")
+    # From the oldest data in the window, not the window's start: two hours of data under --since 24h. The
+    # count of every sample (rolled up too) is the RAM series', which every sample has.
+    count = max(summary["samples"], (summary["series"].get("ram_used_mb") or {}).get("n") or 0)
+    print(f"{count} samples from {_iso(summary['first'])} to {_iso(summary['to'])}")
     print(f"{'series':<40} {'min':>10} {'mean':>10} {'max':>10}")
     for name, s in sorted(summary["series"].items()):
         print(f"{name:<40} {s['min']:>10.1f} {s['mean']:>10.1f} {s['max']:>10.1f}")
@@ -120,8 +131,11 @@ def _export(args: argparse.Namespace) -> int:
     rows = [{"t": p.t, "time": _iso(p.t), "elapsed_s": p.elapsed, "series": p.series, "mean": p.mean,
              "min": p.min, "max": p.max} for p in points]
     if args.output:
-        with open(args.output, "w", encoding="utf-8", newline="") as f:
-            _write_export(f, rows, args.csv)
+        try:
+            with open(args.output, "w", encoding="utf-8", newline="") as f:
+                _write_export(f, rows, args.csv)
+        except OSError as e:
+            raise TelemetryError(output_error(args.output, e)) from e
     else:
         _write_export(sys.stdout, rows, args.csv)
     return 0

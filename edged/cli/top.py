@@ -1,17 +1,19 @@
 """``edged top``: a live terminal view in the spirit of jtop, fed by the daemon over its Unix socket.
 
 It reads ``GET /v2/edged/telemetry`` (the telemetry snapshot) and ``GET /v2/models/stats`` (Triton statistics
-JSON) through `edged.client`. ``--once`` prints one frame and exits.
+JSON) through `edged.client`. ``--once`` prints one frame and exits; into a pipe or a file it prints one frame
+per interval, one after the other.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
 from typing import Any
 
-from edged.client import EdgedClient
+from edged.client import EdgedClient, ModelNotFoundError
 from edged.errors import ClientError
 
 
@@ -50,36 +52,73 @@ def _system_table(snap: dict[str, Any]) -> Any:
     table.add_row("Power", _text(f"in {snap.get('power_in_mw') or '-'} mW  ({rails or 'no rails'})"))
     temps = ", ".join(f"{k} {v:.1f}C" for k, v in (s.get("temps_c") or {}).items())
     table.add_row("Temp", _text(temps or "-"))
+    if snap.get("stale"):  # /metrics drops such readings; here they stay, marked as old
+        age = snap.get("last_sample_age_s")
+        when = f"last sample {age:.0f} s ago" if age is not None else "no sample yet"
+        table.add_row("Telemetry", _text(f"STALE: {when}; the readings above are not current "
+                                         "(see edged status for why)"), style="red")
+    if snap.get("off_reason"):
+        table.add_row("Telemetry", _text(snap["off_reason"]))
     if snap.get("throttle_active"):
         table.add_row("Throttle", _text(", ".join(snap["throttle_active"])), style="red")
     return table
 
 
-def _models_table(stats: dict[str, Any], snap: dict[str, Any]) -> Any:
+def _models_table(stats: dict[str, Any], snap: dict[str, Any], rates: dict[tuple[str, str], float]) -> Any:
     from rich.table import Table
 
     energy = snap.get("energy_per_inference_mj") or {}
     table = Table(title="models", expand=True)
-    for column in ("model", "version", "inferences", "executions", "avg compute ms", "mJ/inference"):
+    for column in ("model", "version", "inferences", "infer/s", "executions", "avg compute ms", "mJ/inference"):
         table.add_column(column, justify="left" if column == "model" else "right")
     for m in stats.get("model_stats") or []:
         infer = (m.get("inference_stats") or {}).get("compute_infer") or {}
         avg = infer.get("ns", 0) / infer["count"] / 1e6 if infer.get("count") else None
         mj = energy.get(m.get("name"))
+        rate = rates.get(_key(m))
         table.add_row(_text(m.get("name")), _text(m.get("version", "")), str(m.get("inference_count", 0)),
-                      str(m.get("execution_count", 0)), f"{avg:.2f}" if avg is not None else "-",
-                      f"{mj:.1f}" if mj is not None else "-")
+                      f"{rate:.1f}" if rate is not None else "-", str(m.get("execution_count", 0)),
+                      f"{avg:.2f}" if avg is not None else "-", f"{mj:.1f}" if mj is not None else "-")
     return table
 
 
-def frame(snap: dict[str, Any], stats: dict[str, Any]) -> Any:
+def _key(model_stats: dict[str, Any]) -> tuple[str, str]:
+    return str(model_stats.get("name")), str(model_stats.get("version", ""))
+
+
+class _Rates:
+    """Inferences per second of each model version between two frames; none at the first."""
+
+    def __init__(self) -> None:
+        self._before: tuple[float, dict[tuple[str, str], int]] | None = None
+
+    def update(self, stats: dict[str, Any]) -> dict[tuple[str, str], float]:
+        now = time.monotonic()
+        counts = {_key(m): int(m.get("inference_count", 0)) for m in stats.get("model_stats") or []}
+        rates: dict[tuple[str, str], float] = {}
+        if self._before is not None and now > self._before[0]:
+            then, before = self._before
+            rates = {k: max(0, n - before[k]) / (now - then) for k, n in counts.items() if k in before}
+        self._before = (now, counts)
+        return rates
+
+
+def frame(snap: dict[str, Any], stats: dict[str, Any], rates: dict[tuple[str, str], float] | None = None) -> Any:
     from rich.console import Group
 
-    return Group(_system_table(snap), _models_table(stats, snap))
+    return Group(_system_table(snap), _models_table(stats, snap, rates or {}))
 
 
-def _fetch(client: EdgedClient) -> Any:
-    return frame(client.telemetry(), client.statistics())
+_OFF = "telemetry is off: set [telemetry] source in the daemon's config (auto picks tegrastats, jtop or sysfs)"
+
+
+def _fetch(client: EdgedClient, rates: _Rates) -> Any:
+    try:
+        snap = client.telemetry()
+    except ModelNotFoundError:  # 404: the daemon runs without telemetry; its models are still worth a view
+        snap = {"source": "off", "off_reason": _OFF}
+    stats = client.statistics()
+    return frame(snap, stats, rates.update(stats))
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -89,14 +128,22 @@ def _run(args: argparse.Namespace) -> int:
     except ImportError as e:
         raise ClientError("edged top needs rich: pip install 'edged[view]'") from e
     console = Console()
+    rates = _Rates()
     with EdgedClient(args.socket, timeout_s=5.0) as client:  # finds the socket as every other command does
         if args.once:
-            console.print(_fetch(client))
+            console.print(_fetch(client, rates))
             return 0
-        with Live(_fetch(client), console=console, screen=False, auto_refresh=False) as live:
+        if not console.is_terminal:
+            # Into a pipe or a file, Live would print only when it stops, which a live view never does: a frame
+            # per interval instead, one after the other, as `top -b` writes.
+            while True:
+                console.print(_fetch(client, rates))
+                sys.stdout.flush()
+                time.sleep(args.interval)
+        with Live(_fetch(client, rates), console=console, screen=False, auto_refresh=False) as live:
             while True:
                 time.sleep(args.interval)  # the refresh period of an interactive view, not a readiness wait
-                live.update(_fetch(client), refresh=True)
+                live.update(_fetch(client, rates), refresh=True)
 
 
 def _interval(text: str) -> float:

@@ -5,6 +5,8 @@ the sum of all rails where neither exists) times the interval is the energy spen
 interval, all of it is split between them by their share of the compute time they reported; an interval
 without inference is idle energy and goes to no model. Energy per inference is then a model's attributed
 energy over its inference count, since the service started.
+An interval without a power reading has no known energy: its inferences are left out of the ratio (stored
+with a NULL energy), never charged as free.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ class ModelInterval:
     dt_s: float
     inferences: int
     compute_ns: int
-    energy_mj: float
+    energy_mj: float | None  # None: no power reading in this interval, the energy is unknown
 
 
 def input_power_mw(sample: Sample) -> int | None:
@@ -83,14 +85,17 @@ class EnergyAttributor:
         self.last_t = t
         if not deltas or dt <= 0:
             return []
-        energy = (power_mw or 0) * dt  # mW * s = mJ
         total_ns = sum(ns for _, ns in deltas.values())
         out = []
         for model, (count, ns) in deltas.items():
+            if power_mw is None:  # unknown energy: these inferences count in neither side of the ratio
+                out.append(ModelInterval(model, dt, count, ns, None))
+                continue
             share = ns / total_ns if total_ns > 0 else 1 / len(deltas)
-            self.energy_mj[model] = self.energy_mj.get(model, 0.0) + energy * share
+            energy = power_mw * dt * share  # mW * s = mJ
+            self.energy_mj[model] = self.energy_mj.get(model, 0.0) + energy
             self.inferences[model] = self.inferences.get(model, 0) + count
-            out.append(ModelInterval(model, dt, count, ns, energy * share))
+            out.append(ModelInterval(model, dt, count, ns, energy))
         return out
 
     def per_inference_mj(self) -> dict[str, float]:

@@ -57,6 +57,15 @@ def render_prometheus(snapshot: Mapping[str, Any]) -> str:
     energy = [({"model": k}, float(v)) for k, v in (snapshot.get("energy_per_inference_mj") or {}).items()]
     families.append(_gauge("edged_energy_per_inference_millijoules",
                            "Module energy attributed per inference, since start.", energy))
+    # The same attribution as counters in base units: rate(joules) / rate(inferences) is the energy per
+    # inference of any window. Inferences of intervals without a power reading are in neither.
+    families.append(_gauge("edged_model_energy_joules_total", "Module energy attributed to the model's "
+                           "inferences, in joules.", [({"model": k}, float(v) / 1000) for k, v in
+                                                       (snapshot.get("energy_mj") or {}).items()], "counter"))
+    families.append(_gauge("edged_model_energy_inferences_total", "Inferences the model's attributed energy "
+                           "covers (those run while power was read).",
+                           [({"model": k}, float(v)) for k, v in (snapshot.get("inferences") or {}).items()],
+                           "counter"))
     throttles = [({"kind": k.split(":", 1)[0], "subject": k.split(":", 1)[1]}, float(v))
                  for k, v in (snapshot.get("throttle_counts") or {}).items()]
     families.append(_gauge("edged_throttle_events_total", "Times a frequency cap or a trip point was entered.",
@@ -66,8 +75,11 @@ def render_prometheus(snapshot: Mapping[str, Any]) -> str:
                            "counter"))
     source = {"source": str(snapshot.get("source"))}
     families.append(_gauge("edged_telemetry_bad_lines_total", "Source lines refused as not tegrastats or corrupt "
-                           "(a value out of range); skipped, not stored.",
+                           "(an impossible RAM field); skipped, not stored.",
                            [(source, float(snapshot.get("bad_lines") or 0))], "counter"))
+    families.append(_gauge("edged_telemetry_fields_unread_total", "Fields of good lines not read: a name "
+                           "unknown to edged, or a value no Jetson can report (the rest of the line is kept).",
+                           [(source, float(snapshot.get("unread_fields") or 0))], "counter"))
     families.append(_gauge("edged_telemetry_rows_rejected_total", "Samples the store skipped because a value "
                            "does not fit 64 bits.", [({}, float(snapshot.get("store_rejected") or 0))], "counter"))
     families.append(_gauge("edged_telemetry_samples_dropped_total", "Samples lost before the database: writer "

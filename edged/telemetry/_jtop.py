@@ -2,7 +2,8 @@
 
 jetson-stats is imported here only, and only when this source is chosen. `sample_from_jtop` maps the client's
 structured attributes (``memory``, ``cpu``, ``gpu``, ``power``, ``temperature``, ``engine``; jetson-stats
-4.2+) to a `Sample`; units there are kB for memory, kHz for clocks, mW for power, °C for temperatures.
+4.2+) to a `Sample`; units there are kB for memory, kHz for clocks (but MHz for a GPU read through NVML,
+governor ``nvml``), mW for power, °C for temperatures.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import Any
 
 from edged.errors import TelemetryError
 from edged.telemetry._sample import CpuCore, Engine, Rail, Sample
+
+_NVML_GOVERNOR = "nvml"  # jetson-stats' governor name for a GPU it reads through NVML (jtop/core/gpu.py)
 
 
 def _cpus(cpu: Mapping[str, Any]) -> tuple[CpuCore, ...]:
@@ -44,8 +47,11 @@ def sample_from_jtop(*, memory: Mapping[str, Any], cpu: Mapping[str, Any], gpu: 
     gpu_load = gpu_mhz = None
     if first_gpu is not None:
         gpu_load = round(float(first_gpu["status"]["load"]))
-        cur = first_gpu.get("freq", {}).get("cur")
-        gpu_mhz = int(cur) // 1000 if cur else None
+        freq = first_gpu.get("freq", {})
+        cur = freq.get("cur")
+        # Read through NVML (JetPack 7) the clock is NVML's MHz; from devfreq it is kHz.
+        scale = 1 if freq.get("governor") == _NVML_GOVERNOR else 1000
+        gpu_mhz = int(cur) // scale if cur else None
     rails = {name: Rail(int(r["power"]), int(r["avg"])) for name, r in (power or {}).get("rail", {}).items()}
     temps = {name: float(v["temp"]) for name, v in temperature.items() if v.get("online", True)}
     emc = memory.get("EMC", {})

@@ -99,6 +99,10 @@ class TelemetryReader:
             raise TelemetryError(f"no telemetry database at {path} (is the daemon running with telemetry on?)")
         self._conn = connect(path, readonly=True)
         self._given_config = config
+        if self._one("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name IN ('samples', 'names')") < 2:
+            self._conn.close()
+            raise TelemetryError(f"{path} is not an edged telemetry database (it has no samples table): point --db "
+                                 "at <state dir>/telemetry.db, which the daemon writes")
 
     @property
     def _config(self) -> TelemetryConfig:
@@ -190,7 +194,9 @@ class TelemetryReader:
         parts = [f"SELECT {sums} FROM model_stats WHERE t >= :ra{i} AND t < :rb{i}" for i in range(len(w.raw))]
         parts += _bucket_parts("model_rollup_1m", sums, "m", w.minutes)
         parts += _bucket_parts("model_rollup_1h", sums, "h", w.hours)
-        sql = f"SELECT name_id, SUM(energy_mj), SUM(inferences) FROM ({' UNION ALL '.join(parts)}) GROUP BY name_id"
+        # Inferences of an interval (or bucket) without a power reading have a NULL energy: not in the ratio.
+        sql = (f"SELECT name_id, SUM(energy_mj), SUM(CASE WHEN energy_mj IS NOT NULL THEN inferences END) "
+               f"FROM ({' UNION ALL '.join(parts)}) GROUP BY name_id")
         return self._rows(sql, {**_params("r", w.raw), **_params("m", w.minutes), **_params("h", w.hours)})
 
     def summary(self, since_s: float) -> dict[str, Any]:
@@ -211,12 +217,25 @@ class TelemetryReader:
         # A v1 database (the daemon has not run this edged yet; readers never migrate) has no model rollups.
         legacy = self._one("PRAGMA user_version") < 2
         energy_w = Window(raw=((start, math.inf),), minutes=(), hours=()) if legacy else w
-        energy = {names[i].removeprefix("model:"): e / c for i, e, c in self._energy(energy_w) if c}
+        energy = {names[i].removeprefix("model:"): e / c for i, e, c in self._energy(energy_w)
+                  if c and e is not None}
         offset = self.wall_offset()
+        first = self._first_at_or_after(start)
         return {"from": start + offset, "to": newest + offset, "from_elapsed": start, "to_elapsed": newest,
+                "first": first + offset, "first_elapsed": first,
                 "samples": self._one(
             "SELECT COUNT(*) FROM samples WHERE t >= ?", start), "series": series, "events": events,
             "energy_per_inference_mj": energy}
+
+    def _first_at_or_after(self, start: float) -> float:
+        """The oldest data of the window [start, newest]: its oldest raw sample; where raw rows are gone
+        (retention), the oldest minute bucket that ended before them; before those, the oldest hour bucket."""
+        first: float | None = self._one("SELECT MIN(t) FROM samples WHERE t >= ?", start)
+        for table, width in (("rollup_1m", 60), ("rollup_1h", 3600)):
+            older = self._one(f"SELECT MIN(bucket) FROM {table} WHERE bucket >= ? AND bucket + ? <= ?",
+                              start, width, first if first is not None else 1e300)
+            first = older if older is not None else first
+        return float(first) if first is not None else start
 
     def events(self, since_s: float) -> list[dict[str, Any]]:
         """Events of the window: ``t`` is the wall time recorded with each, ``elapsed`` the device time."""

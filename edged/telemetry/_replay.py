@@ -1,6 +1,7 @@
 """Replay a file of recorded tegrastats lines at real or accelerated speed.
 
-Spacing comes from the lines' own timestamps when they have them, else from the configured interval. Sample
+Spacing comes from the lines' own timestamps when they have them (lines sharing a whole-second stamp,
+as `tegrastats --interval 500` prints them, split the gap to the next), else from the configured interval. Sample
 times (wall and device elapsed, see `edged.clock`) are laid out from the moment the replay starts, so a replayed
 history looks like a live one; pacing uses the monotonic clock, so a wall clock step neither stalls nor rushes
 it. Comments and blanks are skipped; lines the parser refuses (garbage, corrupt values) are skipped and
@@ -69,26 +70,44 @@ class ReplaySource:
         """Yield (offset in sample time, sample) forever when looping."""
         offset = 0.0
         while True:
-            prev: float | None = None
             usable = 0
-            for line in self._lines:
-                try:
-                    sample = parse_tegrastats(line)
-                except TelemetryParseError as e:
-                    self._bad.note(e)
-                    continue
+            for step, sample in self._spaced(self._parsed()):
                 usable += 1
-                stamp = _stamp(sample.timestamp)
-                gap = stamp - prev if stamp is not None and prev is not None else None
-                # Lines concatenated from several captures jump in time: such gaps count as one interval.
-                step = gap if gap is not None and 0 < gap <= 60 * self._interval else self._interval
-                prev = stamp
                 offset += step
                 yield offset, sample
             if usable == 0:  # looping over such a file would spin forever, yielding nothing
                 raise TelemetryError(self._unusable())
             if not self._loop:
                 return
+
+    def _parsed(self) -> Iterator[Sample]:
+        for line in self._lines:
+            try:
+                yield parse_tegrastats(line)
+            except TelemetryParseError as e:
+                self._bad.note(e)
+
+    def _spaced(self, samples: Iterator[Sample]) -> Iterator[tuple[float, Sample]]:
+        """Each sample with the time since the one before. Stamps count whole seconds, so the k lines that share
+        one (``--interval 500`` prints two a second) split the gap to the next stamp between them; a line
+        without a stamp, or a gap that is none or too long (captures concatenated), is one configured interval.
+        """
+        group: list[Sample] = []
+        stamp: float | None = None
+        last_step = self._interval
+        for sample in samples:
+            new = _stamp(sample.timestamp)
+            if group and (new is None or new != stamp):
+                last_step = self._step(stamp, new, len(group))
+                yield from ((last_step, s) for s in group)
+                group = []
+            group.append(sample)
+            stamp = new
+        yield from ((last_step if stamp is not None else self._interval, s) for s in group)
+
+    def _step(self, stamp: float | None, new: float | None, count: int) -> float:
+        gap = new - stamp if new is not None and stamp is not None else None
+        return gap / count if gap is not None and 0 < gap <= 60 * self._interval else self._interval
 
     def _unusable(self) -> str:
         found = (f"all {len(self._lines)} of its lines were refused as not tegrastats or corrupt"

@@ -23,6 +23,7 @@ from edged.clock import Clock, DeviceClock, state_file_in
 from edged.config import TelemetryConfig
 from edged.errors import ConfigKeyError, TelemetryError
 from edged.supervision import HealthBoard, SupervisedThread
+from edged.telemetry._bad_lines import UnreadFields
 from edged.telemetry._db import open_failure
 from edged.telemetry._derived import EnergyAttributor, Event, ModelActivity, ThrottleDetector, input_power_mw
 from edged.telemetry._sample import Sample
@@ -68,6 +69,7 @@ class TelemetryService:
         self._latest_power: int | None = None
         self._energy = EnergyAttributor()
         self._throttle = ThrottleDetector(config.over_temp_c)
+        self._unread: UnreadFields | None = None  # made with the source, for its name
         self._power_mode: str | None = None
         self._power_mode_checked = -math.inf
         self.samples = 0
@@ -207,6 +209,10 @@ class TelemetryService:
             models = self._energy.update(elapsed, power, activity)  # intervals in elapsed time: no jumps
             events = self._throttle.update(sample, elapsed) + self._check_power_mode(elapsed)
             self._latest, self._latest_power = sample, power
+            if sample.unparsed:
+                if self._unread is None:
+                    self._unread = UnreadFields(self.choice.name, log)
+                self._unread.note(sample.unparsed)
             self._latest_at = self._elapsed()
             self.samples += 1
             self._changed.notify_all()
@@ -239,7 +245,9 @@ class TelemetryService:
                 "power_mode": self._power_mode,
                 "energy_per_inference_mj": self._energy.per_inference_mj(),
                 "inferences": dict(self._energy.inferences),
+                "energy_mj": dict(self._energy.energy_mj),
                 "throttle_counts": dict(self._throttle.counts),
+                "unread_fields": self._unread.count if self._unread is not None else 0,
                 "throttle_active": sorted(self._throttle.active),
                 "stale": stale,
                 "last_sample_age_s": None if age is None else round(age, 3),

@@ -16,6 +16,7 @@ from edged.telemetry._sample import CpuCore, Rail
 
 _GPU_OF_NAMES = ("gv11b", "gp10b", "ga10b", "gb10b", "gm20b")
 _OFFLINE_MILLI_C = -256000
+_TEMP_RANGE_MILLI_C = (-100_000, 250_000)  # the tegrastats parser's bounds, in m°C
 _MODE_LINE = re.compile(r"<\s*POWER_MODEL\s+ID=(\d+)\s+NAME=(\S+)\s*>")
 
 
@@ -53,6 +54,8 @@ def read_thermal(root: Path) -> tuple[dict[str, float], dict[str, float]]:
         name = _sensor_name(zone_type)
         if milli == 0 and name.lower().startswith("cv"):
             continue  # a DLA/PVA zone of a module without them reads 0 (docs/jetson.md §4)
+        if not _TEMP_RANGE_MILLI_C[0] <= milli <= _TEMP_RANGE_MILLI_C[1]:
+            continue  # a bogus read (docs/jetson.md §8): no reading, as the tegrastats parser drops the field
         temps[name] = milli / 1000.0
         for trip_type in zone.glob("trip_point_*_type"):
             if read_text(trip_type) in ("passive", "hot"):

@@ -48,7 +48,9 @@ class TegrastatsSource:
             return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, encoding="utf-8",
                                     errors="replace", bufsize=1, start_new_session=True)
         except OSError as e:
-            raise TelemetryError(f"cannot start {self._config.tegrastats_path}: {e.strerror}") from e
+            raise TelemetryError(f"cannot start {self._config.tegrastats_path}: {e.strerror}; set [telemetry] "
+                                 "tegrastats_path to the tegrastats binary, or choose another source (\"auto\" "
+                                 "picks what this device has)") from e
 
     def _current(self) -> subprocess.Popen[str] | None:
         with self._lock:

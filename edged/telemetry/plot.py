@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from datetime import datetime
+from pathlib import Path
 
 from edged.errors import TelemetryError
 from edged.telemetry._query import Point, TelemetryReader
@@ -57,6 +58,18 @@ def plot_history(reader: TelemetryReader, since_s: float, out_path: str) -> int:
     fig.suptitle(f"edged telemetry, last {window}")
     fig.autofmt_xdate()
     fig.tight_layout()
-    fig.savefig(out_path, dpi=100)
-    plt.close(fig)
+    try:
+        # The format its extension names (.svg, .pdf), else PNG written to the file named, not NAME.png beside it
+        suffix = Path(out_path).suffix.lstrip(".").lower()
+        fig.savefig(out_path, dpi=100, format=suffix if suffix in fig.canvas.get_supported_filetypes() else "png")
+    except OSError as e:
+        raise TelemetryError(output_error(out_path, e)) from e
+    finally:
+        plt.close(fig)
     return drawn
+
+
+def output_error(path: str, error: OSError) -> str:
+    """What ``-o PATH`` could not do, and what to do instead."""
+    return (f"-o {path}: cannot write there ({error.strerror or error}); name a file in a folder that exists "
+            "and that you may write")

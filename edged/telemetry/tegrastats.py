@@ -15,10 +15,12 @@ Decisions (documented in the module so that callers can rely on them):
   every core the shared frequency.
 - For a per-GPC GPU frequency list ``x%@[a,b]`` the list is kept in ``gpu_gpc_freq_mhz`` and ``gpu_freq_mhz``
   is the common value when all are equal, else the maximum.
-- A value no Jetson can report makes the whole line bad (`TelemetryParseError`, counted by the source, not
-  stored): a load outside 0-100 %, memory used above its total or above 16 TiB, a clock above 100 GHz, a rail
-  above 1 kW, a temperature outside -100..250 C. Such a line is corrupt (a torn write, a bad sensor driver), so
-  none of its fields can be trusted, and a value past 64 bits could not even be stored.
+- A field whose value no Jetson can report costs that field only: it is left out of the sample and kept
+  verbatim in ``unparsed``, as an unknown token is (a load outside 0-100 %, swap used above its total, a clock
+  above 100 GHz, a rail above 1 kW, a temperature outside -100..250 C, a number too long to read). One bad
+  thermal zone or a torn rail must not cost the input power, and so the energy, of every line. The RAM field
+  is the exception: impossible there (used above total, above 16 TiB) the line is corrupt
+  (`TelemetryParseError`, counted by the source, not stored), as a line without it is not tegrastats.
 """
 
 from __future__ import annotations
@@ -88,7 +90,19 @@ def _ascii_digits(text: str) -> bool:
     return text.isascii() and text.isdigit()
 
 
-def _parse_cpu(m: re.Match[str]) -> list[CpuCore]:
+def _pct_ok(value: int | None) -> bool:
+    return value is None or 0 <= value <= 100
+
+
+def _mhz_ok(value: int | None) -> bool:
+    return value is None or 0 <= value <= _MAX_MHZ
+
+
+def _load_freq_ok(lf: tuple[int | None, int | None, tuple[int, ...] | None]) -> bool:
+    return _pct_ok(lf[0]) and _mhz_ok(lf[1]) and all(_mhz_ok(f) for f in lf[2] or ())
+
+
+def _parse_cpu(b: _Builder, m: re.Match[str]) -> list[CpuCore]:
     shared = int(m.group(2)) if m.group(2) else None
     cores: list[CpuCore] = []
     for item in m.group(1).split(","):
@@ -99,8 +113,17 @@ def _parse_cpu(m: re.Match[str]) -> list[CpuCore]:
         load, _, freq = item.partition("@")
         load_pct = int(load.rstrip("%")) if _ascii_digits(load.rstrip("%")) else None
         freq_mhz = int(freq) if _ascii_digits(freq) else shared
+        if not (_pct_ok(load_pct) and _mhz_ok(freq_mhz)):  # this core's reading only
+            b.unparsed.append(item)
+            load_pct, freq_mhz = None, None
         cores.append(CpuCore(load_pct, freq_mhz))
     return cores
+
+
+def _refused(b: _Builder, m: re.Match[str]) -> int:
+    """Keep a field whose value no Jetson can report in ``unparsed``, and go on after it."""
+    b.unparsed.append(m.group(0))
+    return m.end()
 
 
 def _try_memory(b: _Builder, line: str, pos: int) -> int | None:
@@ -108,25 +131,35 @@ def _try_memory(b: _Builder, line: str, pos: int) -> int | None:
         b.ram = (_mb(m.group(1), m.group(3)), _mb(m.group(2), m.group(3)))
         return m.end()
     if m := _SWAP.match(line, pos):
-        b.swap = (_mb(m.group(1), m.group(3)), _mb(m.group(2), m.group(3)))
+        swap = (_mb(m.group(1), m.group(3)), _mb(m.group(2), m.group(3)))
+        if not 0 <= swap[0] <= swap[1] <= _MAX_MB:
+            return _refused(b, m)
+        b.swap = swap
         return m.end()
     if m := _IRAM.match(line, pos):
         return m.end()  # IRAM (older SoCs' video memory) is recognised, not reported
     if m := _CPU.match(line, pos):
-        b.cpu = _parse_cpu(m)
+        b.cpu = _parse_cpu(b, m)
         return m.end()
     return None
 
 
 def _try_clocks(b: _Builder, line: str, pos: int) -> int | None:
     if (m := _GPU.match(line, pos)) and (lf := _load_freq(m)):
+        if not _load_freq_ok(lf):
+            return _refused(b, m)
         b.gpu = lf
         return m.end()
     if (m := _EMC.match(line, pos)) and (lf := _load_freq(m)):
+        if not _load_freq_ok(lf):
+            return _refused(b, m)
         b.emc = (lf[0], lf[1])
         return m.end()
     if m := _MTS.match(line, pos):
-        b.engines["MTS"] = Engine(True, extra=(("fg_pct", int(m.group(1))), ("bg_pct", int(m.group(2)))))
+        fg, bg = int(m.group(1)), int(m.group(2))
+        if not (_pct_ok(fg) and _pct_ok(bg)):
+            return _refused(b, m)
+        b.engines["MTS"] = Engine(True, extra=(("fg_pct", fg), ("bg_pct", bg)))
         return m.end()
     return None
 
@@ -134,22 +167,38 @@ def _try_clocks(b: _Builder, line: str, pos: int) -> int | None:
 def _try_sensors(b: _Builder, line: str, pos: int) -> int | None:
     if m := _TEMP.match(line, pos):
         value = float(m.group(2))
-        if value != _SENTINEL_C:
-            b.temps[m.group(1)] = value
+        if value == _SENTINEL_C:
+            return m.end()
+        if not _TEMP_RANGE_C[0] <= value <= _TEMP_RANGE_C[1]:
+            return _refused(b, m)
+        b.temps[m.group(1)] = value
         return m.end()
     if m := _RAIL.match(line, pos):
-        b.rails.setdefault(m.group(1), Rail(int(m.group(2)), int(m.group(3))))
+        rail = Rail(int(m.group(2)), int(m.group(3)))
+        if not (0 <= rail.now_mw <= _MAX_MW and 0 <= (rail.avg_mw or 0) <= _MAX_MW):
+            return _refused(b, m)
+        b.rails.setdefault(m.group(1), rail)
         return m.end()
     if m := _RAIL_SINGLE.match(line, pos):
+        if not 0 <= int(m.group(2)) <= _MAX_MW:
+            return _refused(b, m)
         b.rails.setdefault(m.group(1), Rail(int(m.group(2)), None))
         return m.end()
+    return _try_engines(b, line, pos)
+
+
+def _try_engines(b: _Builder, line: str, pos: int) -> int | None:
     if m := _ENGINE_OFF.match(line, pos):
         b.engines[m.group(1)] = Engine(False)
         return m.end()
     if (m := _ENGINE.match(line, pos)) and (lf := _load_freq(m)):
+        if not _load_freq_ok(lf):
+            return _refused(b, m)
         b.engines[m.group(1)] = Engine(True, lf[0], lf[1])
         return m.end()
     if m := _ENGINE_BARE.match(line, pos):
+        if not _mhz_ok(int(m.group(2))):
+            return _refused(b, m)
         b.engines[m.group(1)] = Engine(True, None, int(m.group(2)))
         return m.end()
     return None
@@ -169,8 +218,8 @@ def parse_tegrastats(line: str, t: float = 0.0) -> Sample:
             continue
         try:
             new_pos = _try_memory(b, line, pos) or _try_clocks(b, line, pos) or _try_sensors(b, line, pos)
-        except ValueError as e:  # a number the patterns took that int()/float() cannot read: the line is corrupt
-            raise TelemetryParseError(f"corrupt tegrastats line ({e}): {line.strip()[:80]!r}") from e
+        except ValueError:  # a number the patterns took that int()/float() cannot read (past 4300 digits)
+            new_pos = None
         if new_pos is None:
             token = _TOKEN.match(line, pos)
             new_pos = token.end() if token else end
@@ -191,30 +240,9 @@ def parse_tegrastats(line: str, t: float = 0.0) -> Sample:
 
 
 def _out_of_range(b: _Builder) -> str | None:
-    """What in the line no Jetson can report, or None when every field is within bounds."""
+    """What in the RAM field no Jetson can report, or None (every other field was checked as it was read)."""
     assert b.ram is not None
-    for name, used_total in (("RAM", b.ram), ("SWAP", b.swap)):
-        if used_total is not None:
-            used, total = used_total
-            if not 0 <= used <= total <= _MAX_MB:
-                return f"{name} {used}/{total}MB: used must be at most total, total at most {_MAX_MB} MB"
-    loads = [("GR3D", b.gpu[0]), ("EMC", b.emc[0])] + [(f"CPU{i}", c.load_pct) for i, c in enumerate(b.cpu)]
-    loads += [(k, e.load_pct) for k, e in b.engines.items()] + [
-        (f"{k} {n}", v) for k, e in b.engines.items() for n, v in e.extra]
-    freqs = [("GR3D", b.gpu[1]), ("EMC", b.emc[1])] + [(f"CPU{i}", c.freq_mhz) for i, c in enumerate(b.cpu)]
-    freqs += [(k, e.freq_mhz) for k, e in b.engines.items()] + [("GR3D GPC", f) for f in b.gpu[2] or ()]
-    for name, pct in loads:
-        if pct is not None and not 0 <= pct <= 100:
-            return f"{name} load {pct}% is outside 0-100%"
-    for name, mhz in freqs:
-        if mhz is not None and not 0 <= mhz <= _MAX_MHZ:
-            return f"{name} clock {mhz} MHz is above {_MAX_MHZ} MHz"
-    for name, rail in b.rails.items():
-        for mw in (rail.now_mw, rail.avg_mw):
-            if mw is not None and not 0 <= mw <= _MAX_MW:
-                return f"rail {name} {mw} mW is above {_MAX_MW} mW"
-    low, high = _TEMP_RANGE_C
-    for name, celsius in b.temps.items():
-        if not low <= celsius <= high:
-            return f"{name} {celsius} C is outside {low:g}..{high:g} C"
+    used, total = b.ram
+    if not 0 <= used <= total <= _MAX_MB:
+        return f"RAM {used}/{total}MB: used must be at most total, total at most {_MAX_MB} MB"
     return None

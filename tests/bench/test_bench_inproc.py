@@ -47,3 +47,17 @@ def test_callback_callers_at_concurrency_four_share_batches(capsys: pytest.Captu
     (row,) = json.loads((tmp_path / "results.json").read_text())
     assert row["transport"] == "inproc-callbacks" and row["batching"] == "on"
     assert row["mean_batch"] > 2.0, f"batches of {row['mean_batch']:.2f} on average"
+
+
+@pytest.mark.parametrize("target", ["missing-dir/results.json", "a-directory"])
+def test_a_json_file_that_cannot_be_written_is_refused_before_the_run(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, target: str) -> None:
+    """--json into a folder that does not exist ran the whole benchmark, then ended in a FileNotFoundError
+    traceback, the results lost with it."""
+    (tmp_path / "a-directory").mkdir()
+    output = tmp_path / target
+    code = main(["bench", "--duration", "0.2", "--no-raw", "--json", str(output)])
+    captured = capsys.readouterr()
+    assert code == 1 and "Traceback" not in captured.err
+    assert captured.err.startswith("edged bench: error: --json ") and str(output) in captured.err
+    assert captured.out == ""  # refused before measuring anything

@@ -149,3 +149,34 @@ def test_json_files_that_are_not_utf8_get_one_error_line_naming_the_file(server,
         assert done.stderr.strip().splitlines() == [
             f"edged {command}: error: {option[command]}: {latin1} is not UTF-8 text (byte 16); JSON files must be "
             "UTF-8"], done.stderr
+
+
+def test_a_npy_input_that_is_not_a_npy_file_is_named_as_such(server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """numpy read a file without its magic bytes as a pickle, and the error told the user the file held pickled
+    data and how to load it unsafely (allow_pickle=)."""
+    (tmp_path / "x.npy").write_bytes(b"1,2,3\n4,5,6\n")
+    done = edged("infer", "tiny_mlp", "--input", f"input={tmp_path / 'x.npy'}", env=server.env())
+    assert done.returncode == 1
+    assert done.stderr.startswith("edged infer: error: --input input: ") and "Traceback" not in done.stderr
+    assert "not a .npy file" in done.stderr and "numpy.save" in done.stderr
+    assert "pickle" not in done.stderr
+    missing = edged("infer", "tiny_mlp", "--input", f"input={tmp_path / 'none.npy'}", env=server.env())
+    assert missing.returncode == 1 and "No such file or directory" in missing.stderr
+
+
+def test_a_load_that_outlasts_the_timeout_says_the_daemon_goes_on_loading(explicit_server) -> None:  # type: ignore[no-untyped-def]
+    """The error read only 'no answer from SOCKET within 0.001 s' while the daemon went on and loaded the model:
+    nothing said the load was not refused, how to follow it, or how to wait longer (a TensorRT load takes
+    minutes on a Jetson, the default timeout is 30 s)."""
+    env = explicit_server.env()
+    slow = edged("models", "load", "digits_onnx", "--timeout", "0.001", env=env)
+    assert slow.returncode == 1
+    assert "still be loading" in slow.stderr and "edged models list" in slow.stderr and "--timeout" in slow.stderr
+    import time
+
+    with harness.EdgedClient(explicit_server.socket_path) as client:
+        deadline = time.monotonic() + 60  # the load goes on in the daemon: wait for it through readiness
+        while not client.model_ready("digits_onnx") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.model_ready("digits_onnx")
+        client.unload("digits_onnx")

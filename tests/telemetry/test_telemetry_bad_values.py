@@ -27,15 +27,42 @@ HUGE = "RAM 99999999999999999999/7620MB CPU [1%@729] VDD_IN 99999999999999999999
 @pytest.mark.parametrize("line", [
     HUGE,
     "RAM 9000/7620MB CPU [1%@729] tj@50C",  # used above total
-    "RAM 3000/7620MB CPU [1%@729] GR3D_FREQ 200%@[305] tj@50C",
-    "RAM 3000/7620MB CPU [150%@729] tj@50C",
-    "RAM 3000/7620MB SWAP 900/100MB CPU [1%@729]",
-    "RAM 3000/7620MB CPU [1%@729] VDD_IN 99999999999mW/1mW",
-    "RAM 3000/7620MB CPU [1%@729] tj@9000C",
+    "RAM 3000/99999999999MB CPU [1%@729] tj@50C",  # above 16 TiB
 ])
-def test_a_line_with_an_impossible_value_is_refused_as_bad(line):
+def test_a_line_with_an_impossible_ram_field_is_refused_as_bad(line):
     with pytest.raises(TelemetryParseError, match="corrupt"):
         parse_tegrastats(line)
+
+
+_GOOD_REST = "EMC_FREQ 3%@2133 cpu@50.5C tj@51C VDD_IN 5000mW/4900mW VDD_SOC 1500mW/1500mW"
+
+
+@pytest.mark.parametrize(("field", "check"), [
+    ("GR3D_FREQ 200%@[305,305]", lambda s: s.gpu_load_pct is None and s.gpu_gpc_freq_mhz is None),
+    ("SWAP 900/100MB (cached 0MB)", lambda s: s.swap_used_mb is None and s.swap_total_mb is None),
+    ("gpu@9000C", lambda s: "gpu" not in s.temps_c),
+    ("soc0@-650788.984C", lambda s: "soc0" not in s.temps_c),  # a thermal zone's bogus read
+    ("VDD_CPU_GPU_CV 99999999999mW/1mW", lambda s: "VDD_CPU_GPU_CV" not in s.power_mw),
+    ("NVDEC 400%@115", lambda s: "NVDEC" not in s.engines),
+    ("APE 999999999", lambda s: "APE" not in s.engines),
+    ("MTS fg 300% bg 0%", lambda s: "MTS" not in s.engines),
+    ("EMC 5%@999999999", lambda s: s.emc_load_pct == 3),  # the good EMC_FREQ later in the line is read
+    ("VIC 3%@" + "9" * 5000, lambda s: "VIC" not in s.engines),  # past int()'s 4300 digits
+])
+def test_an_impossible_field_costs_that_field_only(field, check):
+    """One bad thermal zone or torn rail refused the whole line: power, and so energy, was lost with it."""
+    sample = parse_tegrastats(f"RAM 3000/7620MB CPU [1%@729,2%@729] {field} {_GOOD_REST}")
+    assert check(sample)
+    assert field.split()[0] in " ".join(sample.unparsed)  # kept, not silently dropped
+    assert sample.power_mw["VDD_IN"] == Rail(5000, 4900) and sample.temps_c["tj"] == 51.0
+    assert (sample.ram_used_mb, [c.load_pct for c in sample.cpu]) == (3000, [1, 2])
+
+
+def test_an_impossible_core_costs_that_core_only():
+    sample = parse_tegrastats("RAM 3000/7620MB CPU [1%@729,150%@729,3%@999999999,off] tj@50C")
+    assert [(c.load_pct, c.freq_mhz) for c in sample.cpu] == [(1, 729), (None, None), (None, None),
+                                                               (None, None)]
+    assert sample.unparsed == ("150%@729", "3%@999999999") and sample.temps_c == {"tj": 50.0}
 
 
 def test_every_recorded_fixture_line_is_still_accepted():
@@ -105,3 +132,21 @@ def test_on_a_small_partition_the_wal_stays_small_and_a_full_disk_is_reported_as
     assert store.dropped > 0
     writer = health.component("telemetry_writer").health
     assert writer.state == "degraded" and "disk full" in writer.reason
+
+
+def test_fields_not_read_are_counted_exported_and_logged_once_per_name(tmp_path, caplog):
+    """A refused field (a bogus zone) or an unknown one went nowhere but the sample's unparsed list: no counter,
+    no log line, while a whole bad line is counted in edged_telemetry_bad_lines_total."""
+    replay = tmp_path / "replay.log"
+    replay.write_text("".join(f"RAM 3000/7620MB CPU [1%@729] soc0@-65078{i}.5C tj@50C VDD_IN 5000mW/5000mW "
+                              "FROB 7/8/x\n" for i in range(10)))
+    service = TelemetryService(TelemetryConfig(flush_interval_s=0.05), str(tmp_path / "t.db"),
+                               source=ReplaySource(str(replay), speed=1e6))
+    with caplog.at_level(logging.WARNING, logger="edged.telemetry"):
+        service.start()
+        service.wait_samples(10, timeout=10)
+        service.stop()
+    assert service.snapshot()["unread_fields"] == 30  # soc0@..., FROB, 7/8/x in each of 10 lines
+    assert 'edged_telemetry_fields_unread_total{source="replay"} 30' in service.render_prometheus()
+    logged = [r.getMessage() for r in caplog.records if "not read" in r.getMessage()]
+    assert len(logged) == 1 and "soc0@" in logged[0] and "FROB" in logged[0]

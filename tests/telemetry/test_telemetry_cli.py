@@ -154,3 +154,86 @@ def test_a_huge_since_is_a_clear_error(history, capsys):
     assert main(["telemetry", "summary", "--db", str(history), "--since", "99999999999999999999999w"]) == 1
     err = capsys.readouterr().err
     assert "at most 100 years" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("command", [["export", "--csv"], ["export", "--json"], ["plot"]])
+@pytest.mark.parametrize("target", ["missing-dir/out.png", "a-directory.png"])
+def test_an_output_file_that_cannot_be_written_is_a_one_line_error(history, tmp_path, capsys, command, target):
+    """-o into a folder that does not exist (or onto a folder) ended in a FileNotFoundError traceback."""
+    (tmp_path / "a-directory.png").mkdir()
+    output = str(tmp_path / target)
+    assert main(["telemetry", *command, "--db", str(history), "--since", "1h", "-o", output]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("edged telemetry: error: ") and "Traceback" not in err
+    assert output in err and "-o" in err
+
+
+def test_summary_header_spans_the_data_not_the_whole_window(history, capsys):
+    """Two hours of history under the default --since 24h read '7201 samples from <a day ago> to <now>'."""
+    from datetime import datetime
+
+    assert main(["telemetry", "summary", "--db", str(history)]) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    count, first, last = header.split()[0], header.split()[3], header.split()[5]
+    span = datetime.fromisoformat(last) - datetime.fromisoformat(first)
+    assert int(count) >= 7200 and 7190 <= span.total_seconds() <= 7260, header
+    assert main(["telemetry", "summary", "--db", str(history), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["to_elapsed"] - summary["first_elapsed"] == pytest.approx(span.total_seconds(), abs=1)
+    assert summary["to_elapsed"] - summary["from_elapsed"] == 24 * 3600  # the window asked for
+
+
+@pytest.mark.parametrize("command", [["summary"], ["query"], ["export", "--csv"]])
+def test_a_database_that_is_not_edgeds_telemetry_is_named_as_such(tmp_path, capsys, command):
+    """Another SQLite file (or an empty one) gave 'cannot read the telemetry database: no such table: samples',
+    naming neither the file nor what to point --db at."""
+    import sqlite3
+
+    other = tmp_path / "other.db"
+    sqlite3.connect(other).execute("CREATE TABLE foo (x)").connection.commit()
+    assert main(["telemetry", *command, "--db", str(other)]) == 1
+    err = capsys.readouterr().err
+    assert f"{other} is not an edged telemetry database" in err and "telemetry.db" in err
+
+
+def test_parse_on_a_terminal_says_it_reads_stdin():
+    """Run by hand, edged telemetry parse waited on the terminal without a word, like a hang."""
+    import pty
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "edged.cli.main", "telemetry", "parse"], stdin=slave,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    os.close(slave)
+    try:
+        os.write(master, b"\x04")  # end of input, as Ctrl-D on the terminal
+        _, err = proc.communicate(timeout=60)
+    finally:
+        os.close(master)
+    assert proc.returncode == 0
+    assert b"stdin" in err and b"tegrastats |" in err
+
+
+def test_plot_writes_the_file_named_in_the_format_its_extension_names(history, tmp_path, capsys):
+    for name, magic in (("power", b"\x89PNG"), ("power.svg", b"<?xml"), ("power.pdf", b"%PDF")):
+        assert main(["telemetry", "plot", "--db", str(history), "--since", "10m", "-o", str(tmp_path / name)]) == 0
+        assert (tmp_path / name).read_bytes().startswith(magic), name
+    assert not (tmp_path / "power.png").exists()
+
+
+def test_summary_first_sample_is_found_in_the_rollups_once_raw_rows_are_gone(tmp_path):
+    """Past raw retention only rollups hold the start of the data: the header's start is the oldest minute
+    bucket's, not an hour bucket's (up to an hour too early) nor the window's."""
+    from edged.telemetry._query import TelemetryReader
+
+    lines = tmp_path / "lines.log"
+    lines.write_text("\n".join(recorded_lines("orin_nano_jp6.log")) + "\n")
+    source = ReplaySource(str(lines), speed=1e9, interval_s=1.0, loop=True)
+    service = TelemetryService(TelemetryConfig(flush_interval_s=0.2, raw_retention_s=600), str(tmp_path / "t.db"),
+                               source=source)
+    service.start()
+    assert service.wait_samples(2 * 3600 + 1800, timeout=120)
+    service.stop()
+    summary = TelemetryReader(str(tmp_path / "t.db")).summary(24 * 3600)
+    samples = summary["series"]["ram_used_mb"]["n"]
+    assert samples >= 2 * 3600 + 1800 and summary["samples"] < samples  # most are rolled up only
+    assert samples - 1 <= summary["to_elapsed"] - summary["first_elapsed"] <= samples + 60

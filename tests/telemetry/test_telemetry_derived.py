@@ -165,3 +165,56 @@ def test_energy_charges_the_first_burst_after_a_load_and_never_a_removed_version
         assert sum(m.energy_mj for m in out) == pytest.approx(power[2] * 1.0)  # the whole interval, shared
     finally:
         engine.close()
+
+
+def test_without_a_power_reading_energy_per_inference_is_unknown_not_zero(tmp_path, capsys):
+    """A device without power rails (sysfs with no hwmon monitor, tegrastats without rails) exported
+    edged_energy_per_inference_millijoules 0 and the summary printed 0.00 mJ: unknown reported as free."""
+    from edged.cli.main import main
+    from edged.telemetry._replay import ReplaySource
+
+    replay = tmp_path / "norails.log"
+    replay.write_text("".join(f"RAM 3000/7620MB CPU [{i % 9}%@1510,5%@1510] GR3D_FREQ 40%@[612,612] "
+                              "cpu@50.5C tj@51C\n" for i in range(40)))
+    database = tmp_path / "t.db"
+    service = TelemetryService(TelemetryConfig(flush_interval_s=0.05), str(database), activity=Counters(),
+                               source=ReplaySource(str(replay), speed=1e6, interval_s=1.0))
+    service.start()
+    try:
+        assert service.wait_samples(40, timeout=20)
+    finally:
+        service.stop()
+    snap = service.snapshot()
+    assert snap["power_in_mw"] is None and snap["energy_per_inference_mj"] == {}
+    assert "edged_energy_per_inference_millijoules" not in service.render_prometheus()
+    assert main(["telemetry", "summary", "--db", str(database), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["energy_per_inference_mj"] == {} and summary["series"]["model:digits"]["max"] > 0
+
+
+def test_attributed_energy_is_exported_as_joule_and_inference_counters(tmp_path):
+    """Only a since-start gauge in millijoules was exported: no counter in joules that rate() can turn into the
+    energy per inference of the last 5 minutes, as Prometheus conventions ask."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from edged.telemetry._replay import ReplaySource
+
+    replay = tmp_path / "known.log"
+    replay.write_text("RAM 3000/7620MB CPU [10%@1510] GR3D_FREQ 40%@[612,612] tj@51C "
+                      "VDD_IN 6000mW/6000mW VDD_SOC 1500mW/1500mW\n" * 11)
+    service = TelemetryService(TelemetryConfig(flush_interval_s=0.05), str(tmp_path / "t.db"), activity=Counters(),
+                               source=ReplaySource(str(replay), speed=1e6, interval_s=1.0))
+    service.start()
+    try:
+        assert service.wait_samples(11, timeout=20)
+    finally:
+        service.stop()
+    families = {f.name: f for f in text_string_to_metric_families(service.render_prometheus())}
+    joules, inferences = families["edged_model_energy_joules"], families["edged_model_energy_inferences"]
+    assert joules.type == inferences.type == "counter"
+    # 10 intervals of 1 s at 6 W, 4 inferences in each
+    assert [(s.name, s.labels, s.value) for s in joules.samples] == [
+        ("edged_model_energy_joules_total", {"model": "digits"}, pytest.approx(60.0))]
+    assert [(s.labels, s.value) for s in inferences.samples] == [({"model": "digits"}, 40)]
+    per_inference = families["edged_energy_per_inference_millijoules"].samples[0].value
+    assert per_inference == pytest.approx(1500.0)

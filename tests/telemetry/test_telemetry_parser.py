@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from telemetry_data import recorded_lines
 
 from edged.errors import TelemetryParseError
-from edged.telemetry import parse_tegrastats
+from edged.telemetry import Rail, parse_tegrastats
 
 CONTRACT_KEYS = {"timestamp", "ram_used_mb", "ram_total_mb", "swap_used_mb", "swap_total_mb", "cpu",
                  "gpu_load_pct", "gpu_freq_mhz", "emc_load_pct", "emc_freq_mhz", "temps_c", "power_mw",
@@ -139,3 +139,50 @@ def test_a_superscript_digit_in_a_cpu_field_is_an_unknown_value_not_a_value_erro
     sample = parse_tegrastats("RAM 3000/7620MB CPU [1²%@729,5%@1²00] tj@50C")
     assert [(c.load_pct, c.freq_mhz) for c in sample.cpu] == [(None, 729), (5, None)]
     assert sample.temps_c == {"tj": 50.0}
+
+
+# Lines written for edged (numbers ours) in the forms of real captures; docs/jetson.md §8 has the sources.
+ORIN_NX_JP6_ENGINES = ("12-05-2026 06:10:00 RAM 6500/7620MB (lfb 5x1MB) SWAP 2000/16384MB (cached 100MB) "
+                       "CPU [90%@1984,91%@1984,92%@1984,93%@1984,94%@1984,95%@247] EMC_FREQ 17%@3199 "
+                       "GR3D_FREQ 80%@[713] NVENC 2%@115 NVDEC 41%@115 NVJPG off VIC 30%@115 PVA0_FREQ off "
+                       "APE 174 cv0@63.5C cpu@65.5C gpu@63.5C tj@65.5C VDD_IN 17000mW/15000mW "
+                       "VDD_CPU_GPU_CV 8000mW/7000mW VDD_SOC 3900mW/3500mW")
+THOR_SINGLE_RAILS = ("RAM 110000/125772MB (lfb 9x4MB) CPU [0%@1890,4%@1890,2%@972,off] EMC_FREQ 1%@4266 "
+                     "GR3D_FREQ @[1575,1575,1575] cpu@43.5C soc012@42.5C soc345@44C VDD_GPU 5500mW "
+                     "VDD_CPU_SOC_MSS 7400mW VIN_SYS_5V0 6300mW VIN 28500mW")
+TK1 = "RAM 500/1892MB (lfb 12x4MB) SWAP 0/0MB (cached 0MB) cpu [1%,0%,off,off]@204 EMC 5%@792 AVP 0%@80 " \
+      "NVDEC 204 MSENC 204 GR3D 0%@72 EDP limit 2320"
+DRIVE_BLANK_CORES = "RAM 3000/30000MB (lfb 10x4MB) CPU [7%,3%, , ]@2000 GR3D_FREQ 5%@[900,900]"
+
+
+def test_engine_loads_and_the_current_average_pair_of_an_orin_nx_on_jetpack_6():
+    r = parse_tegrastats(ORIN_NX_JP6_ENGINES).to_json()
+    assert r["engines"]["NVENC"] == {"on": True, "load_pct": 2, "freq_mhz": 115}
+    assert r["engines"]["NVDEC"]["load_pct"] == 41 and r["engines"]["VIC"]["load_pct"] == 30
+    assert r["engines"]["NVJPG"]["on"] is False and r["engines"]["APE"]["freq_mhz"] == 174
+    assert r["power_mw"]["VDD_IN"] == {"now": 17000, "avg": 15000}  # mW, current then average
+    assert r["cpu"][5] == {"load_pct": 95, "freq_mhz": 247} and r["gpu_gpc_freq_mhz"] == [713]
+    assert (r["swap_used_mb"], r["swap_total_mb"], r["unparsed"]) == (2000, 16384, [])
+
+
+def test_thor_single_value_rails_and_its_vin_input_rail():
+    from edged.telemetry._derived import input_power_mw
+
+    sample = parse_tegrastats(THOR_SINGLE_RAILS)
+    assert sample.power_mw["VDD_GPU"] == Rail(5500, None) and input_power_mw(sample) == 28500
+    assert sample.temps_c == {"cpu": 43.5, "soc012": 42.5, "soc345": 44.0} and sample.unparsed == ()
+    assert (sample.gpu_load_pct, sample.gpu_freq_mhz) == (None, 1575) and sample.cpu[3].load_pct is None
+
+
+def test_tk1_engines_and_the_edp_limit_kept_as_unparsed():
+    r = parse_tegrastats(TK1).to_json()
+    assert r["engines"]["AVP"] == {"on": True, "load_pct": 0, "freq_mhz": 80}
+    assert r["engines"]["MSENC"]["freq_mhz"] == 204 and (r["gpu_load_pct"], r["gpu_freq_mhz"]) == (0, 72)
+    assert [c["freq_mhz"] for c in r["cpu"]] == [204, 204, None, None]
+    assert r["unparsed"] == ["EDP", "limit", "2320"]  # not read, but not lost
+
+
+def test_blank_cores_of_the_drive_form_are_cores_without_a_reading():
+    r = parse_tegrastats(DRIVE_BLANK_CORES).to_json()
+    assert r["cpu"] == [{"load_pct": 7, "freq_mhz": 2000}, {"load_pct": 3, "freq_mhz": 2000},
+                        {"load_pct": None, "freq_mhz": None}, {"load_pct": None, "freq_mhz": None}]

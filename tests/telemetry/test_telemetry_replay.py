@@ -78,3 +78,25 @@ def test_a_replay_line_with_bytes_that_are_not_utf8_is_refused_alone(tmp_path):
     samples = [source.next_sample(stop), source.next_sample(stop)]
     assert all(s is not None for s in samples) and source.next_sample(stop) is None
     assert source.bad_lines == 1
+
+
+def _stamped(times: list[float]) -> str:
+    """tegrastats lines stamped to the second (MM-DD-YYYY HH:MM:SS), as --interval prints them."""
+    return "".join(f"12-05-2026 06:{int(t) // 60:02d}:{int(t) % 60:02d} RAM 3000/7620MB CPU [5%@1510,7%@1510] "
+                   "GR3D_FREQ 3%@[306,306] tj@48.5C VDD_IN 4000mW/4000mW\n" for t in times)
+
+
+@pytest.mark.parametrize("interval_ms", [500, 250, 1000, 2000])
+def test_a_recording_replays_at_the_interval_it_was_taken(tmp_path, interval_ms):
+    """Stamps have whole seconds: lines of `tegrastats --interval 500` share theirs in pairs, and each pair
+    replayed 1 s apart per line (twice the recording's length, twice its energy)."""
+    step = interval_ms / 1000
+    times = [600.1 + i * step for i in range(41)]
+    path = tmp_path / "capture.log"
+    path.write_text(_stamped(times))
+    source = ReplaySource(str(path), speed=1e9, interval_s=1.0)
+    stop = threading.Event()
+    samples = [source.next_sample(stop) for _ in times]
+    assert source.next_sample(stop) is None
+    span = samples[-1].elapsed - samples[0].elapsed
+    assert span == pytest.approx(times[-1] - times[0], abs=1.0)

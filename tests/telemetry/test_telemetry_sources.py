@@ -208,3 +208,40 @@ def test_a_replay_file_that_cannot_be_used_is_named_by_its_key(tmp_path):
                                   "No such file or directory")
     with pytest.raises(ConfigKeyError, match=r"^\[telemetry\] replay_file: source = 'replay' needs replay_file"):
         open_source(TelemetryConfig(source="replay"))
+
+
+def test_jtop_gpu_clock_read_through_nvml_is_in_mhz():
+    """jetson-stats reads the GPU through NVML on JetPack 7 (Thor, Orin): its freq 'cur' is then NVML's MHz
+    (governor 'nvml'), not devfreq's kHz; divided by 1000 a 1300 MHz GPU showed 1 MHz."""
+    common = {"memory": {"RAM": {"used": 2702336, "tot": 7802376}}, "cpu": {"cpu": []}, "power": {},
+              "temperature": {}, "engine": {}, "t": 1.0}
+    nvml = sample_from_jtop(gpu={"gpu": {"status": {"load": 35.0}, "freq": {"governor": "nvml", "cur": 1300,
+                                                                           "max": 1300, "min": 0}}}, **common)
+    assert (nvml.gpu_load_pct, nvml.gpu_freq_mhz) == (35, 1300)
+    devfreq = sample_from_jtop(gpu={"gpu": {"status": {"load": 35.0},
+                                            "freq": {"governor": "nvhost_podgov", "cur": 1300500}}}, **common)
+    assert devfreq.gpu_freq_mhz == 1300
+
+
+@pytest.mark.parametrize("bogus", ["-650788984", "2147483647", "125000000"])
+def test_a_thermal_zone_with_a_bogus_reading_is_left_out_as_tegrastats_leaves_it(tmp_path, bogus):
+    """A zone that now and then reads garbage (docs/jetson.md §8) became a -650788 C or 2147483 C sensor in
+    /metrics and an over-temperature event; tegrastats' parser already drops such a field."""
+    from edged.telemetry._sysfs_read import read_thermal
+
+    root = tmp_path / "root"
+    shutil.copytree(SYSFS / "orin_nano_jp6", root, symlinks=True)
+    (root / "sys/class/thermal/thermal_zone1/temp").write_text(bogus + "\n")  # gpu-thermal
+    temps, _ = read_thermal(root)
+    assert "gpu" not in temps and temps["cpu"] == 44.156 and temps["tj"] == 45.968
+
+
+def test_a_tegrastats_that_cannot_start_says_which_keys_to_change(tmp_path):
+    """The error named the binary and errno only: nothing said to fix tegrastats_path or pick another source,
+    as the jtop source's error does."""
+    source = TegrastatsSource(TelemetryConfig(tegrastats_path=str(tmp_path / "absent")))
+    with pytest.raises(TelemetryError) as raised:
+        source.next_sample(threading.Event())
+    message = str(raised.value)
+    assert str(tmp_path / "absent") in message and "No such file" in message
+    assert "[telemetry] tegrastats_path" in message and "source" in message.split("tegrastats_path", 1)[1]

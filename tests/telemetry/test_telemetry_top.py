@@ -94,3 +94,126 @@ def test_top_refuses_an_interval_that_is_not_a_positive_number_as_a_usage_error(
         main(["top", "--interval", interval])
     assert raised.value.code == 2
     assert "--interval" in capsys.readouterr().err
+
+
+def test_top_into_a_pipe_prints_a_frame_per_interval(server):
+    """Into a pipe (`edged top | tee`, a non-interactive ssh) rich's Live printed nothing until the end, which a
+    live view never reaches: the reader waited forever on an empty pipe."""
+    import os
+    import select
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "edged.cli.main", "top", "--interval", "0.05", "--socket",
+                             server], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out = b""
+    deadline = time.monotonic() + 60  # a bound for a broken build, not a timing the test measures
+    try:
+        while out.count(b"source tegrastats") < 2 and time.monotonic() < deadline:
+            ready, _, _ = select.select([proc.stdout], [], [], 1.0)
+            if ready:
+                chunk = os.read(proc.stdout.fileno(), 65536)
+                if not chunk:
+                    break
+                out += chunk
+    finally:
+        proc.kill()
+        proc.wait()
+    assert out.count(b"source tegrastats") >= 2, (out[-500:], proc.stderr.read()[-500:])
+    assert b"\x1b[" not in out  # no cursor movement or colour codes into a file
+
+
+class NoTelemetryHandler(Handler):
+    def do_GET(self) -> None:
+        if self.path == "/v2/edged/telemetry":  # as the daemon answers with [telemetry] source = "off"
+            data = json.dumps({"error": "telemetry is not enabled on this daemon"}).encode()
+            self.send_response(404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
+        super().do_GET()
+
+
+def test_top_without_telemetry_shows_the_models_and_how_to_turn_telemetry_on(tmp_path, capsys, monkeypatch):
+    """With telemetry off, edged top refused to run at all ('telemetry is not enabled on this daemon'), model
+    table included, and said nothing of how to enable it."""
+    monkeypatch.setenv("COLUMNS", "200")
+    path = str(tmp_path / "edged.sock")
+    httpd = UnixHTTPServer(path, NoTelemetryHandler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        assert main(["top", "--once", "--socket", path]) == 0
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    out = capsys.readouterr().out
+    assert "digits" in out and "1200" in out  # the models table
+    assert "telemetry is off" in out and "[telemetry] source" in out
+
+
+class GrowingHandler(Handler):
+    """Each statistics request finds 50 more inferences of 'digits' than the one before."""
+
+    served = 0
+
+    def do_GET(self) -> None:
+        if self.path == "/v2/models/stats":
+            GrowingHandler.served += 1
+            stats = {"model_stats": [{**STATS["model_stats"][0], "inference_count": 1200 + 50 * self.served}]}
+            data = json.dumps(stats).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
+        super().do_GET()
+
+
+def test_top_shows_each_models_inference_rate_from_the_second_frame(tmp_path):
+    """The README promises per-model rate; top showed only the cumulative counts."""
+    import os
+    import select
+    import subprocess
+    import sys
+    import time
+
+    path = str(tmp_path / "edged.sock")
+    httpd = UnixHTTPServer(path, GrowingHandler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    proc = subprocess.Popen([sys.executable, "-m", "edged.cli.main", "top", "--interval", "0.1", "--socket", path],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "COLUMNS": "160"})
+    out = b""
+    deadline = time.monotonic() + 60  # a bound for a broken build, not a timing the test measures
+    try:
+        while out.count(b"source tegrastats") < 3 and time.monotonic() < deadline:
+            if select.select([proc.stdout], [], [], 1.0)[0]:
+                chunk = os.read(proc.stdout.fileno(), 65536)
+                if not chunk:
+                    break
+                out += chunk
+    finally:
+        proc.kill()
+        proc.wait()
+        httpd.shutdown()
+        httpd.server_close()
+    frames = out.decode().split("source tegrastats")[1:]
+    assert len(frames) >= 3 and "infer/s" in frames[0]
+    rows = [next(line for line in f.splitlines() if "digits" in line and "│" in line) for f in frames[:3]]
+    assert rows[0].split("│")[4].strip() == "-"  # no rate before a second reading
+    assert float(rows[2].split("│")[4]) > 0
+
+
+def test_top_marks_stale_readings_as_stale(server, capsys, monkeypatch):
+    """/metrics drops readings once the newest sample is too old; top showed them as current, unmarked."""
+    monkeypatch.setenv("COLUMNS", "200")
+    TELEMETRY.update(stale=True, last_sample_age_s=42.5)
+    try:
+        assert main(["top", "--once", "--socket", server]) == 0
+    finally:
+        del TELEMETRY["stale"], TELEMETRY["last_sample_age_s"]
+    out = capsys.readouterr().out
+    assert "STALE" in out and "42 s" in out
