@@ -57,6 +57,7 @@ from edged.repository import (
     check_model_name,
     check_platform_backend,
     check_reshapes,
+    check_supported,
     check_tensor_types,
     check_warmup,
     find_models,
@@ -377,6 +378,7 @@ class Registry:
         a platform or backend the config names wrongly is the config's error (400), not a failed load."""
         if config is not None:
             check_platform_backend(config, config_path, backends=None)  # names: the loader knows [models] backends
+            check_supported(config, config_path)
         backend = self._backends.get(runtime)
         if backend is None:
             try:

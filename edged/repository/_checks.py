@@ -45,6 +45,41 @@ def unknown_backend(backend: str, backends: Collection[str], path: str | None) -
                             f"{', '.join(sorted(backends))} (more can be named in [models] backends)", path)
 
 
+def check_supported(config: ModelConfig, path: str | None) -> None:
+    """Refuse fields of Triton's schema whose semantics edged does not implement, where they are in effect: served
+    as if absent, a request got another answer than Triton gives (a decoupled model answered over HTTP, which
+    Triton refuses; a ragged model fed padded tensors; a checksum agent's check skipped). Fields that change no
+    answer (``response_cache``: Triton without a cache configured serves the same; metrics, profiles) are kept."""
+    extra = config.extra
+    policy = extra.get("model_transaction_policy")
+    if isinstance(policy, dict) and policy.get("decoupled") in (True, 1):
+        raise ModelConfigError("field 'model_transaction_policy.decoupled' is true: decoupled models (any number "
+                               "of responses per request, over a stream) are not supported by edged, which answers "
+                               "each request once; serve the model with decoupled: false if it gives one response "
+                               "per request", path)
+    for name, what in (("batch_input", "batch inputs"), ("batch_output", "batch outputs")):
+        if extra.get(name):
+            raise ModelConfigError(f"field '{name}': {what} (ragged batching) are not supported by edged: requests "
+                                   "are batched only when their shapes match, and the model gets no batch input "
+                                   f"tensors; remove {name} and give the model inputs with a batch dimension", path)
+    for spec in config.input:
+        if spec.allow_ragged_batch:
+            raise ModelConfigError(f"input {spec.name!r}: field 'allow_ragged_batch' is true: ragged batching is not "
+                                   "supported by edged (requests are batched only when their shapes match, never "
+                                   "concatenated into one flat tensor); remove it", path)
+    agents = extra.get("model_repository_agents")
+    if isinstance(agents, dict) and agents.get("agents"):
+        raise ModelConfigError("field 'model_repository_agents': repository agents (checksum, relocation) are not "
+                               "run by edged, so their checks and changes to the model files would be skipped; "
+                               "remove them (edged's signed updates verify model files: see Updates in README)",
+                               path)
+    operations = extra.get("model_operations")
+    if isinstance(operations, dict) and operations.get("op_library_filename"):
+        raise ModelConfigError("field 'model_operations.op_library_filename': custom operation libraries are not "
+                               "loaded by edged; export the model with standard operators (or register the custom "
+                               "operators in the ONNX Runtime session through a backend of your own)", path)
+
+
 def check_tensor_types(config: ModelConfig, path: str | None) -> None:
     """Refuse tensors of a type edged cannot carry (BF16), on the completed config: such a model loaded,
     advertised BF16 and refused every request; refused at load, it says so once, where the operator looks."""

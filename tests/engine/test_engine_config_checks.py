@@ -76,6 +76,27 @@ def test_a_platform_or_backend_edged_does_not_serve_is_a_config_error(
         service.load_model("m")
 
 
+@pytest.mark.parametrize(("extra", "match"), [
+    ("model_transaction_policy { decoupled: true }", r"field 'model_transaction_policy\.decoupled' is true"),
+    ('batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "n" data_type: TYPE_FP32 source_input: "input" } ]',
+     r"field 'batch_input': batch inputs \(ragged batching\) are not supported by edged"),
+    ('model_repository_agents { agents [ { name: "checksum" } ] }', "field 'model_repository_agents'"),
+])
+def test_a_field_edged_does_not_implement_is_a_config_error_at_load(
+        tmp_path: Path, service: InferenceService, extra: str, match: str) -> None:
+    # before: each loaded and answered every request once, over HTTP too, as if the field were not there
+    add_model(tmp_path, "m", config("m") + extra, {1: mlp_weights()})
+    with pytest.raises(ModelConfigError, match=r"config\.pbtxt: " + match):
+        service.load_model("m")
+
+
+def test_a_ragged_input_is_a_config_error_at_load(tmp_path: Path, service: InferenceService) -> None:
+    add_model(tmp_path, "m", config("m", extra="allow_ragged_batch: true") + "dynamic_batching { }",
+              {1: mlp_weights()})
+    with pytest.raises(ModelConfigError, match=r"input 'input': field 'allow_ragged_batch' is true"):
+        service.load_model("m")
+
+
 @pytest.mark.parametrize(("warmup", "match"), [
     (WARMUP.format(batch=100000, dtype="TYPE_FP32", dims="[ 64 ]"),
      r"model_warmup\[0\] \('w'\): field 'batch_size' is 100000, more than 8"),

@@ -13,7 +13,13 @@ import pytest
 from modelgen import add_model, mlp_weights
 
 from edged.errors import ModelConfigError
-from edged.repository import check_platform_backend, check_reshapes, check_warmup, parse_model_config
+from edged.repository import (
+    check_platform_backend,
+    check_reshapes,
+    check_supported,
+    check_warmup,
+    parse_model_config,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PATH = "/repo/m/config.pbtxt"
@@ -89,6 +95,50 @@ def run_validate(folder: Path, *flags: str) -> subprocess.CompletedProcess[str]:
             "a = p.parse_args(sys.argv[1:]); sys.exit(a.handler(a))")
     return subprocess.run([sys.executable, "-c", code, "validate", *flags, str(folder)], capture_output=True, text=True,
                           cwd=REPO_ROOT, timeout=120, check=False)
+
+
+# Fields of Triton's schema whose semantics edged does not implement: served as if they were absent, a request
+# would get another answer than Triton's (or none at all), so a load and validate refuse them by name.
+UNSUPPORTED = [
+    ("model_transaction_policy { decoupled: true }", r"field 'model_transaction_policy\.decoupled' is true: "
+                                                      "decoupled models .* are not supported by edged"),
+    ("model_transaction_policy { decoupled: 1 }", r"field 'model_transaction_policy\.decoupled' is true"),
+    ('batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "n" data_type: TYPE_FP32 source_input: "input" } ]',
+     r"field 'batch_input': batch inputs \(ragged batching\) are not supported by edged"),
+    ('batch_output [ { target_name: "output" kind: BATCH_SCATTER_WITH_INPUT_SHAPE source_input: "input" } ]',
+     r"field 'batch_output': batch outputs \(ragged batching\) are not supported by edged"),
+    ('model_repository_agents { agents [ { name: "checksum" parameters { key: "MD5:1/model.onnx" value: "0" } } ] }',
+     r"field 'model_repository_agents': repository agents \(checksum, relocation\) are not run by edged"),
+    ('model_operations { op_library_filename: "libmyops.so" }',
+     r"field 'model_operations\.op_library_filename': custom operation libraries are not loaded by edged"),
+]
+
+
+@pytest.mark.parametrize(("extra", "match"), UNSUPPORTED)
+def test_fields_whose_semantics_edged_does_not_implement_are_refused(extra: str, match: str) -> None:
+    with pytest.raises(ModelConfigError, match=r"^/repo/m/config\.pbtxt: " + match):
+        check_supported(parse_model_config(config(extra=extra)), PATH)
+
+
+def test_ragged_inputs_are_refused_by_name() -> None:
+    ragged = parse_model_config(config().replace("dims: [ 64 ] }", "dims: [ -1 ] allow_ragged_batch: true }", 1))
+    with pytest.raises(ModelConfigError, match=r"input 'input': field 'allow_ragged_batch' is true: ragged "
+                                               "batching is not supported by edged"):
+        check_supported(ragged, PATH)
+
+
+@pytest.mark.parametrize("extra", ["model_transaction_policy { decoupled: false }", "model_transaction_policy { }",
+                                   "response_cache { enable: true }", "model_operations { }",
+                                   "model_repository_agents { }", "batch_input [ ]"])
+def test_fields_that_change_no_answer_pass(extra: str) -> None:
+    check_supported(parse_model_config(config(extra=extra)), PATH)  # a cache off, as Triton without one
+
+
+def test_validate_refuses_a_decoupled_model(tmp_path: Path) -> None:
+    add_model(tmp_path, "m", config(extra="model_transaction_policy { decoupled: true }"), {1: mlp_weights()})
+    result = run_validate(tmp_path / "m")
+    assert result.returncode == 1, result.stdout
+    assert "field 'model_transaction_policy.decoupled' is true" in result.stderr, result.stderr
 
 
 def test_validate_exits_1_on_what_a_load_refuses(tmp_path: Path) -> None:
