@@ -3,12 +3,14 @@
 The JSON is turned into the same text-format tree the pbtxt parser makes (maps become key/value entries, enum
 names become identifiers) and built by the same builder, so both inputs get the same type checks; integer fields
 also take decimal strings, as protobuf's JSON form writes int64 and uint64 (its parser takes them for any integer
-field, as Triton's JsonStringToMessage does). Values that only normalization adds (runtime, batch_input,
-optimization defaults, ...) are accepted and kept.
+field, as Triton's JsonStringToMessage does), and field names in protobuf's lowerCamelCase JSON spelling
+(``maxBatchSize``, MessageToJson's default) as well as the proto's own (map keys are data and stay as written).
+Values that only normalization adds (runtime, batch_input, optimization defaults, ...) are accepted and kept.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from edged.errors import ModelConfigError
@@ -21,6 +23,7 @@ _MAP_FIELDS = frozenset({"parameters", "priority_queue_policy", "inputs", "cc_mo
                          "input_map", "output_map"})
 _INT_KEY_MAPS = frozenset({"priority_queue_policy"})
 # Fields Triton's normalization adds with their default value; dropped so they do not show up as "unknown".
+_CAMEL_HUMP = re.compile(r"[A-Z]")
 _DEFAULTS = {"runtime": "", "batch_input": [], "batch_output": [], "cc_model_filenames": {},
              "metric_tags": {}}
 
@@ -28,15 +31,22 @@ _DEFAULTS = {"runtime": "", "batch_input": [], "batch_output": [], "cc_model_fil
 def model_config_from_json(data: dict[str, Any], path: str | None = None) -> ModelConfig:
     if not isinstance(data, dict):
         raise ModelConfigError(f"a model config in JSON must be an object, found {type(data).__name__}", path)
-    cleaned = {key: value for key, value in data.items() if _DEFAULTS.get(key, ...) != value}
+    cleaned = {_proto_name(str(key)): value for key, value in data.items()}
+    cleaned = {key: value for key, value in cleaned.items() if _DEFAULTS.get(key, ...) != value}
     return build_model_config(_message(cleaned, path), path, int_strings=True)
 
 
 def _message(data: dict[str, Any], path: str | None) -> Message:
     fields: list[Field] = []
     for name, value in data.items():
-        fields.extend(_fields(str(name), value, path))
+        fields.extend(_fields(_proto_name(str(name)), value, path))
     return Message(tuple(fields))
+
+
+def _proto_name(name: str) -> str:
+    """A field name as the proto spells it: protobuf's JSON name is its lowerCamelCase (``max_batch_size`` is
+    ``maxBatchSize``); Triton's fields are lower case, so every capital starts a word."""
+    return _CAMEL_HUMP.sub(lambda hump: "_" + hump.group().lower(), name)
 
 
 def _fields(name: str, value: Any, path: str | None) -> list[Field]:

@@ -185,3 +185,33 @@ def test_infinite_and_nan_kept_values_are_written_as_protobuf_json_strings() -> 
     assert doc["zz"] == {"q": [1.5, "Infinity"]}
     text = json.dumps(doc, allow_nan=False)  # strict JSON: before, ValueError (json wrote -Infinity, orjson null)
     assert orjson.loads(orjson.dumps(doc)) == json.loads(text)
+
+
+def test_json_field_names_in_lower_camel_case_read_as_the_proto_names() -> None:
+    # protobuf's JSON form names fields in lowerCamelCase unless asked otherwise (MessageToJson's default), and
+    # Triton's parser takes either spelling; before, each camelCase field was kept as unknown and not applied
+    # (max_batch_size stayed 0, data_type TYPE_INVALID, dynamic batching off)
+    snake = {"name": "m", "max_batch_size": 8,
+             "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": ["-1", "64"], "allow_ragged_batch": False}],
+             "dynamic_batching": {"max_queue_delay_microseconds": "100", "priority_levels": "2",
+                                  "default_priority_level": "1",
+                                  "priority_queue_policy": {"2": {"timeout_action": "DELAY", "max_queue_size": 3}}},
+             "instance_group": [{"kind": "KIND_CPU", "count": 2}],
+             "parameters": {"intra_op_thread_count": {"string_value": "2"}},
+             "model_warmup": [{"name": "w", "batch_size": 1,
+                               "inputs": {"x": {"data_type": "TYPE_FP32", "dims": ["64"], "zero_data": True}}}],
+             "default_model_filename": "net.onnx"}
+    camel = {"name": "m", "maxBatchSize": 8,
+             "input": [{"name": "x", "dataType": "TYPE_FP32", "dims": ["-1", "64"], "allowRaggedBatch": False}],
+             "dynamicBatching": {"maxQueueDelayMicroseconds": "100", "priorityLevels": "2",
+                                 "defaultPriorityLevel": "1",
+                                 "priorityQueuePolicy": {"2": {"timeoutAction": "DELAY", "maxQueueSize": 3}}},
+             "instanceGroup": [{"kind": "KIND_CPU", "count": 2}],
+             "parameters": {"intra_op_thread_count": {"stringValue": "2"}},
+             "modelWarmup": [{"name": "w", "batchSize": 1,
+                              "inputs": {"x": {"dataType": "TYPE_FP32", "dims": ["64"], "zeroData": True}}}],
+             "defaultModelFilename": "net.onnx"}
+    read = model_config_from_json(camel)
+    assert read == model_config_from_json(snake)
+    assert read.max_batch_size == 8 and read.dynamic_batching is not None and not read.extra
+    assert read.parameters == {"intra_op_thread_count": "2"}  # map keys are data: never renamed
