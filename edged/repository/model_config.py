@@ -2,9 +2,9 @@
 
 This is the contract between the repository (which parses ``config.pbtxt`` and auto-completes it), the
 backends and the engine. Field names follow Triton's protobuf (model_config.proto) so that the JSON form the
-API reports is Triton's. Fields edged does not model are kept verbatim in ``extra`` (as parsed text-format
-values) and reported by name; they are not fatal, except the schedulers edged does not implement
-(``sequence_batching``, ``ensemble_scheduling``), which the builder refuses at their line.
+API reports is Triton's. Fields of that schema edged does not model are kept in ``extra`` (as JSON-ready values of
+their schema types) and reported by name; the schedulers edged does not implement (``sequence_batching``,
+``ensemble_scheduling``) are refused by the builder at their line, and a field the schema does not have too.
 """
 
 from __future__ import annotations
