@@ -235,3 +235,24 @@ def test_the_json_of_every_fixture_and_of_kept_fields_reads_into_tritons_message
     for text in texts:
         doc = model_config_to_json(parse_model_config(text, None, "m"))
         json_format.ParseDict(doc, pb2.ModelConfig())  # raises ParseError where a value has another type
+
+
+def test_kept_fields_of_inputs_outputs_and_instance_groups_are_reported_where_they_were_given() -> None:
+    # before: GET /v2/models/{m}/config wrote each of these at its default (profile [], passive false, ...)
+    config = parse_model_config(
+        'name: "m"\ninput { name: "i" data_type: TYPE_FP32 dims: 4 is_non_linear_format_io: true }\n'
+        'output { name: "o" data_type: TYPE_FP32 dims: 4 is_non_linear_format_io: 1 }\n'
+        'instance_group [ { kind: KIND_CPU }, { kind: KIND_GPU gpus: 0 profile: [ "0", "1" ] passive: true '
+        'host_policy: "numa0" secondary_devices { kind: KIND_NVDLA device_id: 1 } rate_limiter { resources { name: '
+        '"r" count: 2 } priority: 3 } } ]\n')
+    doc = model_config_to_json(config)
+    assert doc["input"][0]["is_non_linear_format_io"] is True
+    assert doc["output"][0]["is_non_linear_format_io"] is True
+    first, second = doc["instance_group"]
+    assert (first["profile"], first["passive"], first["host_policy"]) == ([], False, "")
+    assert second["profile"] == ["0", "1"] and second["passive"] is True and second["host_policy"] == "numa0"
+    assert second["secondary_devices"] == [{"kind": "KIND_NVDLA", "device_id": 1}]
+    assert second["rate_limiter"] == {"resources": [{"name": "r", "count": 2}], "priority": 3}
+    assert list(second) == ["name", "kind", "count", "rate_limiter", "gpus", "secondary_devices", "profile",
+                            "passive", "host_policy"]  # the proto's order, as Triton prints it
+    assert model_config_to_json(model_config_from_json(json.loads(json.dumps(doc)))) == doc
