@@ -118,6 +118,7 @@ class OnnxRuntimeBackend:
         return ModelSignature(
             inputs=tuple(_signature(arg) for arg in session.get_inputs()),
             outputs=tuple(_signature(arg) for arg in session.get_outputs()),
+            defaults=tuple(_signature(arg) for arg in session.get_overridable_initializers()),
         )
 
     def load(self, model_path: Path, config: ModelConfig, instance_index: int) -> OnnxRuntimeInstance:

@@ -177,3 +177,6 @@ class ModelSignature:
     # TensorRT: the max batch of the first optimisation profile, when the engine has a dynamic first dim.
     max_batch_hint: int | None = None
     notes: tuple[str, ...] = ()  # e.g. non-linear I/O formats found, reported with auto-complete off
+    # ONNX: initializers a run may override (ORT lists them apart from the inputs); a config may name them as
+    # optional inputs, left out of a request for their value in the file, as Triton's ONNX Runtime backend allows
+    defaults: tuple[TensorSignature, ...] = ()

@@ -206,3 +206,42 @@ def test_a_preferred_batch_size_above_max_batch_size_is_a_config_error_at_load(t
     with pytest.raises(ModelConfigError, match=r"pb/config\.pbtxt: field 'dynamic_batching\.preferred_batch_size' "
                                                r"holds 64, more than max_batch_size 2"):
         service.load_model("pb")  # before: it loaded, and every batch waited out its whole delay
+
+
+def _add_with_default_bias(repo: Path, name: str, optional: str) -> None:
+    """y = x + bias, where bias is an ONNX initializer (100): an input a request may give or leave out."""
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "bias"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4]),
+         helper.make_tensor_value_info("bias", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+        [numpy_helper.from_array(np.full(4, 100, np.float32), "bias")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    (repo / name / "1").mkdir(parents=True)
+    onnx.save(model, str(repo / name / "1" / "model.onnx"))
+    (repo / name / "config.pbtxt").write_text(
+        f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 0\n'
+        'input [ { name: "x", data_type: TYPE_FP32, dims: [ 4 ] }, '
+        f'{{ name: "bias", data_type: TYPE_FP32, dims: [ 4 ] {optional} }} ]\n'
+        'output [ { name: "y", data_type: TYPE_FP32, dims: [ 4 ] } ]\n')
+
+
+def test_an_optional_input_that_is_an_onnx_initializer_takes_its_default_when_left_out(
+        tmp_path: Path, service: InferenceService) -> None:
+    # Triton's ONNX Runtime backend takes an initializer as an optional request input; before, the load was refused
+    # ("input 'bias' is in the config but not in the model file"), since ORT lists initializers apart from inputs
+    _add_with_default_bias(tmp_path, "m", "optional: true")
+    service.load_model("m")
+    x = np.arange(4, dtype=np.float32)
+    np.testing.assert_array_equal(service.infer(InferRequest("m", {"x": x})).outputs["y"], x + 100)
+    bias = np.full(4, 0.5, np.float32)
+    np.testing.assert_array_equal(service.infer(InferRequest("m", {"x": x, "bias": bias})).outputs["y"], x + 0.5)
+
+
+def test_an_onnx_initializer_named_as_a_required_input_is_a_config_error(tmp_path: Path,
+                                                                          service: InferenceService) -> None:
+    _add_with_default_bias(tmp_path, "m", "")
+    with pytest.raises(ModelConfigError, match=r"input 'bias' is an initializer of the model file \(it has a "
+                                               r"default value\): mark it optional: true"):
+        service.load_model("m")
