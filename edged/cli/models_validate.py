@@ -29,6 +29,7 @@ from edged.repository import (
     autocomplete,
     check_batching,
     check_config_files,
+    check_io_and_groups,
     check_platform_backend,
     check_reshapes,
     check_supported,
@@ -122,6 +123,7 @@ def validate_path(path: Path, backends: Collection[str] = BUILTIN_BACKENDS,
     completed = _complete(config, model_dir, chosen, runtime, warnings, notes)
     check_tensor_types(completed, config_path)
     check_reshapes(completed, config_path)
+    check_io_and_groups(completed, config_path)
     check_batching(completed, config_path)
     check_warmup(completed, config_path, max_elements)
     return Report(model_config_to_json(completed), unknown_fields(completed), warnings, notes)

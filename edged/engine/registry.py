@@ -54,6 +54,7 @@ from edged.repository import (
     changed_versions,
     check_batching,
     check_config_files,
+    check_io_and_groups,
     check_model_name,
     check_platform_backend,
     check_reshapes,
@@ -329,6 +330,7 @@ class Registry:
         check_instance_count(config, self._settings.max_instance_count)
         check_tensor_types(config, config_path)
         check_reshapes(config, config_path)
+        check_io_and_groups(config, config_path)
         check_batching(config, config_path)
         check_warmup(config, config_path, self._max_elements)
         wanted = select_versions(config.version_policy, available)
@@ -369,6 +371,7 @@ class Registry:
         check_instance_count(config, self._settings.max_instance_count)
         check_tensor_types(config, config_path)
         check_reshapes(config, config_path)
+        check_io_and_groups(config, config_path)
         check_batching(config, config_path)
         check_warmup(config, config_path, self._max_elements)
         return config, backend

@@ -10,6 +10,7 @@ from edged.repository._build import build_model_config, parse_model_config, unkn
 from edged.repository._checks import (
     BUILTIN_BACKENDS,
     check_batching,
+    check_io_and_groups,
     check_platform_backend,
     check_reshapes,
     check_supported,
@@ -57,6 +58,7 @@ __all__ = [
     "changed_versions",
     "check_batching",
     "check_config_files",
+    "check_io_and_groups",
     "check_model_name",
     "check_platform_backend",
     "check_reshapes",

@@ -93,7 +93,8 @@ def check_tensor_types(config: ModelConfig, path: str | None) -> None:
 
 def check_batching(config: ModelConfig, path: str | None) -> None:
     """Refuse a ``preferred_batch_size`` above max_batch_size, as Triton does, on the completed config (auto-complete
-    may set max_batch_size): no batch can reach it, so every batch waited out its whole delay."""
+    may set max_batch_size): no batch can reach it, so every batch waited out its whole delay; and, as Triton does,
+    preserve_ordering with several priority levels or a DELAY timeout."""
     batching = config.dynamic_batching
     if batching is None:
         return
@@ -102,6 +103,53 @@ def check_batching(config: ModelConfig, path: str | None) -> None:
             raise ModelConfigError(f"field 'dynamic_batching.preferred_batch_size' holds {size}, more than "
                                    f"max_batch_size {config.max_batch_size}; a preferred batch size must be at "
                                    "most max_batch_size", path)
+    if not batching.preserve_ordering:
+        return
+    # Triton refuses what would reorder answers that must leave in queueing order: several priority levels, and
+    # timeouts that move a request behind later ones (DELAY)
+    if batching.priority_levels > 1:
+        raise ModelConfigError(f"field 'dynamic_batching.preserve_ordering' is true with priority_levels "
+                               f"{batching.priority_levels}; only one priority level is allowed with preserve_ordering "
+                               "(answers leave in queueing order), as in Triton", path)
+    policies = [("default_queue_policy", batching.default_queue_policy),
+                *((f"priority_queue_policy[{level}]", policy)
+                  for level, policy in batching.priority_queue_policy.items())]
+    for name, policy in policies:
+        if policy.timeout_action == "DELAY" and policy.default_timeout_microseconds:
+            raise ModelConfigError(f"field 'dynamic_batching.{name}.timeout_action' is DELAY with a timeout while "
+                                   "preserve_ordering is true; a delayed request would be answered out of order "
+                                   "(Triton refuses it too): use REJECT, or no timeout", path)
+
+
+def check_io_and_groups(config: ModelConfig, path: str | None) -> None:
+    """Refuse, on the completed config, what Triton's ValidateModelInput/Output and ValidateInstanceGroup refuse:
+    FORMAT_NHWC/NCHW without 3 dims, shape tensors, non-linear formats, profiles and NVDLA devices outside TensorRT,
+    and GPUs listed for KIND_CPU or KIND_MODEL groups. Loaded, such a field was ignored."""
+    tensorrt = config.runtime == "tensorrt"
+    for kind, specs in (("input", config.input), ("output", config.output)):
+        for index, spec in enumerate(specs):
+            label = f"{kind} {spec.name!r}: field"
+            if spec.format in ("FORMAT_NHWC", "FORMAT_NCHW") and len(spec.dims) != 3:
+                raise ModelConfigError(f"{label} 'format' is {spec.format}, which needs 3 dims (C, H, W in some "
+                                       f"order); found dims {list(spec.dims)} (use FORMAT_NONE for other shapes)",
+                                       path)
+            if spec.is_shape_tensor and not tensorrt:
+                raise ModelConfigError(f"{label} 'is_shape_tensor' is true, but shape tensors are only supported by "
+                                       f"TensorRT models (this one is {config.runtime}'s); remove it", path)
+            if config.extra.get(f"{kind}[{index}].is_non_linear_format_io") and not tensorrt:
+                raise ModelConfigError(f"{label} 'is_non_linear_format_io' is true, but non-linear formats are only "
+                                       f"supported by TensorRT models (this one is {config.runtime}'s)", path)
+    for index, group in enumerate(config.instance_group):
+        where = f"instance_group[{index}]"
+        if group.gpus and group.kind in ("KIND_CPU", "KIND_MODEL"):
+            raise ModelConfigError(f"{where}: kind {group.kind} with field 'gpus' {list(group.gpus)}; GPUs go with "
+                                   "kind KIND_GPU (or KIND_AUTO), as Triton requires", path)
+        if config.extra.get(f"{where}.profile") and not tensorrt:
+            raise ModelConfigError(f"{where}: field 'profile' names TensorRT optimization profiles, but the model is "
+                                   f"{config.runtime}'s; remove it", path)
+        if config.extra.get(f"{where}.secondary_devices") and not tensorrt:
+            raise ModelConfigError(f"{where}: field 'secondary_devices' (NVDLA) is only supported by TensorRT "
+                                   f"models (this one is {config.runtime}'s); remove it", path)
 
 
 def check_reshapes(config: ModelConfig, path: str | None) -> None:

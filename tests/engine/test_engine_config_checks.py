@@ -245,3 +245,9 @@ def test_an_onnx_initializer_named_as_a_required_input_is_a_config_error(tmp_pat
     with pytest.raises(ModelConfigError, match=r"input 'bias' is an initializer of the model file \(it has a "
                                                r"default value\): mark it optional: true"):
         service.load_model("m")
+
+
+def test_a_format_without_three_dims_is_a_config_error_at_load(tmp_path: Path, service: InferenceService) -> None:
+    add_model(tmp_path, "m", config("m", extra="format: FORMAT_NHWC"), {1: mlp_weights()})  # before: it loaded
+    with pytest.raises(ModelConfigError, match=r"config\.pbtxt: input 'input': field 'format' is FORMAT_NHWC"):
+        service.load_model("m")

@@ -14,6 +14,8 @@ from modelgen import add_model, mlp_weights
 
 from edged.errors import ModelConfigError
 from edged.repository import (
+    check_batching,
+    check_io_and_groups,
     check_platform_backend,
     check_reshapes,
     check_supported,
@@ -139,6 +141,70 @@ def test_validate_refuses_a_decoupled_model(tmp_path: Path) -> None:
     result = run_validate(tmp_path / "m")
     assert result.returncode == 1, result.stdout
     assert "field 'model_transaction_policy.decoupled' is true" in result.stderr, result.stderr
+
+
+# Triton's ValidateModelConfig refuses each of these (model_config_utils.cc); before, edged loaded them and ignored
+# the field (a shape tensor on an ONNX model, a TensorRT profile on a CPU one) or served them another way.
+TRITON_RULES = [
+    ('input [ { name: "i", data_type: TYPE_FP32, dims: [ 64 ], format: FORMAT_NCHW } ]',
+     r"input 'i': field 'format' is FORMAT_NCHW, which needs 3 dims \(C, H, W in some order\); found dims \[64\]"),
+    ('input [ { name: "i", data_type: TYPE_FP32, dims: [ 64 ], is_shape_tensor: true } ]',
+     r"input 'i': field 'is_shape_tensor' is true, but shape tensors are only supported by TensorRT models"),
+    ('output [ { name: "o", data_type: TYPE_FP32, dims: [ 64 ], is_shape_tensor: true } ]',
+     r"output 'o': field 'is_shape_tensor' is true, but shape tensors are only supported by TensorRT models"),
+    ('input [ { name: "i", data_type: TYPE_FP32, dims: [ 3, 4, 4 ], is_non_linear_format_io: true } ]',
+     r"input 'i': field 'is_non_linear_format_io' is true, but non-linear formats are only supported by TensorRT"),
+    ('instance_group [ { kind: KIND_CPU, profile: "0" } ]',
+     r"instance_group\[0\]: field 'profile' names TensorRT optimization profiles, but the model is onnxruntime's"),
+    ('instance_group [ { kind: KIND_CPU, gpus: [ 0 ] } ]',
+     r"instance_group\[0\]: kind KIND_CPU with field 'gpus' \[0\]; GPUs go with kind KIND_GPU"),
+    ('instance_group [ { kind: KIND_MODEL, gpus: [ 0 ] } ]',
+     r"instance_group\[0\]: kind KIND_MODEL with field 'gpus' \[0\]"),
+    ('instance_group [ { secondary_devices [ { kind: KIND_NVDLA } ] } ]',
+     r"instance_group\[0\]: field 'secondary_devices' \(NVDLA\) is only supported by TensorRT models"),
+]
+
+
+@pytest.mark.parametrize(("extra", "match"), TRITON_RULES)
+def test_what_tritons_validation_refuses_of_inputs_outputs_and_instance_groups_is_refused(extra: str,
+                                                                                          match: str) -> None:
+    with pytest.raises(ModelConfigError, match=r"^/repo/m/config\.pbtxt: " + match):
+        check_io_and_groups(parse_model_config(f'name: "m"\nbackend: "onnxruntime"\n{extra}'), PATH)
+
+
+def test_tensorrt_models_may_use_shape_tensors_profiles_and_nvdla() -> None:
+    check_io_and_groups(parse_model_config(
+        'name: "m"\nplatform: "tensorrt_plan"\ninput [ { name: "i", data_type: TYPE_INT32, dims: [ 2 ], '
+        'is_shape_tensor: true }, { name: "j", data_type: TYPE_FP32, dims: [ 3, 8, 8 ], format: FORMAT_NCHW, '
+        'is_non_linear_format_io: true } ]\ninstance_group [ { kind: KIND_GPU, gpus: [ 0 ], profile: [ "0", "1" ], '
+        'secondary_devices [ { kind: KIND_NVDLA, device_id: 0 } ] } ]\n'), PATH)
+
+
+@pytest.mark.parametrize(("batching", "match"), [
+    ("preserve_ordering: true priority_levels: 2 default_priority_level: 1",
+     r"field 'dynamic_batching\.preserve_ordering' is true with priority_levels 2; only one priority level is "
+     "allowed with preserve_ordering"),
+    ("preserve_ordering: true default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 100 }",
+     r"field 'dynamic_batching\.default_queue_policy\.timeout_action' is DELAY with a timeout while "
+     "preserve_ordering is true"),
+    ("preserve_ordering: true priority_levels: 1 default_priority_level: 1 priority_queue_policy { key: 1 value { "
+     "timeout_action: DELAY default_timeout_microseconds: 5 } }",
+     r"field 'dynamic_batching\.priority_queue_policy\[1\]\.timeout_action' is DELAY with a timeout"),
+])
+def test_preserve_ordering_with_priorities_or_delayed_timeouts_is_refused_as_triton_does(batching: str,
+                                                                                          match: str) -> None:
+    with pytest.raises(ModelConfigError, match=r"^/repo/m/config\.pbtxt: " + match):
+        check_batching(parse_model_config(config(extra=f"dynamic_batching {{ {batching} }}")), PATH)
+    check_batching(parse_model_config(config(extra="dynamic_batching { preserve_ordering: true priority_levels: 1 "
+                                                   "default_priority_level: 1 }")), PATH)
+
+
+def test_validate_refuses_a_shape_tensor_on_an_onnx_model(tmp_path: Path) -> None:
+    add_model(tmp_path, "m", config().replace("dims: [ 64 ] }", "dims: [ 64 ], is_shape_tensor: true }", 1),
+              {1: mlp_weights()})
+    result = run_validate(tmp_path / "m")
+    assert result.returncode == 1, result.stdout
+    assert "field 'is_shape_tensor' is true" in result.stderr, result.stderr
 
 
 def test_validate_exits_1_on_what_a_load_refuses(tmp_path: Path) -> None:
