@@ -251,3 +251,16 @@ def test_a_format_without_three_dims_is_a_config_error_at_load(tmp_path: Path, s
     add_model(tmp_path, "m", config("m", extra="format: FORMAT_NHWC"), {1: mlp_weights()})  # before: it loaded
     with pytest.raises(ModelConfigError, match=r"config\.pbtxt: input 'input': field 'format' is FORMAT_NHWC"):
         service.load_model("m")
+
+
+def test_a_missing_label_file_is_a_config_error_at_load(tmp_path: Path, service: InferenceService) -> None:
+    # Triton's load fails when an output's label_filename cannot be read; before, edged loaded the model and its
+    # classification answers silently lacked every label (a misspelt labels.txt went unnoticed)
+    text = config("m").replace('dims: [ 10 ] }', 'dims: [ 10 ], label_filename: "labels.txt" }')
+    folder = add_model(tmp_path, "m", text, {1: mlp_weights()})
+    with pytest.raises(ModelConfigError, match=r"label_filename of output 'output' 'labels\.txt': no such file in "
+                                               "the model folder"):
+        service.load_model("m")
+    (folder / "labels.txt").write_text("".join(f"digit {i}\n" for i in range(10)))
+    service.load_model("m")
+    assert service.version_info("m").state is ModelState.READY
