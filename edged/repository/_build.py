@@ -97,6 +97,8 @@ def build_model_config(tree: Message, path: str | None = None, default_name: str
         optimization=_optimization(reader, one(groups, "optimization")),
         extra=reader.extra,
     )
+    for kind, specs in (("input", config.input), ("output", config.output)):
+        _refuse_repeated_names(reader, kind, specs, groups.get(kind, []))
     if reader.extra:
         logger.info("model %s: fields kept but not applied by edged: %s", config.name or default_name,
                     ", ".join(reader.extra))
@@ -108,6 +110,15 @@ def _refuse_unsupported_schedulers(reader: Reader, tree: Message) -> None:
         reason = _REFUSED_TOP.get(item.name)
         if reason is not None:
             raise reader.error(f"field '{item.name}': {reason}", item)
+
+
+def _refuse_repeated_names(reader: Reader, kind: str, specs: tuple[TensorConfig, ...], items: list[Field]) -> None:
+    first: dict[str, int] = {}
+    for index, (spec, item) in enumerate(zip(specs, items, strict=True)):
+        if spec.name in first:
+            raise reader.error(f"{kind}[{index}] is named {spec.name!r} like {kind}[{first[spec.name]}]; each {kind} "
+                               "needs its own name", item.value if isinstance(item.value, Message) else item)
+        first[spec.name] = index
 
 
 def unknown_fields(config: ModelConfig) -> list[str]:

@@ -173,3 +173,16 @@ def test_kept_fields_take_their_schema_types() -> None:
     assert config.extra["instance_group[0].profile"] == ["0"]
     assert config.extra["instance_group[0].secondary_devices"] == [{"kind": "KIND_NVDLA", "device_id": 1}]
     assert config.extra["cc_model_filenames"] == {"8.7": "orin.onnx"}
+
+
+@pytest.mark.parametrize(("text", "line", "words"), [
+    ('input { name: "a" }\ninput { name: "a" }', 2, "input[1] is named 'a' like input[0]"),
+    ('output [ { name: "o" }, { name: "p" },\n { name: "o" } ]', 2, "output[2] is named 'o' like output[0]"),
+])
+def test_two_inputs_or_outputs_of_one_name_are_refused(text: str, line: int, words: str) -> None:
+    # Triton's load fails on them (its backend counts one input more than the model has); before, edged loaded
+    # them and a request's tensor went to whichever entry came first
+    with pytest.raises(ModelConfigError) as caught:
+        parse_model_config(text, "m/config.pbtxt")
+    assert caught.value.line == line
+    assert words in caught.value.reason
