@@ -145,7 +145,8 @@ class OnnxRuntimeBackend:
         shrink = config.parameters.get("memory.enable_memory_arena_shrinkage", "")
         info = InstanceInfo(device="cuda:0" if {"cuda", "tensorrt"} & set(chosen) else "cpu",
                             providers=tuple(session.get_providers()), fallback=fallback,
-                            details={"onnxruntime": ort.__version__, "instance": instance_index})
+                            details={"onnxruntime": ort.__version__, "instance": instance_index,
+                                     "graph_optimization_level": graph_optimization_level(config)})
         return OnnxRuntimeInstance(ort, session, info, shrink)
 
     def available_gpus(self) -> tuple[int, ...]:
@@ -194,15 +195,29 @@ def _session_options(ort: Any, config: ModelConfig) -> Any:
     options.inter_op_num_threads = _int_param(params, "inter_op_thread_count", 1)
     options.enable_cpu_mem_arena = _flag(params, "enable_mem_arena", True)
     options.enable_mem_pattern = _flag(params, "enable_mem_pattern", True)
-    level = params.get("graph_optimization_level", "all").lower()
-    levels = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
-              "all": "ORT_ENABLE_ALL"}
-    if level not in levels:
-        raise ModelLoadError(f"model {config.name}: parameter graph_optimization_level: expected one of "
-                             f"{', '.join(levels)}, found {level!r}")
-    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, levels[level])
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, graph_optimization_level(config))
     options.log_severity_level = 3
     return options
+
+
+# Triton's ONNX Runtime backend reads optimization { graph { level } } so: -1 basic, 1 extended, 2 none, else all.
+_TRITON_GRAPH_LEVELS = {-1: "ORT_ENABLE_BASIC", 1: "ORT_ENABLE_EXTENDED", 2: "ORT_DISABLE_ALL"}
+_GRAPH_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
+                 "all": "ORT_ENABLE_ALL"}
+
+
+def graph_optimization_level(config: ModelConfig) -> str:
+    """The session's GraphOptimizationLevel name: edged's parameter graph_optimization_level where given, else
+    Triton's ``optimization.graph.level``."""
+    given = config.parameters.get("graph_optimization_level")
+    if given is None:
+        graph = config.optimization.get("graph")
+        level = graph.get("level", 0) if isinstance(graph, dict) else 0
+        return _TRITON_GRAPH_LEVELS.get(level, "ORT_ENABLE_ALL")
+    if given.lower() not in _GRAPH_LEVELS:
+        raise ModelLoadError(f"model {config.name}: parameter graph_optimization_level: expected one of "
+                             f"{', '.join(_GRAPH_LEVELS)}, found {given.lower()!r}")
+    return _GRAPH_LEVELS[given.lower()]
 
 
 def _provider_options(short: str, config: ModelConfig, model_path: Path) -> dict[str, str]:

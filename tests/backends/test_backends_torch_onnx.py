@@ -221,3 +221,20 @@ def test_onnx_feeds_the_python_wrapper_would_refuse_are_still_refused(tmp_path: 
     instance.close()
     with pytest.raises(InferenceFailed, match="closed"):
         instance.run({"input": x}, ["output"])
+
+
+@pytest.mark.parametrize(("text", "level"), [
+    ("", "ORT_ENABLE_ALL"),
+    ("optimization { graph { level: 0 } }", "ORT_ENABLE_ALL"),
+    ("optimization { graph { level: -1 } }", "ORT_ENABLE_BASIC"),
+    ("optimization { graph { level: 1 } }", "ORT_ENABLE_EXTENDED"),
+    ("optimization { graph { level: 2 } }", "ORT_DISABLE_ALL"),  # a common work-around for an optimizer bug
+    ('optimization { graph { level: 2 } }\nparameters { key: "graph_optimization_level" value: { string_value: '
+     '"basic" } }', "ORT_ENABLE_BASIC"),  # edged's own parameter, where given, decides
+])
+def test_onnx_sessions_take_tritons_graph_optimization_level(tmp_path: Path, text: str, level: str) -> None:
+    # as Triton's ONNX Runtime backend maps optimization.graph.level; before, edged ignored it (always ENABLE_ALL)
+    add_model(tmp_path, "m", None, {1: mlp_weights(in_dim=4, hidden=8, out_dim=2)})
+    instance = OnnxRuntimeBackend().load(tmp_path / "m" / "1" / "model.onnx", parse_model_config(f'name: "m"\n{text}'),
+                                         0)
+    assert instance.info.details["graph_optimization_level"] == level
