@@ -319,9 +319,9 @@ def _warmup(reader: Reader, item: Field, where: str) -> ModelWarmup:
         inputs[name] = _warmup_input(reader, value, f"{where}inputs[{name}].")
     return ModelWarmup(
         name=_text_at(reader, groups, "name", where),
-        batch_size=_int_at(reader, groups, "batch_size", where, bounds=UINT32, default=1),
+        batch_size=_int_at(reader, groups, "batch_size", where, bounds=UINT32),
         inputs=inputs,
-        count=_int_at(reader, groups, "count", where, bounds=UINT32, default=1),
+        count=_int_at(reader, groups, "count", where, bounds=UINT32),
     )
 
 

@@ -199,6 +199,8 @@ def check_warmup(config: ModelConfig, path: str | None, max_elements: int) -> No
         return
     inputs = {spec.name: spec for spec in config.input}
     for index, entry in enumerate(config.model_warmup):
+        if entry.batch_size == 0:
+            continue  # never run (Triton skips such a sample)
         where = f"model_warmup[{index}]" + (f" ({entry.name!r})" if entry.name else "")
         _check_entry(config, entry, where, inputs, path, max_elements)
 

@@ -121,6 +121,8 @@ def check_config_files(config: ModelConfig, model_dir: Path | str, versions: Ite
             if spec.source == "input_data_file":
                 what = f"input_data_file of warm-up {entry.name!r} input {name!r}"
                 path = confined_path(model_dir, spec.input_data_file, what, under="warmup", must_exist=False)
+                if entry.batch_size == 0:
+                    continue  # never read: Triton skips a sample of batch_size 0
                 _check_warmup_file_size(path, what, spec.input_data_file, warmup_shape(config, entry.batch_size, spec),
                                         spec.data_type)
 

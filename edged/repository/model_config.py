@@ -109,10 +109,13 @@ class WarmupInput:
 
 @dataclass(frozen=True)
 class ModelWarmup:
+    """One ``model_warmup`` sample. As in Triton, batch_size 0 (protobuf's unset) skips the sample, and count 0 runs
+    it once; both are reported as given."""
+
     name: str
-    batch_size: int = 1
+    batch_size: int = 0
     inputs: dict[str, WarmupInput] = field(default_factory=dict)
-    count: int = 1
+    count: int = 0
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 from edged.config import ModelsConfig
 from edged.engine import InferenceService, InferRequest, ModelState
 from edged.errors import ModelConfigError
+from edged.repository import model_config_to_json
 from edged.repository.model_config import ModelConfig
 
 WARMUP = ('model_warmup [ {{ name: "w", batch_size: {batch}, inputs {{ key: "input" value: {{ data_type: '
@@ -264,3 +265,16 @@ def test_a_missing_label_file_is_a_config_error_at_load(tmp_path: Path, service:
     (folder / "labels.txt").write_text("".join(f"digit {i}\n" for i in range(10)))
     service.load_model("m")
     assert service.version_info("m").state is ModelState.READY
+
+
+def test_a_warmup_entry_without_batch_size_is_skipped_and_reported_as_triton_does(
+        tmp_path: Path, service: InferenceService) -> None:
+    # Triton skips a warm-up sample whose batch_size is 0 (protobuf's unset), and reports batch_size and count as
+    # given (0 when unset); before, edged ran it as a batch of 1 (a file Triton never reads failed the load here)
+    entry = ('model_warmup [ { name: "w", inputs { key: "input" value: { data_type: TYPE_FP32, dims: [ 64 ], '
+             'input_data_file: "missing.bin" } } } ]')
+    add_model(tmp_path, "m", config("m") + entry, {1: mlp_weights()})
+    service.load_model("m")
+    assert service.version_info("m").state is ModelState.READY
+    warmup = model_config_to_json(service.model_config("m"))["model_warmup"][0]
+    assert (warmup["batch_size"], warmup["count"]) == (0, 0)

@@ -143,7 +143,7 @@ def test_warmup_and_parameters_json() -> None:
     config = parse_model_config((FIXTURES / "ort_trt_text_recognition.pbtxt").read_text())
     data = model_config_to_json(config)
     assert data["model_warmup"] == [{"name": "text_recognition", "batch_size": 16, "inputs": {
-        "input.1": {"data_type": "TYPE_FP32", "dims": [1, 32, 100], "zero_data": True}}, "count": 1}]
+        "input.1": {"data_type": "TYPE_FP32", "dims": [1, 32, 100], "zero_data": True}}, "count": 0}]  # unset: 0
     accelerator = data["optimization"]["execution_accelerators"]["gpu_execution_accelerator"][0]
     assert accelerator["parameters"] == {"precision_mode": "FP16", "max_workspace_size_bytes": "1073741824"}
     assert data["optimization"]["priority"] == "PRIORITY_DEFAULT"
