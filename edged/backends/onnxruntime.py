@@ -263,7 +263,15 @@ def tensorrt_accelerator_options(config: ModelConfig) -> dict[str, str]:
     """ORT TensorRT options from the parameters of the config's ``tensorrt`` GPU execution accelerator, checked as
     Triton checks them (an unknown key or a bad precision fails the load)."""
     accelerators = config.optimization.get("execution_accelerators", {})
-    found = accelerators.get("gpu_execution_accelerator", []) if isinstance(accelerators, dict) else []
+    accelerators = accelerators if isinstance(accelerators, dict) else {}
+    for field, kind, known in (("gpu_execution_accelerator", "GPU", ("tensorrt", "cuda")),
+                               ("cpu_execution_accelerator", "CPU", ("openvino",))):
+        for accelerator in accelerators.get(field, []):
+            name = accelerator.get("name", "") if isinstance(accelerator, dict) else ""
+            if name not in known:  # a misspelt name ran without the accelerator, with no word
+                raise ModelLoadError(f"unknown {kind} execution accelerator {name!r} in model {config.name} (Triton "
+                                     f"knows {', '.join(known)})")
+    found = accelerators.get("gpu_execution_accelerator", [])
     options: dict[str, str] = {}
     for accelerator in found:
         if not isinstance(accelerator, dict) or accelerator.get("name") != "tensorrt":

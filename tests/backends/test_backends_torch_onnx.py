@@ -273,3 +273,18 @@ def test_tensorrt_accelerator_parameters_edged_cannot_apply_fail_the_load(tmp_pa
     add_model(tmp_path, "m", None, {1: mlp_weights(in_dim=4, hidden=8, out_dim=2)})
     with pytest.raises(ModelLoadError, match=match):  # on a CPU-only build too: the config is wrong everywhere
         OnnxRuntimeBackend().load(tmp_path / "m" / "1" / "model.onnx", parse_model_config(ACCELERATOR % params), 0)
+
+
+@pytest.mark.parametrize(("accelerators", "match"), [
+    ('gpu_execution_accelerator: [ { name: "TensorRT" } ]', "unknown GPU execution accelerator 'TensorRT' in model m "
+                                                            r"\(Triton knows tensorrt, cuda\)"),
+    ('cpu_execution_accelerator: [ { name: "tensorrt" } ]', r"unknown CPU execution accelerator 'tensorrt' in model "
+                                                            r"m \(Triton knows openvino\)"),
+])
+def test_an_execution_accelerator_triton_does_not_know_fails_the_load(tmp_path: Path, accelerators: str,
+                                                                      match: str) -> None:
+    # before: ignored, so a misspelt tensorrt ran on CUDA alone (or the CPU) with no word
+    add_model(tmp_path, "m", None, {1: mlp_weights(in_dim=4, hidden=8, out_dim=2)})
+    config = parse_model_config(f'name: "m"\noptimization {{ execution_accelerators {{ {accelerators} }} }}\n')
+    with pytest.raises(ModelLoadError, match=match):
+        OnnxRuntimeBackend().load(tmp_path / "m" / "1" / "model.onnx", config, 0)
