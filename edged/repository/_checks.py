@@ -161,6 +161,10 @@ def check_reshapes(config: ModelConfig, path: str | None) -> None:
         for spec in specs:
             if spec.reshape is None:
                 continue
+            if not spec.reshape.shape and config.max_batch_size == 0:  # Triton's ValidateIOShape
+                raise ModelConfigError(f"{kind} {spec.name!r}: field 'reshape' is empty (a scalar), which a "
+                                       "non-batching model (max_batch_size 0) cannot have, as in Triton; give the "
+                                       "shape, such as [ 1 ]", path)
             dims, shape = list(spec.dims), list(spec.reshape.shape)
             problem = _reshape_problem(dims, shape)
             if problem:

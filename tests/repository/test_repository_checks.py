@@ -326,3 +326,15 @@ def test_validate_exits_1_on_an_output_reshape_of_another_size(tmp_path: Path) -
     assert result.returncode == 1, result.stdout
     assert "output 'output': field 'reshape' shape [10] holds another number of elements than dims [3, 3]" in \
         result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("tensor", ["input", "output"])
+def test_an_empty_reshape_of_a_non_batching_model_is_refused_as_triton_does(tensor: str) -> None:
+    # a non-batching model's tensor reshaped to a scalar would carry no batch dimension to hold it; before, it loaded
+    text = (f'name: "m"\nmax_batch_size: 0\n{tensor} [ {{ name: "t", data_type: TYPE_FP32, dims: [ 1 ], reshape: {{ '
+            'shape: [ ] } } ]\n')
+    with pytest.raises(ModelConfigError, match=rf"^/repo/m/config\.pbtxt: {tensor} 't': field 'reshape' is empty "
+                                               r"\(a scalar\), which a non-batching model \(max_batch_size 0\) "
+                                               "cannot have"):
+        check_reshapes(parse_model_config(text), PATH)
+    check_reshapes(parse_model_config(text.replace("max_batch_size: 0", "max_batch_size: 4")), PATH)
