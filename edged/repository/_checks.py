@@ -73,6 +73,11 @@ def check_supported(config: ModelConfig, path: str | None) -> None:
                                "run by edged, so their checks and changes to the model files would be skipped; "
                                "remove them (edged's signed updates verify model files: see Updates in README)",
                                path)
+    runtime = extra.get("runtime", "")
+    if runtime and runtime != f"libtriton_{config.runtime}.so":  # Triton's library for the backend: edged's own
+        raise ModelConfigError(f"field 'runtime' is {runtime!r}: edged serves each backend with its own runtime (a "
+                               f"Python-based runtime such as model.py is not supported); remove it, or name "
+                               f"libtriton_{config.runtime or '<backend>'}.so", path)
     operations = extra.get("model_operations")
     if isinstance(operations, dict) and operations.get("op_library_filename"):
         raise ModelConfigError("field 'model_operations.op_library_filename': custom operation libraries are not "

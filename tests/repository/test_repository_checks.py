@@ -111,6 +111,8 @@ UNSUPPORTED = [
      r"field 'batch_output': batch outputs \(ragged batching\) are not supported by edged"),
     ('model_repository_agents { agents [ { name: "checksum" parameters { key: "MD5:1/model.onnx" value: "0" } } ] }',
      r"field 'model_repository_agents': repository agents \(checksum, relocation\) are not run by edged"),
+    ('runtime: "model.py"', r"field 'runtime' is 'model\.py': edged serves each backend with its own runtime"),
+    ('runtime: "../x/libtriton_onnxruntime.so"', r"field 'runtime' is '\.\./x/libtriton_onnxruntime\.so'"),
     ('model_operations { op_library_filename: "libmyops.so" }',
      r"field 'model_operations\.op_library_filename': custom operation libraries are not loaded by edged"),
 ]
@@ -129,7 +131,8 @@ def test_ragged_inputs_are_refused_by_name() -> None:
         check_supported(ragged, PATH)
 
 
-@pytest.mark.parametrize("extra", ["model_transaction_policy { decoupled: false }", "model_transaction_policy { }",
+@pytest.mark.parametrize("extra", ['runtime: "libtriton_onnxruntime.so"', 'runtime: ""',
+                                   "model_transaction_policy { decoupled: false }", "model_transaction_policy { }",
                                    "response_cache { enable: true }", "model_operations { }",
                                    "model_repository_agents { }", "batch_input [ ]"])
 def test_fields_that_change_no_answer_pass(extra: str) -> None:
