@@ -98,8 +98,9 @@ def check_tensor_types(config: ModelConfig, path: str | None) -> None:
 
 def check_batching(config: ModelConfig, path: str | None) -> None:
     """Refuse a ``preferred_batch_size`` above max_batch_size, as Triton does, on the completed config (auto-complete
-    may set max_batch_size): no batch can reach it, so every batch waited out its whole delay; and, as Triton does,
-    preserve_ordering with several priority levels or a DELAY timeout."""
+    may set max_batch_size): no batch can reach it, so every batch waited out its whole delay. (Triton also refuses
+    preserve_ordering with several priority levels or a DELAY timeout; edged serves both, answers in queueing
+    order, see engine.ordering.)"""
     batching = config.dynamic_batching
     if batching is None:
         return
@@ -108,22 +109,6 @@ def check_batching(config: ModelConfig, path: str | None) -> None:
             raise ModelConfigError(f"field 'dynamic_batching.preferred_batch_size' holds {size}, more than "
                                    f"max_batch_size {config.max_batch_size}; a preferred batch size must be at "
                                    "most max_batch_size", path)
-    if not batching.preserve_ordering:
-        return
-    # Triton refuses what would reorder answers that must leave in queueing order: several priority levels, and
-    # timeouts that move a request behind later ones (DELAY)
-    if batching.priority_levels > 1:
-        raise ModelConfigError(f"field 'dynamic_batching.preserve_ordering' is true with priority_levels "
-                               f"{batching.priority_levels}; only one priority level is allowed with preserve_ordering "
-                               "(answers leave in queueing order), as in Triton", path)
-    policies = [("default_queue_policy", batching.default_queue_policy),
-                *((f"priority_queue_policy[{level}]", policy)
-                  for level, policy in batching.priority_queue_policy.items())]
-    for name, policy in policies:
-        if policy.timeout_action == "DELAY" and policy.default_timeout_microseconds:
-            raise ModelConfigError(f"field 'dynamic_batching.{name}.timeout_action' is DELAY with a timeout while "
-                                   "preserve_ordering is true; a delayed request would be answered out of order "
-                                   "(Triton refuses it too): use REJECT, or no timeout", path)
 
 
 def check_io_and_groups(config: ModelConfig, path: str | None) -> None:

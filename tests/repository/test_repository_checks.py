@@ -14,7 +14,6 @@ from modelgen import add_model, mlp_weights
 
 from edged.errors import ModelConfigError
 from edged.repository import (
-    check_batching,
     check_io_and_groups,
     check_platform_backend,
     check_reshapes,
@@ -181,25 +180,6 @@ def test_tensorrt_models_may_use_shape_tensors_profiles_and_nvdla() -> None:
         'is_shape_tensor: true }, { name: "j", data_type: TYPE_FP32, dims: [ 3, 8, 8 ], format: FORMAT_NCHW, '
         'is_non_linear_format_io: true } ]\ninstance_group [ { kind: KIND_GPU, gpus: [ 0 ], profile: [ "0", "1" ], '
         'secondary_devices [ { kind: KIND_NVDLA, device_id: 0 } ] } ]\n'), PATH)
-
-
-@pytest.mark.parametrize(("batching", "match"), [
-    ("preserve_ordering: true priority_levels: 2 default_priority_level: 1",
-     r"field 'dynamic_batching\.preserve_ordering' is true with priority_levels 2; only one priority level is "
-     "allowed with preserve_ordering"),
-    ("preserve_ordering: true default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 100 }",
-     r"field 'dynamic_batching\.default_queue_policy\.timeout_action' is DELAY with a timeout while "
-     "preserve_ordering is true"),
-    ("preserve_ordering: true priority_levels: 1 default_priority_level: 1 priority_queue_policy { key: 1 value { "
-     "timeout_action: DELAY default_timeout_microseconds: 5 } }",
-     r"field 'dynamic_batching\.priority_queue_policy\[1\]\.timeout_action' is DELAY with a timeout"),
-])
-def test_preserve_ordering_with_priorities_or_delayed_timeouts_is_refused_as_triton_does(batching: str,
-                                                                                          match: str) -> None:
-    with pytest.raises(ModelConfigError, match=r"^/repo/m/config\.pbtxt: " + match):
-        check_batching(parse_model_config(config(extra=f"dynamic_batching {{ {batching} }}")), PATH)
-    check_batching(parse_model_config(config(extra="dynamic_batching { preserve_ordering: true priority_levels: 1 "
-                                                   "default_priority_level: 1 }")), PATH)
 
 
 def test_validate_refuses_a_shape_tensor_on_an_onnx_model(tmp_path: Path) -> None:
