@@ -118,11 +118,13 @@ class OnnxRuntimeBackend:
         return ModelSignature(
             inputs=tuple(_signature(arg) for arg in session.get_inputs()),
             outputs=tuple(_signature(arg) for arg in session.get_outputs()),
+            defaults=tuple(_signature(arg) for arg in session.get_overridable_initializers()),
         )
 
     def load(self, model_path: Path, config: ModelConfig, instance_index: int) -> OnnxRuntimeInstance:
         ort = _import_ort()
         plan = plan_providers(config)
+        tensorrt_accelerator_options(config)  # a wrong accelerator parameter fails every load, TensorRT or not
         available = set(ort.get_available_providers())
         chosen: list[str] = []
         missing: list[str] = []
@@ -138,13 +140,14 @@ class OnnxRuntimeBackend:
             fallback = reason
             log.warning("%s; falling back to %s as the config allows", reason, ", ".join(chosen))
         options = _session_options(ort, config)
-        provider_options = [_provider_options(short, config, model_path) for short in chosen]
+        options_by_provider = [provider_options(short, config, model_path) for short in chosen]
         session = _create_session(ort, model_path, options, [PROVIDER_NAMES[s] for s in chosen],
-                                  provider_options)
+                                  options_by_provider)
         shrink = config.parameters.get("memory.enable_memory_arena_shrinkage", "")
         info = InstanceInfo(device="cuda:0" if {"cuda", "tensorrt"} & set(chosen) else "cpu",
                             providers=tuple(session.get_providers()), fallback=fallback,
-                            details={"onnxruntime": ort.__version__, "instance": instance_index})
+                            details={"onnxruntime": ort.__version__, "instance": instance_index,
+                                     "graph_optimization_level": graph_optimization_level(config)})
         return OnnxRuntimeInstance(ort, session, info, shrink)
 
     def available_gpus(self) -> tuple[int, ...]:
@@ -193,18 +196,34 @@ def _session_options(ort: Any, config: ModelConfig) -> Any:
     options.inter_op_num_threads = _int_param(params, "inter_op_thread_count", 1)
     options.enable_cpu_mem_arena = _flag(params, "enable_mem_arena", True)
     options.enable_mem_pattern = _flag(params, "enable_mem_pattern", True)
-    level = params.get("graph_optimization_level", "all").lower()
-    levels = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
-              "all": "ORT_ENABLE_ALL"}
-    if level not in levels:
-        raise ModelLoadError(f"model {config.name}: parameter graph_optimization_level: expected one of "
-                             f"{', '.join(levels)}, found {level!r}")
-    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, levels[level])
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, graph_optimization_level(config))
     options.log_severity_level = 3
     return options
 
 
-def _provider_options(short: str, config: ModelConfig, model_path: Path) -> dict[str, str]:
+# Triton's ONNX Runtime backend reads optimization { graph { level } } so: -1 basic, 1 extended, 2 none, else all.
+_TRITON_GRAPH_LEVELS = {-1: "ORT_ENABLE_BASIC", 1: "ORT_ENABLE_EXTENDED", 2: "ORT_DISABLE_ALL"}
+_GRAPH_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
+                 "all": "ORT_ENABLE_ALL"}
+
+
+def graph_optimization_level(config: ModelConfig) -> str:
+    """The session's GraphOptimizationLevel name: edged's parameter graph_optimization_level where given, else
+    Triton's ``optimization.graph.level``."""
+    given = config.parameters.get("graph_optimization_level")
+    if given is None:
+        graph = config.optimization.get("graph")
+        level = graph.get("level", 0) if isinstance(graph, dict) else 0
+        return _TRITON_GRAPH_LEVELS.get(level, "ORT_ENABLE_ALL")
+    if given.lower() not in _GRAPH_LEVELS:
+        raise ModelLoadError(f"model {config.name}: parameter graph_optimization_level: expected one of "
+                             f"{', '.join(_GRAPH_LEVELS)}, found {given.lower()!r}")
+    return _GRAPH_LEVELS[given.lower()]
+
+
+def provider_options(short: str, config: ModelConfig, model_path: Path) -> dict[str, str]:
+    """The ORT provider options of one execution provider: edged's model parameters, and for TensorRT the
+    parameters of Triton's ``tensorrt`` GPU execution accelerator, which take precedence."""
     params = config.parameters
     if short == "cuda":
         options = {"arena_extend_strategy": params.get("arena_extend_strategy", "kSameAsRequested")}
@@ -216,8 +235,67 @@ def _provider_options(short: str, config: ModelConfig, model_path: Path) -> dict
         options = {"trt_engine_cache_enable": "True", "trt_engine_cache_path": cache}
         if params.get("precision_mode", "").upper() == "FP16":
             options["trt_fp16_enable"] = "True"
-        return options
+        accelerator = tensorrt_accelerator_options(config)
+        fp32 = accelerator.pop("fp32", "")
+        if fp32 or "trt_int8_enable" in accelerator or "trt_bf16_enable" in accelerator:
+            options.pop("trt_fp16_enable", None)  # the accelerator's precision_mode decides
+        return options | accelerator
     return {}
+
+
+# Triton's ONNX Runtime backend: the tensorrt accelerator's precision_mode and max_workspace_size_bytes become
+# these ORT options; its other keys are ORT's own option names. Options naming files are left to the model
+# parameter trt_engine_cache_path, which edged keeps inside the model folder.
+_PRECISIONS = {"FP32": "", "FP16": "trt_fp16_enable", "BF16": "trt_bf16_enable", "INT8": "trt_int8_enable"}
+_TRT_PATH_OPTIONS = frozenset({"trt_engine_cache_path", "trt_timing_cache_path", "trt_extra_plugin_lib_paths",
+                               "trt_ep_context_file_path", "int8_calibration_table_name"})
+_TRT_OPTIONS = frozenset({
+    "trt_max_partition_iterations", "trt_min_subgraph_size", "int8_use_native_calibration_table", "trt_dla_enable",
+    "trt_dla_core", "trt_engine_cache_enable", "trt_engine_cache_prefix", "trt_dump_subgraphs",
+    "trt_force_sequential_engine_build", "trt_context_memory_sharing_enable", "trt_layer_norm_fp32_fallback",
+    "trt_timing_cache_enable", "trt_force_timing_cache", "trt_detailed_build_log", "trt_build_heuristics_enable",
+    "trt_sparsity_enable", "trt_builder_optimization_level", "trt_auxiliary_streams", "trt_tactic_sources",
+    "trt_profile_min_shapes", "trt_profile_max_shapes", "trt_profile_opt_shapes", "trt_cuda_graph_enable",
+    "trt_dump_ep_context_model", "trt_ep_context_embed_mode"})
+
+
+def tensorrt_accelerator_options(config: ModelConfig) -> dict[str, str]:
+    """ORT TensorRT options from the parameters of the config's ``tensorrt`` GPU execution accelerator, checked as
+    Triton checks them (an unknown key or a bad precision fails the load)."""
+    accelerators = config.optimization.get("execution_accelerators", {})
+    accelerators = accelerators if isinstance(accelerators, dict) else {}
+    for field, kind, known in (("gpu_execution_accelerator", "GPU", ("tensorrt", "cuda")),
+                               ("cpu_execution_accelerator", "CPU", ("openvino",))):
+        for accelerator in accelerators.get(field, []):
+            name = accelerator.get("name", "") if isinstance(accelerator, dict) else ""
+            if name not in known:  # a misspelt name ran without the accelerator, with no word
+                raise ModelLoadError(f"unknown {kind} execution accelerator {name!r} in model {config.name} (Triton "
+                                     f"knows {', '.join(known)})")
+    found = accelerators.get("gpu_execution_accelerator", [])
+    options: dict[str, str] = {}
+    for accelerator in found:
+        if not isinstance(accelerator, dict) or accelerator.get("name") != "tensorrt":
+            continue
+        for key, value in dict(accelerator.get("parameters", {})).items():
+            where = f"model {config.name}: the tensorrt execution accelerator's parameter"
+            if key == "precision_mode":
+                if value not in _PRECISIONS:
+                    raise ModelLoadError(f"{where} precision_mode {value!r} is not one of {', '.join(_PRECISIONS)}")
+                options[_PRECISIONS[value] or "fp32"] = "True"
+            elif key == "max_workspace_size_bytes":
+                if not (isinstance(value, str) and value.isascii() and value.isdigit()):
+                    raise ModelLoadError(f"{where} max_workspace_size_bytes {value!r} is not a number of bytes")
+                options["trt_max_workspace_size"] = value
+            elif key in _TRT_PATH_OPTIONS:
+                raise ModelLoadError(f"{where} {key} names a file edged does not confine to the model folder; set "
+                                     "the model parameter trt_engine_cache_path (a folder inside the model folder) "
+                                     "for the engine cache, or leave it out")
+            elif key in _TRT_OPTIONS:
+                options[key] = str(value)
+            else:
+                raise ModelLoadError(f"unknown parameter {key!r} of the tensorrt execution accelerator in model "
+                                     f"{config.name} (Triton refuses it too)")
+    return options
 
 
 def _create_session(ort: Any, model_path: Path, options: Any, providers: list[str],

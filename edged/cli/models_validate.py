@@ -29,8 +29,10 @@ from edged.repository import (
     autocomplete,
     check_batching,
     check_config_files,
+    check_io_and_groups,
     check_platform_backend,
     check_reshapes,
+    check_supported,
     check_tensor_types,
     check_warmup,
     list_versions,
@@ -98,6 +100,7 @@ def validate_path(path: Path, backends: Collection[str] = BUILTIN_BACKENDS,
     config_path = str(path if path.is_file() else model_dir / CONFIG_FILENAME)
     if config is not None:  # the checks a load makes of the config alone, in the same words
         check_platform_backend(config, config_path, backends=backends)
+        check_supported(config, config_path)
         if config.backend and config.backend not in BUILTIN_BACKENDS:
             warnings.append(f"backend '{config.backend}' is not one of edged's ({', '.join(BUILTIN_BACKENDS)}); "
                             "the --config file's [models] backends names it")
@@ -120,6 +123,7 @@ def validate_path(path: Path, backends: Collection[str] = BUILTIN_BACKENDS,
     completed = _complete(config, model_dir, chosen, runtime, warnings, notes)
     check_tensor_types(completed, config_path)
     check_reshapes(completed, config_path)
+    check_io_and_groups(completed, config_path)
     check_batching(completed, config_path)
     check_warmup(completed, config_path, max_elements)
     return Report(model_config_to_json(completed), unknown_fields(completed), warnings, notes)

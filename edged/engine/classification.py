@@ -23,7 +23,7 @@ def load_labels(config: ModelConfig, model_dir: Path) -> dict[str, list[str]]:
             continue
         what = f"label_filename of output {output.name!r}"
         if not confined_path(model_dir, output.label_filename, what, must_exist=False).exists():
-            continue  # Triton also serves scores without labels when the file is missing
+            continue  # removed since the load checked it (check_config_files): scores without labels
         raw = read_confined(model_dir, output.label_filename, what)
         labels[output.name] = raw.decode("utf-8", errors="replace").splitlines()
     return labels

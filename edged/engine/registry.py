@@ -54,9 +54,11 @@ from edged.repository import (
     changed_versions,
     check_batching,
     check_config_files,
+    check_io_and_groups,
     check_model_name,
     check_platform_backend,
     check_reshapes,
+    check_supported,
     check_tensor_types,
     check_warmup,
     find_models,
@@ -328,6 +330,7 @@ class Registry:
         check_instance_count(config, self._settings.max_instance_count)
         check_tensor_types(config, config_path)
         check_reshapes(config, config_path)
+        check_io_and_groups(config, config_path)
         check_batching(config, config_path)
         check_warmup(config, config_path, self._max_elements)
         wanted = select_versions(config.version_policy, available)
@@ -368,6 +371,7 @@ class Registry:
         check_instance_count(config, self._settings.max_instance_count)
         check_tensor_types(config, config_path)
         check_reshapes(config, config_path)
+        check_io_and_groups(config, config_path)
         check_batching(config, config_path)
         check_warmup(config, config_path, self._max_elements)
         return config, backend
@@ -377,6 +381,7 @@ class Registry:
         a platform or backend the config names wrongly is the config's error (400), not a failed load."""
         if config is not None:
             check_platform_backend(config, config_path, backends=None)  # names: the loader knows [models] backends
+            check_supported(config, config_path)
         backend = self._backends.get(runtime)
         if backend is None:
             try:

@@ -16,9 +16,9 @@ from edged.repository.model_config import ModelConfig, WarmupInput
 
 def warmup_samples(config: ModelConfig, model_dir: Path) -> list[tuple[dict[str, Array], int]]:
     """(inputs, repeat count) pairs to run before a version is ready; empty when inputs cannot be made up."""
-    if config.model_warmup:
+    if config.model_warmup:  # as Triton: a sample of batch_size 0 (unset) is skipped, count 0 runs once
         return [(_from_entry(config, entry.inputs, entry.batch_size, model_dir), max(1, entry.count))
-                for entry in config.model_warmup]
+                for entry in config.model_warmup if entry.batch_size > 0]
     generated: dict[str, Array] = {}
     for spec in config.input:
         if spec.data_type not in TRITON_TO_NUMPY or spec.data_type == "TYPE_STRING" or spec.optional:

@@ -48,7 +48,7 @@ def autocomplete(config: ModelConfig | None, name: str, signature: ModelSignatur
     batch = config.max_batch_size > 0
     config = replace(
         config,
-        input=_complete(config.input, signature.inputs, batch, "input", config.name),
+        input=_complete(config.input, signature.inputs, batch, "input", config.name, signature.defaults),
         output=_complete(config.output, signature.outputs, batch, "output", config.name),
     )
     return normalize(config, gpus)
@@ -93,13 +93,20 @@ def _max_batch(config: ModelConfig, signature: ModelSignature, default: int) -> 
 
 
 def _complete(given: tuple[TensorConfig, ...], found: tuple[TensorSignature, ...], batch: bool, kind: str,
-              model: str) -> tuple[TensorConfig, ...]:
+              model: str, defaults: tuple[TensorSignature, ...] = ()) -> tuple[TensorConfig, ...]:
     if not given:
         return tuple(_from_signature(t, batch) for t in found)
     by_name = {t.name: t for t in found}
+    initializers = {t.name: t for t in defaults}
     out: list[TensorConfig] = []
     for tensor in given:
         sig = by_name.get(tensor.name)
+        if sig is None and tensor.name in initializers:
+            if not tensor.optional:  # Triton counts it out of the model's inputs only when it is optional
+                raise ModelConfigError(f"model '{model}': {kind} '{tensor.name}' is an initializer of the model file "
+                                       "(it has a default value): mark it optional: true, so that a request may "
+                                       "leave it out for that value or give its own")
+            sig = initializers[tensor.name]
         if sig is None:
             raise ModelConfigError(f"model '{model}': {kind} '{tensor.name}' is in the config but not in the "
                                    f"model file; the model's {kind}s are: {', '.join(by_name) or 'none'}")

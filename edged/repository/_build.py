@@ -1,10 +1,11 @@
 """Building a typed `ModelConfig` from a parsed text-format tree.
 
 Field types follow Triton's model_config.proto (int32/uint32/int64/uint64 ranges, enums by name or number,
-non-repeated fields given once). Fields edged does not model are kept in ``extra`` as plain data, keyed by
-their dotted path (``instance_group[0].profile``), and reported. The exception are the schedulers edged does not
-implement (``sequence_batching``, ``ensemble_scheduling``): serving such a model as if it were stateless would
-give wrong answers, so the config is refused at the field's line.
+non-repeated fields given once). Fields of the schema (``_schema``) edged does not model are kept in ``extra`` as
+plain data of their schema types, keyed by their dotted path (``instance_group[0].profile``), and reported; a field
+the schema does not have is refused at its position, as protobuf's parser refuses it. The schedulers edged does not
+implement (``sequence_batching``, ``ensemble_scheduling``) are refused too: serving such a model as if it were
+stateless would give wrong answers.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from typing import Any, Literal, cast
 
 from edged.repository._fields import INT32, INT64, UINT32, UINT64, Reader, one
 from edged.repository._pbtxt import Field, Message, parse
-from edged.repository._plain import plain_fields
 from edged.repository.model_config import (
     TRITON_TO_KSERVE,
     DynamicBatching,
@@ -77,7 +77,7 @@ def build_model_config(tree: Message, path: str | None = None, default_name: str
     """``int_strings``: the tree comes from protobuf's JSON form, where integers may be strings."""
     reader = Reader(path, int_strings=int_strings)
     _refuse_unsupported_schedulers(reader, tree)
-    groups = reader.group(tree, "", _TOP, _REPEATED_TOP)
+    groups = reader.group(tree, "", _TOP, _REPEATED_TOP, of="ModelConfig")
     config = ModelConfig(
         name=_text(reader, groups, "name") or default_name,
         platform=_text(reader, groups, "platform"),
@@ -97,6 +97,8 @@ def build_model_config(tree: Message, path: str | None = None, default_name: str
         optimization=_optimization(reader, one(groups, "optimization")),
         extra=reader.extra,
     )
+    for kind, specs in (("input", config.input), ("output", config.output)):
+        _refuse_repeated_names(reader, kind, specs, groups.get(kind, []))
     if reader.extra:
         logger.info("model %s: fields kept but not applied by edged: %s", config.name or default_name,
                     ", ".join(reader.extra))
@@ -108,6 +110,15 @@ def _refuse_unsupported_schedulers(reader: Reader, tree: Message) -> None:
         reason = _REFUSED_TOP.get(item.name)
         if reason is not None:
             raise reader.error(f"field '{item.name}': {reason}", item)
+
+
+def _refuse_repeated_names(reader: Reader, kind: str, specs: tuple[TensorConfig, ...], items: list[Field]) -> None:
+    first: dict[str, int] = {}
+    for index, (spec, item) in enumerate(zip(specs, items, strict=True)):
+        if spec.name in first:
+            raise reader.error(f"{kind}[{index}] is named {spec.name!r} like {kind}[{first[spec.name]}]; each {kind} "
+                               "needs its own name", item.value if isinstance(item.value, Message) else item)
+        first[spec.name] = index
 
 
 def unknown_fields(config: ModelConfig) -> list[str]:
@@ -137,12 +148,12 @@ def _dims(reader: Reader, items: list[Field] | None, where: str) -> tuple[int, .
 
 def _tensor(reader: Reader, item: Field, where: str, is_input: bool) -> TensorConfig:
     groups = reader.group(reader.message(item, ""), where, _INPUT if is_input else _OUTPUT,
-                          frozenset({"dims"}))
+                          frozenset({"dims"}), of="ModelInput" if is_input else "ModelOutput")
     reshape_field = one(groups, "reshape")
     reshape = None
     if reshape_field is not None:
         shape_groups = reader.group(reader.message(reshape_field, where), f"{where}reshape.",
-                                    frozenset({"shape"}), frozenset({"shape"}))
+                                    frozenset({"shape"}), frozenset({"shape"}), of="ModelTensorReshape")
         reshape = Reshape(_dims(reader, shape_groups.get("shape"), f"{where}reshape."))
     return TensorConfig(
         name=_text_at(reader, groups, "name", where),
@@ -193,27 +204,29 @@ def _version_policy(reader: Reader, item: Field | None) -> VersionPolicy:
     if item is None:
         return VersionPolicy()
     where = "version_policy."
-    groups = reader.group(reader.message(item, ""), where, frozenset({"latest", "all", "specific"}))
+    groups = reader.group(reader.message(item, ""), where, frozenset({"latest", "all", "specific"}),
+                          of="ModelVersionPolicy")
     if len(groups) != 1:
         raise reader.error(f"field 'version_policy' expects exactly one of latest, all, specific; found "
                            f"{', '.join(groups) or 'none'}", item)
     kind, items = next(iter(groups.items()))
     body = reader.message(items[0], where)
     if kind == "all":
-        reader.group(body, f"{where}all.", frozenset())
+        reader.group(body, f"{where}all.", frozenset(), of="ModelVersionPolicy.All")
         return VersionPolicy(kind="all")
     if kind == "latest":
-        latest = reader.group(body, f"{where}latest.", frozenset({"num_versions"}))
+        latest = reader.group(body, f"{where}latest.", frozenset({"num_versions"}), of="ModelVersionPolicy.Latest")
         count = _int_at(reader, latest, "num_versions", f"{where}latest.", bounds=(1, UINT32[1]), default=1)
         return VersionPolicy(kind="latest", num_versions=count)
-    specific = reader.group(body, f"{where}specific.", frozenset({"versions"}), frozenset({"versions"}))
+    specific = reader.group(body, f"{where}specific.", frozenset({"versions"}), frozenset({"versions"}),
+                            of="ModelVersionPolicy.Specific")
     versions = reader.ints(specific.get("versions"), f"{where}specific.", INT64)
     return VersionPolicy(kind="specific", versions=versions)
 
 
 def _instance_group(reader: Reader, item: Field, where: str) -> InstanceGroup:
     groups = reader.group(reader.message(item, ""), where, frozenset({"name", "kind", "count", "gpus"}),
-                          frozenset({"gpus"}))
+                          frozenset({"gpus"}), of="ModelInstanceGroup")
     kind = _enum_at(reader, groups, "kind", where, allowed=KINDS, default="KIND_AUTO")
     # count 0 is protobuf's "not given": normalize() applies Triton's default for the kind and backend.
     return InstanceGroup(
@@ -227,7 +240,7 @@ def _instance_group(reader: Reader, item: Field, where: str) -> InstanceGroup:
 def _queue_policy(reader: Reader, item: Field | None, where: str) -> QueuePolicy:
     if item is None:
         return QueuePolicy()
-    groups = reader.group(reader.message(item, where), f"{where}{item.name}.", _QUEUE)
+    groups = reader.group(reader.message(item, where), f"{where}{item.name}.", _QUEUE, of="ModelQueuePolicy")
     inner = f"{where}{item.name}."
     return QueuePolicy(
         timeout_action=cast(TimeoutAction, _enum_at(reader, groups, "timeout_action", inner,
@@ -244,7 +257,7 @@ def _dynamic_batching(reader: Reader, item: Field | None) -> DynamicBatching | N
         return None
     where = "dynamic_batching."
     groups = reader.group(reader.message(item, ""), where, _BATCHING,
-                          frozenset({"preferred_batch_size", "priority_queue_policy"}))
+                          frozenset({"preferred_batch_size", "priority_queue_policy"}), of="ModelDynamicBatching")
     levels = _int_at(reader, groups, "priority_levels", where, bounds=UINT64)
     default_level = _int_at(reader, groups, "default_priority_level", where, bounds=UINT64)
     if levels and not 1 <= default_level <= levels:
@@ -291,7 +304,7 @@ def _parameters(reader: Reader, items: list[Field]) -> dict[str, str]:
         text = ""
         if value is not None:
             groups = reader.group(reader.message(value, "parameters."), "parameters.value.",
-                                  frozenset({"string_value"}))
+                                  frozenset({"string_value"}), of="ModelParameter")
             text = _text_at(reader, groups, "string_value", "parameters.value.")
         params[name] = text
     return params
@@ -299,16 +312,16 @@ def _parameters(reader: Reader, items: list[Field]) -> dict[str, str]:
 
 def _warmup(reader: Reader, item: Field, where: str) -> ModelWarmup:
     groups = reader.group(reader.message(item, ""), where,
-                          frozenset({"name", "batch_size", "inputs", "count"}), frozenset({"inputs"}))
+                          frozenset({"name", "batch_size", "inputs", "count"}), frozenset({"inputs"}), of="ModelWarmup")
     inputs: dict[str, WarmupInput] = {}
     for _entry, key, value in reader.map_entries(groups.get("inputs", []), where):
         name = "" if key is None else reader.string(key, f"{where}inputs.")
         inputs[name] = _warmup_input(reader, value, f"{where}inputs[{name}].")
     return ModelWarmup(
         name=_text_at(reader, groups, "name", where),
-        batch_size=_int_at(reader, groups, "batch_size", where, bounds=UINT32, default=1),
+        batch_size=_int_at(reader, groups, "batch_size", where, bounds=UINT32),
         inputs=inputs,
-        count=_int_at(reader, groups, "count", where, bounds=UINT32, default=1),
+        count=_int_at(reader, groups, "count", where, bounds=UINT32),
     )
 
 
@@ -317,7 +330,7 @@ def _warmup_input(reader: Reader, item: Field | None, where: str) -> WarmupInput
         return WarmupInput(data_type="TYPE_INVALID", dims=())
     sources = ("zero_data", "random_data", "input_data_file")
     groups = reader.group(reader.message(item, where), where, frozenset({"data_type", "dims", *sources}),
-                          frozenset({"dims"}))
+                          frozenset({"dims"}), of="ModelWarmup.Input")
     given = [name for name in sources if name in groups]
     if len(given) > 1:
         raise reader.error(f"warm-up input '{where[:-1]}' sets {' and '.join(given)}; expected exactly one",
@@ -334,7 +347,6 @@ def _warmup_input(reader: Reader, item: Field | None, where: str) -> WarmupInput
 def _optimization(reader: Reader, item: Field | None) -> dict[str, Any]:
     if item is None:
         return {}
-    value = plain_fields("optimization", [item])
-    if not isinstance(value, dict):
-        raise reader.error(f"field 'optimization' expects a message {{ ... }}, found {value!r}", item)
+    value = reader.kept([item], "ModelOptimizationPolicy", "")
+    assert isinstance(value, dict)  # a message's kept value is a dict (a scalar was refused by reader.message)
     return value

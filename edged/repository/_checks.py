@@ -45,6 +45,46 @@ def unknown_backend(backend: str, backends: Collection[str], path: str | None) -
                             f"{', '.join(sorted(backends))} (more can be named in [models] backends)", path)
 
 
+def check_supported(config: ModelConfig, path: str | None) -> None:
+    """Refuse fields of Triton's schema whose semantics edged does not implement, where they are in effect: served
+    as if absent, a request got another answer than Triton gives (a decoupled model answered over HTTP, which
+    Triton refuses; a ragged model fed padded tensors; a checksum agent's check skipped). Fields that change no
+    answer (``response_cache``: Triton without a cache configured serves the same; metrics, profiles) are kept."""
+    extra = config.extra
+    policy = extra.get("model_transaction_policy")
+    if isinstance(policy, dict) and policy.get("decoupled") in (True, 1):
+        raise ModelConfigError("field 'model_transaction_policy.decoupled' is true: decoupled models (any number "
+                               "of responses per request, over a stream) are not supported by edged, which answers "
+                               "each request once; serve the model with decoupled: false if it gives one response "
+                               "per request", path)
+    for name, what in (("batch_input", "batch inputs"), ("batch_output", "batch outputs")):
+        if extra.get(name):
+            raise ModelConfigError(f"field '{name}': {what} (ragged batching) are not supported by edged: requests "
+                                   "are batched only when their shapes match, and the model gets no batch input "
+                                   f"tensors; remove {name} and give the model inputs with a batch dimension", path)
+    for spec in config.input:
+        if spec.allow_ragged_batch:
+            raise ModelConfigError(f"input {spec.name!r}: field 'allow_ragged_batch' is true: ragged batching is not "
+                                   "supported by edged (requests are batched only when their shapes match, never "
+                                   "concatenated into one flat tensor); remove it", path)
+    agents = extra.get("model_repository_agents")
+    if isinstance(agents, dict) and agents.get("agents"):
+        raise ModelConfigError("field 'model_repository_agents': repository agents (checksum, relocation) are not "
+                               "run by edged, so their checks and changes to the model files would be skipped; "
+                               "remove them (edged's signed updates verify model files: see Updates in README)",
+                               path)
+    runtime = extra.get("runtime", "")
+    if runtime and runtime != f"libtriton_{config.runtime}.so":  # Triton's library for the backend: edged's own
+        raise ModelConfigError(f"field 'runtime' is {runtime!r}: edged serves each backend with its own runtime (a "
+                               f"Python-based runtime such as model.py is not supported); remove it, or name "
+                               f"libtriton_{config.runtime or '<backend>'}.so", path)
+    operations = extra.get("model_operations")
+    if isinstance(operations, dict) and operations.get("op_library_filename"):
+        raise ModelConfigError("field 'model_operations.op_library_filename': custom operation libraries are not "
+                               "loaded by edged; export the model with standard operators (or register the custom "
+                               "operators in the ONNX Runtime session through a backend of your own)", path)
+
+
 def check_tensor_types(config: ModelConfig, path: str | None) -> None:
     """Refuse tensors of a type edged cannot carry (BF16), on the completed config: such a model loaded,
     advertised BF16 and refused every request; refused at load, it says so once, where the operator looks."""
@@ -58,7 +98,9 @@ def check_tensor_types(config: ModelConfig, path: str | None) -> None:
 
 def check_batching(config: ModelConfig, path: str | None) -> None:
     """Refuse a ``preferred_batch_size`` above max_batch_size, as Triton does, on the completed config (auto-complete
-    may set max_batch_size): no batch can reach it, so every batch waited out its whole delay."""
+    may set max_batch_size): no batch can reach it, so every batch waited out its whole delay. (Triton also refuses
+    preserve_ordering with several priority levels or a DELAY timeout; edged serves both, answers in queueing
+    order, see engine.ordering.)"""
     batching = config.dynamic_batching
     if batching is None:
         return
@@ -67,6 +109,37 @@ def check_batching(config: ModelConfig, path: str | None) -> None:
             raise ModelConfigError(f"field 'dynamic_batching.preferred_batch_size' holds {size}, more than "
                                    f"max_batch_size {config.max_batch_size}; a preferred batch size must be at "
                                    "most max_batch_size", path)
+
+
+def check_io_and_groups(config: ModelConfig, path: str | None) -> None:
+    """Refuse, on the completed config, what Triton's ValidateModelInput/Output and ValidateInstanceGroup refuse:
+    FORMAT_NHWC/NCHW without 3 dims, shape tensors, non-linear formats, profiles and NVDLA devices outside TensorRT,
+    and GPUs listed for KIND_CPU or KIND_MODEL groups. Loaded, such a field was ignored."""
+    tensorrt = config.runtime == "tensorrt"
+    for kind, specs in (("input", config.input), ("output", config.output)):
+        for index, spec in enumerate(specs):
+            label = f"{kind} {spec.name!r}: field"
+            if spec.format in ("FORMAT_NHWC", "FORMAT_NCHW") and len(spec.dims) != 3:
+                raise ModelConfigError(f"{label} 'format' is {spec.format}, which needs 3 dims (C, H, W in some "
+                                       f"order); found dims {list(spec.dims)} (use FORMAT_NONE for other shapes)",
+                                       path)
+            if spec.is_shape_tensor and not tensorrt:
+                raise ModelConfigError(f"{label} 'is_shape_tensor' is true, but shape tensors are only supported by "
+                                       f"TensorRT models (this one is {config.runtime}'s); remove it", path)
+            if config.extra.get(f"{kind}[{index}].is_non_linear_format_io") and not tensorrt:
+                raise ModelConfigError(f"{label} 'is_non_linear_format_io' is true, but non-linear formats are only "
+                                       f"supported by TensorRT models (this one is {config.runtime}'s)", path)
+    for index, group in enumerate(config.instance_group):
+        where = f"instance_group[{index}]"
+        if group.gpus and group.kind in ("KIND_CPU", "KIND_MODEL"):
+            raise ModelConfigError(f"{where}: kind {group.kind} with field 'gpus' {list(group.gpus)}; GPUs go with "
+                                   "kind KIND_GPU (or KIND_AUTO), as Triton requires", path)
+        if config.extra.get(f"{where}.profile") and not tensorrt:
+            raise ModelConfigError(f"{where}: field 'profile' names TensorRT optimization profiles, but the model is "
+                                   f"{config.runtime}'s; remove it", path)
+        if config.extra.get(f"{where}.secondary_devices") and not tensorrt:
+            raise ModelConfigError(f"{where}: field 'secondary_devices' (NVDLA) is only supported by TensorRT "
+                                   f"models (this one is {config.runtime}'s); remove it", path)
 
 
 def check_reshapes(config: ModelConfig, path: str | None) -> None:
@@ -78,6 +151,10 @@ def check_reshapes(config: ModelConfig, path: str | None) -> None:
         for spec in specs:
             if spec.reshape is None:
                 continue
+            if not spec.reshape.shape and config.max_batch_size == 0:  # Triton's ValidateIOShape
+                raise ModelConfigError(f"{kind} {spec.name!r}: field 'reshape' is empty (a scalar), which a "
+                                       "non-batching model (max_batch_size 0) cannot have, as in Triton; give the "
+                                       "shape, such as [ 1 ]", path)
             dims, shape = list(spec.dims), list(spec.reshape.shape)
             problem = _reshape_problem(dims, shape)
             if problem:
@@ -116,6 +193,8 @@ def check_warmup(config: ModelConfig, path: str | None, max_elements: int) -> No
         return
     inputs = {spec.name: spec for spec in config.input}
     for index, entry in enumerate(config.model_warmup):
+        if entry.batch_size == 0:
+            continue  # never run (Triton skips such a sample)
         where = f"model_warmup[{index}]" + (f" ({entry.name!r})" if entry.name else "")
         _check_entry(config, entry, where, inputs, path, max_elements)
 

@@ -52,8 +52,8 @@ def model_config_to_json(config: ModelConfig, gpus: Sequence[int] = ()) -> dict[
         "runtime": config.extra.get("runtime", ""),
         "version_policy": _version_policy(config.version_policy),
         "max_batch_size": config.max_batch_size,
-        "input": [_input(t) for t in config.input],
-        "output": [_output(t) for t in config.output],
+        "input": [_input(t, _kept(config.extra, f"input[{i}].")) for i, t in enumerate(config.input)],
+        "output": [_output(t, _kept(config.extra, f"output[{i}].")) for i, t in enumerate(config.output)],
         "batch_input": config.extra.get("batch_input", []),
         "batch_output": config.extra.get("batch_output", []),
     }
@@ -63,7 +63,8 @@ def model_config_to_json(config: ModelConfig, gpus: Sequence[int] = ()) -> dict[
         out["optimization"] = _finite(config.optimization)
     if config.dynamic_batching is not None:
         out["dynamic_batching"] = _dynamic_batching(config.dynamic_batching)
-    out["instance_group"] = [_instance_group(g) for g in config.instance_group]
+    out["instance_group"] = [_instance_group(g, _kept(config.extra, f"instance_group[{i}]."))
+                             for i, g in enumerate(config.instance_group)]
     out["default_model_filename"] = config.default_model_filename
     out["cc_model_filenames"] = config.extra.get("cc_model_filenames", {})
     out["metric_tags"] = config.extra.get("metric_tags", {})
@@ -82,6 +83,11 @@ def _finite(value: Any) -> Any:
     if isinstance(value, list):
         return [_finite(item) for item in value]
     return value
+
+
+def _kept(extra: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """The kept fields of one input, output or instance group (``extra`` keys under ``prefix``), by field name."""
+    return {key[len(prefix):]: _finite(value) for key, value in extra.items() if key.startswith(prefix)}
 
 
 def _with_extra(out: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -107,20 +113,20 @@ def _reshape(tensor: TensorConfig, out: dict[str, Any]) -> None:
         out["reshape"] = {"shape": list(tensor.reshape.shape)}
 
 
-def _input(tensor: TensorConfig) -> dict[str, Any]:
+def _input(tensor: TensorConfig, kept: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"name": tensor.name, "data_type": tensor.data_type, "format": tensor.format,
                            "dims": list(tensor.dims)}
     _reshape(tensor, out)
     out.update(is_shape_tensor=tensor.is_shape_tensor, allow_ragged_batch=tensor.allow_ragged_batch,
-               optional=tensor.optional, is_non_linear_format_io=False)
+               optional=tensor.optional, is_non_linear_format_io=kept.get("is_non_linear_format_io", False))
     return out
 
 
-def _output(tensor: TensorConfig) -> dict[str, Any]:
+def _output(tensor: TensorConfig, kept: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"name": tensor.name, "data_type": tensor.data_type, "dims": list(tensor.dims)}
     _reshape(tensor, out)
     out.update(label_filename=tensor.label_filename, is_shape_tensor=tensor.is_shape_tensor,
-               is_non_linear_format_io=False)
+               is_non_linear_format_io=kept.get("is_non_linear_format_io", False))
     return out
 
 
@@ -146,9 +152,14 @@ def _dynamic_batching(batching: DynamicBatching) -> dict[str, Any]:
     return out
 
 
-def _instance_group(group: InstanceGroup) -> dict[str, Any]:
-    return {"name": group.name, "kind": group.kind, "count": group.count, "gpus": list(group.gpus),
-            "secondary_devices": [], "profile": [], "passive": False, "host_policy": ""}
+def _instance_group(group: InstanceGroup, kept: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": group.name, "kind": group.kind, "count": group.count}
+    if "rate_limiter" in kept:  # a message field: printed only when set
+        out["rate_limiter"] = kept["rate_limiter"]
+    out.update(gpus=list(group.gpus), secondary_devices=kept.get("secondary_devices", []),
+               profile=kept.get("profile", []), passive=kept.get("passive", False),
+               host_policy=kept.get("host_policy", ""))
+    return out
 
 
 def _warmup(warmup: ModelWarmup) -> dict[str, Any]:

@@ -104,14 +104,15 @@ def _check_descriptor(fd: int, folder: Path, what: str, name: str) -> None:
 
 
 def check_config_files(config: ModelConfig, model_dir: Path | str, versions: Iterable[int]) -> None:
-    """Refuse a config naming any file outside its model folder, before anything of the model is read."""
+    """Refuse a config naming any file outside its model folder, or a label file that is not there, before anything
+    of the model is read."""
     for version in versions:
         confined_path(model_dir, config.model_filename, "default_model_filename", under=str(version),
                       must_exist=False)
     for output in config.output:
         if output.label_filename:
-            confined_path(model_dir, output.label_filename, f"label_filename of output {output.name!r}",
-                          must_exist=False)
+            # must exist: Triton's load fails on a label file it cannot read (a misspelt name went unnoticed)
+            confined_path(model_dir, output.label_filename, f"label_filename of output {output.name!r}")
     cache = config.parameters.get(TRT_CACHE_PARAMETER)
     if cache:
         confined_path(model_dir, cache, f"parameter {TRT_CACHE_PARAMETER}", must_exist=False, kind="folder")
@@ -120,6 +121,8 @@ def check_config_files(config: ModelConfig, model_dir: Path | str, versions: Ite
             if spec.source == "input_data_file":
                 what = f"input_data_file of warm-up {entry.name!r} input {name!r}"
                 path = confined_path(model_dir, spec.input_data_file, what, under="warmup", must_exist=False)
+                if entry.batch_size == 0:
+                    continue  # never read: Triton skips a sample of batch_size 0
                 _check_warmup_file_size(path, what, spec.input_data_file, warmup_shape(config, entry.batch_size, spec),
                                         spec.data_type)
 

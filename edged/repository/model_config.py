@@ -2,9 +2,9 @@
 
 This is the contract between the repository (which parses ``config.pbtxt`` and auto-completes it), the
 backends and the engine. Field names follow Triton's protobuf (model_config.proto) so that the JSON form the
-API reports is Triton's. Fields edged does not model are kept verbatim in ``extra`` (as parsed text-format
-values) and reported by name; they are not fatal, except the schedulers edged does not implement
-(``sequence_batching``, ``ensemble_scheduling``), which the builder refuses at their line.
+API reports is Triton's. Fields of that schema edged does not model are kept in ``extra`` (as JSON-ready values of
+their schema types) and reported by name; the schedulers edged does not implement (``sequence_batching``,
+``ensemble_scheduling``) are refused by the builder at their line, and a field the schema does not have too.
 """
 
 from __future__ import annotations
@@ -109,10 +109,13 @@ class WarmupInput:
 
 @dataclass(frozen=True)
 class ModelWarmup:
+    """One ``model_warmup`` sample. As in Triton, batch_size 0 (protobuf's unset) skips the sample, and count 0 runs
+    it once; both are reported as given."""
+
     name: str
-    batch_size: int = 1
+    batch_size: int = 0
     inputs: dict[str, WarmupInput] = field(default_factory=dict)
-    count: int = 1
+    count: int = 0
 
 
 @dataclass(frozen=True)
@@ -177,3 +180,6 @@ class ModelSignature:
     # TensorRT: the max batch of the first optimisation profile, when the engine has a dynamic first dim.
     max_batch_hint: int | None = None
     notes: tuple[str, ...] = ()  # e.g. non-linear I/O formats found, reported with auto-complete off
+    # ONNX: initializers a run may override (ORT lists them apart from the inputs); a config may name them as
+    # optional inputs, left out of a request for their value in the file, as Triton's ONNX Runtime backend allows
+    defaults: tuple[TensorSignature, ...] = ()

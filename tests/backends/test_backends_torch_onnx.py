@@ -9,7 +9,7 @@ import pytest
 import torch
 from modelgen import add_model, mlp_reference, mlp_weights
 
-from edged.backends.onnxruntime import OnnxRuntimeBackend, plan_providers
+from edged.backends.onnxruntime import OnnxRuntimeBackend, plan_providers, provider_options
 from edged.backends.pytorch import PyTorchBackend, cuda_allocator_plan, positional_order, translate_failure
 from edged.config import ModelsConfig
 from edged.engine import InferenceService, InferRequest
@@ -221,3 +221,70 @@ def test_onnx_feeds_the_python_wrapper_would_refuse_are_still_refused(tmp_path: 
     instance.close()
     with pytest.raises(InferenceFailed, match="closed"):
         instance.run({"input": x}, ["output"])
+
+
+@pytest.mark.parametrize(("text", "level"), [
+    ("", "ORT_ENABLE_ALL"),
+    ("optimization { graph { level: 0 } }", "ORT_ENABLE_ALL"),
+    ("optimization { graph { level: -1 } }", "ORT_ENABLE_BASIC"),
+    ("optimization { graph { level: 1 } }", "ORT_ENABLE_EXTENDED"),
+    ("optimization { graph { level: 2 } }", "ORT_DISABLE_ALL"),  # a common work-around for an optimizer bug
+    ('optimization { graph { level: 2 } }\nparameters { key: "graph_optimization_level" value: { string_value: '
+     '"basic" } }', "ORT_ENABLE_BASIC"),  # edged's own parameter, where given, decides
+])
+def test_onnx_sessions_take_tritons_graph_optimization_level(tmp_path: Path, text: str, level: str) -> None:
+    # as Triton's ONNX Runtime backend maps optimization.graph.level; before, edged ignored it (always ENABLE_ALL)
+    add_model(tmp_path, "m", None, {1: mlp_weights(in_dim=4, hidden=8, out_dim=2)})
+    instance = OnnxRuntimeBackend().load(tmp_path / "m" / "1" / "model.onnx", parse_model_config(f'name: "m"\n{text}'),
+                                         0)
+    assert instance.info.details["graph_optimization_level"] == level
+
+
+ACCELERATOR = ('name: "m"\ninstance_group [ { kind: KIND_GPU } ]\noptimization { execution_accelerators { '
+               'gpu_execution_accelerator: [ { name: "tensorrt" %s } ] } }\n')
+
+
+def test_tensorrt_accelerator_parameters_reach_the_tensorrt_provider(tmp_path: Path) -> None:
+    # Triton's form of the TensorRT options: before, edged read only its own model-level parameters, so
+    # precision_mode FP16 here built FP32 engines and the workspace size was ignored
+    path = tmp_path / "m" / "1" / "model.onnx"
+    config = parse_model_config(ACCELERATOR % ('parameters { key: "precision_mode" value: "FP16" } parameters { key: '
+                                               '"max_workspace_size_bytes" value: "1073741824" } parameters { key: '
+                                               '"trt_max_partition_iterations" value: "10" }'))
+    assert plan_providers(config).requested == ("tensorrt", "cuda", "cpu")
+    options = provider_options("tensorrt", config, path)
+    assert options["trt_fp16_enable"] == "True"
+    assert options["trt_max_workspace_size"] == "1073741824"
+    assert options["trt_max_partition_iterations"] == "10"
+    assert options["trt_engine_cache_path"] == str(tmp_path / "m" / "1" / "trt_cache")
+    int8 = provider_options("tensorrt", parse_model_config(ACCELERATOR % 'parameters { key: "precision_mode" '
+                                                                         'value: "INT8" }'), path)
+    assert int8["trt_int8_enable"] == "True" and "trt_fp16_enable" not in int8
+
+
+@pytest.mark.parametrize(("params", "match"), [
+    ('parameters { key: "precision_mode" value: "FP8" }', "precision_mode 'FP8' is not one of FP32, FP16, BF16, INT8"),
+    ('parameters { key: "max_workspace_size_bytes" value: "lots" }', "max_workspace_size_bytes 'lots' is not"),
+    ('parameters { key: "speed" value: "max" }', "unknown parameter 'speed' of the tensorrt execution accelerator"),
+    ('parameters { key: "trt_engine_cache_path" value: "/tmp/x" }', "set the model parameter trt_engine_cache_path"),
+])
+def test_tensorrt_accelerator_parameters_edged_cannot_apply_fail_the_load(tmp_path: Path, params: str,
+                                                                           match: str) -> None:
+    add_model(tmp_path, "m", None, {1: mlp_weights(in_dim=4, hidden=8, out_dim=2)})
+    with pytest.raises(ModelLoadError, match=match):  # on a CPU-only build too: the config is wrong everywhere
+        OnnxRuntimeBackend().load(tmp_path / "m" / "1" / "model.onnx", parse_model_config(ACCELERATOR % params), 0)
+
+
+@pytest.mark.parametrize(("accelerators", "match"), [
+    ('gpu_execution_accelerator: [ { name: "TensorRT" } ]', "unknown GPU execution accelerator 'TensorRT' in model m "
+                                                            r"\(Triton knows tensorrt, cuda\)"),
+    ('cpu_execution_accelerator: [ { name: "tensorrt" } ]', r"unknown CPU execution accelerator 'tensorrt' in model "
+                                                            r"m \(Triton knows openvino\)"),
+])
+def test_an_execution_accelerator_triton_does_not_know_fails_the_load(tmp_path: Path, accelerators: str,
+                                                                      match: str) -> None:
+    # before: ignored, so a misspelt tensorrt ran on CUDA alone (or the CPU) with no word
+    add_model(tmp_path, "m", None, {1: mlp_weights(in_dim=4, hidden=8, out_dim=2)})
+    config = parse_model_config(f'name: "m"\noptimization {{ execution_accelerators {{ {accelerators} }} }}\n')
+    with pytest.raises(ModelLoadError, match=match):
+        OnnxRuntimeBackend().load(tmp_path / "m" / "1" / "model.onnx", config, 0)

@@ -15,6 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 from edged.config import ModelsConfig
 from edged.engine import InferenceService, InferRequest, ModelState
 from edged.errors import ModelConfigError
+from edged.repository import model_config_to_json
 from edged.repository.model_config import ModelConfig
 
 WARMUP = ('model_warmup [ {{ name: "w", batch_size: {batch}, inputs {{ key: "input" value: {{ data_type: '
@@ -73,6 +74,27 @@ def test_a_platform_or_backend_edged_does_not_serve_is_a_config_error(
         tmp_path: Path, service: InferenceService, head: str, match: str) -> None:
     add_model(tmp_path, "m", config("m", head=head), {1: mlp_weights()})
     with pytest.raises(ModelConfigError, match=match):
+        service.load_model("m")
+
+
+@pytest.mark.parametrize(("extra", "match"), [
+    ("model_transaction_policy { decoupled: true }", r"field 'model_transaction_policy\.decoupled' is true"),
+    ('batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "n" data_type: TYPE_FP32 source_input: "input" } ]',
+     r"field 'batch_input': batch inputs \(ragged batching\) are not supported by edged"),
+    ('model_repository_agents { agents [ { name: "checksum" } ] }', "field 'model_repository_agents'"),
+])
+def test_a_field_edged_does_not_implement_is_a_config_error_at_load(
+        tmp_path: Path, service: InferenceService, extra: str, match: str) -> None:
+    # before: each loaded and answered every request once, over HTTP too, as if the field were not there
+    add_model(tmp_path, "m", config("m") + extra, {1: mlp_weights()})
+    with pytest.raises(ModelConfigError, match=r"config\.pbtxt: " + match):
+        service.load_model("m")
+
+
+def test_a_ragged_input_is_a_config_error_at_load(tmp_path: Path, service: InferenceService) -> None:
+    add_model(tmp_path, "m", config("m", extra="allow_ragged_batch: true") + "dynamic_batching { }",
+              {1: mlp_weights()})
+    with pytest.raises(ModelConfigError, match=r"input 'input': field 'allow_ragged_batch' is true"):
         service.load_model("m")
 
 
@@ -185,3 +207,74 @@ def test_a_preferred_batch_size_above_max_batch_size_is_a_config_error_at_load(t
     with pytest.raises(ModelConfigError, match=r"pb/config\.pbtxt: field 'dynamic_batching\.preferred_batch_size' "
                                                r"holds 64, more than max_batch_size 2"):
         service.load_model("pb")  # before: it loaded, and every batch waited out its whole delay
+
+
+def _add_with_default_bias(repo: Path, name: str, optional: str) -> None:
+    """y = x + bias, where bias is an ONNX initializer (100): an input a request may give or leave out."""
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "bias"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4]),
+         helper.make_tensor_value_info("bias", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+        [numpy_helper.from_array(np.full(4, 100, np.float32), "bias")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    (repo / name / "1").mkdir(parents=True)
+    onnx.save(model, str(repo / name / "1" / "model.onnx"))
+    (repo / name / "config.pbtxt").write_text(
+        f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 0\n'
+        'input [ { name: "x", data_type: TYPE_FP32, dims: [ 4 ] }, '
+        f'{{ name: "bias", data_type: TYPE_FP32, dims: [ 4 ] {optional} }} ]\n'
+        'output [ { name: "y", data_type: TYPE_FP32, dims: [ 4 ] } ]\n')
+
+
+def test_an_optional_input_that_is_an_onnx_initializer_takes_its_default_when_left_out(
+        tmp_path: Path, service: InferenceService) -> None:
+    # Triton's ONNX Runtime backend takes an initializer as an optional request input; before, the load was refused
+    # ("input 'bias' is in the config but not in the model file"), since ORT lists initializers apart from inputs
+    _add_with_default_bias(tmp_path, "m", "optional: true")
+    service.load_model("m")
+    x = np.arange(4, dtype=np.float32)
+    np.testing.assert_array_equal(service.infer(InferRequest("m", {"x": x})).outputs["y"], x + 100)
+    bias = np.full(4, 0.5, np.float32)
+    np.testing.assert_array_equal(service.infer(InferRequest("m", {"x": x, "bias": bias})).outputs["y"], x + 0.5)
+
+
+def test_an_onnx_initializer_named_as_a_required_input_is_a_config_error(tmp_path: Path,
+                                                                          service: InferenceService) -> None:
+    _add_with_default_bias(tmp_path, "m", "")
+    with pytest.raises(ModelConfigError, match=r"input 'bias' is an initializer of the model file \(it has a "
+                                               r"default value\): mark it optional: true"):
+        service.load_model("m")
+
+
+def test_a_format_without_three_dims_is_a_config_error_at_load(tmp_path: Path, service: InferenceService) -> None:
+    add_model(tmp_path, "m", config("m", extra="format: FORMAT_NHWC"), {1: mlp_weights()})  # before: it loaded
+    with pytest.raises(ModelConfigError, match=r"config\.pbtxt: input 'input': field 'format' is FORMAT_NHWC"):
+        service.load_model("m")
+
+
+def test_a_missing_label_file_is_a_config_error_at_load(tmp_path: Path, service: InferenceService) -> None:
+    # Triton's load fails when an output's label_filename cannot be read; before, edged loaded the model and its
+    # classification answers silently lacked every label (a misspelt labels.txt went unnoticed)
+    text = config("m").replace('dims: [ 10 ] }', 'dims: [ 10 ], label_filename: "labels.txt" }')
+    folder = add_model(tmp_path, "m", text, {1: mlp_weights()})
+    with pytest.raises(ModelConfigError, match=r"label_filename of output 'output' 'labels\.txt': no such file in "
+                                               "the model folder"):
+        service.load_model("m")
+    (folder / "labels.txt").write_text("".join(f"digit {i}\n" for i in range(10)))
+    service.load_model("m")
+    assert service.version_info("m").state is ModelState.READY
+
+
+def test_a_warmup_entry_without_batch_size_is_skipped_and_reported_as_triton_does(
+        tmp_path: Path, service: InferenceService) -> None:
+    # Triton skips a warm-up sample whose batch_size is 0 (protobuf's unset), and reports batch_size and count as
+    # given (0 when unset); before, edged ran it as a batch of 1 (a file Triton never reads failed the load here)
+    entry = ('model_warmup [ { name: "w", inputs { key: "input" value: { data_type: TYPE_FP32, dims: [ 64 ], '
+             'input_data_file: "missing.bin" } } } ]')
+    add_model(tmp_path, "m", config("m") + entry, {1: mlp_weights()})
+    service.load_model("m")
+    assert service.version_info("m").state is ModelState.READY
+    warmup = model_config_to_json(service.model_config("m"))["model_warmup"][0]
+    assert (warmup["batch_size"], warmup["count"]) == (0, 0)

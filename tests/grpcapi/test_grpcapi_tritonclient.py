@@ -264,3 +264,24 @@ def test_a_load_override_takes_int64_strings_and_names_a_refused_field_once(grpc
     assert refused.value.message() == ("load request for model tiny_mlp: field 'input[0].dims' expects an integer, "
                                        'found string "sixty-four"'), refused.value.message()
     assert client.is_model_ready("tiny_mlp")
+
+
+def test_model_config_of_a_model_with_kept_fields_written_loosely(tmp_path: Path) -> None:
+    # Triton's text format lets a bool be 1 and a repeated field be given once; edged keeps such fields (it applies
+    # none of them) and must report them as Triton's message types them. Before, gRPC's ModelConfig answered
+    # INVALID_ARGUMENT "cannot express ModelConfig in Triton's message" for this loaded, serving model.
+    from modelgen import add_model, mlp_weights
+    add_model(tmp_path / "repo", "loose", 'name: "loose"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 4\n'
+              'optimization { cuda { graphs: 1 } }\nresponse_cache { enable: 1 }\n'
+              'model_metrics { metric_control { metric_identifier { family: "nv_inference_request_duration_us" } '
+              'histogram_options { buckets: 100 } } }\n', {1: mlp_weights()})
+    daemon = start_daemon(tmp_path / "d", config=config_with_fakes("[server]\ngrpc_port = 0\n"),
+                          args=["--model-repository", str(tmp_path / "repo")])
+    try:
+        tcp = next(a for a in daemon.client().status()["grpc_listeners"] if not a.startswith("unix:"))
+        config = triton_grpc.InferenceServerClient(tcp).get_model_config("loose").config
+        assert config.optimization.cuda.graphs is True
+        assert config.response_cache.enable is True
+        assert list(config.model_metrics.metric_control[0].histogram_options.buckets) == [100.0]
+    finally:
+        daemon.stop()

@@ -120,3 +120,69 @@ def test_type_and_semantic_errors_name_the_field_and_position(text: str, line: i
         parse_model_config(text, "m/config.pbtxt")
     assert (caught.value.line, caught.value.column) == (line, column)
     assert words in caught.value.reason
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "column", "words"),
+    [  # protobuf's text-format parser refuses each of these, so Triton does; before, edged kept and ignored them
+        ('name: "m"\nmax_batch_sise: 8', 2, 1, "field 'max_batch_sise' is unknown: Triton's ModelConfig has no such "
+                                               "field, and Triton refuses the config too (did you mean "
+                                               "'max_batch_size'?)"),
+        ("dynamic_batching {\n  max_queue_delay_microsecond: 100\n}", 2, 3,
+         "field 'dynamic_batching.max_queue_delay_microsecond' is unknown: Triton's ModelDynamicBatching has no "
+         "such field"),
+        ('output { name: "o" optional: true }', 1, 20, "field 'output[0].optional' is unknown: Triton's ModelOutput"),
+        ('input { name: "i" label_filename: "l" }', 1, 19, "field 'input[0].label_filename' is unknown"),
+        ("optimization { cuda { graph: true } }", 1, 23, "field 'optimization.cuda.graph' is unknown: Triton's "
+                                                         "ModelOptimizationPolicy.Cuda has no such field"),
+        ('parameters { key: "a" value { string_value: "x" } extra: 1 }', 1, 51,
+         "field 'parameters.extra' is unknown: a map entry has only a key and a value"),
+        ('parameters { key: "a" value { string: "x" } }', 1, 31,
+         "field 'parameters.value.string' is unknown: Triton's ModelParameter has no such field, and Triton "
+         "refuses the config too (its fields are string_value)"),
+        ("future_field { x: 1 }", 1, 1, "its fields are name, platform, backend"),
+        ('response_cache { enable: "yes" }', 1, 18, "field 'response_cache.enable' expects true or false"),
+        ("response_cache { enable: true } response_cache { enable: true }", 1, 33, "is not repeated but is given 2"),
+        ("optimization { graph { level: 1.5 } }", 1, 24, "field 'optimization.graph.level' expects an integer"),
+        ("optimization { priority: PRIORITY_HIGH }", 1, 16, "field 'optimization.priority' expects one of "
+                                                            "PRIORITY_DEFAULT, PRIORITY_MAX, PRIORITY_MIN"),
+        ('model_metrics { metric_control { histogram_options { buckets: "x" } } }', 1, 54,
+         "field 'model_metrics.metric_control.histogram_options.buckets' expects a number"),
+    ],
+)
+def test_a_field_triton_does_not_have_or_of_the_wrong_type_is_refused_at_its_position(
+        text: str, line: int, column: int, words: str) -> None:
+    with pytest.raises(ModelConfigError) as caught:
+        parse_model_config(text, "m/config.pbtxt")
+    assert (caught.value.line, caught.value.column) == (line, column)
+    assert words in caught.value.reason
+
+
+def test_kept_fields_take_their_schema_types() -> None:
+    # a repeated field given once is a list, a bool written 1 is true, an enum by number is its name, a float
+    # written as an integer is a float: the JSON edged reports is the JSON Triton's parser reads
+    config = parse_model_config(
+        'optimization { cuda { graphs: 1 busy_wait_events: t graph_spec { batch_size: 2 input { key: "x" value { '
+        'dim: 4 } } } } priority: 1 }\n'
+        'model_metrics { metric_control { histogram_options { buckets: 1 } } }\n'
+        'instance_group { kind: KIND_CPU profile: "0" secondary_devices { kind: 0 device_id: 1 } }\n'
+        'cc_model_filenames { key: "8.7" value: "orin.onnx" }\n')
+    assert config.optimization == {"cuda": {"graphs": True, "busy_wait_events": True, "graph_spec": [
+        {"batch_size": 2, "input": {"x": {"dim": [4]}}}]}, "priority": "PRIORITY_MAX"}
+    assert config.extra["model_metrics"] == {"metric_control": [{"histogram_options": {"buckets": [1.0]}}]}
+    assert config.extra["instance_group[0].profile"] == ["0"]
+    assert config.extra["instance_group[0].secondary_devices"] == [{"kind": "KIND_NVDLA", "device_id": 1}]
+    assert config.extra["cc_model_filenames"] == {"8.7": "orin.onnx"}
+
+
+@pytest.mark.parametrize(("text", "line", "words"), [
+    ('input { name: "a" }\ninput { name: "a" }', 2, "input[1] is named 'a' like input[0]"),
+    ('output [ { name: "o" }, { name: "p" },\n { name: "o" } ]', 2, "output[2] is named 'o' like output[0]"),
+])
+def test_two_inputs_or_outputs_of_one_name_are_refused(text: str, line: int, words: str) -> None:
+    # Triton's load fails on them (its backend counts one input more than the model has); before, edged loaded
+    # them and a request's tensor went to whichever entry came first
+    with pytest.raises(ModelConfigError) as caught:
+        parse_model_config(text, "m/config.pbtxt")
+    assert caught.value.line == line
+    assert words in caught.value.reason

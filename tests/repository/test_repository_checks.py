@@ -13,7 +13,14 @@ import pytest
 from modelgen import add_model, mlp_weights
 
 from edged.errors import ModelConfigError
-from edged.repository import check_platform_backend, check_reshapes, check_warmup, parse_model_config
+from edged.repository import (
+    check_io_and_groups,
+    check_platform_backend,
+    check_reshapes,
+    check_supported,
+    check_warmup,
+    parse_model_config,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PATH = "/repo/m/config.pbtxt"
@@ -89,6 +96,98 @@ def run_validate(folder: Path, *flags: str) -> subprocess.CompletedProcess[str]:
             "a = p.parse_args(sys.argv[1:]); sys.exit(a.handler(a))")
     return subprocess.run([sys.executable, "-c", code, "validate", *flags, str(folder)], capture_output=True, text=True,
                           cwd=REPO_ROOT, timeout=120, check=False)
+
+
+# Fields of Triton's schema whose semantics edged does not implement: served as if they were absent, a request
+# would get another answer than Triton's (or none at all), so a load and validate refuse them by name.
+UNSUPPORTED = [
+    ("model_transaction_policy { decoupled: true }", r"field 'model_transaction_policy\.decoupled' is true: "
+                                                      "decoupled models .* are not supported by edged"),
+    ("model_transaction_policy { decoupled: 1 }", r"field 'model_transaction_policy\.decoupled' is true"),
+    ('batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "n" data_type: TYPE_FP32 source_input: "input" } ]',
+     r"field 'batch_input': batch inputs \(ragged batching\) are not supported by edged"),
+    ('batch_output [ { target_name: "output" kind: BATCH_SCATTER_WITH_INPUT_SHAPE source_input: "input" } ]',
+     r"field 'batch_output': batch outputs \(ragged batching\) are not supported by edged"),
+    ('model_repository_agents { agents [ { name: "checksum" parameters { key: "MD5:1/model.onnx" value: "0" } } ] }',
+     r"field 'model_repository_agents': repository agents \(checksum, relocation\) are not run by edged"),
+    ('runtime: "model.py"', r"field 'runtime' is 'model\.py': edged serves each backend with its own runtime"),
+    ('runtime: "../x/libtriton_onnxruntime.so"', r"field 'runtime' is '\.\./x/libtriton_onnxruntime\.so'"),
+    ('model_operations { op_library_filename: "libmyops.so" }',
+     r"field 'model_operations\.op_library_filename': custom operation libraries are not loaded by edged"),
+]
+
+
+@pytest.mark.parametrize(("extra", "match"), UNSUPPORTED)
+def test_fields_whose_semantics_edged_does_not_implement_are_refused(extra: str, match: str) -> None:
+    with pytest.raises(ModelConfigError, match=r"^/repo/m/config\.pbtxt: " + match):
+        check_supported(parse_model_config(config(extra=extra)), PATH)
+
+
+def test_ragged_inputs_are_refused_by_name() -> None:
+    ragged = parse_model_config(config().replace("dims: [ 64 ] }", "dims: [ -1 ] allow_ragged_batch: true }", 1))
+    with pytest.raises(ModelConfigError, match=r"input 'input': field 'allow_ragged_batch' is true: ragged "
+                                               "batching is not supported by edged"):
+        check_supported(ragged, PATH)
+
+
+@pytest.mark.parametrize("extra", ['runtime: "libtriton_onnxruntime.so"', 'runtime: ""',
+                                   "model_transaction_policy { decoupled: false }", "model_transaction_policy { }",
+                                   "response_cache { enable: true }", "model_operations { }",
+                                   "model_repository_agents { }", "batch_input [ ]"])
+def test_fields_that_change_no_answer_pass(extra: str) -> None:
+    check_supported(parse_model_config(config(extra=extra)), PATH)  # a cache off, as Triton without one
+
+
+def test_validate_refuses_a_decoupled_model(tmp_path: Path) -> None:
+    add_model(tmp_path, "m", config(extra="model_transaction_policy { decoupled: true }"), {1: mlp_weights()})
+    result = run_validate(tmp_path / "m")
+    assert result.returncode == 1, result.stdout
+    assert "field 'model_transaction_policy.decoupled' is true" in result.stderr, result.stderr
+
+
+# Triton's ValidateModelConfig refuses each of these (model_config_utils.cc); before, edged loaded them and ignored
+# the field (a shape tensor on an ONNX model, a TensorRT profile on a CPU one) or served them another way.
+TRITON_RULES = [
+    ('input [ { name: "i", data_type: TYPE_FP32, dims: [ 64 ], format: FORMAT_NCHW } ]',
+     r"input 'i': field 'format' is FORMAT_NCHW, which needs 3 dims \(C, H, W in some order\); found dims \[64\]"),
+    ('input [ { name: "i", data_type: TYPE_FP32, dims: [ 64 ], is_shape_tensor: true } ]',
+     r"input 'i': field 'is_shape_tensor' is true, but shape tensors are only supported by TensorRT models"),
+    ('output [ { name: "o", data_type: TYPE_FP32, dims: [ 64 ], is_shape_tensor: true } ]',
+     r"output 'o': field 'is_shape_tensor' is true, but shape tensors are only supported by TensorRT models"),
+    ('input [ { name: "i", data_type: TYPE_FP32, dims: [ 3, 4, 4 ], is_non_linear_format_io: true } ]',
+     r"input 'i': field 'is_non_linear_format_io' is true, but non-linear formats are only supported by TensorRT"),
+    ('instance_group [ { kind: KIND_CPU, profile: "0" } ]',
+     r"instance_group\[0\]: field 'profile' names TensorRT optimization profiles, but the model is onnxruntime's"),
+    ('instance_group [ { kind: KIND_CPU, gpus: [ 0 ] } ]',
+     r"instance_group\[0\]: kind KIND_CPU with field 'gpus' \[0\]; GPUs go with kind KIND_GPU"),
+    ('instance_group [ { kind: KIND_MODEL, gpus: [ 0 ] } ]',
+     r"instance_group\[0\]: kind KIND_MODEL with field 'gpus' \[0\]"),
+    ('instance_group [ { secondary_devices [ { kind: KIND_NVDLA } ] } ]',
+     r"instance_group\[0\]: field 'secondary_devices' \(NVDLA\) is only supported by TensorRT models"),
+]
+
+
+@pytest.mark.parametrize(("extra", "match"), TRITON_RULES)
+def test_what_tritons_validation_refuses_of_inputs_outputs_and_instance_groups_is_refused(extra: str,
+                                                                                          match: str) -> None:
+    with pytest.raises(ModelConfigError, match=r"^/repo/m/config\.pbtxt: " + match):
+        check_io_and_groups(parse_model_config(f'name: "m"\nbackend: "onnxruntime"\n{extra}'), PATH)
+
+
+def test_tensorrt_models_may_use_shape_tensors_profiles_and_nvdla() -> None:
+    check_io_and_groups(parse_model_config(
+        'name: "m"\nplatform: "tensorrt_plan"\ninput [ { name: "i", data_type: TYPE_INT32, dims: [ 2 ], '
+        'is_shape_tensor: true }, { name: "j", data_type: TYPE_FP32, dims: [ 3, 8, 8 ], format: FORMAT_NCHW, '
+        'is_non_linear_format_io: true } ]\ninstance_group [ { kind: KIND_GPU, gpus: [ 0 ], profile: [ "0", "1" ], '
+        'secondary_devices [ { kind: KIND_NVDLA, device_id: 0 } ] } ]\n'), PATH)
+
+
+def test_validate_refuses_a_shape_tensor_on_an_onnx_model(tmp_path: Path) -> None:
+    add_model(tmp_path, "m", config().replace("dims: [ 64 ] }", "dims: [ 64 ], is_shape_tensor: true }", 1),
+              {1: mlp_weights()})
+    result = run_validate(tmp_path / "m")
+    assert result.returncode == 1, result.stdout
+    assert "field 'is_shape_tensor' is true" in result.stderr, result.stderr
 
 
 def test_validate_exits_1_on_what_a_load_refuses(tmp_path: Path) -> None:
@@ -210,3 +309,15 @@ def test_validate_exits_1_on_an_output_reshape_of_another_size(tmp_path: Path) -
     assert result.returncode == 1, result.stdout
     assert "output 'output': field 'reshape' shape [10] holds another number of elements than dims [3, 3]" in \
         result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("tensor", ["input", "output"])
+def test_an_empty_reshape_of_a_non_batching_model_is_refused_as_triton_does(tensor: str) -> None:
+    # a non-batching model's tensor reshaped to a scalar would carry no batch dimension to hold it; before, it loaded
+    text = (f'name: "m"\nmax_batch_size: 0\n{tensor} [ {{ name: "t", data_type: TYPE_FP32, dims: [ 1 ], reshape: {{ '
+            'shape: [ ] } } ]\n')
+    with pytest.raises(ModelConfigError, match=rf"^/repo/m/config\.pbtxt: {tensor} 't': field 'reshape' is empty "
+                                               r"\(a scalar\), which a non-batching model \(max_batch_size 0\) "
+                                               "cannot have"):
+        check_reshapes(parse_model_config(text), PATH)
+    check_reshapes(parse_model_config(text.replace("max_batch_size: 0", "max_batch_size: 4")), PATH)

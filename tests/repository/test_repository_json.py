@@ -143,7 +143,7 @@ def test_warmup_and_parameters_json() -> None:
     config = parse_model_config((FIXTURES / "ort_trt_text_recognition.pbtxt").read_text())
     data = model_config_to_json(config)
     assert data["model_warmup"] == [{"name": "text_recognition", "batch_size": 16, "inputs": {
-        "input.1": {"data_type": "TYPE_FP32", "dims": [1, 32, 100], "zero_data": True}}, "count": 1}]
+        "input.1": {"data_type": "TYPE_FP32", "dims": [1, 32, 100], "zero_data": True}}, "count": 0}]  # unset: 0
     accelerator = data["optimization"]["execution_accelerators"]["gpu_execution_accelerator"][0]
     assert accelerator["parameters"] == {"precision_mode": "FP16", "max_workspace_size_bytes": "1073741824"}
     assert data["optimization"]["priority"] == "PRIORITY_DEFAULT"
@@ -176,12 +176,83 @@ def test_integer_fields_read_from_json_take_decimal_strings_as_protobuf_json_wri
 
 
 def test_infinite_and_nan_kept_values_are_written_as_protobuf_json_strings() -> None:
-    # floats the parser makes (a bare inf or nan stays an identifier: the schema-less tree cannot tell it is a float)
-    config = parse_model_config('name: "m"\noptimization { foo: -inf bar: 1e999 baz: -nan }\n'
-                                'zz { q: [ 1.5, 2e308 ] }\n')
+    # a double field edged keeps without modelling it (histogram buckets), given every way the text format allows
+    config = parse_model_config('name: "m"\nmodel_metrics { metric_control { histogram_options { buckets: '
+                                '[ -inf, 1e999, -nan, inf, 1.5, NaN ] } } }\n')
     doc = model_config_to_json(config)
-    assert {k: doc["optimization"][k] for k in ("foo", "bar", "baz")} == {
-        "foo": "-Infinity", "bar": "Infinity", "baz": "NaN"}
-    assert doc["zz"] == {"q": [1.5, "Infinity"]}
+    buckets = doc["model_metrics"]["metric_control"][0]["histogram_options"]["buckets"]
+    assert buckets == ["-Infinity", "Infinity", "NaN", "Infinity", 1.5, "NaN"]
     text = json.dumps(doc, allow_nan=False)  # strict JSON: before, ValueError (json wrote -Infinity, orjson null)
     assert orjson.loads(orjson.dumps(doc)) == json.loads(text)
+    assert model_config_to_json(model_config_from_json(json.loads(text))) == doc  # and they read back
+
+
+def test_json_field_names_in_lower_camel_case_read_as_the_proto_names() -> None:
+    # protobuf's JSON form names fields in lowerCamelCase unless asked otherwise (MessageToJson's default), and
+    # Triton's parser takes either spelling; before, each camelCase field was kept as unknown and not applied
+    # (max_batch_size stayed 0, data_type TYPE_INVALID, dynamic batching off)
+    snake = {"name": "m", "max_batch_size": 8,
+             "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": ["-1", "64"], "allow_ragged_batch": False}],
+             "dynamic_batching": {"max_queue_delay_microseconds": "100", "priority_levels": "2",
+                                  "default_priority_level": "1",
+                                  "priority_queue_policy": {"2": {"timeout_action": "DELAY", "max_queue_size": 3}}},
+             "instance_group": [{"kind": "KIND_CPU", "count": 2}],
+             "parameters": {"intra_op_thread_count": {"string_value": "2"}},
+             "model_warmup": [{"name": "w", "batch_size": 1,
+                               "inputs": {"x": {"data_type": "TYPE_FP32", "dims": ["64"], "zero_data": True}}}],
+             "default_model_filename": "net.onnx"}
+    camel = {"name": "m", "maxBatchSize": 8,
+             "input": [{"name": "x", "dataType": "TYPE_FP32", "dims": ["-1", "64"], "allowRaggedBatch": False}],
+             "dynamicBatching": {"maxQueueDelayMicroseconds": "100", "priorityLevels": "2",
+                                 "defaultPriorityLevel": "1",
+                                 "priorityQueuePolicy": {"2": {"timeoutAction": "DELAY", "maxQueueSize": 3}}},
+             "instanceGroup": [{"kind": "KIND_CPU", "count": 2}],
+             "parameters": {"intra_op_thread_count": {"stringValue": "2"}},
+             "modelWarmup": [{"name": "w", "batchSize": 1,
+                              "inputs": {"x": {"dataType": "TYPE_FP32", "dims": ["64"], "zeroData": True}}}],
+             "defaultModelFilename": "net.onnx"}
+    read = model_config_from_json(camel)
+    assert read == model_config_from_json(snake)
+    assert read.max_batch_size == 8 and read.dynamic_batching is not None and not read.extra
+    assert read.parameters == {"intra_op_thread_count": "2"}  # map keys are data: never renamed
+
+
+def test_the_json_of_every_fixture_and_of_kept_fields_reads_into_tritons_message() -> None:
+    # GET /v2/models/{m}/config and gRPC's ModelConfig (which builds Triton's message from this JSON) must give what
+    # Triton's parser takes; before, `graphs: 1` gave "graphs": 1 and a batch_input's single target_name a string,
+    # and gRPC's ModelConfig failed with INVALID_ARGUMENT for such a loaded model
+    json_format = pytest.importorskip("google.protobuf.json_format")
+    pb2 = pytest.importorskip("edged.grpcapi.proto.model_config_pb2")
+    refused = ("sequence_batching {", "ensemble_scheduling {")
+    texts = [path.read_text() for path in sorted(FIXTURES.glob("*.pbtxt"))
+             if not any(marker in path.read_text() for marker in refused)]
+    texts.append('name: "k"\noptimization { cuda { graphs: 1 } graph { level: 1 } }\n'
+                 'batch_input { kind: BATCH_ELEMENT_COUNT target_name: "n" data_type: TYPE_FP32 source_input: "i" }\n'
+                 'batch_output { kind: 0 target_name: "o" source_input: "i" }\n'
+                 'instance_group { count: 1 profile: "0" rate_limiter { resources { name: "r" count: 1 } } }\n'
+                 'model_metrics { metric_control { metric_identifier { family: "f" } histogram_options { buckets: '
+                 '[1, 2] } } }\nresponse_cache { enable: 1 }\n')
+    for text in texts:
+        doc = model_config_to_json(parse_model_config(text, None, "m"))
+        json_format.ParseDict(doc, pb2.ModelConfig())  # raises ParseError where a value has another type
+
+
+def test_kept_fields_of_inputs_outputs_and_instance_groups_are_reported_where_they_were_given() -> None:
+    # before: GET /v2/models/{m}/config wrote each of these at its default (profile [], passive false, ...)
+    config = parse_model_config(
+        'name: "m"\ninput { name: "i" data_type: TYPE_FP32 dims: 4 is_non_linear_format_io: true }\n'
+        'output { name: "o" data_type: TYPE_FP32 dims: 4 is_non_linear_format_io: 1 }\n'
+        'instance_group [ { kind: KIND_CPU }, { kind: KIND_GPU gpus: 0 profile: [ "0", "1" ] passive: true '
+        'host_policy: "numa0" secondary_devices { kind: KIND_NVDLA device_id: 1 } rate_limiter { resources { name: '
+        '"r" count: 2 } priority: 3 } } ]\n')
+    doc = model_config_to_json(config)
+    assert doc["input"][0]["is_non_linear_format_io"] is True
+    assert doc["output"][0]["is_non_linear_format_io"] is True
+    first, second = doc["instance_group"]
+    assert (first["profile"], first["passive"], first["host_policy"]) == ([], False, "")
+    assert second["profile"] == ["0", "1"] and second["passive"] is True and second["host_policy"] == "numa0"
+    assert second["secondary_devices"] == [{"kind": "KIND_NVDLA", "device_id": 1}]
+    assert second["rate_limiter"] == {"resources": [{"name": "r", "count": 2}], "priority": 3}
+    assert list(second) == ["name", "kind", "count", "rate_limiter", "gpus", "secondary_devices", "profile",
+                            "passive", "host_policy"]  # the proto's order, as Triton prints it
+    assert model_config_to_json(model_config_from_json(json.loads(json.dumps(doc)))) == doc

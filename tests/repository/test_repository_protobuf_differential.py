@@ -8,8 +8,8 @@ at the field's precision, strings after escapes), and edged's tree holds nothing
 (``parse_model_config``) must agree with protobuf on the fields it interprets.
 
 Where edged deliberately differs (documented here and in the repository module docstrings):
-- An unknown field is a ``ParseError`` for protobuf; edged keeps it in the tree and reports it (Triton's own
-  parser refuses it, but a model folder written for a newer Triton should still load here with a warning).
+- An unknown field is a ``ParseError`` for protobuf; edged's schema-less tree holds it, and its builder refuses it
+  at its position (``edged.repository._schema``, the same schema as tables, checked against it here).
 - Repeating a singular field is a ``ParseError`` for protobuf's ``Parse``; edged's builder reports it.
 - edged's builder refuses some values protobuf accepts (negative dims other than -1, unknown data types in
   ``data_type``): protobuf checks syntax and types only, Triton's model-config validation checks the rest.
@@ -288,11 +288,52 @@ def test_generated_configs_survive_edged_dump_unchanged_for_protobuf(data: st.Da
     assert protobuf_parse(dump(parse(text))) == message, text
 
 
-def test_an_unknown_field_is_kept_by_edged_and_refused_by_protobuf() -> None:
+def test_an_unknown_field_is_in_edgeds_tree_and_refused_by_its_builder_and_by_protobuf() -> None:
     text = 'name: "m"\nfuture_field { x: 1 }\n'
     assert Field("future_field", Message((Field("x", 1),))) in parse(text).fields
     with pytest.raises(text_format.ParseError):
         protobuf_parse(text)
+    with pytest.raises(EdgedError, match="field 'future_field' is unknown"):
+        parse_model_config(text)
+
+
+def _schema_of(descriptor: Any, messages: dict[str, dict[str, str]], enums: dict[str, tuple[str, ...]]) -> None:
+    scalars = {FD.TYPE_BOOL: "bool", FD.TYPE_INT32: "int32", FD.TYPE_UINT32: "uint32", FD.TYPE_INT64: "int64",
+               FD.TYPE_UINT64: "uint64", FD.TYPE_FLOAT: "float", FD.TYPE_DOUBLE: "double", FD.TYPE_STRING: "string"}
+
+    def name(full: str) -> str:
+        return full.removeprefix("inference.")
+
+    def kind(fd: Any) -> str:
+        if fd.type == FD.TYPE_MESSAGE and fd.message_type.GetOptions().map_entry:
+            return f"map {kind(fd.message_type.fields_by_name['key'])} {kind(fd.message_type.fields_by_name['value'])}"
+        if fd.type == FD.TYPE_MESSAGE:
+            _schema_of(fd.message_type, messages, enums)
+            return name(fd.message_type.full_name)
+        if fd.type == FD.TYPE_ENUM:
+            enums[name(fd.enum_type.full_name)] = tuple(v.name for v in sorted(fd.enum_type.values,
+                                                                                 key=lambda v: v.number))
+            return name(fd.enum_type.full_name)
+        return scalars[fd.type]
+
+    if name(descriptor.full_name) in messages:
+        return
+    fields: dict[str, str] = {}
+    messages[name(descriptor.full_name)] = fields
+    for fd in descriptor.fields:
+        text = kind(fd)
+        fields[fd.name] = ("*" + text) if _repeated(fd) and not text.startswith("map ") else text
+
+
+def test_edgeds_schema_tables_are_tritons_model_config_proto() -> None:
+    from edged.repository._schema import ENUMS, MESSAGES
+
+    messages: dict[str, dict[str, str]] = {}
+    enums: dict[str, tuple[str, ...]] = {}
+    _schema_of(PB2.ModelConfig.DESCRIPTOR, messages, enums)
+    assert messages == MESSAGES
+    assert enums == ENUMS
+    assert all(len(set(values)) == len(values) for values in ENUMS.values())
 
 
 def test_the_comparison_sees_a_changed_value_a_missing_field_and_an_extra_one() -> None:
