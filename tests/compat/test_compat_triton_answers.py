@@ -10,10 +10,13 @@ from __future__ import annotations
 import http.client
 from collections.abc import Iterator
 
+import numpy as np
 import orjson
 import pytest
 import server_harness as harness
 from modelgen import add_identity_model
+
+from edged.client import EdgedClient
 
 DATATYPES = ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32",
              "FP64", "BYTES")
@@ -77,3 +80,66 @@ def test_classification_of_a_float_output_writes_six_decimals(server: harness.Th
 def test_classification_of_a_bool_output_is_answered(server: harness.ThreadedServer) -> None:
     # Triton 2.51 refuses BOOL with a 400; edged ranks true above false (its error text names BOOL as classifiable)
     assert classes(server, "BOOL", [False, True, False], 2) == ["1:1", "0:0"]
+
+
+# --- NaN and ±Infinity in JSON data ---------------------------------------------------------------------------
+# Triton 2.51 reads the literals NaN, Infinity and -Infinity in a request's JSON and writes them in a response's
+# data: {"inputs":[{..."FP32","shape":[1,4],"data":[NaN,Infinity,-Infinity,1]}]} was answered 200 with
+# "data":[NaN,Infinity,-Infinity,1.0]. tritonclient (binary_data=False) sends and reads them so.
+NONFINITE_BODY = (b'{"inputs":[{"name":"INPUT","datatype":"FP32","shape":[1,4],'
+                  b'"data":[NaN,Infinity,-Infinity,1]}]}')
+
+
+@pytest.mark.parametrize("datatype", ["FP16", "FP32", "FP64"])
+def test_nonfinite_literals_in_json_data_cross_both_ways(server: harness.ThreadedServer, datatype: str) -> None:
+    body = NONFINITE_BODY.replace(b"FP32", datatype.encode())
+    status, _, reply = post(server, f"/v2/models/id_{datatype.lower()}/infer", body)
+    assert status == 200, reply
+    assert b'"data":[NaN,Infinity,-Infinity,1.0]' in reply
+
+
+def test_nonfinite_literals_in_a_large_json_body_are_read(server: harness.ThreadedServer) -> None:
+    values = ["1.5"] * 100_000
+    values[7], values[50_000], values[-1] = "NaN", "-Infinity", "Infinity"
+    body = (b'{"inputs":[{"name":"INPUT","datatype":"FP32","shape":[1,100000],"data":[' + ",".join(values).encode()
+            + b"]}],\"outputs\":[{\"name\":\"OUTPUT\",\"parameters\":{\"binary_data\":true}}]}")
+    status, headers, reply = post(server, "/v2/models/id_fp32/infer", body)
+    assert status == 200, reply[:300]
+    out = np.frombuffer(reply[int(headers["inference-header-content-length"]):], np.float32)
+    assert np.isnan(out[7]) and out[50_000] == -np.inf and out[-1] == np.inf and out[0] == 1.5
+
+
+def test_a_nonfinite_literal_for_an_integer_input_is_named(server: harness.ThreadedServer) -> None:
+    body = NONFINITE_BODY.replace(b"FP32", b"INT32")
+    status, _, reply = post(server, "/v2/models/id_int32/infer", body)
+    assert status == 400
+    assert orjson.loads(reply)["error"] == ("input 'INPUT' (INT32): \"data\" element 0 is NaN; INT32 data must be "
+                                            "JSON integers")
+
+
+def test_a_body_that_is_not_json_is_still_refused_when_it_holds_a_literal(server: harness.ThreadedServer) -> None:
+    for body in (NONFINITE_BODY[:-2], NONFINITE_BODY.replace(b"1]", b"1,]"),
+                 NONFINITE_BODY.replace(b'"INPUT"', b'"\\ud800"')):
+        status, _, reply = post(server, "/v2/models/id_fp32/infer", body)
+        assert status == 400 and orjson.loads(reply)["error"].startswith("request body is not valid JSON: "), reply
+
+
+def test_tritonclient_sends_and_reads_nonfinite_values_as_json(server: harness.ThreadedServer) -> None:
+    httpclient = pytest.importorskip("tritonclient.http")
+    x = np.array([[1.5, np.nan, np.inf, -np.inf]], np.float64)
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{server.port}")
+    try:
+        tensor = httpclient.InferInput("INPUT", list(x.shape), "FP64")
+        tensor.set_data_from_numpy(x, binary_data=False)
+        result = client.infer("id_fp64", [tensor], outputs=[httpclient.InferRequestedOutput("OUTPUT",
+                                                                                             binary_data=False)])
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT"), x)
+    finally:
+        client.close()
+
+
+def test_the_edged_client_reads_nonfinite_values_from_json(server: harness.ThreadedServer) -> None:
+    x = np.array([[np.nan, -np.inf, 2.0]], np.float32)
+    with EdgedClient(server.socket_path) as client:
+        out = client.infer("id_fp32", {"INPUT": x}, binary=False).as_numpy("OUTPUT")
+    np.testing.assert_array_equal(out, x)
