@@ -476,9 +476,7 @@ class Registry:
         with self._changing():
             record = self._records.pop(name, None)
             if record is None:
-                if name in self._lazy:
-                    return
-                raise ModelNotFound(f"unknown model: {name!r} is not loaded")
+                return  # nothing to unload: as Triton, a success (an unload is idempotent)
             self._unloaded[name] = "unloaded"
             for version in record.all_versions():
                 self._retire(version)

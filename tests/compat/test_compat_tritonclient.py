@@ -121,3 +121,16 @@ def test_a_failed_load_raises_with_triton_s_status_and_wording(explicit_tcp_serv
         assert triton.is_model_ready("tiny_mlp")
     finally:
         triton.close()
+
+
+def test_unloading_a_model_that_is_not_loaded_succeeds_as_on_triton(explicit_tcp_server) -> None:  # type: ignore[no-untyped-def]
+    # Triton 2.51 answers 200 (empty body) to an unload of a model not loaded, in the repository or not
+    triton = httpclient.InferenceServerClient(f"127.0.0.1:{explicit_tcp_server.port}")
+    try:
+        triton.load_model("digits_onnx", headers=REPOSITORY_KEY)
+        triton.unload_model("digits_onnx", headers=REPOSITORY_KEY)
+        triton.unload_model("digits_onnx", headers=REPOSITORY_KEY)  # again: already unloaded
+        triton.unload_model("never_in_the_repository", headers=REPOSITORY_KEY)
+        assert not triton.is_model_ready("digits_onnx") and triton.is_model_ready("tiny_mlp")
+    finally:
+        triton.close()
