@@ -296,8 +296,9 @@ def _decode_outputs(raw: Any) -> tuple[tuple[OutputRequest, ...], dict[str, bool
         if reference is not None and classes:
             raise InvalidInput(f"output {entry['name']!r}: Output can't set both 'shared_memory_region' and "
                                "'classification'")
-        if binary is not None:
-            flags[entry["name"]] = bool(binary)
+        # as Triton: a named output is binary only by its own binary_data; binary_data_output is the default
+        # of the outputs the request does not name
+        flags[entry["name"]] = bool(binary)
         outputs.append(OutputRequest(entry["name"], None if binary is None else bool(binary), classes, reference))
     return tuple(outputs), flags
 

@@ -143,3 +143,28 @@ def test_the_edged_client_reads_nonfinite_values_from_json(server: harness.Threa
     with EdgedClient(server.socket_path) as client:
         out = client.infer("id_fp32", {"INPUT": x}, binary=False).as_numpy("OUTPUT")
     np.testing.assert_array_equal(out, x)
+
+
+# --- which outputs come back as binary data -------------------------------------------------------------------
+# Triton 2.51: parameters.binary_data_output is the default only for the outputs a request does not name; an
+# output named in "outputs" is binary only when its own parameters say binary_data true.
+JSON_INPUT = {"name": "INPUT", "datatype": "FP32", "shape": [1, 3], "data": [1, 2, 3]}
+
+
+@pytest.mark.parametrize(("outputs", "binary"), [
+    (None, True),
+    ([{"name": "OUTPUT"}], False),
+    ([{"name": "OUTPUT", "parameters": {}}], False),
+    ([{"name": "OUTPUT", "parameters": {"binary_data": False}}], False),
+    ([{"name": "OUTPUT", "parameters": {"binary_data": True}}], True),
+])
+def test_binary_data_output_applies_only_to_outputs_the_request_does_not_name(
+        server: harness.ThreadedServer, outputs: list[dict[str, object]] | None, binary: bool) -> None:
+    doc: dict[str, object] = {"inputs": [JSON_INPUT], "parameters": {"binary_data_output": True}}
+    if outputs is not None:
+        doc["outputs"] = outputs
+    status, headers, reply = post(server, "/v2/models/id_fp32/infer", orjson.dumps(doc))
+    assert status == 200, reply
+    assert ("inference-header-content-length" in headers) is binary
+    if not binary:
+        assert orjson.loads(reply)["outputs"][0]["data"] == [1.0, 2.0, 3.0]
