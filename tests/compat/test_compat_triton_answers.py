@@ -8,6 +8,8 @@ needed here.
 from __future__ import annotations
 
 import http.client
+import os
+import socket
 from collections.abc import Iterator
 
 import numpy as np
@@ -168,3 +170,41 @@ def test_binary_data_output_applies_only_to_outputs_the_request_does_not_name(
     assert ("inference-header-content-length" in headers) is binary
     if not binary:
         assert orjson.loads(reply)["outputs"][0]["data"] == [1.0, 2.0, 3.0]
+
+
+# --- system shared memory -------------------------------------------------------------------------------------
+class UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str) -> None:
+        super().__init__("localhost", timeout=10)
+        self.path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(10)
+        self.sock.connect(self.path)
+
+
+def unix_post(server: harness.ThreadedServer, path: str, body: bytes) -> tuple[int, bytes]:
+    conn = UnixConnection(server.socket_path)
+    try:
+        conn.request("POST", path, body)
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def test_registering_a_region_name_twice_is_a_400_as_on_triton(server: harness.ThreadedServer) -> None:
+    # Triton 2.51 over HTTP: 400 {"error":"shared memory region 'r1' already in manager"} (gRPC: ALREADY_EXISTS)
+    key = f"/edged-ct-{os.getpid()}"
+    fd = os.open(f"/dev/shm{key}", os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        os.ftruncate(fd, 4096)
+        register = orjson.dumps({"key": key, "offset": 0, "byte_size": 64})
+        assert unix_post(server, "/v2/systemsharedmemory/region/r1/register", register) == (200, b"")
+        status, reply = unix_post(server, "/v2/systemsharedmemory/region/r1/register", register)
+        assert (status, orjson.loads(reply)) == (400, {"error": "shared memory region 'r1' already in manager"})
+        assert unix_post(server, "/v2/systemsharedmemory/region/r1/unregister", b"") == (200, b"")
+    finally:
+        os.close(fd)
+        os.unlink(f"/dev/shm{key}")
