@@ -29,6 +29,11 @@ def server() -> Iterator[harness.ThreadedServer]:
     running = harness.ThreadedServer(models=("tiny_mlp",), tcp=True)
     for datatype in DATATYPES:
         add_identity_model(running.repository, f"id_{datatype.lower()}", datatype)
+    broken = running.repository / "broken_mlp"  # a model whose load fails: its file is not ONNX
+    (broken / "1").mkdir(parents=True)
+    (broken / "config.pbtxt").write_text((running.repository / "tiny_mlp" / "config.pbtxt").read_text()
+                                         .replace('"tiny_mlp"', '"broken_mlp"'))
+    (broken / "1" / "model.onnx").write_bytes(b"not an onnx file")
     running.start()
     yield running
     running.stop()
@@ -208,3 +213,27 @@ def test_registering_a_region_name_twice_is_a_400_as_on_triton(server: harness.T
     finally:
         os.close(fd)
         os.unlink(f"/dev/shm{key}")
+
+
+# --- statistics -------------------------------------------------------------------------------------------------
+def get(server: harness.ThreadedServer, path: str) -> tuple[int, bytes]:
+    assert server.port is not None
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("path", ["/v2/models/no_such_model/stats", "/v2/models/tiny_mlp/versions/7/stats",
+                                  "/v2/models/broken_mlp/stats"])
+def test_statistics_of_a_model_or_version_not_served_are_a_400_as_on_triton(server: harness.ThreadedServer,
+                                                                          path: str) -> None:
+    # Triton 2.51: 400 "requested model 'm' is not available" / "requested model version is not available for
+    # model 'm'" (gRPC: INVALID_ARGUMENT), where metadata and infer answer 404
+    status, reply = get(server, path)
+    assert status == 400, reply
+    assert "not available" in orjson.loads(reply)["error"]
+    assert get(server, path.removesuffix("/stats"))[0] in (404, 503)  # 503: the model that failed to load
