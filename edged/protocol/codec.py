@@ -29,6 +29,7 @@ from edged.protocol.shm_params import ShmReader, ShmReference, shm_reference
 Array = np.ndarray[Any, Any]
 
 _LENGTH = struct.Struct("<I")
+_BOM = b"\xef\xbb\xbf"  # UTF-8 byte order mark
 # Tables built once so that the per-tensor work is a dict lookup: the little-endian dtype binary data of each
 # dtype is read as, and the KServe name of each numeric dtype in either byte order.
 # On a little-endian machine that is the native dtype object itself, not an equal copy: the engine's quick
@@ -102,6 +103,8 @@ def decode_request(body: bytes | bytearray, header_length: int | None, max_eleme
 
 def _decode(body: bytes | bytearray, header_bytes: bytes | bytearray, header_length: int | None, max_elements: int,
             precheck: Precheck | None, cut: CutArrays | None = None, shm: ShmReader | None = None) -> DecodedRequest:
+    if header_bytes[:3] == _BOM:  # as Triton reads it: Windows tools save JSON files with one
+        header_bytes = header_bytes[3:]
     try:
         doc = loads(header_bytes)
     except orjson.JSONDecodeError as e:

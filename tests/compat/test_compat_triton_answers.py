@@ -237,3 +237,11 @@ def test_statistics_of_a_model_or_version_not_served_are_a_400_as_on_triton(serv
     assert status == 400, reply
     assert "not available" in orjson.loads(reply)["error"]
     assert get(server, path.removesuffix("/stats"))[0] in (404, 503)  # 503: the model that failed to load
+
+
+def test_a_json_body_that_starts_with_a_utf8_byte_order_mark_is_read(server: harness.ThreadedServer) -> None:
+    # Triton 2.51 reads it (Windows tools write one before a saved JSON file: curl -d @request.json)
+    body = b"\xef\xbb\xbf" + orjson.dumps({"inputs": [JSON_INPUT]})
+    status, _, reply = post(server, "/v2/models/id_fp32/infer", body)
+    assert status == 200, reply
+    assert orjson.loads(reply)["outputs"][0]["data"] == [1.0, 2.0, 3.0]
