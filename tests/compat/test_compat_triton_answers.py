@@ -245,3 +245,13 @@ def test_a_json_body_that_starts_with_a_utf8_byte_order_mark_is_read(server: har
     status, _, reply = post(server, "/v2/models/id_fp32/infer", body)
     assert status == 200, reply
     assert orjson.loads(reply)["outputs"][0]["data"] == [1.0, 2.0, 3.0]
+
+
+@pytest.mark.parametrize("path", ["/v2/models/no_such_model/ready", "/v2/models/tiny_mlp/versions/7/ready",
+                                  "/v2/models/broken_mlp/ready"])
+def test_a_model_that_is_not_ready_answers_400_with_an_error_as_on_triton(server: harness.ThreadedServer,
+                                                                        path: str) -> None:
+    # Triton 2.51: 400 {"error":"Model version not ready"} (its server readiness, /v2/health/ready, has no body)
+    status, reply = get(server, path)
+    assert status == 400
+    assert orjson.loads(reply)["error"].startswith("Model version not ready: model ")
