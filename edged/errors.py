@@ -185,7 +185,7 @@ class SharedMemoryNotFound(SharedMemoryError):
 
 
 class SharedMemoryExists(SharedMemoryError):
-    """A region of that name is already registered (Triton: ALREADY_EXISTS, 409)."""
+    """A region of that name is already registered (Triton: 400 over HTTP, ALREADY_EXISTS over gRPC)."""
 
 
 # --- memory ------------------------------------------------------------------------------------------------

@@ -124,3 +124,29 @@ def add_tiny_delay_model(repo: Path, name: str, max_batch: int, delay_us: int) -
         "dynamic_batching { }", f"dynamic_batching {{ max_queue_delay_microseconds: {delay_us} }}")
     (repo / name / "config.pbtxt").write_text(config)
     return repo
+
+
+_ONNX_TYPES = {"BOOL": TensorProto.BOOL, "UINT8": TensorProto.UINT8, "UINT16": TensorProto.UINT16,
+               "UINT32": TensorProto.UINT32, "UINT64": TensorProto.UINT64, "INT8": TensorProto.INT8,
+               "INT16": TensorProto.INT16, "INT32": TensorProto.INT32, "INT64": TensorProto.INT64,
+               "FP16": TensorProto.FLOAT16, "FP32": TensorProto.FLOAT, "FP64": TensorProto.DOUBLE,
+               "BYTES": TensorProto.STRING}
+
+
+def add_identity_model(repo: Path, name: str, datatype: str, max_batch: int = 8) -> Path:
+    """An ONNX Identity model, INPUT → OUTPUT of KServe ``datatype``, dims [-1] (batched when max_batch > 0)."""
+    config_type = "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
+    dims: list[str | int] = ["batch", "n"] if max_batch > 0 else ["n"]
+    graph = helper.make_graph([helper.make_node("Identity", ["INPUT"], ["OUTPUT"])], "identity",
+                              [helper.make_tensor_value_info("INPUT", _ONNX_TYPES[datatype], dims)],
+                              [helper.make_tensor_value_info("OUTPUT", _ONNX_TYPES[datatype], dims)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    folder = repo / name
+    (folder / "1").mkdir(parents=True)
+    onnx.save(model, str(folder / "1" / "model.onnx"))
+    (folder / "config.pbtxt").write_text(
+        f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: {max_batch}\n'
+        f'input [ {{ name: "INPUT", data_type: {config_type}, dims: [ -1 ] }} ]\n'
+        f'output [ {{ name: "OUTPUT", data_type: {config_type}, dims: [ -1 ] }} ]\n')
+    return folder

@@ -1,5 +1,8 @@
 """Triton's classification extension: an output asked for with ``classification: k`` comes back as the top k
-classes, each a BYTES string ``"score:index"`` or ``"score:index:label"``, best first."""
+classes, each a BYTES string ``"score:index"`` or ``"score:index:label"``, best first.
+
+The score is written as Triton writes it (``std::to_string`` of the element): six decimals for a float output,
+the exact integer for an integer or BOOL one. Ties keep index order."""
 
 from __future__ import annotations
 
@@ -36,12 +39,16 @@ def classify(array: Array, count: int, labels: list[str] | None, batched: bool, 
                            "numeric or BOOL output; ask for it without \"classification\"")
     rows = array.reshape(array.shape[0], -1) if batched else array.reshape(1, -1)
     k = min(count, rows.shape[1])
-    order = np.argsort(-rows, axis=1, kind="stable")[:, :k]
+    # descending order as an ascending key: ~x (-x - 1) cannot overflow, where -x wraps an unsigned 0 to the top
+    # and leaves a signed minimum there, and is logical not for BOOL, whose negation numpy refuses
+    order = np.argsort(-rows if rows.dtype.kind == "f" else ~rows, axis=1, kind="stable")[:, :k]
+    integral = rows.dtype.kind != "f"
     result = np.empty((rows.shape[0], k), dtype=object)
     for r, indices in enumerate(order):
         for c, index in enumerate(indices):
-            score = float(rows[r, index])
-            text = f"{score:f}:{int(index)}"
+            value = rows[r, index]
+            score = str(int(value)) if integral else f"{float(value):f}"
+            text = f"{score}:{int(index)}"
             if labels is not None and index < len(labels):
                 text += f":{labels[index]}"
             result[r, c] = text.encode()

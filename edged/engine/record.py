@@ -52,9 +52,10 @@ class ModelRecord:
         return [v for _, v in sorted(self.versions.items())]
 
 
-def index_entries(names: list[str], records: Mapping[str, ModelRecord], unloaded: Mapping[str, str],
-                  ready_only: bool) -> list[dict[str, Any]]:
-    """The repository index (Triton's form): one entry per version, or one per model without versions."""
+def index_entries(names: list[str], records: Mapping[str, ModelRecord],
+                  unloaded: Mapping[str, tuple[str, tuple[int, ...]]], ready_only: bool) -> list[dict[str, Any]]:
+    """The repository index (Triton's form): one entry per version, or one per model without versions; an
+    unloaded model's entries keep the versions it had, as Triton's do. ``unloaded``: name → (why, versions)."""
     entries: list[dict[str, Any]] = []
     for name in names:
         record = records.get(name)
@@ -62,11 +63,15 @@ def index_entries(names: list[str], records: Mapping[str, ModelRecord], unloaded
         versions = sorted({**(record.failed if record else {}), **(record.loading if record else {}),
                            **(record.versions if record else {})}.items())
         if not versions:
-            if not ready_only:
-                reason = record.error if record else unloaded.get(name, "")
-                known = record is not None or name in unloaded
-                entries.append({"name": name, "version": "", "state": "UNAVAILABLE" if known else "",
-                                "reason": reason})
+            if ready_only:
+                continue
+            why, numbers = unloaded.get(name, ("", ()))
+            if record is None and numbers:
+                entries += [{"name": name, "version": str(n), "state": "UNAVAILABLE", "reason": why} for n in numbers]
+                continue
+            known = record is not None or name in unloaded
+            entries.append({"name": name, "version": "", "state": "UNAVAILABLE" if known else "",
+                            "reason": record.error if record else why})
             continue
         for number, version in versions:
             if ready_only and version.state is not READY:

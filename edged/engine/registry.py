@@ -96,7 +96,8 @@ class Registry:
         # read-only to others: the service's submit takes a record's cached default version from it (`resolve`'s
         # first branch without the call); never rebound, so a reference to it stays current
         self.by_name: Mapping[str, ModelRecord] = self._records
-        self._unloaded: dict[str, str] = {}  # model name → why it is no longer loaded, for the index
+        # model name → why it is no longer loaded and the versions it had, for the index
+        self._unloaded: dict[str, tuple[str, tuple[int, ...]]] = {}
         # folders skipped for a name that is not UTF-8: warned about once, not at every index, status and poll
         self._not_utf8: set[str] = set()
         self._backends: dict[str, Backend] = {}
@@ -470,7 +471,8 @@ class Registry:
             record.drop(version.version)
             if not record.versions:
                 del self._records[record.name]
-                self._unloaded[record.name] = "evicted to make room for another model (memory budget)"
+                self._unloaded[record.name] = ("evicted to make room for another model (memory budget)",
+                                               (version.version,))
                 if self._settings.load == "lazy":
                     self._lazy.add(record.name)
 
@@ -481,10 +483,8 @@ class Registry:
         with self._changing():
             record = self._records.pop(name, None)
             if record is None:
-                if name in self._lazy:
-                    return
-                raise ModelNotFound(f"unknown model: {name!r} is not loaded")
-            self._unloaded[name] = "unloaded"
+                return  # nothing to unload: as Triton, a success (an unload is idempotent)
+            self._unloaded[name] = ("unloaded", tuple(sorted(record.versions)))
             for version in record.all_versions():
                 self._retire(version)
 

@@ -32,6 +32,7 @@ from edged.engine.version import ModelVersion
 from edged.errors import (
     ConfigError,
     EdgedError,
+    InvalidInput,
     ModelLoadError,
     ModelNotFound,
     OutOfMemory,
@@ -170,8 +171,15 @@ class InferenceService:
     def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
         """Triton's statistics extension document for one model (version) or all."""
         if name:
-            record = self._registry.record(name)
-            versions = [self._registry.resolve(name, version)] if version else record.all_versions()
+            # as Triton: statistics of what is not served are a bad argument (400, INVALID_ARGUMENT), where
+            # metadata and infer answer 404
+            try:
+                record = self._registry.record(name)
+                versions = [self._registry.resolve(name, version)] if version else record.all_versions()
+            except ModelNotFound as e:
+                raise InvalidInput(f"requested model is not available: {e}") from None
+            if not versions:
+                raise InvalidInput(f"requested model {name!r} is not available: no version of it is loaded")
         else:
             versions = [v for r in self._registry.records() for v in r.all_versions()]
         return {"model_stats": [self._version_stats(v) for v in versions]}

@@ -19,7 +19,7 @@ from edged.engine.stats import VersionStats
 from edged.engine.types import InferRequest, InferResponse
 from edged.engine.validation import RequestValidator
 from edged.engine.warmup import warmup_samples
-from edged.errors import EdgedError, ModelLoadError, ModelNotReady, OutOfMemory, Unavailable
+from edged.errors import EdgedError, InferenceFailed, ModelLoadError, ModelNotReady, OutOfMemory, Unavailable
 from edged.repository import confined_path, with_confined_parameters
 from edged.repository.model_config import ModelConfig
 
@@ -145,6 +145,9 @@ class ModelVersion:
                                                         self.config.name, name)
                 except EdgedError as e:
                     result = e
+                except Exception as e:  # the request's failure: raised on, it was never answered
+                    log.exception("model %s: classification of %s failed", self.config.name, list(counts))
+                    result = InferenceFailed(f"model {self.config.name}: classification failed: {e}")
             done(result)
 
         return finish

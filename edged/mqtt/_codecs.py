@@ -18,7 +18,7 @@ from edged.engine import InferResponse
 from edged.errors import PayloadError, PayloadTooLarge
 from edged.mqtt._image import decode_image, image_spec
 from edged.mqtt._message import Inbound
-from edged.protocol import DecodedRequest, decode_request, encode_response
+from edged.protocol import DecodedRequest, decode_request, encode_response, loads_json
 from edged.protocol.datatypes import numpy_for
 from edged.repository.model_config import ModelConfig
 
@@ -43,7 +43,7 @@ def codec_for(message: Inbound, default: str) -> str:
 def reply_topic_in(message: Inbound) -> str | None:
     """The 3.1.1 reply topic named in a JSON payload's ``reply_to``, if the payload is a JSON object."""
     try:
-        doc = orjson.loads(_json_part(message))
+        doc = loads_json(_json_part(message))  # NaN and ±Infinity as the request's own decoding takes them
     except (orjson.JSONDecodeError, PayloadError):
         return None
     value = doc.get(REPLY_TO) if isinstance(doc, dict) else None

@@ -20,6 +20,7 @@ import numpy as np
 import orjson
 
 from edged.errors import InvalidInput
+from edged.protocol._nonfinite import loads
 
 Array = np.ndarray[Any, Any]
 
@@ -83,7 +84,7 @@ def parse_pieces(name: str, text: memoryview, dtype: np.dtype[Any], count: int,
         end = size if size - pos <= PIECE_BYTES else _piece_end(name, text, pos)
         piece = text[pos:end].tobytes()
         try:
-            values = orjson.loads(b"[" + piece + b"]")
+            values = loads(b"[" + piece + b"]")
         except orjson.JSONDecodeError as e:
             raise InvalidInput(f"input {name!r}: \"data\" is not a list of numbers: {e}") from None
         pos = end + 1

@@ -11,6 +11,7 @@ integers that numpy did not keep as integers is converted element by element, ex
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -103,10 +104,13 @@ def _first(values: Sequence[Any], wrong: Callable[[Any], bool]) -> tuple[int, An
 
 
 def _wrong_type(name: str, datatype: str, kind: str, index: int, value: Any) -> InvalidInput:
-    try:
-        text = orjson.dumps(value).decode()
-    except TypeError:
-        text = repr(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        text = "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"  # orjson writes null
+    else:
+        try:
+            text = orjson.dumps(value).decode()
+        except TypeError:
+            text = repr(value)
     if len(text) > 40:
         text = text[:37] + "..."
     return InvalidInput(f"input {name!r} ({datatype}): \"data\" element {index} is {text}; {datatype} data "

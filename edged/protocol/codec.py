@@ -21,6 +21,7 @@ import orjson
 from edged.errors import InvalidInput
 from edged.protocol._jsondata import SPLIT_MIN_BYTES, CutArrays, Unmatched, parse_pieces, split_data
 from edged.protocol._jsonvalues import bytes_from_json, numbers_from_json
+from edged.protocol._nonfinite import data_fragment, has_nonfinite, loads
 from edged.protocol._shapes import element_count, shape_of
 from edged.protocol.datatypes import KSERVE_TO_NUMPY, kserve_datatype, numpy_for
 from edged.protocol.shm_params import ShmReader, ShmReference, shm_reference
@@ -28,6 +29,7 @@ from edged.protocol.shm_params import ShmReader, ShmReference, shm_reference
 Array = np.ndarray[Any, Any]
 
 _LENGTH = struct.Struct("<I")
+_BOM = b"\xef\xbb\xbf"  # UTF-8 byte order mark
 # Tables built once so that the per-tensor work is a dict lookup: the little-endian dtype binary data of each
 # dtype is read as, and the KServe name of each numeric dtype in either byte order.
 # On a little-endian machine that is the native dtype object itself, not an equal copy: the engine's quick
@@ -101,8 +103,10 @@ def decode_request(body: bytes | bytearray, header_length: int | None, max_eleme
 
 def _decode(body: bytes | bytearray, header_bytes: bytes | bytearray, header_length: int | None, max_elements: int,
             precheck: Precheck | None, cut: CutArrays | None = None, shm: ShmReader | None = None) -> DecodedRequest:
+    if header_bytes[:3] == _BOM:  # as Triton reads it: Windows tools save JSON files with one
+        header_bytes = header_bytes[3:]
     try:
-        doc = orjson.loads(header_bytes)
+        doc = loads(header_bytes)
     except orjson.JSONDecodeError as e:
         raise InvalidInput(f"request body is not valid JSON: {e}") from None
     if not isinstance(doc, dict):
@@ -192,7 +196,7 @@ def _decode_input(entry: Any, binary: memoryview, offset: int, max_elements: int
         return name, array.reshape(shape), 0
     if text is not None:  # numbers for a BYTES input: refused below, or not JSON
         try:
-            data = orjson.loads(b"[" + text.tobytes() + b"]")
+            data = loads(b"[" + text.tobytes() + b"]")
         except orjson.JSONDecodeError as e:
             raise InvalidInput(f"input {name!r}: \"data\" is not valid JSON: {e}") from None
     return name, _from_json(name, data, dtype, datatype, shape, count), 0
@@ -295,8 +299,9 @@ def _decode_outputs(raw: Any) -> tuple[tuple[OutputRequest, ...], dict[str, bool
         if reference is not None and classes:
             raise InvalidInput(f"output {entry['name']!r}: Output can't set both 'shared_memory_region' and "
                                "'classification'")
-        if binary is not None:
-            flags[entry["name"]] = bool(binary)
+        # as Triton: a named output is binary only by its own binary_data; binary_data_output is the default
+        # of the outputs the request does not name
+        flags[entry["name"]] = bool(binary)
         outputs.append(OutputRequest(entry["name"], None if binary is None else bool(binary), classes, reference))
     return tuple(outputs), flags
 
@@ -357,6 +362,14 @@ def _to_binary(array: Array) -> bytes:
 def _to_json_data(array: Array) -> Any:
     if array.dtype.kind in "OSU":
         return [item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item) for item in array.ravel()]
+    if has_nonfinite(array):  # written NaN, Infinity, -Infinity, as Triton writes them (orjson writes null)
+        flat = np.ascontiguousarray(array).ravel()
+        finite = np.where(np.isfinite(flat), flat, 0).astype(flat.dtype)
+        return data_fragment(flat, orjson.dumps(_numbers(finite), option=orjson.OPT_SERIALIZE_NUMPY))
+    return _numbers(array)
+
+
+def _numbers(array: Array) -> Any:
     if array.dtype.kind in "biuf" and array.dtype != np.float16:
         return np.ascontiguousarray(array).ravel()  # orjson serialises numpy natively
     return array.ravel().tolist()
@@ -408,7 +421,7 @@ def decode_response(body: bytes, header_length: int | None) -> tuple[dict[str, A
     """(the JSON document, outputs as numpy arrays) from an infer response body."""
     header = body if header_length is None else body[:header_length]
     try:
-        doc = orjson.loads(header)
+        doc = loads(header)
     except orjson.JSONDecodeError as e:
         raise InvalidInput(f"response is not valid JSON: {e}") from None
     binary = memoryview(body)[header_length:] if header_length is not None else memoryview(b"")

@@ -20,8 +20,8 @@ from __future__ import annotations
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
-import orjson
 
+from edged.protocol._nonfinite import loads
 from edged.protocol.codec import DecodedRequest, OutputRequest, decode_request
 from edged.protocol.datatypes import KSERVE_TO_NUMPY
 from edged.protocol.shm_params import ShmReader
@@ -114,7 +114,7 @@ class HeaderCache:
 
     def _remember(self, header: bytes, decoded: DecodedRequest) -> None:
         """Keep the layout of a request that decoded without error, if its inputs are all numeric binary."""
-        doc = orjson.loads(header)  # parsed and checked by decode_request already
+        doc = loads(header)  # parsed and checked by decode_request already
         entries = []
         data_bytes = 0
         for entry in doc["inputs"]:

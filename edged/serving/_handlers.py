@@ -73,7 +73,10 @@ class Handlers:
         return _EMPTY_OK if self._service.ready and not self.draining else _EMPTY_BAD
 
     def _model_ready(self, route: Route, incoming: Incoming) -> Response:
-        return _EMPTY_OK if self._service.model_ready(route.model, route.version) else _EMPTY_BAD
+        if self._service.model_ready(route.model, route.version):
+            return _EMPTY_OK
+        version = f" version {route.version}" if route.version else ""
+        return error_response(400, f"Model version not ready: model {route.model!r}{version}")  # Triton's words
 
     def _model_metadata(self, route: Route, incoming: Incoming) -> Response:
         return json_response(self._service.model_metadata(route.model, route.version))

@@ -55,7 +55,7 @@ _STATUS_BY_FAMILY: tuple[tuple[type[EdgedError], int], ...] = (
     (PermissionDenied, 403),
     (ModelNotFound, 404),
     (SharedMemoryNotFound, 404),
-    (SharedMemoryExists, 409),
+    (SharedMemoryExists, 400),  # as Triton answers it over HTTP (gRPC: ALREADY_EXISTS)
     (InvalidInput, 400),
     (ConfigError, 400),
     (UpdateRejected, 409),

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from edged.errors import PayloadError
-from edged.mqtt._codecs import codec_for, decode, top_k
+from edged.mqtt._codecs import codec_for, decode, reply_topic_in, top_k
 from edged.mqtt._image import decode_image, image_spec
 from edged.mqtt._message import Inbound
 from edged.mqtt._topics import filter_matches
@@ -96,3 +96,10 @@ def test_filter_matching_never_raises_and_plus_captures_single_levels(levels: li
     captures = filter_matches("+/+", topic)
     if captures is not None:
         assert all("/" not in c for c in captures) and "/".join(captures) == topic
+
+
+def test_the_reply_to_of_a_json_request_holding_nan_is_found() -> None:
+    # the request's own JSON takes NaN and ±Infinity as the socket API does (Triton's JSON): so does its reply_to
+    payload = (b'{"reply_to": "results/r1", "inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 2], '
+               b'"data": [NaN, -Infinity]}]}')
+    assert reply_topic_in(Inbound("t", payload, 1)) == "results/r1"
