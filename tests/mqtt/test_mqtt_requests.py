@@ -170,6 +170,25 @@ def test_errors_come_back_as_error_json(front: MqttFrontEnd, broker: Broker, top
     client.close()
 
 
+@pytest.mark.parametrize(("user", "payload", "expected"), [
+    ([("datatype", "FP32"), ("shape", "1,6\u00b2")], PIXELS.tobytes(), "user property shape must be numbers"),
+    ([("datatype", "FP32"), ("shape", "\u0661,64")], PIXELS.tobytes(), "user property shape must be numbers"),
+    ([("datatype", "FP32"), ("shape", "4294967296,4294967296")], b"", "more than the limit"),
+    ([("datatype", "FP32"), ("shape", "9223372036854775807,2")], b"", "more than the limit"),
+    ([("datatype", "FP32"), ("shape", "99999999999999999999999,64")], b"", "user property shape must be numbers"),
+    ([("Inference-Header-Content-Length", "\u00b2")], PIXELS.tobytes(), "must be a number"),
+], ids=["superscript", "arabic-digit", "wraps-to-zero", "wraps-negative", "past-int64", "header-superscript"])
+def test_raw_and_binary_user_properties_are_ascii_numbers_within_the_limit(
+        front: MqttFrontEnd, broker: Broker, user: list[tuple[str, str]], payload: bytes, expected: str) -> None:
+    """A shape whose element count passes 2**63 wrapped in int64 (0 elements matched an empty payload, then a
+    numpy reshape error; a negative count asked for -8 bytes), and str.isdigit let '\u00b2' through to int()."""
+    client = Requester(broker.port)
+    doc = orjson.loads(client.request("edged/dev1/infer/digits_onnx", payload, "application/octet-stream",
+                                      user).payload)
+    client.close()
+    assert expected in doc.get("error", ""), doc
+
+
 @pytest.mark.parametrize(("user", "expected"), [
     ([("timestamp", "42")], 42), ([("timestamp", "1732890000.5")], 1732890000.5),
     ([("timestamp", "1796188299260977933")], 1796188299260977933), ([("timestamp", "tuesday")], "tuesday"),
