@@ -140,6 +140,8 @@ class Connection:
         props.SessionExpiryInterval = self._settings.session_expiry_s
         if self._settings.receive_maximum is not None:
             props.ReceiveMaximum = self._settings.receive_maximum
+        if self._settings.maximum_packet_size is not None:
+            props.MaximumPacketSize = self._settings.maximum_packet_size
         return props
 
     # --- lifecycle -----------------------------------------------------------------------------------------

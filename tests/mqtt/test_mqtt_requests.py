@@ -189,6 +189,26 @@ def test_raw_and_binary_user_properties_are_ascii_numbers_within_the_limit(
     assert expected in doc.get("error", ""), doc
 
 
+def test_v5_packets_far_over_max_payload_bytes_are_never_sent_to_edged(front: MqttFrontEnd,
+                                                                     broker: Broker) -> None:
+    """edged gives the broker its MQTT v5 Maximum Packet Size (max_payload_bytes plus room for the topic and
+    properties). Before, a 256 MB publish on any input topic was read whole (three copies of it at once, RSS up
+    by the payload for good after the error reply), however small max_payload_bytes was."""
+    client = Requester(broker.port)
+    body, _ = encode_request({"input": PIXELS}, binary=False)
+    near = client.request("edged/dev1/infer/digits_onnx", b"x" * (65 * 1024), "application/json")
+    assert "more than the limit" in orjson.loads(near.payload)["error"]  # just over: still answered
+    received = front.status()["messages_in"]
+    props = Properties(PacketTypes.PUBLISH)
+    props.ResponseTopic = client.reply_topic
+    props.CorrelationData = b"far over"
+    client.client.publish("edged/dev1/infer/digits_onnx", b"x" * (8 * 1024 * 1024), 1, properties=props)
+    reply = client.request("edged/dev1/infer/digits_onnx", body, "application/json")  # after it, in order
+    assert "outputs" in orjson.loads(reply.payload)
+    assert front.status()["messages_in"] == received + 1, "the 8 MiB packet reached edged"
+    client.close()
+
+
 @pytest.mark.parametrize(("user", "expected"), [
     ([("timestamp", "42")], 42), ([("timestamp", "1732890000.5")], 1732890000.5),
     ([("timestamp", "1796188299260977933")], 1796188299260977933), ([("timestamp", "tuesday")], "tuesday"),
