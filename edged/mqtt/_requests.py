@@ -20,7 +20,7 @@ from edged.mqtt._message import Inbound, Outbound
 from edged.mqtt._metrics import Metrics
 from edged.mqtt._msgid import Identity
 from edged.mqtt._queue import BoundedQueue
-from edged.mqtt._topics import check_reply_topic
+from edged.mqtt._topics import check_reply_topic, subscription_filter
 from edged.mqtt._work import Job, finish, result_parameters, start
 from edged.supervision import HealthBoard, SupervisedPool
 
@@ -41,7 +41,7 @@ class RequestHandler:
         """``prefix``: edged's own topics (``edged/{device_id}``), which no reply may go to."""
         self._service = service
         self._prefix = prefix
-        self._inputs = tuple(p.input for p in config.pipelines)
+        self._inputs = tuple(subscription_filter(p.input) for p in config.pipelines)
         self._config = config
         self._v5 = v5
         self._publisher = publisher

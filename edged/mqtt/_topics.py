@@ -10,6 +10,20 @@ _MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 _VERSION = re.compile(r"[0-9]{1,18}")
 _PLACEHOLDER = re.compile(r"\{(\d+)\}")
 MAX_TOPIC_BYTES = 65535
+SHARE_PREFIX = "$share/"
+
+
+def subscription_filter(subscription: str) -> str:
+    """The topic filter that a subscription's messages match: for a shared subscription
+    ``$share/{group}/{filter}`` (MQTT v5; mosquitto offers it to 3.1.1 clients too) the messages come under
+    their own topics, which match ``filter``; any other subscription is its own filter."""
+    if not subscription.startswith(SHARE_PREFIX):
+        return subscription
+    group, slash, rest = subscription[len(SHARE_PREFIX):].partition("/")
+    if not group or not slash or not rest or "+" in group or "#" in group:
+        raise PayloadError(f"shared subscription {subscription!r}: expected $share/<group>/<filter>, the group a "
+                           "name without '+', '#' or '/'")
+    return rest
 
 
 def filter_matches(topic_filter: str, topic: str) -> tuple[str, ...] | None:

@@ -69,10 +69,11 @@ class MqttFrontEnd:
                                on_replay=self._replayed)
         v5 = config.protocol == "5"
         identify = self._ids.identify
-        self._requests = RequestHandler(service, config, v5, self, self._metrics, identify, self.health,
-                                        prefix=self.prefix)
+        # the pipelines first: each names its own bad input filter before anything else reads the filters
         self._pipelines = [Pipeline(i, service, p, config, v5, self, self._metrics, identify, self.health)
                            for i, p in enumerate(config.pipelines)]
+        self._requests = RequestHandler(service, config, v5, self, self._metrics, identify, self.health,
+                                        prefix=self.prefix)
         # after each pipeline's own checks, which name a bad filter first; edged's own topics before loops ("#")
         check_outside_prefix(config.pipelines, self.prefix)
         check_no_loops(config.pipelines)
