@@ -15,6 +15,7 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import paho.mqtt.client as paho
@@ -47,10 +48,17 @@ def backoff_delay(attempt: int, min_s: float, max_s: float, rng: random.Random) 
 
 class Connection:
     def __init__(self, settings: ConnectionSettings, listener: Listener, will: Outbound,
-                 subscriptions: list[tuple[str, int]], health: HealthBoard | None = None) -> None:
+                 subscriptions: list[tuple[str, int]], health: HealthBoard | None = None, *,
+                 stale: list[str] | None = None, on_unsubscribed: Callable[[], None] | None = None) -> None:
+        """``stale``: filters an earlier run subscribed in this client's session and the config no longer has;
+        they are unsubscribed on the first connect that finds the session present, then ``on_unsubscribed`` is
+        called (on the network thread; also when the session was gone, so nothing was left to undo)."""
         self._settings = settings
         self._listener = listener
         self._subscriptions = subscriptions
+        self._stale = list(stale or [])
+        self._on_unsubscribed = on_unsubscribed
+        self._unsubscribed_mid: int | None = None  # the UNSUBSCRIBE of the stale filters, until its UNSUBACK
         self._v5 = settings.protocol == "5"
         self._stopping = threading.Event()
         self._connected = threading.Event()
@@ -83,7 +91,7 @@ class Connection:
     def subscribed(self) -> bool:
         """Connected and the broker has acknowledged the subscriptions (its SUBACK): a message published on an
         input topic from now on reaches edged. ``connected`` comes one round trip earlier."""
-        return self._subscribed and self._connected.is_set()
+        return self._subscribed and self._unsubscribed_mid is None and self._connected.is_set()
 
     def on_network_thread(self) -> bool:
         """True in the thread that reads the broker's packets (callbacks run there): it must never wait for
@@ -126,6 +134,7 @@ class Connection:
         client.on_message = self._on_message  # QoS 2 only: WireClient delivers QoS 0 and 1 itself
         client.on_publish = self._on_publish
         client.on_subscribe = self._on_subscribe
+        client.on_unsubscribe = self._on_unsubscribe
         client.on_socket_open = self._on_socket_open
         # With a callback here paho never writes to the socket from a publishing thread (it would, since we
         # run loop() ourselves and paho then sees no loop thread): two writers could interleave the halves of
@@ -222,6 +231,7 @@ class Connection:
     def _mark_down(self, reason: str) -> None:
         self.last_error = reason
         self._subscribed = False
+        self._unsubscribed_mid = None  # unanswered: the stale filters are unsubscribed again at the next connect
         if self._connected.is_set():
             self._connected.clear()
             self._listener.on_disconnected(reason)
@@ -243,6 +253,10 @@ class Connection:
         self._subscribed = not self._subscriptions
         if self._subscriptions:
             _, self._subscribed_mid = client.subscribe(self._subscriptions)
+        if self._stale and flags.session_present:
+            _, self._unsubscribed_mid = client.unsubscribe(self._stale)
+        elif self._stale or self._on_unsubscribed is not None:
+            self._unsubscribe_done()  # a new session holds no subscription of an earlier run
         self.connects += 1
         self._generation += 1
         self._attempt = 0
@@ -253,6 +267,19 @@ class Connection:
     def _on_subscribe(self, client: paho.Client, userdata: Any, mid: int, reasons: Any, properties: Any) -> None:
         if mid == self._subscribed_mid:
             self._subscribed = True
+
+    def _on_unsubscribe(self, client: paho.Client, userdata: Any, mid: int, reasons: Any,
+                        properties: Any) -> None:
+        if mid == self._unsubscribed_mid:
+            log.info("mqtt: unsubscribed from %s, which the config no longer has", ", ".join(self._stale))
+            self._unsubscribed_mid = None
+            self._unsubscribe_done()
+
+    def _unsubscribe_done(self) -> None:
+        self._stale = []
+        done, self._on_unsubscribed = self._on_unsubscribed, None
+        if done is not None:
+            done()
 
     def _on_disconnect(self, client: paho.Client, userdata: Any, flags: Any, reason: ReasonCode,
                        properties: Any) -> None:

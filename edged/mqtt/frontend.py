@@ -31,6 +31,7 @@ from edged.mqtt._pipeline import Pipeline, check_no_loops, check_outside_prefix
 from edged.mqtt._requests import RequestHandler
 from edged.mqtt._settings import connection_settings, device_id_of
 from edged.mqtt._status import birth, offline, stopped
+from edged.mqtt._subscriptions import SUBSCRIPTIONS_FILE, Subscriptions
 from edged.mqtt._topics import parse_infer_topic
 from edged.supervision import HealthBoard
 
@@ -84,7 +85,10 @@ class MqttFrontEnd:
         subscriptions += [(p.input, p.qos) for p in config.pipelines]
         subscriptions += [(f"{self.prefix}/{suffix}", 1) for suffix in self._commands]
         will = Outbound(self._status_topic, offline(self.device_id), 1, retain=True, content_type=JSON_TYPE)
-        self._connection = Connection(self._settings, self, will, subscriptions, self.health)
+        self._subscriptions = Subscriptions(state_dir / SUBSCRIPTIONS_FILE, self._settings.client_id,
+                                            [topic_filter for topic_filter, _ in subscriptions])
+        self._connection = Connection(self._settings, self, will, subscriptions, self.health,
+                                      stale=self._subscriptions.stale, on_unsubscribed=self._subscriptions.save)
         self._stopping = False
         self.health.add_listener(self._health_changed)
 
