@@ -68,7 +68,10 @@ class RequestHandler:
             self._publisher.ack(message)  # dropped and counted: nobody could be answered
             return
         ident = self._identify(message)
-        job = Job(message, model, version, codec_for(message, "json"), reply, self._v5, ident.message_id,
+        # binary outputs need the user property Inference-Header-Content-Length: only for a v5 requester (one
+        # that names a ResponseTopic); a "reply_to" requester speaks 3.1.1 and would get a blob it cannot split
+        binary_ok = self._v5 and message.response_topic is not None
+        job = Job(message, model, version, codec_for(message, "json"), reply, binary_ok, ident.message_id,
                   answers=ident.answers)
         dropped = self._queue.put(job)
         if dropped is not None:

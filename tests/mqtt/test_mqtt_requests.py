@@ -148,6 +148,21 @@ def test_mqtt311_reply_goes_to_reply_to_in_payload(front: MqttFrontEnd, broker: 
     client.close()
 
 
+def test_mqtt311_reply_is_json_even_when_binary_outputs_are_asked(front: MqttFrontEnd, broker: Broker) -> None:
+    """A 3.1.1 subscriber never sees user properties. Before, `binary_data: true` sent it KServe's binary framing
+    with the JSON header's length only in the user property Inference-Header-Content-Length: a blob it could
+    not split."""
+    reply_topic = f"replies311/{uuid.uuid4().hex}"
+    client = Subscriber(broker.port, [reply_topic], protocol=paho.MQTTv311)
+    wait_subscribed(client)
+    doc = {"id": "old-2", "reply_to": reply_topic, "outputs": [{"name": "output", "parameters": {"binary_data": True}}],
+           "inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 64], "data": PIXELS.ravel().tolist()}]}
+    client.client.publish("edged/dev1/infer/digits_onnx", orjson.dumps(doc), 1)
+    reply = orjson.loads(client.wait_for(1)[0].payload)
+    client.close()
+    np.testing.assert_allclose(np.asarray(reply["outputs"][0]["data"]).reshape(1, 10), expected_output(), rtol=1e-5)
+
+
 @pytest.mark.parametrize(("topic", "payload", "expected"), [
     ("edged/dev1/infer/no_such_model", b'{"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 1], '
      b'"data": [1]}]}', "no_such_model"),
