@@ -47,7 +47,9 @@ class RequestHandler:
         self._publisher = publisher
         self._metrics = metrics
         self._identify = identify
-        self._queue: BoundedQueue[Job] = BoundedQueue(config.request_workers * 64, "drop_oldest")
+        # QoS 1/2 requests are flow-controlled by the broker, and queue past the capacity (see _queue)
+        self._queue: BoundedQueue[Job] = BoundedQueue(config.request_workers * 64, "drop_oldest",
+                                                      hold_flow_controlled=True)
         self._health = (health or HealthBoard()).component("mqtt_requests")
         self._workers = SupervisedPool("edged-mqtt-request", config.request_workers, self._work, self._health)
 
@@ -73,7 +75,7 @@ class RequestHandler:
         binary_ok = self._v5 and message.response_topic is not None
         job = Job(message, model, version, codec_for(message, "json"), reply, binary_ok, ident.message_id,
                   answers=ident.answers)
-        dropped = self._queue.put(job)
+        dropped = self._queue.put(job, flow_controlled=message.qos > 0, size=len(message.payload))
         if dropped is not None:
             self._metrics.drop("backpressure")
             self.reply_error(dropped.message, QueueFull(

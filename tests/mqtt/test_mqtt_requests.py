@@ -290,3 +290,32 @@ def test_replies_to_edged_own_topics_or_pipeline_inputs_are_refused_and_counted(
     assert [(m.topic, m.payload[:60]) for m in published if m.topic != "edged/own1/infer/tiny_mlp"] == []
     logged = " ".join(r.getMessage() for r in caplog.records)
     assert "'edged/own1/status' is under edged's own topics" in logged and "pipeline input 'cams/+/frame'" in logged
+
+
+def test_a_backlog_of_qos1_requests_after_a_restart_is_served_not_refused(
+        service: InferenceService, broker: Broker, tmp_path: Path) -> None:
+    """Requests published while edged was down wait in its persistent session; at the next connect the broker
+    may send all of them at once (mosquitto 2.0.11 does past any Receive Maximum after a kill -9). Before, the
+    request queue (64 per worker) answered the oldest past it 'the MQTT request queue is full; try again later'
+    and acknowledged them: a third of a 600-request backlog refused after one restart."""
+    config = MqttConfig(broker=broker.url, device_id="backlog", request_workers=1)
+    front = MqttFrontEnd(service, config, tmp_path / "state", version="test")
+    front.start()
+    wait_until(lambda: front.status()["subscribed"], what="subscribed")
+    front.stop(5)  # the session (and its subscription) stays at the broker
+    client = Requester(broker.port)
+    body, _ = encode_request({"input": PIXELS}, binary=False)
+    props = Properties(PacketTypes.PUBLISH)
+    props.ResponseTopic = client.reply_topic
+    count = 1500
+    for _ in range(count):
+        client.client.publish("edged/backlog/infer/digits_onnx", body, 1, properties=props)
+    front = MqttFrontEnd(service, config, tmp_path / "state", version="test")
+    front.start()
+    try:
+        replies = client.wait_for(count, timeout_s=120)
+        refused = [m.payload for m in replies if b'"error"' in m.payload]
+        assert len(replies) == count and not refused, (len(replies), refused[:1], front.status()["drops"])
+    finally:
+        client.close()
+        front.stop(5)
