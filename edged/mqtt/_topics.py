@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 
 from edged.errors import PayloadError
@@ -100,17 +101,25 @@ _ANY_LEVEL = re.compile("[^/]*")
 
 
 def _overlap(levels: list[str | re.Pattern[str] | None], wanted: list[str]) -> bool:
-    if wanted and wanted[0] == "#":
-        return True  # the rest, zero levels included
-    if not levels or not wanted:
-        return not levels and not wanted
-    head, rest = levels[0], levels[1:]
-    if head is None:  # one level or more: try each length
-        return any(_overlap(rest, wanted[k:]) for k in range(1, len(wanted) + 1))
-    if wanted[0] == "+":
-        return _overlap(rest, wanted[1:])
-    text_matches = head == wanted[0] if isinstance(head, str) else head.fullmatch(wanted[0]) is not None
-    return text_matches and _overlap(rest, wanted[1:])
+    """Whether the template ``levels`` can match the filter ``wanted``: one search over (level, filter level)
+    pairs, each decided once. Trying every split afresh was exponential: a template with twelve "#"
+    placeholders against a filter of sixty levels kept `edged serve` from starting for good."""
+
+    @functools.cache
+    def match(i: int, j: int) -> bool:
+        if j < len(wanted) and wanted[j] == "#":
+            return True  # the rest, zero levels included
+        if i == len(levels) or j == len(wanted):
+            return i == len(levels) and j == len(wanted)
+        head = levels[i]
+        if head is None:  # one level or more: try each length
+            return any(match(i + 1, k) for k in range(j + 1, len(wanted) + 1))
+        if wanted[j] == "+":
+            return match(i + 1, j + 1)
+        text_matches = head == wanted[j] if isinstance(head, str) else head.fullmatch(wanted[j]) is not None
+        return text_matches and match(i + 1, j + 1)
+
+    return match(0, 0)
 
 
 def render(template: str, captures: tuple[str, ...]) -> str:

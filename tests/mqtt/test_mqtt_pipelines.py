@@ -334,3 +334,13 @@ def test_a_pipeline_input_dropped_from_the_config_is_unsubscribed_at_the_next_st
     finally:
         sub.close()
         front.stop(5)
+
+
+def test_loop_checks_of_many_hash_placeholders_against_a_deep_filter_finish(service: InferenceService,
+                                                                            tmp_path: Path) -> None:
+    """Before, `template_may_match` tried every split of the filter's levels afresh: twelve `{1}` of a `#`
+    against a sixty-level filter never finished, and `edged serve` never started (fails here by the timeout)."""
+    config = MqttConfig(broker="mqtt://127.0.0.1:1", device_id="deep", pipelines=(
+        PipelineConfig(input="in/#", model="tiny_mlp", output="z/" + "/".join(["{1}"] * 12) + "/x"),
+        PipelineConfig(input="z/" + "/".join(["+"] * 60) + "/y", model="tiny_mlp", output="o/{1}")))
+    MqttFrontEnd(service, config, tmp_path / "state", version="test")
