@@ -128,11 +128,24 @@ def render(template: str, captures: tuple[str, ...]) -> str:
     return topic
 
 
+# Characters MQTT 1.5.4 says a string should not hold and lets a receiver close the connection for (mosquitto
+# does, "malformed packet"): control characters, surrogates and noncharacters. A reply topic from a JSON
+# "reply_to" can hold any of them; published, the broker would drop edged's connection on every resend.
+_REFUSED_CHARACTERS = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff\ufdd0-\ufdef\ufffe\uffff"
+                                 + "".join(f"{chr(plane << 16 | 0xFFFE)}{chr(plane << 16 | 0xFFFF)}"
+                                           for plane in range(1, 17)) + "]")
+
+
 def check_topic_name(topic: str) -> str:
-    """A topic edged may publish to: non-empty, no wildcards, no NUL, not a $-topic, within MQTT's length."""
-    if not topic or "+" in topic or "#" in topic or "\0" in topic or topic.startswith("$"):
-        raise PayloadError(f"topic {topic[:200]!r} is not a valid topic to publish to (empty, wildcard, NUL "
-                           "or $-topic)")
+    """A topic edged may publish to: non-empty, no wildcards, no control characters (NUL included), surrogates
+    or noncharacters, not a $-topic, within MQTT's length."""
+    if not topic or "+" in topic or "#" in topic or topic.startswith("$"):
+        raise PayloadError(f"topic {topic[:200]!r} is not a valid topic to publish to (empty, wildcard or "
+                           "$-topic)")
+    bad = _REFUSED_CHARACTERS.search(topic)
+    if bad is not None:
+        raise PayloadError(f"topic {topic[:200]!r} holds {bad.group()!r}, a control character or noncharacter, "
+                           "which brokers refuse (mosquitto closes the connection); use printable characters")
     if len(topic.encode("utf-8", "surrogatepass")) > MAX_TOPIC_BYTES:
         raise PayloadError(f"topic is {len(topic)} characters, more than MQTT's {MAX_TOPIC_BYTES} bytes")
     return topic

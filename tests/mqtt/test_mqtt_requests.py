@@ -292,6 +292,28 @@ def test_replies_to_edged_own_topics_or_pipeline_inputs_are_refused_and_counted(
     assert "'edged/own1/status' is under edged's own topics" in logged and "pipeline input 'cams/+/frame'" in logged
 
 
+@pytest.mark.parametrize("bad", ["\u0001", "\u001f", "\u007f", "\u0085", "\ufdd0", "\ufffe", "\U0001ffff"],
+                         ids=["soh", "us", "del", "nel", "fdd0", "fffe", "1ffff"])
+def test_a_reply_to_with_characters_brokers_refuse_is_dropped_and_the_connection_stays(
+        front: MqttFrontEnd, broker: Broker, bad: str) -> None:
+    """JSON carries any character in "reply_to", and mosquitto closes a connection that publishes a topic with a
+    control character or a noncharacter ("malformed packet"; MQTT 1.5.4 allows it to). Before, edged stored
+    such a reply in its outbox and sent it: mosquitto dropped edged, edged reconnected and sent it again, for
+    good (kill -9 and restart included: it was in the outbox), and no result or request got through."""
+    v311 = Subscriber(broker.port, [], protocol=paho.MQTTv311)
+    requester = Requester(broker.port)
+    doc = {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 64], "data": PIXELS.ravel().tolist()}]}
+    try:
+        v311.client.publish("edged/dev1/infer/digits_onnx", orjson.dumps({**doc, "reply_to": f"replies/a{bad}b"}), 1)
+        good = requester.request("edged/dev1/infer/digits_onnx", orjson.dumps(doc))
+        wait_until(lambda: front.status()["drops"].get("bad_topic", 0) == 1, what="the reply topic refused")
+        assert "outputs" in orjson.loads(good.payload)
+        assert front.status()["connects"] == 1
+    finally:
+        requester.close()
+        v311.close()
+
+
 def test_a_backlog_of_qos1_requests_after_a_restart_is_served_not_refused(
         service: InferenceService, broker: Broker, tmp_path: Path) -> None:
     """Requests published while edged was down wait in its persistent session; at the next connect the broker
