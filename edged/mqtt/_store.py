@@ -134,6 +134,14 @@ class OutboxStore:
         count, size = self._db.execute("SELECT COUNT(*), COALESCE(SUM(LENGTH(payload)), 0) FROM outbox").fetchone()
         return int(count), int(size)
 
+    def drop_topics(self, refused: Callable[[str], bool]) -> tuple[int, int]:
+        """Delete the rows whose topic ``refused`` says no broker takes: (rows, payload bytes)."""
+        try:
+            bad = [int(seq) for seq, topic in self._db.execute("SELECT seq, topic FROM outbox") if refused(topic)]
+            return self._delete(bad)
+        except sqlite3.Error as e:
+            raise OutboxError(f"outbox {self.path}: cannot drop messages: {e}") from e
+
     def max_elapsed(self) -> float:
         return float(self._db.execute("SELECT COALESCE(MAX(elapsed), 0) FROM outbox").fetchone()[0])
 

@@ -73,3 +73,34 @@ def test_a_damaged_outbox_is_moved_aside_and_edged_serves(
     finally:
         sub.close()
         front.stop(5)
+
+
+def test_a_stored_result_whose_topic_brokers_refuse_is_dropped_at_start(
+        service: InferenceService, broker: Broker, tmp_path: Path) -> None:
+    """An outbox written before reply topics were checked for control characters can hold a result that mosquitto
+    answers by closing the connection. Before, such a device stayed cut off after the upgrade: the stored row
+    was sent again on every reconnect. It is now dropped when the outbox opens, counted bad_topic."""
+    state = tmp_path / "state"
+    state.mkdir()
+    outbox = Outbox(state / OUTBOX_FILE, OutboxConfig(), Metrics())
+    outbox.start(lambda message: None)
+    outbox.put(Outbound("replies/a\x01b", b"{}", 1, message_id="poisoned"))
+    outbox.put(Outbound("replies/fine", b"{}", 1, message_id="fine"))
+    wait_until(lambda: outbox.depth == 2, what="the results stored")
+    outbox.stop(5)
+    config = MqttConfig(broker=broker.url, device_id="poisoned1", reconnect_min_s=0.05, reconnect_max_s=0.5)
+    front = MqttFrontEnd(service, config, state, version="test")
+    sub = Subscriber(broker.port, ["replies/#"])
+    front.start()
+    try:
+        wait_until(lambda: front.status()["subscribed"], what="subscribed")
+        props = Properties(PacketTypes.PUBLISH)
+        props.ResponseTopic = "replies/after"
+        sub.client.publish("edged/poisoned1/infer/tiny_mlp", frame(1), 1, properties=props)
+        wait_until(lambda: any(m.topic == "replies/after" for m in sub.messages), what="the reply")
+        status = front.status()
+        assert [m.topic for m in sub.messages] == ["replies/fine", "replies/after"]
+        assert (status["connects"], status["drops"].get("bad_topic"), status["outbox"]["depth"]) == (1, 1, 0)
+    finally:
+        sub.close()
+        front.stop(5)
