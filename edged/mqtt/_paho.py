@@ -77,6 +77,9 @@ class Connection:
         self._subscribed_mid: int | None = None  # the SUBSCRIBE of this connection, until its SUBACK
         self._subscribed = False  # the broker acknowledged this connection's subscriptions: inputs reach us
         self._prototype = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+        # v5: the broker's Maximum Packet Size from this connection's CONNACK (None: no limit given, or 3.1.1); a
+        # larger PUBLISH makes the broker close the connection (MQTT 3.1.2.11.4)
+        self.max_packet_size: int | None = None
         self._client = self._make_client(will)
 
     @property
@@ -250,6 +253,8 @@ class Connection:
             log.warning("mqtt: %s", self.last_error)
             return
         _nodelay(client.socket())  # paho never sets TCP_NODELAY; Nagle costs ~40 ms per reply
+        limit = getattr(properties, "MaximumPacketSize", None) if self._v5 else None
+        self.max_packet_size = limit if isinstance(limit, int) and limit > 0 else None
         self._subscribed = not self._subscriptions
         if self._subscriptions:
             _, self._subscribed_mid = client.subscribe(self._subscriptions)
@@ -313,8 +318,21 @@ class Connection:
             self._client.ack(message.mid, message.qos)
 
     # --- publishing ----------------------------------------------------------------------------------------
+    def packet_size(self, message: Outbound) -> int:
+        """The bytes of the PUBLISH packet that ``publish(message)`` sends."""
+        properties = self._properties(message)
+        packed = len(properties.pack()) if properties is not None else 0  # type: ignore[no-untyped-call]  # with its length
+        length = 2 + len(message.topic.encode("utf-8")) + (2 if message.qos else 0) + packed + len(message.payload)
+        return 1 + len(_variable_int(length)) + length
+
     def publish(self, message: Outbound) -> int | None:
-        """Hand a message to paho; its mid, or None when it was not taken (never connected, bad topic)."""
+        """Hand a message to paho; its mid, or None when it was not taken (never connected, bad topic, larger
+        than the broker's Maximum Packet Size: the broker would close the connection)."""
+        limit = self.max_packet_size
+        if limit is not None and self.packet_size(message) > limit:
+            log.warning("mqtt: not publishing %d bytes to %r: more than the broker's Maximum Packet Size of %d",
+                        self.packet_size(message), message.topic[:200], limit)
+            return None
         try:
             info = self._client.publish(message.topic, message.payload, message.qos, message.retain,
                                         self._properties(message))

@@ -8,6 +8,7 @@ and a stale "online" replayed after a restart would be wrong; a birth is publish
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import shutil
@@ -16,12 +17,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from edged.clock import Clock, DeviceClock, state_file_in
 from edged.config import MqttConfig
 from edged.engine import InferenceService
 from edged.errors import PayloadError
 from edged.mqtt._chat import ChatCodec, ChatHandler
-from edged.mqtt._codecs import JSON_TYPE
+from edged.mqtt._codecs import JSON_TYPE, error_payload
 from edged.mqtt._message import Inbound, Outbound
 from edged.mqtt._metrics import Metrics, render_prometheus
 from edged.mqtt._msgid import MessageIds
@@ -117,7 +120,7 @@ class MqttFrontEnd:
 
     # --- lifecycle -----------------------------------------------------------------------------------------
     def start(self) -> None:
-        self._outbox.start(self._connection.publish)
+        self._outbox.start(self._publish_stored)
         self._requests.start()
         if self._chat is not None:
             self._chat.start()
@@ -214,6 +217,20 @@ class MqttFrontEnd:
         if message.on_stored is not None:
             message.on_stored()
 
+    def _publish_stored(self, message: Outbound) -> int | None:
+        """The outbox's way out. A message larger than the broker's Maximum Packet Size (v5 CONNACK) is sent as
+        an error result in its place, under the same id: sent as it is, the broker would close the connection,
+        and the outbox would send it again after every reconnect, for good."""
+        limit = self._connection.max_packet_size
+        if limit is not None:
+            size = self._connection.packet_size(message)
+            if size > limit:
+                self._metrics.error("too_large")
+                log.warning("mqtt: a message for %r is %d bytes, more than the broker's Maximum Packet Size of %d; "
+                            "sending an error result in its place", message.topic[:200], size, limit)
+                message = too_large(message, size, limit)
+        return self._connection.publish(message)
+
     def ack(self, message: Inbound) -> None:
         self._connection.ack(message)
 
@@ -280,3 +297,19 @@ class MqttFrontEnd:
                 return
         self._metrics.drop("unrouted")
         self.ack(message)
+
+
+def too_large(message: Outbound, size: int, limit: int) -> Outbound:
+    """An ``{"error": ...}`` result in place of ``message``, with the same topic, correlation and message id (and
+    the result's ``id`` and ``parameters`` when it is JSON)."""
+    doc: Any = None
+    if message.content_type == JSON_TYPE:
+        with contextlib.suppress(orjson.JSONDecodeError):
+            doc = orjson.loads(message.payload)
+    doc = doc if isinstance(doc, dict) else {}
+    parameters = doc.get("parameters") if isinstance(doc.get("parameters"), dict) else {"edged_message_id":
+                                                                                       message.message_id}
+    body = error_payload(f"the result is {size} bytes, more than the broker's Maximum Packet Size of {limit} "
+                         "bytes; ask for fewer outputs or a smaller batch, or raise the broker's limit",
+                         doc.get("id") if isinstance(doc.get("id"), str) else "", parameters)
+    return dataclasses.replace(message, payload=body, content_type=JSON_TYPE, user_properties=())
