@@ -9,6 +9,8 @@ picks the codec; otherwise the pipeline's codec (request topics: json) applies.
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Any
 
 import numpy as np
@@ -27,6 +29,7 @@ REPLY_TO = "reply_to"  # MQTT 3.1.1: the reply topic inside a JSON request
 JSON_TYPE = "application/json"
 BINARY_TYPE = "application/octet-stream"
 CODECS = ("json", "binary", "raw", "image")
+_DIGITS = re.compile(r"[0-9]{1,20}")  # ASCII only: str.isdigit also takes '\u00b2', which int() refuses
 
 
 def codec_for(message: Inbound, default: str) -> str:
@@ -59,7 +62,7 @@ def _header_length(message: Inbound) -> int | None:
     text = message.user_property(HEADER_LENGTH)
     if text is None:
         return None
-    if not text.strip().isdigit():
+    if not _DIGITS.fullmatch(text.strip()):
         raise PayloadError(f"user property {HEADER_LENGTH} must be a number, found {text[:40]!r}")
     return int(text)
 
@@ -95,7 +98,7 @@ def _raw_tensor(message: Inbound, config: ModelConfig, input_name: str | None,
     dtype = numpy_for(datatype, name)
     if dtype.kind == "O":
         raise PayloadError(f"input {name!r}: raw payloads cannot carry BYTES tensors; use the binary codec")
-    count = int(np.prod(shape, dtype=np.int64))
+    count = math.prod(shape)  # Python's integers: int64 would wrap past 2**63
     if count > max_elements:
         raise PayloadTooLarge(f"input {name!r} has {count} elements, more than the limit of {max_elements}")
     if len(message.payload) != count * dtype.itemsize:
@@ -107,7 +110,7 @@ def _raw_tensor(message: Inbound, config: ModelConfig, input_name: str | None,
 def _shape(text: str | None, config: ModelConfig, name: str) -> tuple[int, ...]:
     if text is not None:
         parts = text.strip().strip("[]").split(",")
-        if not all(p.strip().isdigit() for p in parts):
+        if not all(_DIGITS.fullmatch(p.strip()) for p in parts):
             raise PayloadError(f"input {name!r}: user property shape must be numbers such as \"1,64\", found "
                                f"{text[:60]!r}")
         return tuple(int(p) for p in parts)

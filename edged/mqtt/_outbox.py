@@ -38,11 +38,12 @@ from pathlib import Path
 
 from edged.clock import Clock, DeviceClock
 from edged.config import OutboxConfig
-from edged.errors import OutboxError
+from edged.errors import OutboxError, PayloadError
 from edged.mqtt._message import Outbound, run_on_stored
 from edged.mqtt._metrics import Metrics
 from edged.mqtt._retry import WriteRetry
 from edged.mqtt._store import OutboxStore, Stored, Timed
+from edged.mqtt._topics import check_topic_name
 from edged.mqtt._window import SendWindow
 from edged.supervision import HealthBoard, SupervisedThread
 
@@ -77,6 +78,7 @@ class Outbox:
         self._acked_since = 0.0  # monotonic time of the oldest PUBACK not yet deleted
         # what is in flight must fit the bounds by itself: bounds are kept by dropping unsent messages only
         self._window = SendWindow(min(config.max_in_flight, config.max_messages), config.max_bytes)
+        self._drop_unpublishable()
         self._count, self._bytes = self._store.totals()
         self._committing = 0  # messages taken for the current group commit and not yet counted as stored
         self._unstored_bytes = 0  # payload bytes of the pending and committing messages
@@ -91,6 +93,15 @@ class Outbox:
         self._pending_max, self._pending_wait_s = pending_max, pending_wait_s
         self._next_age_check, self._age_check_s = 0.0, min(_AGE_CHECK_S, config.max_age_s / 2)
         self._retry = WriteRetry()
+
+    def _drop_unpublishable(self) -> None:
+        """Rows stored before their topic was checked (an older release) that a broker answers by closing the
+        connection (a control character in a reply_to): sent on every reconnect, they would cut edged off."""
+        rows, _ = self._store.drop_topics(_refused_topic)
+        if rows:
+            self._metrics.drop("bad_topic", rows)
+            log.warning("mqtt: dropped %d stored message(s) whose topic brokers refuse (a control character or "
+                        "noncharacter), written by an older release", rows)
 
     def id_state(self, client: str) -> tuple[str, dict[int, tuple[int, bytes]]]:
         """(salt, mid -> last answered) for `MessageIds`; read before start(), while no thread owns the file."""
@@ -438,3 +449,11 @@ class Outbox:
                 self._window.put_back(batch[len(mids):])
                 return True
             return False
+
+
+def _refused_topic(topic: str) -> bool:
+    try:
+        check_topic_name(topic)
+    except PayloadError:
+        return True
+    return False

@@ -15,6 +15,7 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import paho.mqtt.client as paho
@@ -47,10 +48,17 @@ def backoff_delay(attempt: int, min_s: float, max_s: float, rng: random.Random) 
 
 class Connection:
     def __init__(self, settings: ConnectionSettings, listener: Listener, will: Outbound,
-                 subscriptions: list[tuple[str, int]], health: HealthBoard | None = None) -> None:
+                 subscriptions: list[tuple[str, int]], health: HealthBoard | None = None, *,
+                 stale: list[str] | None = None, on_unsubscribed: Callable[[], None] | None = None) -> None:
+        """``stale``: filters an earlier run subscribed in this client's session and the config no longer has;
+        they are unsubscribed on the first connect that finds the session present, then ``on_unsubscribed`` is
+        called (on the network thread; also when the session was gone, so nothing was left to undo)."""
         self._settings = settings
         self._listener = listener
         self._subscriptions = subscriptions
+        self._stale = list(stale or [])
+        self._on_unsubscribed = on_unsubscribed
+        self._unsubscribed_mid: int | None = None  # the UNSUBSCRIBE of the stale filters, until its UNSUBACK
         self._v5 = settings.protocol == "5"
         self._stopping = threading.Event()
         self._connected = threading.Event()
@@ -69,6 +77,9 @@ class Connection:
         self._subscribed_mid: int | None = None  # the SUBSCRIBE of this connection, until its SUBACK
         self._subscribed = False  # the broker acknowledged this connection's subscriptions: inputs reach us
         self._prototype = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+        # v5: the broker's Maximum Packet Size from this connection's CONNACK (None: no limit given, or 3.1.1); a
+        # larger PUBLISH makes the broker close the connection (MQTT 3.1.2.11.4)
+        self.max_packet_size: int | None = None
         self._client = self._make_client(will)
 
     @property
@@ -83,7 +94,7 @@ class Connection:
     def subscribed(self) -> bool:
         """Connected and the broker has acknowledged the subscriptions (its SUBACK): a message published on an
         input topic from now on reaches edged. ``connected`` comes one round trip earlier."""
-        return self._subscribed and self._connected.is_set()
+        return self._subscribed and self._unsubscribed_mid is None and self._connected.is_set()
 
     def on_network_thread(self) -> bool:
         """True in the thread that reads the broker's packets (callbacks run there): it must never wait for
@@ -126,6 +137,7 @@ class Connection:
         client.on_message = self._on_message  # QoS 2 only: WireClient delivers QoS 0 and 1 itself
         client.on_publish = self._on_publish
         client.on_subscribe = self._on_subscribe
+        client.on_unsubscribe = self._on_unsubscribe
         client.on_socket_open = self._on_socket_open
         # With a callback here paho never writes to the socket from a publishing thread (it would, since we
         # run loop() ourselves and paho then sees no loop thread): two writers could interleave the halves of
@@ -140,6 +152,8 @@ class Connection:
         props.SessionExpiryInterval = self._settings.session_expiry_s
         if self._settings.receive_maximum is not None:
             props.ReceiveMaximum = self._settings.receive_maximum
+        if self._settings.maximum_packet_size is not None:
+            props.MaximumPacketSize = self._settings.maximum_packet_size
         return props
 
     # --- lifecycle -----------------------------------------------------------------------------------------
@@ -220,6 +234,7 @@ class Connection:
     def _mark_down(self, reason: str) -> None:
         self.last_error = reason
         self._subscribed = False
+        self._unsubscribed_mid = None  # unanswered: the stale filters are unsubscribed again at the next connect
         if self._connected.is_set():
             self._connected.clear()
             self._listener.on_disconnected(reason)
@@ -238,9 +253,15 @@ class Connection:
             log.warning("mqtt: %s", self.last_error)
             return
         _nodelay(client.socket())  # paho never sets TCP_NODELAY; Nagle costs ~40 ms per reply
+        limit = getattr(properties, "MaximumPacketSize", None) if self._v5 else None
+        self.max_packet_size = limit if isinstance(limit, int) and limit > 0 else None
         self._subscribed = not self._subscriptions
         if self._subscriptions:
             _, self._subscribed_mid = client.subscribe(self._subscriptions)
+        if self._stale and flags.session_present:
+            _, self._unsubscribed_mid = client.unsubscribe(self._stale)
+        elif self._stale or self._on_unsubscribed is not None:
+            self._unsubscribe_done()  # a new session holds no subscription of an earlier run
         self.connects += 1
         self._generation += 1
         self._attempt = 0
@@ -251,6 +272,19 @@ class Connection:
     def _on_subscribe(self, client: paho.Client, userdata: Any, mid: int, reasons: Any, properties: Any) -> None:
         if mid == self._subscribed_mid:
             self._subscribed = True
+
+    def _on_unsubscribe(self, client: paho.Client, userdata: Any, mid: int, reasons: Any,
+                        properties: Any) -> None:
+        if mid == self._unsubscribed_mid:
+            log.info("mqtt: unsubscribed from %s, which the config no longer has", ", ".join(self._stale))
+            self._unsubscribed_mid = None
+            self._unsubscribe_done()
+
+    def _unsubscribe_done(self) -> None:
+        self._stale = []
+        done, self._on_unsubscribed = self._on_unsubscribed, None
+        if done is not None:
+            done()
 
     def _on_disconnect(self, client: paho.Client, userdata: Any, flags: Any, reason: ReasonCode,
                        properties: Any) -> None:
@@ -284,8 +318,21 @@ class Connection:
             self._client.ack(message.mid, message.qos)
 
     # --- publishing ----------------------------------------------------------------------------------------
+    def packet_size(self, message: Outbound) -> int:
+        """The bytes of the PUBLISH packet that ``publish(message)`` sends."""
+        properties = self._properties(message)
+        packed = len(properties.pack()) if properties is not None else 0  # type: ignore[no-untyped-call]  # with its length
+        length = 2 + len(message.topic.encode("utf-8")) + (2 if message.qos else 0) + packed + len(message.payload)
+        return 1 + len(_variable_int(length)) + length
+
     def publish(self, message: Outbound) -> int | None:
-        """Hand a message to paho; its mid, or None when it was not taken (never connected, bad topic)."""
+        """Hand a message to paho; its mid, or None when it was not taken (never connected, bad topic, larger
+        than the broker's Maximum Packet Size: the broker would close the connection)."""
+        limit = self.max_packet_size
+        if limit is not None and self.packet_size(message) > limit:
+            log.warning("mqtt: not publishing %d bytes to %r: more than the broker's Maximum Packet Size of %d",
+                        self.packet_size(message), message.topic[:200], limit)
+            return None
         try:
             info = self._client.publish(message.topic, message.payload, message.qos, message.retain,
                                         self._properties(message))

@@ -31,6 +31,7 @@ from edged.mqtt._topics import (
     filter_matches,
     filters_overlap,
     render,
+    subscription_filter,
     template_may_match,
     wildcard_count,
 )
@@ -44,7 +45,8 @@ def check_no_loops(pipelines: Sequence[PipelineConfig]) -> None:
     """Refuse pipelines whose output template can match their own input filter, or another pipeline's that leads
     back to them: edged subscribes to its inputs, so each result (and each error result) would come back as a
     new input, forever (one input gave ~900 messages in 5 s)."""
-    feeds = {i: [j for j, q in enumerate(pipelines) if template_may_match(p.output, p.input, q.input)]
+    inputs = [subscription_filter(p.input) for p in pipelines]
+    feeds = {i: [j for j, q in enumerate(inputs) if template_may_match(p.output, inputs[i], q)]
              for i, p in enumerate(pipelines)}
     for start in feeds:
         path = _path_back(feeds, start)
@@ -64,11 +66,12 @@ def check_outside_prefix(pipelines: Sequence[PipelineConfig], prefix: str) -> No
     The same rule as a request's reply topic (`check_reply_topic`)."""
     own = f"{prefix}/+/#"
     for i, p in enumerate(pipelines):
-        if filters_overlap(p.input, own):
+        input_filter = subscription_filter(p.input)
+        if filters_overlap(input_filter, own):
             raise ConfigError(f"mqtt.pipelines[{i}].input {p.input!r} can match edged's own topics under {prefix}/ "
                               "(status, infer, chat, telemetry, ota, commands): they would be fed to the model; "
                               f"subscribe to topics outside {prefix}/")
-        if template_may_match(p.output, p.input, f"{prefix}/#"):
+        if template_may_match(p.output, input_filter, f"{prefix}/#"):
             raise ConfigError(f"mqtt.pipelines[{i}].output {p.output!r} can be a topic under edged's own {prefix}/: "
                               "results would be published as the device's status, requests or commands; publish "
                               f"to topics outside {prefix}/")
@@ -93,8 +96,10 @@ class Pipeline:
                  v5: bool, publisher: Publisher, metrics: Metrics, identify: Callable[[Inbound], Identity],
                  health: HealthBoard | None = None) -> None:
         try:
-            check_filter(pipeline.input)
-            check_template(pipeline.output, wildcard_count(pipeline.input))
+            # what its messages' topics match: a shared subscription's messages come without "$share/{group}/"
+            self.filter = subscription_filter(pipeline.input)
+            check_filter(self.filter)
+            check_template(pipeline.output, wildcard_count(self.filter))
         except PayloadError as e:
             raise EdgedError(f"mqtt.pipelines[{index}]: {e}") from e
         self.config = pipeline
@@ -115,7 +120,7 @@ class Pipeline:
         return len(self._queue)
 
     def match(self, topic: str) -> tuple[str, ...] | None:
-        return filter_matches(self.config.input, topic)
+        return filter_matches(self.filter, topic)
 
     def start(self) -> None:
         if self.config.model not in self._service.model_names():

@@ -11,6 +11,10 @@ reading the PUBACKs that make room in a full outbox, which the pipeline worker w
 above the capacity because brokers count loosely (mosquitto 2.0.11 sent most of a 1500-input burst to a
 Receive Maximum of 64); it bounds memory should a broker ignore flow control altogether, together with
 ``FLOW_LIMIT_BYTES`` of such items' payloads past the capacity (4096 camera frames would be gigabytes).
+
+A ``drop_oldest`` queue built with ``hold_flow_controlled`` (the request topics') likewise takes flow-controlled
+items past its capacity up to those limits before it drops: a backlog of QoS 1/2 requests that waited in the
+session while edged was down, which the broker may send all at once, is served rather than refused.
 """
 
 from __future__ import annotations
@@ -25,9 +29,10 @@ FLOW_LIMIT_BYTES = 64 << 20
 
 
 class BoundedQueue(Generic[T]):
-    def __init__(self, capacity: int, policy: str) -> None:
+    def __init__(self, capacity: int, policy: str, *, hold_flow_controlled: bool = False) -> None:
         self._capacity = capacity
         self._policy = policy
+        self._hold = hold_flow_controlled  # drop_oldest: flow-controlled items get the block queue's room
         self._items: deque[T] = deque()
         self._sizes: deque[int] = deque()  # each item's payload bytes, as put() was told
         self._bytes = 0  # their sum
@@ -56,7 +61,10 @@ class BoundedQueue(Generic[T]):
             if self._closed:
                 return item
             dropped = None
-            if self._policy != "block" and len(self._items) >= self._capacity:
+            if self._policy != "block" and (
+                    len(self._items) >= (limit if self._hold else self._capacity)
+                    or (self._hold and len(self._items) >= self._capacity
+                        and self._bytes + size > FLOW_LIMIT_BYTES)):
                 dropped = self._items.popleft()
                 self._bytes -= self._sizes.popleft()
             self._items.append(item)

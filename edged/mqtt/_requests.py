@@ -20,7 +20,7 @@ from edged.mqtt._message import Inbound, Outbound
 from edged.mqtt._metrics import Metrics
 from edged.mqtt._msgid import Identity
 from edged.mqtt._queue import BoundedQueue
-from edged.mqtt._topics import check_reply_topic
+from edged.mqtt._topics import check_reply_topic, subscription_filter
 from edged.mqtt._work import Job, finish, result_parameters, start
 from edged.supervision import HealthBoard, SupervisedPool
 
@@ -41,13 +41,15 @@ class RequestHandler:
         """``prefix``: edged's own topics (``edged/{device_id}``), which no reply may go to."""
         self._service = service
         self._prefix = prefix
-        self._inputs = tuple(p.input for p in config.pipelines)
+        self._inputs = tuple(subscription_filter(p.input) for p in config.pipelines)
         self._config = config
         self._v5 = v5
         self._publisher = publisher
         self._metrics = metrics
         self._identify = identify
-        self._queue: BoundedQueue[Job] = BoundedQueue(config.request_workers * 64, "drop_oldest")
+        # QoS 1/2 requests are flow-controlled by the broker, and queue past the capacity (see _queue)
+        self._queue: BoundedQueue[Job] = BoundedQueue(config.request_workers * 64, "drop_oldest",
+                                                      hold_flow_controlled=True)
         self._health = (health or HealthBoard()).component("mqtt_requests")
         self._workers = SupervisedPool("edged-mqtt-request", config.request_workers, self._work, self._health)
 
@@ -68,9 +70,12 @@ class RequestHandler:
             self._publisher.ack(message)  # dropped and counted: nobody could be answered
             return
         ident = self._identify(message)
-        job = Job(message, model, version, codec_for(message, "json"), reply, self._v5, ident.message_id,
+        # binary outputs need the user property Inference-Header-Content-Length: only for a v5 requester (one
+        # that names a ResponseTopic); a "reply_to" requester speaks 3.1.1 and would get a blob it cannot split
+        binary_ok = self._v5 and message.response_topic is not None
+        job = Job(message, model, version, codec_for(message, "json"), reply, binary_ok, ident.message_id,
                   answers=ident.answers)
-        dropped = self._queue.put(job)
+        dropped = self._queue.put(job, flow_controlled=message.qos > 0, size=len(message.payload))
         if dropped is not None:
             self._metrics.drop("backpressure")
             self.reply_error(dropped.message, QueueFull(

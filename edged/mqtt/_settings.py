@@ -13,6 +13,8 @@ from edged.config import MqttConfig
 from edged.errors import ConfigError, ConfigKeyError
 
 CREDENTIAL_NAME = "mqtt-password"
+PACKET_ROOM = 1024 * 1024  # a PUBLISH's topic, ResponseTopic, CorrelationData and user properties
+MQTT_MAX_PACKET = 268_435_455 + 5  # the largest remaining length and its fixed header
 _SAFE_ID = re.compile(r"[^A-Za-z0-9_.-]")
 
 
@@ -34,6 +36,7 @@ class ConnectionSettings:
     key_file: str | None = None
     tls_insecure: bool = False
     receive_maximum: int | None = None  # v5: unacknowledged inputs the broker may send at once (None: its 65535)
+    maximum_packet_size: int | None = None  # v5: the largest packet the broker may send (packet_size_of)
 
 
 def receive_maximum_of(config: MqttConfig) -> int | None:
@@ -43,6 +46,15 @@ def receive_maximum_of(config: MqttConfig) -> int | None:
     outbox (a worker waiting for that room is the backpressure; the broker holds the rest)."""
     blocking = [p.max_in_flight for p in config.pipelines if p.backpressure == "block"]
     return min(*blocking, 65535) if blocking else None
+
+
+def packet_size_of(config: MqttConfig) -> int:
+    """edged's v5 Maximum Packet Size: ``max_payload_bytes`` plus room for a packet's topic and properties
+    (``PACKET_ROOM``), within MQTT's largest packet. The broker then discards a larger PUBLISH for edged instead
+    of sending it, so that a sender cannot make edged read (and hold, several copies at once) a payload up to
+    the broker's own limit (mosquitto's is 256 MB) only to refuse it. A payload just over the limit still reaches
+    edged and is answered with an error."""
+    return min(config.max_payload_bytes + PACKET_ROOM, MQTT_MAX_PACKET)
 
 
 def device_id_of(config: MqttConfig) -> str:
@@ -116,4 +128,5 @@ def connection_settings(config: MqttConfig, environ: dict[str, str] | None = Non
         session_expiry_s=config.session_expiry_s, reconnect_min_s=config.reconnect_min_s,
         reconnect_max_s=max(config.reconnect_min_s, config.reconnect_max_s), username=config.username,
         password=read_password(config, environ), ca_file=config.ca_file, cert_file=config.cert_file,
-        key_file=config.key_file, tls_insecure=config.tls_insecure, receive_maximum=receive_maximum_of(config))
+        key_file=config.key_file, tls_insecure=config.tls_insecure, receive_maximum=receive_maximum_of(config),
+        maximum_packet_size=packet_size_of(config))

@@ -17,7 +17,9 @@ the group's results answer (the message id state of ``_msgid``, in the same tran
 from __future__ import annotations
 
 import contextlib
+import logging
 import sqlite3
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -47,6 +49,7 @@ _INSERT = f"INSERT INTO outbox ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?
 # One statement whatever the number of seqs (a JSON array); RETURNING gives what was really there.
 _DELETE = "DELETE FROM outbox WHERE seq IN (SELECT value FROM json_each(?)) RETURNING LENGTH(payload)"
 _WAL_PAGES = 128
+log = logging.getLogger(__name__)
 _ROW = tuple[str, str, bytes, int, int, bytes | None, str | None, bytes | None, float, float]
 
 Stored = tuple[int, Outbound, float]  # (seq, message, elapsed)
@@ -56,23 +59,56 @@ Timed = tuple[Outbound, float, float]  # (message, wall time, elapsed) as put() 
 class OutboxStore:
     def __init__(self, path: Path, fsync: str, elapsed_now: float) -> None:
         """``elapsed_now``: the clock's elapsed time, given to rows of a file written before ``elapsed`` existed
-        (their age then counts from this upgrade, since their wall times may come from a wrong clock)."""
+        (their age then counts from this upgrade, since their wall times may come from a wrong clock). A damaged
+        file (SQLite finds it malformed or not a database) is moved aside with its WAL, logged, and an empty
+        outbox takes its place: its results cannot be read anyway, and refusing it would stop the daemon's
+        every start (systemd restarting it in a loop, serving nothing)."""
         self.path = path
         self.per_message = fsync == "always"  # the outbox then writes groups of one
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            try:
+                self._open(fsync, elapsed_now)
+            except sqlite3.DatabaseError as e:
+                if not _damaged(e):
+                    raise
+                aside = self._move_aside()
+                log.error("mqtt: outbox %s is damaged (%s): moved it aside to %s and started an empty outbox; "
+                          "the results it held are not sent (their inputs were acknowledged). Keep the file to "
+                          "inspect it, else delete it", path, e, aside)
+                self._open(fsync, elapsed_now)
+        except (sqlite3.Error, OSError) as e:
+            raise OutboxError(f"outbox {path}: cannot open: {e}") from e
+
+    def _open(self, fsync: str, elapsed_now: float) -> None:
+        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        try:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute(f"PRAGMA synchronous={'NORMAL' if fsync == 'off' else 'FULL'}")
             # A WAL grows until a checkpoint succeeds; SQLite's 1,000 pages (4 MB) could take all of a small state
             # partition, after which nothing (not even deletions) can be written. Keep it small and reused.
             self._db.execute(f"PRAGMA wal_autocheckpoint={_WAL_PAGES}")
             self._db.execute(f"PRAGMA journal_size_limit={_WAL_PAGES * 4096}")
+            # a damaged page deep in the file would otherwise fail only the read that reaches it, at every
+            # restart of the outbox thread, for good
+            problem = self._db.execute("PRAGMA quick_check(1)").fetchone()[0]
+            if problem != "ok":
+                raise sqlite3.DatabaseError(f"database disk image is malformed: {problem}")
             self._db.execute(_SCHEMA)
             self._migrate(elapsed_now)
             self.id_salt = create_tables(self._db)
-        except sqlite3.Error as e:
-            raise OutboxError(f"outbox {path}: cannot open: {e}") from e
+        except sqlite3.Error:
+            self._db.close()
+            raise
+
+    def _move_aside(self) -> Path:
+        """Rename the file and its WAL and shared-memory index to ``<file>.damaged-<unix seconds>[-wal|-shm]``."""
+        aside = self.path.with_name(f"{self.path.name}.damaged-{int(time.time())}")
+        for suffix in ("", "-wal", "-shm"):
+            source = self.path.with_name(self.path.name + suffix)
+            if source.exists():
+                source.rename(aside.with_name(aside.name + suffix))
+        return aside
 
     def _migrate(self, elapsed_now: float) -> None:
         columns = {str(row[1]) for row in self._db.execute("PRAGMA table_info(outbox)")}
@@ -97,6 +133,14 @@ class OutboxStore:
         """(messages, payload bytes) stored."""
         count, size = self._db.execute("SELECT COUNT(*), COALESCE(SUM(LENGTH(payload)), 0) FROM outbox").fetchone()
         return int(count), int(size)
+
+    def drop_topics(self, refused: Callable[[str], bool]) -> tuple[int, int]:
+        """Delete the rows whose topic ``refused`` says no broker takes: (rows, payload bytes)."""
+        try:
+            bad = [int(seq) for seq, topic in self._db.execute("SELECT seq, topic FROM outbox") if refused(topic)]
+            return self._delete(bad)
+        except sqlite3.Error as e:
+            raise OutboxError(f"outbox {self.path}: cannot drop messages: {e}") from e
 
     def max_elapsed(self) -> float:
         return float(self._db.execute("SELECT COALESCE(MAX(elapsed), 0) FROM outbox").fetchone()[0])
@@ -198,3 +242,12 @@ def _from_row(row: Sequence[object]) -> Outbound:
                     correlation_data=correlation if isinstance(correlation, bytes) else None,
                     content_type=content_type if isinstance(content_type, str) else None,
                     user_properties=user, message_id=str(message_id))
+
+
+def _damaged(error: sqlite3.DatabaseError) -> bool:
+    """SQLITE_CORRUPT or SQLITE_NOTADB: the file itself is bad (not a lock, a permission or a full disk)."""
+    code = getattr(error, "sqlite_errorcode", None)  # Python 3.11+
+    if code is not None:
+        return code & 0xFF in (11, 26)
+    text = str(error).lower()
+    return "malformed" in text or "not a database" in text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 
 from edged.errors import PayloadError
@@ -10,6 +11,20 @@ _MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 _VERSION = re.compile(r"[0-9]{1,18}")
 _PLACEHOLDER = re.compile(r"\{(\d+)\}")
 MAX_TOPIC_BYTES = 65535
+SHARE_PREFIX = "$share/"
+
+
+def subscription_filter(subscription: str) -> str:
+    """The topic filter that a subscription's messages match: for a shared subscription
+    ``$share/{group}/{filter}`` (MQTT v5; mosquitto offers it to 3.1.1 clients too) the messages come under
+    their own topics, which match ``filter``; any other subscription is its own filter."""
+    if not subscription.startswith(SHARE_PREFIX):
+        return subscription
+    group, slash, rest = subscription[len(SHARE_PREFIX):].partition("/")
+    if not group or not slash or not rest or "+" in group or "#" in group:
+        raise PayloadError(f"shared subscription {subscription!r}: expected $share/<group>/<filter>, the group a "
+                           "name without '+', '#' or '/'")
+    return rest
 
 
 def filter_matches(topic_filter: str, topic: str) -> tuple[str, ...] | None:
@@ -86,17 +101,25 @@ _ANY_LEVEL = re.compile("[^/]*")
 
 
 def _overlap(levels: list[str | re.Pattern[str] | None], wanted: list[str]) -> bool:
-    if wanted and wanted[0] == "#":
-        return True  # the rest, zero levels included
-    if not levels or not wanted:
-        return not levels and not wanted
-    head, rest = levels[0], levels[1:]
-    if head is None:  # one level or more: try each length
-        return any(_overlap(rest, wanted[k:]) for k in range(1, len(wanted) + 1))
-    if wanted[0] == "+":
-        return _overlap(rest, wanted[1:])
-    text_matches = head == wanted[0] if isinstance(head, str) else head.fullmatch(wanted[0]) is not None
-    return text_matches and _overlap(rest, wanted[1:])
+    """Whether the template ``levels`` can match the filter ``wanted``: one search over (level, filter level)
+    pairs, each decided once. Trying every split afresh was exponential: a template with twelve "#"
+    placeholders against a filter of sixty levels kept `edged serve` from starting for good."""
+
+    @functools.cache
+    def match(i: int, j: int) -> bool:
+        if j < len(wanted) and wanted[j] == "#":
+            return True  # the rest, zero levels included
+        if i == len(levels) or j == len(wanted):
+            return i == len(levels) and j == len(wanted)
+        head = levels[i]
+        if head is None:  # one level or more: try each length
+            return any(match(i + 1, k) for k in range(j + 1, len(wanted) + 1))
+        if wanted[j] == "+":
+            return match(i + 1, j + 1)
+        text_matches = head == wanted[j] if isinstance(head, str) else head.fullmatch(wanted[j]) is not None
+        return text_matches and match(i + 1, j + 1)
+
+    return match(0, 0)
 
 
 def render(template: str, captures: tuple[str, ...]) -> str:
@@ -105,11 +128,24 @@ def render(template: str, captures: tuple[str, ...]) -> str:
     return topic
 
 
+# Characters MQTT 1.5.4 says a string should not hold and lets a receiver close the connection for (mosquitto
+# does, "malformed packet"): control characters, surrogates and noncharacters. A reply topic from a JSON
+# "reply_to" can hold any of them; published, the broker would drop edged's connection on every resend.
+_REFUSED_CHARACTERS = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff\ufdd0-\ufdef\ufffe\uffff"
+                                 + "".join(f"{chr(plane << 16 | 0xFFFE)}{chr(plane << 16 | 0xFFFF)}"
+                                           for plane in range(1, 17)) + "]")
+
+
 def check_topic_name(topic: str) -> str:
-    """A topic edged may publish to: non-empty, no wildcards, no NUL, not a $-topic, within MQTT's length."""
-    if not topic or "+" in topic or "#" in topic or "\0" in topic or topic.startswith("$"):
-        raise PayloadError(f"topic {topic[:200]!r} is not a valid topic to publish to (empty, wildcard, NUL "
-                           "or $-topic)")
+    """A topic edged may publish to: non-empty, no wildcards, no control characters (NUL included), surrogates
+    or noncharacters, not a $-topic, within MQTT's length."""
+    if not topic or "+" in topic or "#" in topic or topic.startswith("$"):
+        raise PayloadError(f"topic {topic[:200]!r} is not a valid topic to publish to (empty, wildcard or "
+                           "$-topic)")
+    bad = _REFUSED_CHARACTERS.search(topic)
+    if bad is not None:
+        raise PayloadError(f"topic {topic[:200]!r} holds {bad.group()!r}, a control character or noncharacter, "
+                           "which brokers refuse (mosquitto closes the connection); use printable characters")
     if len(topic.encode("utf-8", "surrogatepass")) > MAX_TOPIC_BYTES:
         raise PayloadError(f"topic is {len(topic)} characters, more than MQTT's {MAX_TOPIC_BYTES} bytes")
     return topic

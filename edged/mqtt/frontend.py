@@ -8,6 +8,7 @@ and a stale "online" replayed after a restart would be wrong; a birth is publish
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import shutil
@@ -16,12 +17,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from edged.clock import Clock, DeviceClock, state_file_in
 from edged.config import MqttConfig
 from edged.engine import InferenceService
 from edged.errors import PayloadError
 from edged.mqtt._chat import ChatCodec, ChatHandler
-from edged.mqtt._codecs import JSON_TYPE
+from edged.mqtt._codecs import JSON_TYPE, error_payload
 from edged.mqtt._message import Inbound, Outbound
 from edged.mqtt._metrics import Metrics, render_prometheus
 from edged.mqtt._msgid import MessageIds
@@ -31,6 +34,7 @@ from edged.mqtt._pipeline import Pipeline, check_no_loops, check_outside_prefix
 from edged.mqtt._requests import RequestHandler
 from edged.mqtt._settings import connection_settings, device_id_of
 from edged.mqtt._status import birth, offline, stopped
+from edged.mqtt._subscriptions import SUBSCRIPTIONS_FILE, Subscriptions
 from edged.mqtt._topics import parse_infer_topic
 from edged.supervision import HealthBoard
 
@@ -69,10 +73,11 @@ class MqttFrontEnd:
                                on_replay=self._replayed)
         v5 = config.protocol == "5"
         identify = self._ids.identify
-        self._requests = RequestHandler(service, config, v5, self, self._metrics, identify, self.health,
-                                        prefix=self.prefix)
+        # the pipelines first: each names its own bad input filter before anything else reads the filters
         self._pipelines = [Pipeline(i, service, p, config, v5, self, self._metrics, identify, self.health)
                            for i, p in enumerate(config.pipelines)]
+        self._requests = RequestHandler(service, config, v5, self, self._metrics, identify, self.health,
+                                        prefix=self.prefix)
         # after each pipeline's own checks, which name a bad filter first; edged's own topics before loops ("#")
         check_outside_prefix(config.pipelines, self.prefix)
         check_no_loops(config.pipelines)
@@ -83,7 +88,10 @@ class MqttFrontEnd:
         subscriptions += [(p.input, p.qos) for p in config.pipelines]
         subscriptions += [(f"{self.prefix}/{suffix}", 1) for suffix in self._commands]
         will = Outbound(self._status_topic, offline(self.device_id), 1, retain=True, content_type=JSON_TYPE)
-        self._connection = Connection(self._settings, self, will, subscriptions, self.health)
+        self._subscriptions = Subscriptions(state_dir / SUBSCRIPTIONS_FILE, self._settings.client_id,
+                                            [topic_filter for topic_filter, _ in subscriptions])
+        self._connection = Connection(self._settings, self, will, subscriptions, self.health,
+                                      stale=self._subscriptions.stale, on_unsubscribed=self._subscriptions.save)
         self._stopping = False
         self.health.add_listener(self._health_changed)
 
@@ -112,7 +120,7 @@ class MqttFrontEnd:
 
     # --- lifecycle -----------------------------------------------------------------------------------------
     def start(self) -> None:
-        self._outbox.start(self._connection.publish)
+        self._outbox.start(self._publish_stored)
         self._requests.start()
         if self._chat is not None:
             self._chat.start()
@@ -209,6 +217,20 @@ class MqttFrontEnd:
         if message.on_stored is not None:
             message.on_stored()
 
+    def _publish_stored(self, message: Outbound) -> int | None:
+        """The outbox's way out. A message larger than the broker's Maximum Packet Size (v5 CONNACK) is sent as
+        an error result in its place, under the same id: sent as it is, the broker would close the connection,
+        and the outbox would send it again after every reconnect, for good."""
+        limit = self._connection.max_packet_size
+        if limit is not None:
+            size = self._connection.packet_size(message)
+            if size > limit:
+                self._metrics.error("too_large")
+                log.warning("mqtt: a message for %r is %d bytes, more than the broker's Maximum Packet Size of %d; "
+                            "sending an error result in its place", message.topic[:200], size, limit)
+                message = too_large(message, size, limit)
+        return self._connection.publish(message)
+
     def ack(self, message: Inbound) -> None:
         self._connection.ack(message)
 
@@ -275,3 +297,19 @@ class MqttFrontEnd:
                 return
         self._metrics.drop("unrouted")
         self.ack(message)
+
+
+def too_large(message: Outbound, size: int, limit: int) -> Outbound:
+    """An ``{"error": ...}`` result in place of ``message``, with the same topic, correlation and message id (and
+    the result's ``id`` and ``parameters`` when it is JSON)."""
+    doc: Any = None
+    if message.content_type == JSON_TYPE:
+        with contextlib.suppress(orjson.JSONDecodeError):
+            doc = orjson.loads(message.payload)
+    doc = doc if isinstance(doc, dict) else {}
+    parameters = doc.get("parameters") if isinstance(doc.get("parameters"), dict) else {"edged_message_id":
+                                                                                       message.message_id}
+    body = error_payload(f"the result is {size} bytes, more than the broker's Maximum Packet Size of {limit} "
+                         "bytes; ask for fewer outputs or a smaller batch, or raise the broker's limit",
+                         doc.get("id") if isinstance(doc.get("id"), str) else "", parameters)
+    return dataclasses.replace(message, payload=body, content_type=JSON_TYPE, user_properties=())

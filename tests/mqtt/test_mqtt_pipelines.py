@@ -16,7 +16,7 @@ from PIL import Image
 
 from edged.config import MqttConfig, PipelineConfig
 from edged.engine import InferenceService
-from edged.errors import ConfigError
+from edged.errors import ConfigError, EdgedError
 from edged.mqtt import MqttFrontEnd
 from edged.protocol import encode_request
 
@@ -261,3 +261,86 @@ def test_a_pipeline_naming_a_missing_model_warns_at_start_and_counts_each_input(
         sub.close()
         front.stop(5)
     assert len(messages) == 1 and "no_such_model" in orjson.loads(messages[0].payload)["error"]
+
+
+def test_a_shared_subscription_input_routes_its_messages(service: InferenceService, broker: Broker,
+                                                         tmp_path: Path) -> None:
+    """`$share/{group}/{filter}` spreads a sensor stream over several devices. Before, edged subscribed to it and
+    then matched the messages' topics (`sensors/a/frame`, without the `$share/...` part) against the whole
+    string: every input was dropped as `unrouted`, without a word."""
+    config = MqttConfig(broker=broker.url, device_id="shared", pipelines=(
+        PipelineConfig(input="$share/edged-fleet/shared/+/frame", model="tiny_mlp", output="shared-out/{1}"),))
+    front = MqttFrontEnd(service, config, tmp_path / "state", version="test")
+    front.start()
+    sub = Subscriber(broker.port, ["shared-out/+"])
+    try:
+        wait_until(lambda: front.status()["subscribed"], what="subscribed")
+        wait_subscribed_to(sub, "shared-out/probe")
+        sub.client.publish("shared/door/frame", frame(0.5, "s-1"), 1)
+        messages = sub.wait_for(1)
+        assert [m.topic for m in messages] == ["shared-out/door"], front.status()["drops"]
+        assert orjson.loads(messages[0].payload)["id"] == "s-1"
+    finally:
+        sub.close()
+        front.stop(5)
+
+
+@pytest.mark.parametrize(("route", "named"), [
+    (("$share/g/loop/+", "loop/{1}"), "come back as inputs"),
+    (("$share/g/#", "o/x"), "can match edged's own topics"),
+    (("$share/g/edged/own/#", "o/{1}"), "can match edged's own topics"),
+    (("$share/g+/in/+", "o/{1}"), "shared subscription"),
+    (("$share/g", "o/x"), "shared subscription"),
+], ids=["loop", "hash", "own-prefix", "wildcard-group", "no-filter"])
+def test_shared_subscription_inputs_are_checked_as_their_filter(
+        service: InferenceService, tmp_path: Path, route: tuple[str, str], named: str) -> None:
+    config = MqttConfig(broker="mqtt://127.0.0.1:1", device_id="own", pipelines=(
+        PipelineConfig(input=route[0], model="tiny_mlp", output=route[1]),))
+    with pytest.raises((ConfigError, EdgedError)) as refused:
+        MqttFrontEnd(service, config, tmp_path / "state", version="test")
+    assert named in str(refused.value)
+
+
+def test_a_pipeline_input_dropped_from_the_config_is_unsubscribed_at_the_next_start(
+        service: InferenceService, broker: Broker, tmp_path: Path) -> None:
+    """edged's session is persistent, so the broker keeps a subscription across restarts until it is undone.
+    Before, an input filter taken out of the config (or changed) stayed subscribed for the session's life: its
+    messages kept coming (dropped as unrouted), and one that overlapped the new filter (`$share/g/x/+` then
+    `x/+`) reached edged twice, giving two results under two edged_message_ids for one input."""
+    state = tmp_path / "state"
+    old = MqttConfig(broker=broker.url, device_id="renamed", pipelines=(
+        PipelineConfig(input="$share/g/moved/+/in", model="tiny_mlp", output="moved-out/{1}"),
+        PipelineConfig(input="gone/+/in", model="tiny_mlp", output="gone-out/{1}")))
+    front = MqttFrontEnd(service, old, state, version="test")
+    front.start()
+    wait_until(lambda: front.status()["subscribed"], what="subscribed")
+    front.stop(5)
+    new = MqttConfig(broker=broker.url, device_id="renamed", pipelines=(
+        PipelineConfig(input="moved/+/in", model="tiny_mlp", output="moved-out/{1}"),))
+    front = MqttFrontEnd(service, new, state, version="test")
+    front.start()
+    sub = Subscriber(broker.port, ["moved-out/+"])
+    try:
+        wait_until(lambda: front.status()["subscribed"], what="subscribed")
+        wait_subscribed_to(sub, "moved-out/probe")
+        sub.client.publish("gone/a/in", frame(0.5, "g-1"), 1)
+        sub.client.publish("moved/a/in", frame(0.5, "m-1"), 1)
+        messages = sub.wait_for(1)
+        # the broker sends edged one session's messages in order: the input on gone/ came first, if at all
+        wait_until(lambda: front.status()["outbox"]["depth"] == 0, what="the result acknowledged")
+        status = front.status()
+        assert [orjson.loads(m.payload)["id"] for m in messages] == ["m-1"]
+        assert (status["messages_in"], status["drops"].get("unrouted", 0)) == (1, 0), status
+    finally:
+        sub.close()
+        front.stop(5)
+
+
+def test_loop_checks_of_many_hash_placeholders_against_a_deep_filter_finish(service: InferenceService,
+                                                                            tmp_path: Path) -> None:
+    """Before, `template_may_match` tried every split of the filter's levels afresh: twelve `{1}` of a `#`
+    against a sixty-level filter never finished, and `edged serve` never started (fails here by the timeout)."""
+    config = MqttConfig(broker="mqtt://127.0.0.1:1", device_id="deep", pipelines=(
+        PipelineConfig(input="in/#", model="tiny_mlp", output="z/" + "/".join(["{1}"] * 12) + "/x"),
+        PipelineConfig(input="z/" + "/".join(["+"] * 60) + "/y", model="tiny_mlp", output="o/{1}")))
+    MqttFrontEnd(service, config, tmp_path / "state", version="test")

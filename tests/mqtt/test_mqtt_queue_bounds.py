@@ -47,3 +47,16 @@ def test_small_flow_controlled_inputs_still_queue_far_past_the_capacity() -> Non
     assert len(queue) == 500
     assert queue.take(600) == list(range(500))
     assert len(queue) == 0
+
+
+def test_a_request_queue_holds_flow_controlled_requests_within_the_same_bounds() -> None:
+    queue: BoundedQueue[int] = BoundedQueue(2, "drop_oldest", hold_flow_controlled=True)
+    for index in range(500):  # QoS 1 requests: held past the capacity, none refused
+        assert queue.put(index, flow_controlled=True, size=100) is None
+    assert queue.put(500) == 0  # a QoS 0 request past the capacity still drops the oldest
+    assert len(queue.take(1000)) == 500
+    fits = FLOW_LIMIT_BYTES // FRAME
+    for index in range(fits):
+        assert queue.put(index, flow_controlled=True, size=FRAME) is None
+    assert queue.put(fits, flow_controlled=True, size=FRAME) == 0  # past the bytes: the oldest is dropped
+    assert len(queue) == fits

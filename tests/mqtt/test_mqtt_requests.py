@@ -148,6 +148,21 @@ def test_mqtt311_reply_goes_to_reply_to_in_payload(front: MqttFrontEnd, broker: 
     client.close()
 
 
+def test_mqtt311_reply_is_json_even_when_binary_outputs_are_asked(front: MqttFrontEnd, broker: Broker) -> None:
+    """A 3.1.1 subscriber never sees user properties. Before, `binary_data: true` sent it KServe's binary framing
+    with the JSON header's length only in the user property Inference-Header-Content-Length: a blob it could
+    not split."""
+    reply_topic = f"replies311/{uuid.uuid4().hex}"
+    client = Subscriber(broker.port, [reply_topic], protocol=paho.MQTTv311)
+    wait_subscribed(client)
+    doc = {"id": "old-2", "reply_to": reply_topic, "outputs": [{"name": "output", "parameters": {"binary_data": True}}],
+           "inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 64], "data": PIXELS.ravel().tolist()}]}
+    client.client.publish("edged/dev1/infer/digits_onnx", orjson.dumps(doc), 1)
+    reply = orjson.loads(client.wait_for(1)[0].payload)
+    client.close()
+    np.testing.assert_allclose(np.asarray(reply["outputs"][0]["data"]).reshape(1, 10), expected_output(), rtol=1e-5)
+
+
 @pytest.mark.parametrize(("topic", "payload", "expected"), [
     ("edged/dev1/infer/no_such_model", b'{"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 1], '
      b'"data": [1]}]}', "no_such_model"),
@@ -167,6 +182,45 @@ def test_errors_come_back_as_error_json(front: MqttFrontEnd, broker: Broker, top
     # every error result carries edged's parameters, a refusal of the topic itself too (a review found those bare)
     assert doc["parameters"]["edged_message_id"] == dict(reply.properties.UserProperty)["edged-message-id"]
     assert isinstance(doc["parameters"]["input_timestamp"], float)
+    client.close()
+
+
+@pytest.mark.parametrize(("user", "payload", "expected"), [
+    ([("datatype", "FP32"), ("shape", "1,6\u00b2")], PIXELS.tobytes(), "user property shape must be numbers"),
+    ([("datatype", "FP32"), ("shape", "\u0661,64")], PIXELS.tobytes(), "user property shape must be numbers"),
+    ([("datatype", "FP32"), ("shape", "4294967296,4294967296")], b"", "more than the limit"),
+    ([("datatype", "FP32"), ("shape", "9223372036854775807,2")], b"", "more than the limit"),
+    ([("datatype", "FP32"), ("shape", "99999999999999999999999,64")], b"", "user property shape must be numbers"),
+    ([("Inference-Header-Content-Length", "\u00b2")], PIXELS.tobytes(), "must be a number"),
+], ids=["superscript", "arabic-digit", "wraps-to-zero", "wraps-negative", "past-int64", "header-superscript"])
+def test_raw_and_binary_user_properties_are_ascii_numbers_within_the_limit(
+        front: MqttFrontEnd, broker: Broker, user: list[tuple[str, str]], payload: bytes, expected: str) -> None:
+    """A shape whose element count passes 2**63 wrapped in int64 (0 elements matched an empty payload, then a
+    numpy reshape error; a negative count asked for -8 bytes), and str.isdigit let '\u00b2' through to int()."""
+    client = Requester(broker.port)
+    doc = orjson.loads(client.request("edged/dev1/infer/digits_onnx", payload, "application/octet-stream",
+                                      user).payload)
+    client.close()
+    assert expected in doc.get("error", ""), doc
+
+
+def test_v5_packets_far_over_max_payload_bytes_are_never_sent_to_edged(front: MqttFrontEnd,
+                                                                     broker: Broker) -> None:
+    """edged gives the broker its MQTT v5 Maximum Packet Size (max_payload_bytes plus room for the topic and
+    properties). Before, a 256 MB publish on any input topic was read whole (three copies of it at once, RSS up
+    by the payload for good after the error reply), however small max_payload_bytes was."""
+    client = Requester(broker.port)
+    body, _ = encode_request({"input": PIXELS}, binary=False)
+    near = client.request("edged/dev1/infer/digits_onnx", b"x" * (65 * 1024), "application/json")
+    assert "more than the limit" in orjson.loads(near.payload)["error"]  # just over: still answered
+    received = front.status()["messages_in"]
+    props = Properties(PacketTypes.PUBLISH)
+    props.ResponseTopic = client.reply_topic
+    props.CorrelationData = b"far over"
+    client.client.publish("edged/dev1/infer/digits_onnx", b"x" * (8 * 1024 * 1024), 1, properties=props)
+    reply = client.request("edged/dev1/infer/digits_onnx", body, "application/json")  # after it, in order
+    assert "outputs" in orjson.loads(reply.payload)
+    assert front.status()["messages_in"] == received + 1, "the 8 MiB packet reached edged"
     client.close()
 
 
@@ -236,3 +290,54 @@ def test_replies_to_edged_own_topics_or_pipeline_inputs_are_refused_and_counted(
     assert [(m.topic, m.payload[:60]) for m in published if m.topic != "edged/own1/infer/tiny_mlp"] == []
     logged = " ".join(r.getMessage() for r in caplog.records)
     assert "'edged/own1/status' is under edged's own topics" in logged and "pipeline input 'cams/+/frame'" in logged
+
+
+@pytest.mark.parametrize("bad", ["\u0001", "\u001f", "\u007f", "\u0085", "\ufdd0", "\ufffe", "\U0001ffff"],
+                         ids=["soh", "us", "del", "nel", "fdd0", "fffe", "1ffff"])
+def test_a_reply_to_with_characters_brokers_refuse_is_dropped_and_the_connection_stays(
+        front: MqttFrontEnd, broker: Broker, bad: str) -> None:
+    """JSON carries any character in "reply_to", and mosquitto closes a connection that publishes a topic with a
+    control character or a noncharacter ("malformed packet"; MQTT 1.5.4 allows it to). Before, edged stored
+    such a reply in its outbox and sent it: mosquitto dropped edged, edged reconnected and sent it again, for
+    good (kill -9 and restart included: it was in the outbox), and no result or request got through."""
+    v311 = Subscriber(broker.port, [], protocol=paho.MQTTv311)
+    requester = Requester(broker.port)
+    doc = {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 64], "data": PIXELS.ravel().tolist()}]}
+    try:
+        v311.client.publish("edged/dev1/infer/digits_onnx", orjson.dumps({**doc, "reply_to": f"replies/a{bad}b"}), 1)
+        good = requester.request("edged/dev1/infer/digits_onnx", orjson.dumps(doc))
+        wait_until(lambda: front.status()["drops"].get("bad_topic", 0) == 1, what="the reply topic refused")
+        assert "outputs" in orjson.loads(good.payload)
+        assert front.status()["connects"] == 1
+    finally:
+        requester.close()
+        v311.close()
+
+
+def test_a_backlog_of_qos1_requests_after_a_restart_is_served_not_refused(
+        service: InferenceService, broker: Broker, tmp_path: Path) -> None:
+    """Requests published while edged was down wait in its persistent session; at the next connect the broker
+    may send all of them at once (mosquitto 2.0.11 does past any Receive Maximum after a kill -9). Before, the
+    request queue (64 per worker) answered the oldest past it 'the MQTT request queue is full; try again later'
+    and acknowledged them: a third of a 600-request backlog refused after one restart."""
+    config = MqttConfig(broker=broker.url, device_id="backlog", request_workers=1)
+    front = MqttFrontEnd(service, config, tmp_path / "state", version="test")
+    front.start()
+    wait_until(lambda: front.status()["subscribed"], what="subscribed")
+    front.stop(5)  # the session (and its subscription) stays at the broker
+    client = Requester(broker.port)
+    body, _ = encode_request({"input": PIXELS}, binary=False)
+    props = Properties(PacketTypes.PUBLISH)
+    props.ResponseTopic = client.reply_topic
+    count = 1500
+    for _ in range(count):
+        client.client.publish("edged/backlog/infer/digits_onnx", body, 1, properties=props)
+    front = MqttFrontEnd(service, config, tmp_path / "state", version="test")
+    front.start()
+    try:
+        replies = client.wait_for(count, timeout_s=120)
+        refused = [m.payload for m in replies if b'"error"' in m.payload]
+        assert len(replies) == count and not refused, (len(replies), refused[:1], front.status()["drops"])
+    finally:
+        client.close()
+        front.stop(5)
