@@ -10,7 +10,8 @@ appears, and the service also runs at boot to finish an update a power loss inte
    ``current`` and installs that release's units; the previous release serves meanwhile;
 4. restart: stop edged, back up the telemetry and outbox databases (`_release_data`), start the new release;
 5. check: within ``[ota] release_health_s`` the new daemon must answer as the new version, be READY and pass
-   its self-test (``POST /v2/edged/ota/selftest``: every served model answers);
+   its self-test (``POST /v2/edged/ota/selftest``: every served model answers), and it must still be that same
+   process, READY, when ``release_health_s`` ends (one that crashes after its self-test is rolled back);
 6. otherwise roll back: stop, ``install.sh --rollback --no-restart``, restore the databases it migrated, remove
    the failed release, start the previous one.
 
@@ -202,15 +203,25 @@ class ReleaseApplier:
         return self._finish(doc, "active", f"edged {doc['version']} is READY and passed its self-test")
 
     def _wait_healthy(self, version: str) -> str:
-        """"" once the new daemon answers as ``version``, READY, self-test passed; else what it failed."""
+        """"" when the new daemon answers as ``version``, READY, self-test passed, and is still that same process,
+        READY, when ``health_s`` ends (a release that crashes after its self-test would otherwise be kept and
+        restarted by systemd in a loop for good); else what it failed."""
         deadline = self.monotonic() + self.s.health_s
         problem = "did not answer on its socket"
-        while self.monotonic() < deadline:
-            problem = _probe(self.s.socket, version)
-            if not problem:
-                return ""
+        pid = None
+        while pid is None:
+            problem, pid = _probe(self.s.socket, version)
+            if pid is not None:
+                break
+            if self.monotonic() >= deadline:
+                return problem
             time.sleep(POLL_S)
-        return problem
+        while self.monotonic() < deadline:
+            time.sleep(min(POLL_S, max(0.0, deadline - self.monotonic())))
+            problem = _still_serving(self.s.socket, pid)
+            if problem:
+                return f"became READY and passed its self-test, then {problem}"
+        return ""
 
     def _roll_back(self, doc: dict[str, Any], reason: str) -> str:
         doc = self._journal(doc, "rolling_back")
@@ -238,20 +249,35 @@ class ReleaseApplier:
         return self._finish(doc, "rolled_back", "; ".join([reason, *notes]))
 
 
-def _probe(socket: str, version: str) -> str:
+def _probe(socket: str, version: str) -> tuple[str, int | None]:
+    """("", the daemon's PID) once it answers as ``version``, READY, self-test passed; else (what failed, None)."""
     try:
         with EdgedClient(socket, timeout_s=30) as client:
             status = client.status()
             if status.get("version") != version:
-                return f"still answered as {status.get('version')}, not {version},"
+                return f"still answered as {status.get('version')}, not {version},", None
             if not status.get("ready"):
-                return "did not become READY"
+                return "did not become READY", None
             report = client.ota("selftest")
     except (ClientError, EdgedError, OSError) as e:
-        return f"did not answer on its socket ({e})"
+        return f"did not answer on its socket ({e})", None
     if not report.get("ok"):
         failed = {k: v for k, v in dict(report.get("models", {})).items() if not str(v).startswith("ok")}
-        return f"failed its self-test ({json.dumps(failed, sort_keys=True)[:400]})"
+        return f"failed its self-test ({json.dumps(failed, sort_keys=True)[:400]})", None
+    return "", int(status.get("pid") or 0)
+
+
+def _still_serving(socket: str, pid: int) -> str:
+    """"" while the daemon that passed its self-test (``pid``) answers and is READY; else what changed."""
+    try:
+        with EdgedClient(socket, timeout_s=30) as client:
+            status = client.status()
+    except (ClientError, EdgedError, OSError) as e:
+        return f"did not answer on its socket ({e})"
+    if int(status.get("pid") or 0) != pid:
+        return f"restarted (PID {pid}, then {status.get('pid')})"
+    if not status.get("ready"):
+        return "was no longer READY"
     return ""
 
 
