@@ -42,7 +42,7 @@ from edged.config import load_config
 from edged.errors import EdgedError, UpdateRejected
 from edged.ota._durable import write_atomic
 from edged.ota._release_data import back_up, restore_migrated
-from edged.ota._release_verify import read_request, take, verify
+from edged.ota._release_verify import read_request, remove_handoff, take, verify
 from edged.ota._service import SYSTEMCTL, CommandManager, ServiceManager
 
 log = logging.getLogger("edged.ota.release_apply")
@@ -104,9 +104,7 @@ class ReleaseApplier:
 
     def _finish(self, doc: dict[str, Any], state: str, reason: str) -> str:
         self._outcome(doc, state, reason)
-        if self.s.handoff.is_symlink():
-            self.s.handoff.unlink()  # a link planted by the edged user: removed, never followed
-        shutil.rmtree(self.s.handoff, ignore_errors=True)  # consumed: the .path unit must not start us again
+        remove_handoff(self.s.handoff)  # consumed: the .path unit must not start us again; no link followed
         for name in ("incoming", "unpacked"):
             shutil.rmtree(self.s.work_dir / name, ignore_errors=True)
         self.journal_file.unlink(missing_ok=True)

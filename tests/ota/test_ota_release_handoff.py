@@ -111,6 +111,21 @@ def test_a_hand_off_folder_that_is_a_link_is_refused_and_only_the_link_removed(
     assert (elsewhere / "request.json").is_file()  # the link's target was not touched
 
 
+def test_an_ota_folder_that_is_a_link_is_refused_and_nothing_behind_it_is_removed(
+        handed_off: Device, fleet: FleetRepository, tmp_path: Path) -> None:
+    """The edged user owns STATE_DIR/ota too: root must not follow a link there either. Before, edged-update
+    refused the hand-off and then removed it by its path, through the link: root deleted a folder named
+    release wherever the edged user pointed (edged-update also runs at every boot, with no hand-off needed)."""
+    ota = handed_off.state_dir / "ota"
+    elsewhere = tmp_path / "root-only-dir"
+    ota.rename(elsewhere)  # holds release/ (a genuine hand-off), where root keeps its own files
+    ota.symlink_to(elsewhere)
+    assert applier(handed_off, fleet.metadata_dir / "1.root.json").run() == "refused"
+    assert "refused (a link or unreadable)" in outcome(handed_off)["reason"]
+    assert (elsewhere / "release" / "request.json").is_file()  # the link's target was not touched
+    assert ota.is_symlink()  # nor the link: it is the daemon's to fix, root removes nothing through it
+
+
 def _db(path: Path, version: int, rows: list[int]) -> None:
     with closing(sqlite3.connect(path)) as db:
         db.execute("PRAGMA journal_mode=WAL")
