@@ -190,21 +190,22 @@ class ReleaseApplier:
             self.manager.stop()
             doc = self._journal({**doc, "databases": back_up(list(self.s.databases), self.s.work_dir / "backup")},
                                 "started")
-            self.manager.start()
+            # release_health_s counts from the start: `systemctl start` itself waits for READY (models load)
+            deadline = self.monotonic() + self.s.health_s
+            self.manager.start(self.s.health_s)
         except UpdateRejected as e:
             return self._roll_back(doc, f"starting the new release failed: {e}")
         doc = self._journal(doc, "checking")
-        problem = self._wait_healthy(doc["version"])
+        problem = self._wait_healthy(doc["version"], deadline)
         if problem:
             return self._roll_back(doc, f"edged {doc['version']} {problem} within [ota] release_health_s "
                                         f"{self.s.health_s:g} s: rolled back to {doc['previous'] or 'none'}")
         return self._finish(doc, "active", f"edged {doc['version']} is READY and passed its self-test")
 
-    def _wait_healthy(self, version: str) -> str:
+    def _wait_healthy(self, version: str, deadline: float) -> str:
         """"" when the new daemon answers as ``version``, READY, self-test passed, and is still that same process,
-        READY, when ``health_s`` ends (a release that crashes after its self-test would otherwise be kept and
-        restarted by systemd in a loop for good); else what it failed."""
-        deadline = self.monotonic() + self.s.health_s
+        READY, at ``deadline`` (a release that crashes after its self-test would otherwise be kept and restarted
+        by systemd in a loop for good); else what it failed."""
         problem = "did not answer on its socket"
         pid = None
         while pid is None:
@@ -241,7 +242,7 @@ class ReleaseApplier:
             # the outcome before the start: the previous release reads it as it starts, so it never reports
             # the update as still installing (a kill -9 from here on finds the journal and rolls back again)
             self._outcome(doc, "rolled_back", "; ".join([reason, *notes]), logged=False)
-            self.manager.start()
+            self.manager.start(self.s.health_s)  # the previous release loads the same models
         except UpdateRejected as e:
             notes.append(str(e))
         return self._finish(doc, "rolled_back", "; ".join([reason, *notes]))

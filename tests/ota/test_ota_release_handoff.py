@@ -5,15 +5,18 @@ are restored for the previous one; those it did not migrate keep what it wrote."
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
 import sqlite3
+import tarfile
 from contextlib import closing
 from pathlib import Path
 
 import pytest
 
+from edged.ota._release import PLATFORM
 from edged.ota._release_data import back_up, restore_migrated
 from edged.ota._service import CommandManager
 from edged.ota.fleet import FleetRepository
@@ -124,6 +127,46 @@ def test_an_ota_folder_that_is_a_link_is_refused_and_nothing_behind_it_is_remove
     assert "refused (a link or unreadable)" in outcome(handed_off)["reason"]
     assert (elsewhere / "release" / "request.json").is_file()  # the link's target was not touched
     assert ota.is_symlink()  # nor the link: it is the daemon's to fix, root removes nothing through it
+
+
+def _installing_release(where: Path, version: str) -> Path:
+    """A release tarball whose install.sh makes ``version`` current under --root, as the real one does."""
+    path = where / f"edged-{version}-{PLATFORM}.tar.gz"
+    manifest = json.dumps({"version": version, "platform": PLATFORM, "python": "3.12", "extras": []}).encode()
+    script = (f'#!/bin/sh\nwhile [ $# -gt 0 ]; do [ "$1" = --root ] && root="$2"; shift; done\n'
+              f'mkdir -p "$root/opt/edged/releases/{version}" && ln -sfn releases/{version} "$root/opt/edged/current"\n'
+              ).encode()
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data, mode in ((f"edged-{version}/manifest.json", manifest, 0o644),
+                                 (f"edged-{version}/install.sh", script, 0o755)):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), mode
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_starting_the_new_release_may_take_what_release_health_s_allows(
+        tmp_path: Path, nginx: Nginx, fleet: FleetRepository) -> None:
+    """`systemctl start` returns only once the daemon is READY (Type=notify), and a Jetson loading TensorRT engines
+    takes minutes: the start is bounded by [ota] release_health_s, as README says. Before, edged-update killed it
+    after a fixed 120 s (here the manager's 1 s) and rolled back a release that was still loading, whatever
+    release_health_s said."""
+    device = Device(tmp_path, nginx.url, fleet.metadata_dir / "1.root.json", release_work_dir=str(tmp_path / "update"))
+    try:
+        fleet.add_release(_installing_release(tmp_path, "0.9.0"))
+        assert device.agent.check()["release"]["state"] == "handed_off"
+        started = tmp_path / "started"
+        run = applier(device, fleet.metadata_dir / "1.root.json")
+        run.manager = CommandManager(f"sh -c 'if [ \"$0\" = start ]; then sleep 2 && touch {started}; fi' {{action}}",
+                                     timeout_s=1.0)
+        assert run.run() == "rolled_back"  # nothing answers on /nonexistent.sock: the health check fails
+        reason = outcome(device)["reason"]
+        assert started.exists(), reason  # the start ran to its end
+        assert "service manager" not in reason, reason
+        assert reason.startswith("edged 0.9.0 did not answer on its socket"), reason
+        assert "within [ota] release_health_s 5 s" in reason, reason
+    finally:
+        device.close()
 
 
 def _db(path: Path, version: int, rows: list[int]) -> None:
