@@ -263,6 +263,7 @@ class OtaAgent:
         return outcome
 
     def _confirm(self, update: TargetUpdate, reason: str) -> None:
+        update.installed_before = self.store.installed.get(update.model)  # saved with the move below
         self.store.installed[update.model] = update.version
         self.store.move("active", reason)
         self._watch = None
@@ -294,6 +295,11 @@ class OtaAgent:
             return
         log.error("OTA: rolling back %s version %d: %s", update.model, update.version, reason)
         self.activator.roll_back(update.model, update.version)
+        if update.state == "active":  # confirmed before: the model is back to what OTA had installed, if anything
+            if update.installed_before is None:
+                self.store.installed.pop(update.model, None)
+            else:
+                self.store.installed[update.model] = update.installed_before
         self.store.bad[update.sha256] = reason
         self.store.move("rolled_back", reason)
         self._watch = None
