@@ -202,6 +202,34 @@ def test_databases_a_newer_release_migrated_are_restored_the_others_keep_its_row
     assert _read(outbox) == (1, [10, 11], ["x"])  # nothing lost where nothing was migrated
 
 
+def test_a_database_the_edged_user_replaced_with_a_link_is_neither_read_nor_written_by_root(
+        tmp_path: Path) -> None:
+    """The databases sit in edged's state directory: a compromised daemon can replace one with a link to a
+    root-only SQLite file. Before, edged-update (root) copied that file into its backup folder, readable by the
+    edged user (0644 in a 0755 folder), and a rollback wrote a backup back through such a link."""
+    secret = tmp_path / "root-only" / "secrets.db"
+    secret.parent.mkdir(mode=0o700)
+    _db(secret, 7, [42])
+    state = tmp_path / "state"
+    state.mkdir()
+    telemetry, outbox = state / "telemetry.db", state / "mqtt-outbox.sqlite3"
+    telemetry.symlink_to(secret)
+    _db(outbox, 1, [10])
+    backup = tmp_path / "backup"
+    with pytest.raises(UpdateRejected, match=f"backing up {telemetry}: a link"):
+        back_up([telemetry, outbox], backup)
+    assert not list(backup.glob("*telemetry*"))
+    assert backup.stat().st_mode & 0o777 == 0o700  # what it holds is root's alone
+    telemetry.unlink()
+    _db(telemetry, 3, [1])
+    versions = back_up([telemetry, outbox], backup)
+    telemetry.unlink()
+    telemetry.symlink_to(secret)  # replaced again before the rollback: the backup must not be written through it
+    with pytest.raises(UpdateRejected, match=f"restoring {telemetry} for the previous release: a link"):
+        restore_migrated([telemetry, outbox], backup, versions)
+    assert _read(secret) == (7, [42], ["x"])
+
+
 def _crashed_in(device: Device, state: str) -> None:
     """What a kill -9 of edged-update leaves: its journal at ``state`` (written before each step runs)."""
     request = json.loads((device.state_dir / "ota" / "release" / "request.json").read_text())
