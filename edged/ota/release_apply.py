@@ -239,6 +239,9 @@ class ReleaseApplier:
             restored = restore_migrated(list(self.s.databases), self.s.work_dir / "backup", doc.get("databases", {}))
             if restored:
                 notes.append(f"restored the databases it migrated: {', '.join(restored)}")
+        except UpdateRejected as e:  # the previous release starts all the same: a device must serve
+            notes.append(str(e))
+        try:
             # the outcome before the start: the previous release reads it as it starts, so it never reports
             # the update as still installing (a kill -9 from here on finds the journal and rolls back again)
             self._outcome(doc, "rolled_back", "; ".join([reason, *notes]), logged=False)

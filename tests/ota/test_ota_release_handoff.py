@@ -12,10 +12,12 @@ import shutil
 import sqlite3
 import tarfile
 from contextlib import closing
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from edged.errors import UpdateRejected
 from edged.ota._release import PLATFORM
 from edged.ota._release_data import back_up, restore_migrated
 from edged.ota._service import CommandManager
@@ -236,6 +238,24 @@ def _crashed_in(device: Device, state: str) -> None:
     work = Path(device.config.release_work_dir)
     work.mkdir(parents=True, exist_ok=True)
     (work / "journal.json").write_text(json.dumps({**request, "previous": "", "state": state}))
+
+
+def test_a_database_that_cannot_be_restored_still_lets_the_previous_release_start(
+        handed_off: Device, fleet: FleetRepository, tmp_path: Path) -> None:
+    """Before, a restore refused (here a link; a full disk alike) skipped the start of the previous release:
+    edged and its socket stayed stopped until the next boot."""
+    _crashed_in(handed_off, "checking")
+    link = handed_off.state_dir / "telemetry.db"
+    link.symlink_to(tmp_path / "elsewhere.db")
+    journal = Path(handed_off.config.release_work_dir) / "journal.json"
+    journal.write_text(json.dumps({**json.loads(journal.read_text()), "databases": {str(link): 1}}))
+    run = applier(handed_off, fleet.metadata_dir / "1.root.json")
+    started = tmp_path / "started"
+    run.s = replace(run.s, databases=(link,))
+    run.manager = CommandManager(f"sh -c 'if [ \"$0\" = start ]; then touch {started}; fi' {{action}}")
+    assert run.run() == "rolled_back"
+    assert started.exists(), outcome(handed_off)
+    assert f"restoring {link} for the previous release: a link" in outcome(handed_off)["reason"]
 
 
 def test_killed_before_the_install_edged_update_starts_over_from_the_hand_off(
