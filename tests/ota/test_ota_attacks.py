@@ -115,6 +115,11 @@ def test_an_expired_timestamp_freeze_is_refused(device: Device, fleet: FleetRepo
     _add(fleet, tmp_path)
     _resign_timestamp(fleet, expires=datetime.now(timezone.utc) - timedelta(hours=1))
     _refused_metadata(device, "expired")
+    # expiry is judged by this device's clock: one running days ahead reads the same, so the reason says what
+    # the clock reads (before, it blamed only a freeze attack or the repository, on one device of a healthy fleet)
+    reason = device.agent.status()["last_check"]["reason"]
+    assert "or this device's clock running ahead (it reads " in reason, reason
+    assert "set the clock (NTP or an RTC) if it is wrong" in reason, reason
 
 
 def test_a_mix_and_match_snapshot_is_refused(device: Device, fleet: FleetRepository, tmp_path: Path) -> None:
