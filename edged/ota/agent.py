@@ -70,6 +70,15 @@ class OtaAgent:
         self._lock = threading.Lock()  # one check or rollback at a time
         self._nudged = threading.Event()
 
+    def stop(self) -> None:
+        """The daemon stops: a download ends at its next chunk and nothing further is staged or switched; the
+        update keeps its state and resumes at the next start (never refused or remembered bad for the stop)."""
+        self.client.fetcher.stopping.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self.client.fetcher.stopping.is_set()
+
     def nudge(self) -> None:
         """Ask for a check soon (the MQTT topic ``ota/check``); never blocks the caller's thread."""
         self._nudged.set()
@@ -182,13 +191,20 @@ class OtaAgent:
         try:
             check_disk(self.work_dir, info.length, self._bytes_on_disk(info))
             self._download_and_stage(name, model, version)
-        except DownloadFailed as e:  # the way failed, not the target: retried at the next check
-            if isinstance(e, (DiskFull, BadDownload)):  # no space, or bytes not worth resuming from
-                shutil.rmtree(self.client.fetcher.partial_dir, ignore_errors=True)
-            self._refuse(str(e), remember=False)
-            return
         except UpdateRejected as e:
-            self._refuse(str(e))
+            if self.stopping:  # a download cut or a load refused for the stop: this update goes on at the next start
+                log.info("OTA: update %s left %s for the stop: %s", name, self.store.current.state
+                         if self.store.current else "idle", e)
+                return
+            if isinstance(e, DownloadFailed):  # the way failed, not the target: retried at the next check
+                if isinstance(e, (DiskFull, BadDownload)):  # no space, or bytes not worth resuming from
+                    shutil.rmtree(self.client.fetcher.partial_dir, ignore_errors=True)
+                self._refuse(str(e), remember=False)
+            else:
+                self._refuse(str(e))
+            return
+        if self.stopping:
+            log.info("OTA: update %s staged, switched at the next start (the daemon is stopping)", name)
             return
         self._switch(model, version)
 
