@@ -276,7 +276,7 @@ def _still_serving(socket: str, pid: int) -> str:
             status = client.status()
     except (ClientError, EdgedError, OSError) as e:
         return f"did not answer on its socket ({e})"
-    if int(status.get("pid") or 0) != pid:
+    if pid and int(status.get("pid") or 0) != pid:  # (a status without its pid is judged by READY alone)
         return f"restarted (PID {pid}, then {status.get('pid')})"
     if not status.get("ready"):
         return "was no longer READY"
