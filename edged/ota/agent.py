@@ -24,7 +24,15 @@ from tuf.api._payload import TargetFile
 from edged.clock import Clock, DeviceClock
 from edged.config import MACHINE_ID, DeviceIdentity, OtaConfig, resolve_device_identity
 from edged.engine import InferenceService
-from edged.errors import BadDownload, ConfigKeyError, DiskFull, DownloadFailed, EdgedError, UpdateRejected
+from edged.errors import (
+    BadDownload,
+    ConfigKeyError,
+    DiskFull,
+    DownloadFailed,
+    EdgedError,
+    ModelConfigError,
+    UpdateRejected,
+)
 from edged.ota._activate import Activator, check_disk, stage
 from edged.ota._bundle import extract_bundle
 from edged.ota._client import TufClient, clock_problem
@@ -34,9 +42,25 @@ from edged.ota._release import ReleaseUpdates
 from edged.ota._selftest import save_vectors, self_test
 from edged.ota._state import TargetUpdate, UpdateStore, resume_action
 from edged.ota._watch import health, verdict
-from edged.repository import list_versions
+from edged.repository import check_model_name, list_versions, parse_version
 
 log = logging.getLogger(__name__)
+
+
+def _model_and_version(custom: dict[str, Any]) -> tuple[str, int, str]:
+    """The model folder and version a signed target names, or the reason they cannot be used on this device (a
+    path segment of the repository, a version folder: never taken from metadata unchecked)."""
+    model, raw = custom.get("model"), custom.get("version")
+    if not isinstance(model, str):
+        return "", 0, f"model {model!r}: expected a model name"
+    try:
+        check_model_name(model)
+    except ModelConfigError as e:
+        return "", 0, f"{e}"
+    version = parse_version(str(raw)) if isinstance(raw, int) and not isinstance(raw, bool) else None
+    if version is None:
+        return "", 0, f"version {raw!r}: expected a whole number above 0 (a version folder)"
+    return model, version, ""
 
 
 class OtaAgent:
@@ -164,7 +188,10 @@ class OtaAgent:
             if digest in self.store.bad:
                 self.skipped[name] = f"known bad: {self.store.bad[digest]}"
                 continue
-            model, version = str(custom.get("model", "")), int(custom.get("version", 0))
+            model, version, problem = _model_and_version(custom)
+            if problem:
+                self.skipped[name] = problem
+                continue
             served = self._versions(model)
             if served and version <= max(served):
                 continue  # installed already, or older than what is served
