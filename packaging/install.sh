@@ -14,7 +14,8 @@
 # Layout: /opt/edged/releases/<version> is a venv (--system-site-packages, so JetPack's TensorRT is
 # visible); /opt/edged/current and /opt/edged/previous are symlinks switched atomically (rename of a new
 # link over the old one). A release is built in a temporary directory and renamed into place at the end;
-# any failure removes it and leaves the installed release untouched. The venv's paths are written for
+# any failure removes it and leaves the installed release untouched (one killed before its cleanup, by a
+# power cut or kill -9, is removed by the next run's prune). The venv's paths are written for
 # /opt/edged (never for --root), so an image staged with --root runs at its real path. The units travel with
 # the release (share/edged/systemd): they are installed when the release becomes current, and --rollback
 # reinstalls the previous release's units.
@@ -35,7 +36,7 @@ die() { printf 'install.sh: error: %s\n' "$*" >&2; exit 1; }
 act() {  # run a command that changes the system, or print it under --dry-run
     if [ "$DRY_RUN" = 1 ]; then printf 'install.sh: would run: %s\n' "$*"; else "$@"; fi
 }
-usage() { sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "${BASH_SOURCE[0]}"; }  # the header
 
 parse_args() {
     while [ $# -gt 0 ]; do
@@ -221,6 +222,11 @@ prune() {  # keep only the current and the previous release, compared as resolve
     local keep_current keep_previous dir
     keep_current="$(resolved "$OPT/current")"
     keep_previous="$(resolved "$OPT/previous")"
+    # a run killed mid-build (power cut, kill -9: its cleanup never ran) leaves its .partial-<v>: never served
+    for dir in "$OPT"/releases/.partial-*; do
+        [ -d "$dir" ] || continue
+        say "removing the incomplete release $dir"; act rm -rf "$dir"
+    done
     for dir in "$OPT"/releases/*; do
         [ -d "$dir" ] || continue
         case "$(realpath -m "$dir")" in

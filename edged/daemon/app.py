@@ -191,7 +191,10 @@ class Daemon:
 
     def _begin_stop(self) -> None:
         """SIGTERM/SIGINT: a model load in progress (the start's, or one a client asked for) gives up before its
-        next instance rather than holding the stop for the rest of its length."""
+        next instance rather than holding the stop for the rest of its length; an OTA download or staging stops
+        too (it resumes at the next start)."""
+        if self.ota is not None:
+            self.ota.stop()
         self.service.stop_loading()
         self._stop.set()
 

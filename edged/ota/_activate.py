@@ -165,6 +165,9 @@ class Activator:
             shutil.rmtree(trash, ignore_errors=True)
             replace_dir(served / str(version), trash)
         self._restore(served, self.backup_dir / model)
+        if served.is_dir() and not list_versions(served):  # a model the device did not have before the update
+            shutil.rmtree(served, ignore_errors=True)
+            fsync_dir(self.repository)
         shutil.rmtree(trash, ignore_errors=True)
 
     @staticmethod
@@ -185,9 +188,7 @@ class Activator:
         served = self.repository / model
         if served.is_dir() and list_versions(served):
             self.service.reload_model(model)
-        else:  # a model the device did not have before the update: it goes away again
-            shutil.rmtree(served, ignore_errors=True)
-            fsync_dir(self.repository)
+        else:  # a model the device did not have before the update (its folder went in roll_back_files)
             try:
                 self.service.remove_model(model)
             except EdgedError as e:

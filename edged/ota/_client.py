@@ -126,7 +126,9 @@ def reason_for(error: Exception) -> str:
         if time.time() < EARLIEST_SANE_WALL:
             return f"clock: the device clock reads {time.strftime('%Y-%m-%d', time.gmtime())}, metadata " \
                    f"looks expired ({error}); set the clock (NTP) and check again"
-        return f"expired metadata (freeze attack or a repository not refreshed): {error}"
+        now = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        return f"expired metadata (a freeze attack, a repository not refreshed, or this device's clock running " \
+               f"ahead (it reads {now}): set the clock (NTP or an RTC) if it is wrong): {error}"
     if isinstance(error, exceptions.BadVersionNumberError):
         return f"rollback: metadata older than the trusted copy: {error}"
     if isinstance(error, exceptions.UnsignedMetadataError):

@@ -50,9 +50,13 @@ class SlowRetrieval(exceptions.DownloadError):
     """The server sent less than the minimum rate over a window, or nothing for longer than the read timeout."""
 
 
+class Stopping(exceptions.DownloadError):
+    """The daemon is stopping: the download ends at once, and is resumed (not refused) at the next start."""
+
+
 class ResumableFetcher(FetcherInterface):
     def __init__(self, partial_dir: Path, targets_prefix: str, *, max_bytes_per_s: int = 0, timeout_s: float = 30,
-                 min_bytes_per_s: int = 0, rate_window_s: float = 60.0, sleep: Callable[[float], None] = time.sleep,
+                 min_bytes_per_s: int = 0, rate_window_s: float = 60.0, sleep: Callable[[float], None] | None = None,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         self.partial_dir = partial_dir
         self.targets_prefix = targets_prefix
@@ -61,7 +65,10 @@ class ResumableFetcher(FetcherInterface):
         self.rate_window_s = rate_window_s
         self.timeout_s = timeout_s
         self.progress = Progress()
-        self._sleep = sleep
+        # set when the daemon stops: a download ends at its next chunk (what came stays resumable), a throttle's
+        # pause at once, so the worker thread the interpreter waits for at exit is free within the stop budget
+        self.stopping = threading.Event()
+        self._sleep: Callable[[float], object] = sleep or self.stopping.wait
         self._monotonic = monotonic
         self._lock = threading.Lock()
         self._max_length: int | None = None
@@ -73,6 +80,7 @@ class ResumableFetcher(FetcherInterface):
         return super().download_file(url, max_length)
 
     def _fetch(self, url: str) -> Iterator[bytes]:
+        self._check_stopping(url)
         if not url.startswith(self.targets_prefix):
             return self._stream(self._open(url, 0), None, 0)
         partial = self.partial_dir / hashlib.sha256(url.encode()).hexdigest()
@@ -145,7 +153,12 @@ class ResumableFetcher(FetcherInterface):
                         self.progress.received_bytes = start + sent
                 yield chunk
                 self._throttle(began, sent)
+                self._check_stopping(response.url)
                 self._check_rate(response.url, window, len(chunk))
+
+    def _check_stopping(self, url: str | None) -> None:
+        if self.stopping.is_set():
+            raise Stopping(f"GET {url}: the daemon is stopping; the download resumes at its next start")
 
     def _check_rate(self, url: str | None, window: list[float], received: int) -> None:
         window[1] += received

@@ -8,7 +8,9 @@ stopped, so no row written by the previous release is lost. A database is "migra
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import stat
 from contextlib import closing
 from pathlib import Path
 
@@ -25,12 +27,27 @@ def _copy(source: Path, destination: Path) -> None:
         src.backup(dst)
 
 
+def _plain_file(path: Path, doing: str) -> bool:
+    """Whether ``path`` is a regular file; a link is refused. The databases sit in edged's state directory, where
+    the edged user could put a link to a file of root's: edged-update (root) never opens one through it."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return False
+    if stat.S_ISLNK(mode):
+        raise UpdateRejected(f"{doing}: a link (edged-update does not follow links in edged's state "
+                             "directory): replace it with the database file")
+    return stat.S_ISREG(mode)
+
+
 def back_up(databases: list[Path], folder: Path) -> dict[str, int]:
-    """Copy each existing database into ``folder``; returns {path: user_version} of what was copied."""
-    folder.mkdir(parents=True, exist_ok=True)
+    """Copy each existing database into ``folder`` (root's alone); returns {path: user_version} of what was
+    copied."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    folder.chmod(0o700)  # one made by an earlier edged-update with the umask's mode
     versions: dict[str, int] = {}
     for index, path in enumerate(databases):
-        if not path.is_file():
+        if not _plain_file(path, f"backing up {path}"):
             continue
         copy = folder / f"{index}.{path.name}"
         copy.unlink(missing_ok=True)
@@ -47,7 +64,7 @@ def restore_migrated(databases: list[Path], folder: Path, versions: dict[str, in
     Writing through SQLite into the live file keeps its owner (edged) and mode."""
     restored = []
     for index, path in enumerate(databases):
-        if str(path) not in versions or not path.is_file():
+        if str(path) not in versions or not _plain_file(path, f"restoring {path} for the previous release"):
             continue
         try:
             if user_version(path) == versions[str(path)]:

@@ -11,6 +11,7 @@ expiry and the tarball's length and hash are all decided again, here.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -32,6 +33,7 @@ from edged.ota._release import PLATFORM, REQUEST, TARBALL
 MAX_METADATA_BYTES = 4 * 1024 * 1024
 MAX_ROOTS = 1000
 CHUNK = 1024 * 1024
+MAX_REMOVE_DEPTH = 4  # release/metadata/<file>: a hand-off is two folders deep
 BASE = "http://handoff.invalid/"  # never fetched: HandoffFetcher answers every URL from the copied files
 
 
@@ -74,6 +76,45 @@ def take(handoff: Path, copy: Path) -> None:
             os.close(metadata)
     finally:
         os.close(folder)
+
+
+def remove_handoff(handoff: Path) -> None:
+    """Remove the consumed hand-off without following a link on the way (the edged user owns ``ota/`` and
+    everything in it): a link at ``release`` is removed itself, a link at ``ota`` is left alone with everything
+    behind it, and the folder's contents are removed relative to their opened folders."""
+    try:
+        state = os.open(handoff.parent.parent, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        ota = os.open(handoff.parent.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=state)
+    except OSError:
+        return  # gone, or a link: nothing behind it is edged-update's to remove
+    finally:
+        os.close(state)
+    try:
+        _remove_at(ota, handoff.name, MAX_REMOVE_DEPTH)
+    finally:
+        os.close(ota)
+
+
+def _remove_at(folder: int, name: str, depth: int) -> None:
+    try:
+        if not stat.S_ISDIR(os.stat(name, dir_fd=folder, follow_symlinks=False).st_mode):
+            os.unlink(name, dir_fd=folder)  # a file, or a link (removed, never followed)
+            return
+        if depth <= 0:
+            return  # deeper than any hand-off: left for the daemon
+        inner = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=folder)
+    except OSError:
+        return  # gone, or swapped for a link since: left alone
+    try:
+        for entry in os.listdir(inner):
+            _remove_at(inner, entry, depth - 1)
+    finally:
+        os.close(inner)
+    with contextlib.suppress(OSError):
+        os.rmdir(name, dir_fd=folder)
 
 
 def _open_dir(handoff: Path) -> int:

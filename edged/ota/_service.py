@@ -19,7 +19,9 @@ SYSTEMCTL = "systemctl {action} edged.socket edged.service"
 class ServiceManager(Protocol):
     def stop(self) -> None: ...
 
-    def start(self) -> None: ...
+    def start(self, timeout_s: float | None = None) -> None:
+        """``timeout_s``: how long the start may take (``systemctl start`` returns once a Type=notify daemon is
+        READY: models load first); None: the manager's own timeout."""
 
 
 class CommandManager:
@@ -32,13 +34,14 @@ class CommandManager:
     def stop(self) -> None:
         self._run("stop")
 
-    def start(self) -> None:
-        self._run("start")
+    def start(self, timeout_s: float | None = None) -> None:
+        self._run("start", timeout_s)
 
-    def _run(self, action: str) -> None:
+    def _run(self, action: str, timeout_s: float | None = None) -> None:
         argv = shlex.split(self.template.replace("{action}", action))
         try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=self.timeout_s, check=False)
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s or self.timeout_s,
+                                  check=False)
         except (OSError, subprocess.TimeoutExpired) as e:
             raise UpdateRejected(f"service manager: {shlex.join(argv)}: {e}") from e
         if done.returncode != 0:

@@ -43,6 +43,7 @@ class TargetUpdate:
     model: str
     version: int
     previous_version: int | None = None
+    installed_before: int | None = None  # the model's OTA-installed version before this one was confirmed
     state: State = "idle"
     reason: str = ""
     changed_at: float = field(default_factory=time.time)

@@ -24,7 +24,15 @@ from tuf.api._payload import TargetFile
 from edged.clock import Clock, DeviceClock
 from edged.config import MACHINE_ID, DeviceIdentity, OtaConfig, resolve_device_identity
 from edged.engine import InferenceService
-from edged.errors import BadDownload, ConfigKeyError, DiskFull, DownloadFailed, EdgedError, UpdateRejected
+from edged.errors import (
+    BadDownload,
+    ConfigKeyError,
+    DiskFull,
+    DownloadFailed,
+    EdgedError,
+    ModelConfigError,
+    UpdateRejected,
+)
 from edged.ota._activate import Activator, check_disk, stage
 from edged.ota._bundle import extract_bundle
 from edged.ota._client import TufClient, clock_problem
@@ -34,9 +42,25 @@ from edged.ota._release import ReleaseUpdates
 from edged.ota._selftest import save_vectors, self_test
 from edged.ota._state import TargetUpdate, UpdateStore, resume_action
 from edged.ota._watch import health, verdict
-from edged.repository import list_versions
+from edged.repository import check_model_name, list_versions, parse_version
 
 log = logging.getLogger(__name__)
+
+
+def _model_and_version(custom: dict[str, Any]) -> tuple[str, int, str]:
+    """The model folder and version a signed target names, or the reason they cannot be used on this device (a
+    path segment of the repository, a version folder: never taken from metadata unchecked)."""
+    model, raw = custom.get("model"), custom.get("version")
+    if not isinstance(model, str):
+        return "", 0, f"model {model!r}: expected a model name"
+    try:
+        check_model_name(model)
+    except ModelConfigError as e:
+        return "", 0, f"{e}"
+    version = parse_version(str(raw)) if isinstance(raw, int) and not isinstance(raw, bool) else None
+    if version is None:
+        return "", 0, f"version {raw!r}: expected a whole number above 0 (a version folder)"
+    return model, version, ""
 
 
 class OtaAgent:
@@ -69,6 +93,15 @@ class OtaAgent:
         self._watch: tuple[float, float | None] | None = None  # (elapsed at switch, baseline p99)
         self._lock = threading.Lock()  # one check or rollback at a time
         self._nudged = threading.Event()
+
+    def stop(self) -> None:
+        """The daemon stops: a download ends at its next chunk and nothing further is staged or switched; the
+        update keeps its state and resumes at the next start (never refused or remembered bad for the stop)."""
+        self.client.fetcher.stopping.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self.client.fetcher.stopping.is_set()
 
     def nudge(self) -> None:
         """Ask for a check soon (the MQTT topic ``ota/check``); never blocks the caller's thread."""
@@ -155,7 +188,10 @@ class OtaAgent:
             if digest in self.store.bad:
                 self.skipped[name] = f"known bad: {self.store.bad[digest]}"
                 continue
-            model, version = str(custom.get("model", "")), int(custom.get("version", 0))
+            model, version, problem = _model_and_version(custom)
+            if problem:
+                self.skipped[name] = problem
+                continue
             served = self._versions(model)
             if served and version <= max(served):
                 continue  # installed already, or older than what is served
@@ -182,13 +218,20 @@ class OtaAgent:
         try:
             check_disk(self.work_dir, info.length, self._bytes_on_disk(info))
             self._download_and_stage(name, model, version)
-        except DownloadFailed as e:  # the way failed, not the target: retried at the next check
-            if isinstance(e, (DiskFull, BadDownload)):  # no space, or bytes not worth resuming from
-                shutil.rmtree(self.client.fetcher.partial_dir, ignore_errors=True)
-            self._refuse(str(e), remember=False)
-            return
         except UpdateRejected as e:
-            self._refuse(str(e))
+            if self.stopping:  # a download cut or a load refused for the stop: this update goes on at the next start
+                log.info("OTA: update %s left %s for the stop: %s", name, self.store.current.state
+                         if self.store.current else "idle", e)
+                return
+            if isinstance(e, DownloadFailed):  # the way failed, not the target: retried at the next check
+                if isinstance(e, (DiskFull, BadDownload)):  # no space, or bytes not worth resuming from
+                    shutil.rmtree(self.client.fetcher.partial_dir, ignore_errors=True)
+                self._refuse(str(e), remember=False)
+            else:
+                self._refuse(str(e))
+            return
+        if self.stopping:
+            log.info("OTA: update %s staged, switched at the next start (the daemon is stopping)", name)
             return
         self._switch(model, version)
 
@@ -263,6 +306,7 @@ class OtaAgent:
         return outcome
 
     def _confirm(self, update: TargetUpdate, reason: str) -> None:
+        update.installed_before = self.store.installed.get(update.model)  # saved with the move below
         self.store.installed[update.model] = update.version
         self.store.move("active", reason)
         self._watch = None
@@ -294,6 +338,11 @@ class OtaAgent:
             return
         log.error("OTA: rolling back %s version %d: %s", update.model, update.version, reason)
         self.activator.roll_back(update.model, update.version)
+        if update.state == "active":  # confirmed before: the model is back to what OTA had installed, if anything
+            if update.installed_before is None:
+                self.store.installed.pop(update.model, None)
+            else:
+                self.store.installed[update.model] = update.installed_before
         self.store.bad[update.sha256] = reason
         self.store.move("rolled_back", reason)
         self._watch = None

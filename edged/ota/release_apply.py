@@ -10,7 +10,8 @@ appears, and the service also runs at boot to finish an update a power loss inte
    ``current`` and installs that release's units; the previous release serves meanwhile;
 4. restart: stop edged, back up the telemetry and outbox databases (`_release_data`), start the new release;
 5. check: within ``[ota] release_health_s`` the new daemon must answer as the new version, be READY and pass
-   its self-test (``POST /v2/edged/ota/selftest``: every served model answers);
+   its self-test (``POST /v2/edged/ota/selftest``: every served model answers), and it must still be that same
+   process, READY, when ``release_health_s`` ends (one that crashes after its self-test is rolled back);
 6. otherwise roll back: stop, ``install.sh --rollback --no-restart``, restore the databases it migrated, remove
    the failed release, start the previous one.
 
@@ -41,7 +42,7 @@ from edged.config import load_config
 from edged.errors import EdgedError, UpdateRejected
 from edged.ota._durable import write_atomic
 from edged.ota._release_data import back_up, restore_migrated
-from edged.ota._release_verify import read_request, take, verify
+from edged.ota._release_verify import read_request, remove_handoff, take, verify
 from edged.ota._service import SYSTEMCTL, CommandManager, ServiceManager
 
 log = logging.getLogger("edged.ota.release_apply")
@@ -103,9 +104,7 @@ class ReleaseApplier:
 
     def _finish(self, doc: dict[str, Any], state: str, reason: str) -> str:
         self._outcome(doc, state, reason)
-        if self.s.handoff.is_symlink():
-            self.s.handoff.unlink()  # a link planted by the edged user: removed, never followed
-        shutil.rmtree(self.s.handoff, ignore_errors=True)  # consumed: the .path unit must not start us again
+        remove_handoff(self.s.handoff)  # consumed: the .path unit must not start us again; no link followed
         for name in ("incoming", "unpacked"):
             shutil.rmtree(self.s.work_dir / name, ignore_errors=True)
         self.journal_file.unlink(missing_ok=True)
@@ -191,26 +190,37 @@ class ReleaseApplier:
             self.manager.stop()
             doc = self._journal({**doc, "databases": back_up(list(self.s.databases), self.s.work_dir / "backup")},
                                 "started")
-            self.manager.start()
+            # release_health_s counts from the start: `systemctl start` itself waits for READY (models load)
+            deadline = self.monotonic() + self.s.health_s
+            self.manager.start(self.s.health_s)
         except UpdateRejected as e:
             return self._roll_back(doc, f"starting the new release failed: {e}")
         doc = self._journal(doc, "checking")
-        problem = self._wait_healthy(doc["version"])
+        problem = self._wait_healthy(doc["version"], deadline)
         if problem:
             return self._roll_back(doc, f"edged {doc['version']} {problem} within [ota] release_health_s "
                                         f"{self.s.health_s:g} s: rolled back to {doc['previous'] or 'none'}")
         return self._finish(doc, "active", f"edged {doc['version']} is READY and passed its self-test")
 
-    def _wait_healthy(self, version: str) -> str:
-        """"" once the new daemon answers as ``version``, READY, self-test passed; else what it failed."""
-        deadline = self.monotonic() + self.s.health_s
+    def _wait_healthy(self, version: str, deadline: float) -> str:
+        """"" when the new daemon answers as ``version``, READY, self-test passed, and is still that same process,
+        READY, at ``deadline`` (a release that crashes after its self-test would otherwise be kept and restarted
+        by systemd in a loop for good); else what it failed."""
         problem = "did not answer on its socket"
-        while self.monotonic() < deadline:
-            problem = _probe(self.s.socket, version)
-            if not problem:
-                return ""
+        pid = None
+        while pid is None:
+            problem, pid = _probe(self.s.socket, version)
+            if pid is not None:
+                break
+            if self.monotonic() >= deadline:
+                return problem
             time.sleep(POLL_S)
-        return problem
+        while self.monotonic() < deadline:
+            time.sleep(min(POLL_S, max(0.0, deadline - self.monotonic())))
+            problem = _still_serving(self.s.socket, pid)
+            if problem:
+                return f"became READY and passed its self-test, then {problem}"
+        return ""
 
     def _roll_back(self, doc: dict[str, Any], reason: str) -> str:
         doc = self._journal(doc, "rolling_back")
@@ -229,29 +239,47 @@ class ReleaseApplier:
             restored = restore_migrated(list(self.s.databases), self.s.work_dir / "backup", doc.get("databases", {}))
             if restored:
                 notes.append(f"restored the databases it migrated: {', '.join(restored)}")
+        except UpdateRejected as e:  # the previous release starts all the same: a device must serve
+            notes.append(str(e))
+        try:
             # the outcome before the start: the previous release reads it as it starts, so it never reports
             # the update as still installing (a kill -9 from here on finds the journal and rolls back again)
             self._outcome(doc, "rolled_back", "; ".join([reason, *notes]), logged=False)
-            self.manager.start()
+            self.manager.start(self.s.health_s)  # the previous release loads the same models
         except UpdateRejected as e:
             notes.append(str(e))
         return self._finish(doc, "rolled_back", "; ".join([reason, *notes]))
 
 
-def _probe(socket: str, version: str) -> str:
+def _probe(socket: str, version: str) -> tuple[str, int | None]:
+    """("", the daemon's PID) once it answers as ``version``, READY, self-test passed; else (what failed, None)."""
     try:
         with EdgedClient(socket, timeout_s=30) as client:
             status = client.status()
             if status.get("version") != version:
-                return f"still answered as {status.get('version')}, not {version},"
+                return f"still answered as {status.get('version')}, not {version},", None
             if not status.get("ready"):
-                return "did not become READY"
+                return "did not become READY", None
             report = client.ota("selftest")
     except (ClientError, EdgedError, OSError) as e:
-        return f"did not answer on its socket ({e})"
+        return f"did not answer on its socket ({e})", None
     if not report.get("ok"):
         failed = {k: v for k, v in dict(report.get("models", {})).items() if not str(v).startswith("ok")}
-        return f"failed its self-test ({json.dumps(failed, sort_keys=True)[:400]})"
+        return f"failed its self-test ({json.dumps(failed, sort_keys=True)[:400]})", None
+    return "", int(status.get("pid") or 0)
+
+
+def _still_serving(socket: str, pid: int) -> str:
+    """"" while the daemon that passed its self-test (``pid``) answers and is READY; else what changed."""
+    try:
+        with EdgedClient(socket, timeout_s=30) as client:
+            status = client.status()
+    except (ClientError, EdgedError, OSError) as e:
+        return f"did not answer on its socket ({e})"
+    if pid and int(status.get("pid") or 0) != pid:  # (a status without its pid is judged by READY alone)
+        return f"restarted (PID {pid}, then {status.get('pid')})"
+    if not status.get("ready"):
+        return "was no longer READY"
     return ""
 
 

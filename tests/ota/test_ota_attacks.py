@@ -115,6 +115,11 @@ def test_an_expired_timestamp_freeze_is_refused(device: Device, fleet: FleetRepo
     _add(fleet, tmp_path)
     _resign_timestamp(fleet, expires=datetime.now(timezone.utc) - timedelta(hours=1))
     _refused_metadata(device, "expired")
+    # expiry is judged by this device's clock: one running days ahead reads the same, so the reason says what
+    # the clock reads (before, it blamed only a freeze attack or the repository, on one device of a healthy fleet)
+    reason = device.agent.status()["last_check"]["reason"]
+    assert "or this device's clock running ahead (it reads " in reason, reason
+    assert "set the clock (NTP or an RTC) if it is wrong" in reason, reason
 
 
 def test_a_mix_and_match_snapshot_is_refused(device: Device, fleet: FleetRepository, tmp_path: Path) -> None:
@@ -182,3 +187,43 @@ def test_a_rotated_root_key_is_trusted_through_the_old_one(device: Device, fleet
     fleet.rotate_key("targets")  # signed by the new root key alone: only valid once 2.root.json is trusted
     _add(fleet, tmp_path)
     assert device.agent.check()["state"] == "active"
+
+
+def _signed_bundle(fleet: FleetRepository, tmp: Path, name: str, custom: dict[str, object],
+                   members: dict[str, bytes]) -> None:
+    import io
+    import tarfile
+
+    bundle = tmp / "odd-bundle.tar"
+    with tarfile.open(bundle, "w") as tar:
+        for member, data in members.items():
+            info = tarfile.TarInfo(member)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    fleet._add_target(name, bundle, {"compat": {}, "percent": 100, "cohort_salt": "s", **custom})
+
+
+@pytest.mark.parametrize(("model", "version", "words"), [
+    (".", 2, "model name '.' starts with '.'"),
+    ("..", 2, "model name '..' starts with '.'"),
+    ("mlp", "two", "version 'two': expected a whole number above 0"),
+    ("mlp", 0, "version 0: expected a whole number above 0"),
+])
+def test_a_signed_target_naming_no_usable_model_folder_or_version_is_skipped_with_the_reason(
+        device: Device, fleet: FleetRepository, tmp_path: Path, model: str, version: object, words: str) -> None:
+    """The targets role is trusted, yet what it names becomes a path on the device: checked before anything is
+    downloaded. Before, a version that is not a number stopped every check with a 500 (ValueError: int()), so
+    no update reached the device while that target was signed; a model "." or ".." was downloaded and only
+    refused by the staging load."""
+    source = model_folder(tmp_path / "src", 2, seed=2)
+    members = {f"{model}/config.pbtxt": (source / "config.pbtxt").read_bytes(),
+               f"{model}/{version}/model.onnx": (source / "2" / "model.onnx").read_bytes(),
+               "test_vectors.json": vectors_for(2)}
+    _signed_bundle(fleet, tmp_path, f"models/0odd/{version}.tar", {"kind": "model", "model": model,
+                                                                   "version": version}, members)
+    good = _add(fleet, tmp_path)  # a genuine update beside it still installs
+    status = device.agent.check()
+    assert words in status["skipped"][f"models/0odd/{version}.tar"], status["skipped"]  # type: ignore[index]
+    assert status["state"] == "active" and status["target"] == good, status
+    assert device.served_version() == "2"
+    assert sorted(p.name for p in device.repository.iterdir()) == ["mlp"]

@@ -90,3 +90,54 @@ min_requests = 0
     finally:
         daemon.stop()
         nginx.stop()
+
+
+def test_sigterm_during_a_download_stops_within_the_budget_and_the_target_is_not_condemned(tmp_path: Path) -> None:
+    """A restart or a reboot in the middle of an update. Before, the daemon printed "stopped" and then waited for
+    the download in its worker thread (minutes at a capped rate: systemd kills it at TimeoutStopSec), and when
+    the download ended during the stop, the staging load refused for the stop marked the genuine target bad for
+    good ("known bad: the staged version does not load: ... the daemon is stopping")."""
+    import json as _json
+    import os
+    import signal
+    import time
+
+    from edged.ota.fleet import FleetRepository
+
+    FleetRepository.init(tmp_path / "fleet")
+    fleet = FleetRepository(tmp_path / "fleet")
+    nginx = Nginx(fleet.path, tmp_path / "nginx", locations="location /targets/ { limit_rate 20k; }")
+    models = tmp_path / "device-models"
+    model_folder(models, 1, seed=1)
+    fleet.add_model(model_folder(tmp_path / "src", 2, seed=2, hidden=8192), 2, vectors_for(2, hidden=8192))
+    config = f"""[telemetry]
+source = "off"
+[models]
+repository = "{models}"
+[ota]
+enabled = true
+repository_url = "{nginx.url}"
+root_file = "{fleet.metadata_dir}/1.root.json"
+device_id = "device-a"
+jitter_s = 0
+min_bytes_per_s = 0
+"""
+    daemon = start_daemon(tmp_path / "daemon", config=config)  # its first check starts at once (jitter 0)
+    try:
+        client = daemon.client()
+        deadline = time.monotonic() + 60
+        while client.status()["ota"]["download"]["received_bytes"] == 0:  # 2.4 MB at 20 kB/s: two minutes
+            assert time.monotonic() < deadline, client.status()["ota"]
+            time.sleep(0.1)
+        began = time.monotonic()
+        os.kill(daemon.pid, signal.SIGTERM)
+        daemon.process.wait(60)
+        assert time.monotonic() - began < 30, daemon.output()  # [server] stop_timeout_s, below TimeoutStopSec
+        assert daemon.process.returncode == 0, daemon.output()
+    finally:
+        if daemon.process.poll() is None:
+            daemon.process.kill()
+        nginx.stop()
+    state = _json.loads((tmp_path / "daemon" / "state" / "ota" / "state.json").read_text())
+    assert state["bad"] == {}, state
+    assert state["current"]["state"] == "downloading", state  # resumed from its partial file at the next start

@@ -114,3 +114,31 @@ def test_an_update_killed_while_staged_is_staged_again_and_activated_at_restart(
     downloads = [row for row in nginx.log_lines() if row[0].startswith("/targets/")]
     assert len(downloads) == 1  # the verified bundle was reused from the cache, checked against its hash again
     device.close()
+
+
+def test_a_new_model_killed_while_watching_leaves_no_trace_at_restart(tmp_path: Path, nginx: Nginx,
+                                                                      fleet: FleetRepository) -> None:
+    """A model the device did not have: its folder goes with the rollback's file half, before the engine starts.
+    Before, the emptied folder stayed until the agent's resume, so every restart after a power cut listed the
+    model UNAVAILABLE with "no config.pbtxt platform/backend and no model file" (and a release self-test run then
+    failed on it)."""
+    from tests.modelgen import mlp_weights, write_mlp_onnx
+    from tests.ota.conftest import CONFIG
+
+    folder = tmp_path / "src" / "other"
+    (folder / "2").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text(CONFIG.replace('"mlp"', '"other"'))
+    write_mlp_onnx(folder / "2" / "model.onnx", mlp_weights(seed=2))
+    fleet.add_model(folder, 2, vectors_for(2))
+    process = _run_agent(tmp_path, nginx, fleet, watch_s=3600.0, min_requests=10)
+    _wait_for(lambda: _state(tmp_path) == "watching", process, "the watch window")
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    device = Device(tmp_path, nginx.url, fleet.metadata_dir / "1.root.json", seed_repository=False)
+    assert [entry["name"] for entry in device.service.repository_index()] == ["mlp"]  # as the engine started
+    assert sorted(p.name for p in device.repository.iterdir()) == ["mlp"]
+    device.agent.resume()
+    status = device.agent.status()
+    assert status["state"] == "rolled_back" and status["model"] == "other", status
+    assert [entry["name"] for entry in device.service.repository_index()] == ["mlp"]
+    device.close()

@@ -39,15 +39,29 @@ HEALTH_S = 8.0
 
 def _broken_copy(tarball: Path, where: Path) -> Path:
     """The same release, its daemon broken on purpose: `edged serve` exits before it ever becomes READY."""
+    future = b"from __future__ import annotations\n"  # must stay first: compileall checks it
+    return _patched_copy(tarball, where, "edged/cli/serve.py", future,
+                         future + b'raise SystemExit("broken on purpose: never READY")\n')
+
+
+def _crashing_copy(tarball: Path, where: Path) -> Path:
+    """The same release, its daemon broken on purpose: READY, it passes its self-test, and exits a second later
+    (a release that crashes under way, as one failing on its first MQTT message or telemetry write would)."""
+    head = b"def self_test(service: InferenceService, work_dir: Path) -> dict[str, Any]:\n"
+    return _patched_copy(tarball, where, "edged/ota/_selftest.py", head,
+                         head + b"    import os, threading; threading.Timer(1.0, os._exit, (3,)).start()\n")
+
+
+def _patched_copy(tarball: Path, where: Path, module: str, old_text: bytes, new_text: bytes) -> Path:
     top = unpack(tarball, where)
     (wheel,) = (top / "wheelhouse").glob("edged-*.whl")
     patched = wheel.with_suffix(".patched")
     with zipfile.ZipFile(wheel) as old, zipfile.ZipFile(patched, "w", zipfile.ZIP_DEFLATED) as new:
         for item in old.infolist():
             data = old.read(item)
-            if item.filename == "edged/cli/serve.py":
-                future = b"from __future__ import annotations\n"  # must stay first: compileall checks it
-                data = data.replace(future, future + b'raise SystemExit("broken on purpose: never READY")\n', 1)
+            if item.filename == module:
+                assert old_text in data, f"{module} no longer holds {old_text!r}"
+                data = data.replace(old_text, new_text, 1)
             new.writestr(item, data)
     patched.replace(wheel)
     reseal(top)
@@ -69,6 +83,7 @@ class Installed:
     nginx: Nginx
     new: Path
     broken: Path
+    crashing: Path
     probes: list[tuple[str, str, bool]] = field(default_factory=list)  # (journal state, version, infer ok)
 
     def service(self, action: str) -> None:
@@ -129,6 +144,7 @@ def device(tmp_path_factory: pytest.TempPathFactory, tarballs: tuple[Path, Path]
     tmp = tmp_path_factory.mktemp("release")
     old, new = tarballs  # the session's pair, shared with the packaging tests
     broken = _broken_copy(new, tmp / "broken-src")
+    crashing = _crashing_copy(new, tmp / "crashing-src")
     root = tmp / "root"
     sh(unpack(old, tmp / "v1") / "install.sh", "--root", str(root))
     FleetRepository.init(tmp / "fleet")
@@ -152,7 +168,7 @@ jitter_s = 0
 release_health_s = {HEALTH_S}
 release_work_dir = "{tmp}/update"
 """)
-    installed = Installed(tmp, root, config, socket, fleet, nginx, new, broken)
+    installed = Installed(tmp, root, config, socket, fleet, nginx, new, broken, crashing)
     installed.service("start")
     assert installed.status()["version"] == "0.1.0"
     yield installed
@@ -224,6 +240,24 @@ def test_kill_9_of_edged_update_while_it_checks_rolls_back_when_it_runs_again(de
     assert outcome["state"] == "rolled_back", out
     assert str(outcome["reason"]).startswith("edged-update was interrupted while checking: rolled back")
     assert os.readlink(device.root / "opt/edged/current") == current
+    assert device.status()["version"] == current.removeprefix("releases/")
+
+
+def test_a_release_that_crashes_after_passing_its_self_test_is_rolled_back(device: Installed) -> None:
+    """READY and a passed self-test are not enough: the new daemon must still be the same healthy process when
+    release_health_s ends. Before, edged-update kept a release that exited a second after its self-test, and
+    systemd restarted it in a loop for good (the same at every restart: READY, then the crash)."""
+    current = os.readlink(device.root / "opt/edged/current")
+    device.hand_off(device.crashing)
+    update = device.edged_update()
+    out, _ = update.communicate(timeout=900)
+    assert update.returncode == 2, out
+    outcome = device.outcome()
+    assert outcome["state"] == "rolled_back", outcome
+    assert "passed its self-test, then did not answer on its socket" in str(outcome["reason"]), outcome
+    assert f"within [ota] release_health_s {HEALTH_S:g} s" in str(outcome["reason"]), outcome
+    assert os.readlink(device.root / "opt/edged/current") == current
+    assert not (device.root / "opt/edged/releases/0.1.0.post1").exists()
     assert device.status()["version"] == current.removeprefix("releases/")
 
 

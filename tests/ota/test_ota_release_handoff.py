@@ -5,15 +5,20 @@ are restored for the previous one; those it did not migrate keep what it wrote."
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
 import sqlite3
+import tarfile
 from contextlib import closing
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from edged.errors import UpdateRejected
+from edged.ota._release import PLATFORM
 from edged.ota._release_data import back_up, restore_migrated
 from edged.ota._service import CommandManager
 from edged.ota.fleet import FleetRepository
@@ -111,6 +116,61 @@ def test_a_hand_off_folder_that_is_a_link_is_refused_and_only_the_link_removed(
     assert (elsewhere / "request.json").is_file()  # the link's target was not touched
 
 
+def test_an_ota_folder_that_is_a_link_is_refused_and_nothing_behind_it_is_removed(
+        handed_off: Device, fleet: FleetRepository, tmp_path: Path) -> None:
+    """The edged user owns STATE_DIR/ota too: root must not follow a link there either. Before, edged-update
+    refused the hand-off and then removed it by its path, through the link: root deleted a folder named
+    release wherever the edged user pointed (edged-update also runs at every boot, with no hand-off needed)."""
+    ota = handed_off.state_dir / "ota"
+    elsewhere = tmp_path / "root-only-dir"
+    ota.rename(elsewhere)  # holds release/ (a genuine hand-off), where root keeps its own files
+    ota.symlink_to(elsewhere)
+    assert applier(handed_off, fleet.metadata_dir / "1.root.json").run() == "refused"
+    assert "refused (a link or unreadable)" in outcome(handed_off)["reason"]
+    assert (elsewhere / "release" / "request.json").is_file()  # the link's target was not touched
+    assert ota.is_symlink()  # nor the link: it is the daemon's to fix, root removes nothing through it
+
+
+def _installing_release(where: Path, version: str) -> Path:
+    """A release tarball whose install.sh makes ``version`` current under --root, as the real one does."""
+    path = where / f"edged-{version}-{PLATFORM}.tar.gz"
+    manifest = json.dumps({"version": version, "platform": PLATFORM, "python": "3.12", "extras": []}).encode()
+    script = (f'#!/bin/sh\nwhile [ $# -gt 0 ]; do [ "$1" = --root ] && root="$2"; shift; done\n'
+              f'mkdir -p "$root/opt/edged/releases/{version}" && ln -sfn releases/{version} "$root/opt/edged/current"\n'
+              ).encode()
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data, mode in ((f"edged-{version}/manifest.json", manifest, 0o644),
+                                 (f"edged-{version}/install.sh", script, 0o755)):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), mode
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_starting_the_new_release_may_take_what_release_health_s_allows(
+        tmp_path: Path, nginx: Nginx, fleet: FleetRepository) -> None:
+    """`systemctl start` returns only once the daemon is READY (Type=notify), and a Jetson loading TensorRT engines
+    takes minutes: the start is bounded by [ota] release_health_s, as README says. Before, edged-update killed it
+    after a fixed 120 s (here the manager's 1 s) and rolled back a release that was still loading, whatever
+    release_health_s said."""
+    device = Device(tmp_path, nginx.url, fleet.metadata_dir / "1.root.json", release_work_dir=str(tmp_path / "update"))
+    try:
+        fleet.add_release(_installing_release(tmp_path, "0.9.0"))
+        assert device.agent.check()["release"]["state"] == "handed_off"
+        started = tmp_path / "started"
+        run = applier(device, fleet.metadata_dir / "1.root.json")
+        run.manager = CommandManager(f"sh -c 'if [ \"$0\" = start ]; then sleep 2 && touch {started}; fi' {{action}}",
+                                     timeout_s=1.0)
+        assert run.run() == "rolled_back"  # nothing answers on /nonexistent.sock: the health check fails
+        reason = outcome(device)["reason"]
+        assert started.exists(), reason  # the start ran to its end
+        assert "service manager" not in reason, reason
+        assert reason.startswith("edged 0.9.0 did not answer on its socket"), reason
+        assert "within [ota] release_health_s 5 s" in reason, reason
+    finally:
+        device.close()
+
+
 def _db(path: Path, version: int, rows: list[int]) -> None:
     with closing(sqlite3.connect(path)) as db:
         db.execute("PRAGMA journal_mode=WAL")
@@ -144,12 +204,58 @@ def test_databases_a_newer_release_migrated_are_restored_the_others_keep_its_row
     assert _read(outbox) == (1, [10, 11], ["x"])  # nothing lost where nothing was migrated
 
 
+def test_a_database_the_edged_user_replaced_with_a_link_is_neither_read_nor_written_by_root(
+        tmp_path: Path) -> None:
+    """The databases sit in edged's state directory: a compromised daemon can replace one with a link to a
+    root-only SQLite file. Before, edged-update (root) copied that file into its backup folder, readable by the
+    edged user (0644 in a 0755 folder), and a rollback wrote a backup back through such a link."""
+    secret = tmp_path / "root-only" / "secrets.db"
+    secret.parent.mkdir(mode=0o700)
+    _db(secret, 7, [42])
+    state = tmp_path / "state"
+    state.mkdir()
+    telemetry, outbox = state / "telemetry.db", state / "mqtt-outbox.sqlite3"
+    telemetry.symlink_to(secret)
+    _db(outbox, 1, [10])
+    backup = tmp_path / "backup"
+    with pytest.raises(UpdateRejected, match=f"backing up {telemetry}: a link"):
+        back_up([telemetry, outbox], backup)
+    assert not list(backup.glob("*telemetry*"))
+    assert backup.stat().st_mode & 0o777 == 0o700  # what it holds is root's alone
+    telemetry.unlink()
+    _db(telemetry, 3, [1])
+    versions = back_up([telemetry, outbox], backup)
+    telemetry.unlink()
+    telemetry.symlink_to(secret)  # replaced again before the rollback: the backup must not be written through it
+    with pytest.raises(UpdateRejected, match=f"restoring {telemetry} for the previous release: a link"):
+        restore_migrated([telemetry, outbox], backup, versions)
+    assert _read(secret) == (7, [42], ["x"])
+
+
 def _crashed_in(device: Device, state: str) -> None:
     """What a kill -9 of edged-update leaves: its journal at ``state`` (written before each step runs)."""
     request = json.loads((device.state_dir / "ota" / "release" / "request.json").read_text())
     work = Path(device.config.release_work_dir)
     work.mkdir(parents=True, exist_ok=True)
     (work / "journal.json").write_text(json.dumps({**request, "previous": "", "state": state}))
+
+
+def test_a_database_that_cannot_be_restored_still_lets_the_previous_release_start(
+        handed_off: Device, fleet: FleetRepository, tmp_path: Path) -> None:
+    """Before, a restore refused (here a link; a full disk alike) skipped the start of the previous release:
+    edged and its socket stayed stopped until the next boot."""
+    _crashed_in(handed_off, "checking")
+    link = handed_off.state_dir / "telemetry.db"
+    link.symlink_to(tmp_path / "elsewhere.db")
+    journal = Path(handed_off.config.release_work_dir) / "journal.json"
+    journal.write_text(json.dumps({**json.loads(journal.read_text()), "databases": {str(link): 1}}))
+    run = applier(handed_off, fleet.metadata_dir / "1.root.json")
+    started = tmp_path / "started"
+    run.s = replace(run.s, databases=(link,))
+    run.manager = CommandManager(f"sh -c 'if [ \"$0\" = start ]; then touch {started}; fi' {{action}}")
+    assert run.run() == "rolled_back"
+    assert started.exists(), outcome(handed_off)
+    assert f"restoring {link} for the previous release: a link" in outcome(handed_off)["reason"]
 
 
 def test_killed_before_the_install_edged_update_starts_over_from_the_hand_off(

@@ -54,3 +54,22 @@ def test_old_versions_beyond_keep_versions_are_removed(device: Device, fleet: Fl
     assert device.agent.check()["state"] == "active"
     assert device.served_version() == "3"
     assert sorted(p.name for p in (device.repository / "mlp").iterdir()) == ["2", "3", "config.pbtxt"]
+
+
+def test_a_stop_while_staging_leaves_the_update_staged_not_condemned(device: Device, fleet: FleetRepository,
+                                                                    tmp_path: Path) -> None:
+    """SIGTERM (the daemon's stop: OtaAgent.stop, then the engine refuses new loads) as the bundle is staged.
+    Before, the staging load refused for the stop marked the genuine target bad for good on this device."""
+    name = fleet.add_model(model_folder(tmp_path / "src", 2, seed=2), 2, vectors_for(2))
+
+    def stop_at_staging(doc: dict[str, object]) -> None:
+        if doc["state"] == "staged":
+            device.agent.stop()
+            device.service.stop_loading()
+
+    device.agent.listeners.append(stop_at_staging)
+    status = device.agent.check()
+    assert status["state"] == "staged", status  # staged again, then switched, at the next start
+    assert device.agent.history()["bad"] == {}
+    assert name not in status["skipped"]
+    assert device.served_version() == "1"

@@ -63,10 +63,23 @@ def test_a_check_while_an_update_is_watched_starts_nothing(watched: Device, flee
 def test_the_operator_rolls_back_an_active_update(device: Device, fleet: FleetRepository, tmp_path: Path) -> None:
     fleet.add_model(model_folder(tmp_path / "src", 2, seed=2), 2, vectors_for(2))
     assert device.agent.check()["state"] == "active"
+    assert device.agent.check()["installed"] == {MODEL: 2}
     assert device.agent.rollback()["state"] == "rolled_back"
     assert device.served_version() == "1"
+    # version 1 did not come by OTA; before, the status (and the retained MQTT one) still said 2 was installed
+    assert device.agent.status()["installed"] == {}
     with pytest.raises(UpdateRejected, match="nothing to roll back"):
         device.agent.rollback()
+
+
+def test_the_operator_rolling_back_a_second_update_leaves_the_first_installed(
+        device: Device, fleet: FleetRepository, tmp_path: Path) -> None:
+    fleet.add_model(model_folder(tmp_path / "src", 2, seed=2), 2, vectors_for(2))
+    assert device.agent.check()["state"] == "active"
+    fleet.add_model(model_folder(tmp_path / "src3", 3, seed=3), 3, vectors_for(3))
+    assert device.agent.check()["installed"] == {MODEL: 3}
+    assert device.agent.rollback()["installed"] == {MODEL: 2}
+    assert device.served_version() == "2"
 
 
 def test_a_rollback_restores_the_previous_config(device: Device, fleet: FleetRepository, tmp_path: Path) -> None:

@@ -160,6 +160,32 @@ def test_failed_pip_install_leaves_nothing_half_installed(tarballs: tuple[Path, 
     assert not (tmp_path / "root/opt").exists(), "a failed install left files behind"
 
 
+def test_an_install_killed_by_a_power_cut_leaves_no_partial_release_after_the_next_install(
+        tarballs: tuple[Path, Path], tmp_path: Path) -> None:
+    """kill -9 (a power cut, an OOM kill, edged-update killed) skips install.sh's cleanup: the half-built venv of
+    that release stays in releases/.partial-<v>. Before, no later install removed it (prune skipped dot
+    folders), so a release never installed again kept hundreds of MB of a Jetson's disk for good."""
+    old, new = tarballs
+    root = tmp_path / "root"
+    sh(unpack(old, tmp_path / "old") / "install.sh", "--root", str(root))
+    env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"} | harness.OFFLINE
+    killed = subprocess.Popen([str(unpack(new, tmp_path / "new") / "install.sh"), "--root", str(root)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+    partial = root / "opt/edged/releases/.partial-0.1.0.post1"
+    deadline = time.monotonic() + 120
+    while not (partial / "bin").is_dir():  # the venv is being built
+        assert killed.poll() is None and time.monotonic() < deadline, "install.sh ended before it could be killed"
+        time.sleep(0.05)
+    os.killpg(killed.pid, signal.SIGKILL)
+    killed.wait()
+    assert partial.is_dir()
+    again = sh(unpack(old, tmp_path / "again") / "install.sh", "--root", str(root))  # the next install
+    assert not partial.exists(), again.stdout
+    assert f"removing the incomplete release {partial}" in again.stdout
+    assert sorted(p.name for p in (root / "opt/edged/releases").iterdir()) == ["0.1.0"]
+    assert os.readlink(root / "opt/edged/current") == "releases/0.1.0"
+
+
 def test_dry_run_changes_nothing(tarballs: tuple[Path, Path], tmp_path: Path) -> None:
     top = unpack(tarballs[0], tmp_path / "pkg")
     root = tmp_path / "root"
