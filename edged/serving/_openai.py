@@ -28,7 +28,9 @@ from edged.serving._limits import RETRY
 from edged.serving._response import Response, status_for
 from edged.serving._tools import message_tool_calls, parse_response_format, parse_tools, shown
 
-ROLES = frozenset({"system", "user", "assistant", "tool"})
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+# OpenAI's newer name for the instructions' role; chat templates know only "system", so it is rendered as that
+_AS_ROLE = {"developer": "system"}
 _COMMON = frozenset({"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "stream",
                      "stream_options"})
 CHAT_PARAMS = _COMMON | {"messages", "max_completion_tokens", "tools", "tool_choice", "parallel_tool_calls",
@@ -163,6 +165,7 @@ def _message(message: dict[str, Any], role: str, where: str) -> dict[str, Any]:
             raise ParamError(f"{where}.{key} must be a string", f"{where}.{key}")
         _no_nul(message.get(key, ""), f"{where}.{key}")
     out: dict[str, Any] = {k: v for k, v in message.items() if k in ("role", "name", "tool_call_id")}
+    out["role"] = _AS_ROLE.get(role, role)
     if "tool_calls" in message:
         if role != "assistant":
             raise ParamError(f"{where}: only assistant messages carry tool_calls", f"{where}.tool_calls")
