@@ -2,13 +2,15 @@
 
 A request is checked whole before any work: an unknown or unsupported parameter is refused with a 400 that
 names it (OpenAI's clients send only what the caller sets, so nothing legitimate is lost); only the parameters
-in ``IGNORED`` are accepted and ignored, because they change nothing about the answer.
+in ``IGNORED``, and those of ``CHAT_NO_EFFECT``/``COMPLETION_NO_EFFECT`` at the value OpenAI documents as their
+default, are accepted and ignored, because they change nothing about the answer.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -38,6 +40,27 @@ CHAT_PARAMS = _COMMON | {"messages", "max_completion_tokens", "tools", "tool_cho
 COMPLETION_PARAMS = _COMMON | {"prompt"}
 COMPLETION_DEFAULT_TOKENS = 16
 IGNORED = frozenset({"user"})  # an end-user id for abuse monitoring: nothing to do on a device
+
+
+def _is_zero(value: Any) -> bool:
+    return type(value) in (int, float) and value == 0
+
+
+# OpenAI's parameters that edged does not implement, each with the value OpenAI documents as its default, which
+# has no effect on the answer (null is the default of every one): sent so, as clients and frameworks that write
+# out every default do, they are accepted; any other value is refused naming the parameter
+_NoEffect = tuple[str, Callable[[Any], bool]]
+_NO_PENALTY: dict[str, _NoEffect] = {"frequency_penalty": ("0", _is_zero), "presence_penalty": ("0", _is_zero),
+                                     "logit_bias": ("{}", lambda v: v == {})}
+_NULL_ONLY: _NoEffect = ("null", lambda v: False)
+CHAT_NO_EFFECT: dict[str, _NoEffect] = {
+    **_NO_PENALTY, "logprobs": ("false", lambda v: v is False), "store": ("false", lambda v: v is False),
+    "modalities": ('["text"]', lambda v: v == ["text"]),
+    **dict.fromkeys(("top_logprobs", "metadata", "service_tier", "functions", "function_call", "prediction",
+                     "reasoning_effort", "audio", "web_search_options"), _NULL_ONLY)}
+COMPLETION_NO_EFFECT: dict[str, _NoEffect] = {
+    **_NO_PENALTY, "echo": ("false", lambda v: v is False), "best_of": ("1", lambda v: type(v) is int and v == 1),
+    "logprobs": _NULL_ONLY, "suffix": _NULL_ONLY}
 _MESSAGE_KEYS = frozenset({"role", "content", "name", "tool_call_id", "tool_calls"})
 _MAX_STOP = 4
 
@@ -67,7 +90,8 @@ class ChatRequest:
 
 
 def parse_chat(body: bytes | bytearray) -> ChatRequest:
-    doc = _document(body, CHAT_PARAMS)
+    doc = _without_no_effect(_object(body), CHAT_NO_EFFECT)
+    _check_supported(doc, CHAT_PARAMS, CHAT_NO_EFFECT)
     request = _request(doc, _messages(doc.get("messages")), None, _max_tokens(doc, None))
     tools = parse_tools(doc)
     response_format = parse_response_format(doc.get("response_format"))
@@ -80,7 +104,9 @@ def parse_chat(body: bytes | bytearray) -> ChatRequest:
 def parse_completion(body: bytes | bytearray) -> ChatRequest:
     """A legacy ``/v1/completions`` request: a prompt string instead of messages, no chat template, and
     ``max_tokens`` 16 unless given, as OpenAI defines it."""
-    return completion_request(_object(body))
+    doc = _without_no_effect(_object(body), COMPLETION_NO_EFFECT)
+    _check_supported(doc, COMPLETION_PARAMS, COMPLETION_NO_EFFECT)
+    return completion_request(doc)
 
 
 def completion_request(doc: dict[str, Any]) -> ChatRequest:
@@ -96,12 +122,6 @@ def completion_request(doc: dict[str, Any]) -> ChatRequest:
     return _request(doc, (), prompt, _max_tokens(doc, COMPLETION_DEFAULT_TOKENS))
 
 
-def _document(body: bytes | bytearray, supported: frozenset[str]) -> dict[str, Any]:
-    doc = _object(body)
-    _check_supported(doc, supported)
-    return doc
-
-
 def _object(body: bytes | bytearray) -> dict[str, Any]:
     try:
         doc = orjson.loads(body)
@@ -112,11 +132,21 @@ def _object(body: bytes | bytearray) -> dict[str, Any]:
     return doc
 
 
-def _check_supported(doc: dict[str, Any], supported: frozenset[str]) -> None:
+def _without_no_effect(doc: dict[str, Any], no_effect: dict[str, _NoEffect]) -> dict[str, Any]:
+    """``doc`` without the parameters of ``no_effect`` that hold null or the value that has no effect."""
+    return {name: value for name, value in doc.items()
+            if not (name in no_effect and (value is None or no_effect[name][1](value)))}
+
+
+def _check_supported(doc: dict[str, Any], supported: frozenset[str],
+                     no_effect: dict[str, _NoEffect] | None = None) -> None:
     unknown = sorted(set(doc) - supported - IGNORED)
     if unknown:
+        defaults = [f"{name} {no_effect[name][0]}" for name in unknown if no_effect and name in no_effect]
         raise ParamError(f"unsupported parameter(s) {', '.join(unknown)}: edged supports "
-                         f"{', '.join(sorted(supported))} (and ignores {', '.join(sorted(IGNORED))})", unknown[0])
+                         f"{', '.join(sorted(supported))} (and ignores {', '.join(sorted(IGNORED))})"
+                         + (f"; it takes {', '.join(defaults)} only, OpenAI's default, which changes nothing: "
+                            "send that or leave the parameter out" if defaults else ""), unknown[0])
 
 
 def _request(doc: dict[str, Any], messages: tuple[dict[str, Any], ...], prompt: str | None,

@@ -1,4 +1,5 @@
-"""What current OpenAI clients send, and what OpenAI's API documents about it, against a real server."""
+"""What current OpenAI clients send, and what OpenAI's API documents about it, against a real server: the
+``developer`` role, parameters edged does not implement sent at their documented no-effect value."""
 
 from __future__ import annotations
 
@@ -37,3 +38,49 @@ def test_a_developer_message_is_the_system_message_of_newer_clients(genai_server
     alone = client(genai_server).chat.completions.create(model="tiny_llama", messages=ASK, max_tokens=6,
                                                          temperature=0)
     assert developer.usage.prompt_tokens > alone.usage.prompt_tokens, "the instructions were rendered"
+
+
+# OpenAI documents each of these values as the parameter's default: the answer is what it is without them
+CHAT_NO_EFFECT = [("frequency_penalty", 0), ("presence_penalty", 0.0), ("logit_bias", {}), ("logprobs", False),
+                  ("logprobs", None), ("top_logprobs", None), ("store", False), ("modalities", ["text"]),
+                  ("presence_penalty", None), ("functions", None), ("function_call", None), ("metadata", None),
+                  ("service_tier", None), ("prediction", None), ("reasoning_effort", None), ("audio", None)]
+COMPLETION_NO_EFFECT = [("frequency_penalty", 0), ("presence_penalty", 0), ("logit_bias", {}), ("echo", False),
+                        ("best_of", 1), ("logprobs", None), ("suffix", None), ("best_of", None)]
+
+
+@pytest.mark.parametrize(("name", "value"), CHAT_NO_EFFECT)
+def test_a_chat_parameter_at_its_no_effect_value_is_accepted(genai_server: harness.ThreadedServer, name: str,
+                                                             value: Any) -> None:
+    plain = post(genai_server, "/v1/chat/completions", CHAT)
+    reply = post(genai_server, "/v1/chat/completions", {**CHAT, name: value})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["choices"] == plain.json()["choices"]
+
+
+@pytest.mark.parametrize(("name", "value"), COMPLETION_NO_EFFECT)
+def test_a_completion_parameter_at_its_no_effect_value_is_accepted(genai_server: harness.ThreadedServer, name: str,
+                                                                   value: Any) -> None:
+    plain = post(genai_server, "/v1/completions", COMPLETION)
+    reply = post(genai_server, "/v1/completions", {**COMPLETION, name: value})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["choices"] == plain.json()["choices"]
+
+
+@pytest.mark.parametrize(("path", "base", "name", "value"), [
+    ("/v1/chat/completions", CHAT, "frequency_penalty", 0.5), ("/v1/chat/completions", CHAT, "presence_penalty", -1),
+    ("/v1/chat/completions", CHAT, "logit_bias", {"5": 100}), ("/v1/chat/completions", CHAT, "logprobs", True),
+    ("/v1/chat/completions", CHAT, "top_logprobs", 2), ("/v1/chat/completions", CHAT, "store", True),
+    ("/v1/chat/completions", CHAT, "modalities", ["text", "audio"]), ("/v1/chat/completions", CHAT, "audio", {}),
+    ("/v1/chat/completions", CHAT, "frequency_penalty", "0"), ("/v1/chat/completions", CHAT, "logprobs", 0),
+    ("/v1/completions", COMPLETION, "echo", True), ("/v1/completions", COMPLETION, "best_of", 2),
+    ("/v1/completions", COMPLETION, "logprobs", 0), ("/v1/completions", COMPLETION, "suffix", "x"),
+    ("/v1/chat/completions", CHAT, "no_such_parameter", None),
+])
+def test_a_parameter_with_an_effect_edged_lacks_is_a_400_naming_it(genai_server: harness.ThreadedServer, path: str,
+                                                                   base: dict[str, Any], name: str,
+                                                                   value: Any) -> None:
+    reply = post(genai_server, path, {**base, name: value})
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == name and name in error["message"] and error["type"] == "invalid_request_error"
