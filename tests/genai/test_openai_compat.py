@@ -1,5 +1,6 @@
 """What current OpenAI clients send, and what OpenAI's API documents about it, against a real server: the
-``developer`` role, parameters edged does not implement sent at their documented no-effect value."""
+``developer`` role, parameters edged does not implement sent at their documented no-effect value, and the ``usage``
+field of streamed chunks."""
 
 from __future__ import annotations
 
@@ -84,3 +85,21 @@ def test_a_parameter_with_an_effect_edged_lacks_is_a_400_naming_it(genai_server:
     assert reply.status_code == 400, reply.text
     error = reply.json()["error"]
     assert error["param"] == name and name in error["message"] and error["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize(("path", "base"), [("/v1/chat/completions", CHAT), ("/v1/completions", COMPLETION)])
+def test_with_include_usage_every_chunk_carries_usage_null_but_the_last(genai_server: harness.ThreadedServer,
+                                                                        path: str, base: dict[str, Any]) -> None:
+    # OpenAI: "All other chunks will also include a usage field, but with a null value."
+    body = {**base, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.Client(base_url=f"http://127.0.0.1:{genai_server.port}", timeout=60) as http:
+        events = [line for line in http.post(path, content=orjson.dumps(body)).text.splitlines() if line]
+    assert events[-1] == "data: [DONE]"
+    docs = [orjson.loads(event.removeprefix("data: ")) for event in events[:-1]]
+    assert len(docs) >= 3
+    assert all("usage" in doc and doc["usage"] is None for doc in docs[:-1]), docs
+    assert docs[-1]["choices"] == [] and docs[-1]["usage"]["completion_tokens"] == 6
+    without = {**base, "stream": True}
+    with httpx.Client(base_url=f"http://127.0.0.1:{genai_server.port}", timeout=60) as http:
+        events = [line for line in http.post(path, content=orjson.dumps(without)).text.splitlines() if line]
+    assert not any("usage" in orjson.loads(event.removeprefix("data: ")) for event in events[:-1])
