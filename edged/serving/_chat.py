@@ -49,7 +49,7 @@ _MARK = "\ue000edged-text\ue000"  # private-use characters: in no model name or 
 def generation_request(request: ChatRequest) -> GenerationRequest:
     return GenerationRequest(request.model, request.messages, request.prompt, request.tools, request.max_tokens,
                              request.temperature, request.top_p, request.top_k, request.seed, request.stop,
-                             request.response_format)
+                             request.response_format, request.max_tokens_field)
 
 
 class ChatPath:

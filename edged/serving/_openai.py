@@ -87,12 +87,14 @@ class ChatRequest:
     prompt: str | None = None  # /v1/completions: the prompt as given, no chat template
     tools: Tools = NO_TOOLS
     response_format: Constraint | None = None  # None: plain text
+    max_tokens_field: str = "max_tokens"  # the field max_tokens came from (max_completion_tokens or max_tokens)
 
 
 def parse_chat(body: bytes | bytearray) -> ChatRequest:
     doc = _without_no_effect(_object(body), CHAT_NO_EFFECT)
     _check_supported(doc, CHAT_PARAMS, CHAT_NO_EFFECT)
     request = _request(doc, _messages(doc.get("messages")), None, _max_tokens(doc, None))
+    request = replace(request, max_tokens_field=_max_tokens_field(doc))
     tools = parse_tools(doc)
     response_format = parse_response_format(doc.get("response_format"))
     if response_format is not None and tools.mode in ("required", "named"):
@@ -227,10 +229,17 @@ def _no_nul(text: str, param: str) -> str:
 
 
 def _max_tokens(doc: dict[str, Any], default: int | None) -> int | None:
-    for name in ("max_completion_tokens", "max_tokens"):
+    for name in _MAX_TOKENS_FIELDS:
         if doc.get(name) is not None:
             return _int(doc, name, 0, 1)
     return default
+
+
+_MAX_TOKENS_FIELDS = ("max_completion_tokens", "max_tokens")  # the first one set is used
+
+
+def _max_tokens_field(doc: dict[str, Any]) -> str:
+    return next((name for name in _MAX_TOKENS_FIELDS if doc.get(name) is not None), "max_tokens")
 
 
 def _stop(raw: Any) -> tuple[str, ...]:

@@ -1,6 +1,6 @@
 """What current OpenAI clients send, and what OpenAI's API documents about it, against a real server: the
-``developer`` role, parameters edged does not implement sent at their documented no-effect value, and the ``usage``
-field of streamed chunks."""
+``developer`` role, parameters edged does not implement sent at their documented no-effect value, the ``usage``
+field of streamed chunks, and the field a too-large token limit is named by."""
 
 from __future__ import annotations
 
@@ -103,3 +103,13 @@ def test_with_include_usage_every_chunk_carries_usage_null_but_the_last(genai_se
     with httpx.Client(base_url=f"http://127.0.0.1:{genai_server.port}", timeout=60) as http:
         events = [line for line in http.post(path, content=orjson.dumps(without)).text.splitlines() if line]
     assert not any("usage" in orjson.loads(event.removeprefix("data: ")) for event in events[:-1])
+
+
+def test_a_max_completion_tokens_too_large_is_named_as_sent(genai_server: harness.ThreadedServer) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        client(genai_server).chat.completions.create(model="tiny_llama", messages=ASK, max_completion_tokens=300)
+    assert refused.value.param == "max_completion_tokens"
+    assert "lower max_completion_tokens" in refused.value.message and "max_tokens " not in refused.value.message
+    with pytest.raises(openai.BadRequestError) as classic:
+        client(genai_server).chat.completions.create(model="tiny_llama", messages=ASK, max_tokens=300)
+    assert classic.value.param == "max_tokens"
