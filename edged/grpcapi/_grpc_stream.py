@@ -7,7 +7,8 @@ Invariants:
   callback for a deadline-expired or cancelled call) is dropped.
 - A message's length prefix is judged before its bytes are buffered: past ``[server] grpc_max_message_mb`` the
   call ends with RESOURCE_EXHAUSTED at once (a 4 GB prefix costs nothing); a compressed message (flag 1)
-  ends it with UNIMPLEMENTED, as grpcio's server answers an encoding it does not offer.
+  ends it with UNIMPLEMENTED and ``grpc-accept-encoding: identity``, as gRPC's compression spec asks of an
+  encoding the server does not offer (INTERNAL when the call declares no encoding: the client's own error).
 - Bytes of a request message still arriving are charged as they arrive to the in-flight body budget the daemon
   shares between its front ends (``[server] max_inflight_body_bytes``) and released once the message is whole
   or the call ends: bytes that do not fit end the call with RESOURCE_EXHAUSTED (a prefix larger than the whole
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
 
 _HEAD = hpack.STATUS_200 + hpack.CONTENT_TYPE_GRPC
 _OK = hpack.literal(b"grpc-status", b"0")
+_ACCEPT_ENCODING = hpack.literal(b"grpc-accept-encoding", b"identity")  # the only message encoding edged reads
 _PSEUDO = frozenset({b":method", b":scheme", b":path", b":authority"})
 _CONNECTION_SPECIFIC = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding",
                                   b"upgrade"})
@@ -250,8 +252,14 @@ class GrpcCall:
         while len(buffer) - pos >= 5 and not self._held:
             length = int.from_bytes(buffer[pos + 1:pos + 5], "big")
             if buffer[pos]:
-                self.fail(Status.UNIMPLEMENTED, f"compressed messages (grpc-encoding "
-                          f"{self.request.encoding.decode('latin-1')!r}) are not supported: send identity")
+                encoding = self.request.encoding
+                if encoding == b"identity":  # flag 1 with no encoding to decode it by: the client is wrong
+                    self.fail(Status.INTERNAL, "a message with the compressed flag set on a call that declares no "
+                              "compression (grpc-encoding identity or absent): send it with the flag 0")
+                else:  # gRPC's compression spec: UNIMPLEMENTED, naming the encodings the server accepts
+                    self.fail(Status.UNIMPLEMENTED, f"compressed messages (grpc-encoding "
+                              f"{encoding.decode('latin-1')!r}) are not supported: send identity",
+                              _ACCEPT_ENCODING)
                 return pos
             if length > self._limits.message_bytes:
                 self.fail(Status.RESOURCE_EXHAUSTED, f"a message of {length} bytes, more than the limit of "
@@ -438,16 +446,17 @@ class GrpcCall:
         else:
             self._conn.trailers_only(self.stream_id, _HEAD + _OK)
 
-    def fail(self, code: Status, message: str) -> None:
+    def fail(self, code: Status, message: str, fields: bytes = b"") -> None:
+        """End the call with ``code``; ``fields``: more trailer fields, HPACK-encoded."""
         if self.done:
             return
         self._finish(code)
         if self.task is not None and self.task is not asyncio.current_task():
             self.task.cancel()
         if self._started:
-            self._conn.respond(self.stream_id, None, b"", status_block(code, message, head=False))
+            self._conn.respond(self.stream_id, None, b"", status_block(code, message, head=False) + fields)
         else:
-            self._conn.trailers_only(self.stream_id, status_block(code, message, head=True))
+            self._conn.trailers_only(self.stream_id, status_block(code, message, head=True) + fields)
 
     def _finish(self, code: Status) -> None:
         self.done = True

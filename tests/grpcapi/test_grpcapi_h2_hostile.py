@@ -310,6 +310,15 @@ def test_a_compressed_message_is_unimplemented(grpc_daemon: GrpcDaemon) -> None:
                     frame(DATA, END_STREAM, 1, b"\x01\x00\x00\x00\x00"))
         fields, _ = client.response(1)
         assert fields[b"grpc-status"] == b"12" and b"gzip" in fields[b"grpc-message"]
+        # gRPC's compression spec: the UNIMPLEMENTED answer names the encodings the server accepts
+        assert fields[b"grpc-accept-encoding"] == b"identity"
+        # the compressed flag on a call that declares no encoding (identity) is the client's protocol error
+        for stream, extra in ((3, []), (5, [(b"grpc-encoding", b"identity")])):
+            client.send(frame(HEADERS, END_HEADERS, stream, request_block("ServerLive", extra)),
+                        frame(DATA, END_STREAM, stream, b"\x01\x00\x00\x00\x00"))
+            fields, _ = client.response(stream)
+            assert fields[b"grpc-status"] == b"13", fields
+            assert b"compressed flag" in fields[b"grpc-message"] and b"grpc-accept-encoding" not in fields
 
 
 def test_an_unknown_method_is_unimplemented_a_bad_content_type_is_415_and_get_is_405_with_allow(
