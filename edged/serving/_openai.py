@@ -2,8 +2,8 @@
 
 A request is checked whole before any work: an unknown or unsupported parameter is refused with a 400 that
 names it (OpenAI's clients send only what the caller sets, so nothing legitimate is lost); only the parameters
-in ``IGNORED``, and those of ``CHAT_NO_EFFECT``/``COMPLETION_NO_EFFECT`` at the value OpenAI documents as their
-default, are accepted and ignored, because they change nothing about the answer.
+in ``IGNORED`` (``CHAT_IGNORED``), and those of ``CHAT_NO_EFFECT``/``COMPLETION_NO_EFFECT`` at the value OpenAI
+documents as their default, are accepted and ignored, because they change nothing about the answer.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ CHAT_PARAMS = _COMMON | {"messages", "max_completion_tokens", "tools", "tool_cho
 COMPLETION_PARAMS = _COMMON | {"prompt"}
 COMPLETION_DEFAULT_TOKENS = 16
 IGNORED = frozenset({"user"})  # an end-user id for abuse monitoring: nothing to do on a device
+# user's successors (safety_identifier) and the key of OpenAI's prompt cache, which changes no answer
+CHAT_IGNORED = IGNORED | {"safety_identifier", "prompt_cache_key"}
 
 
 def _is_zero(value: Any) -> bool:
@@ -57,7 +59,8 @@ CHAT_NO_EFFECT: dict[str, _NoEffect] = {
     **_NO_PENALTY, "logprobs": ("false", lambda v: v is False), "store": ("false", lambda v: v is False),
     "modalities": ('["text"]', lambda v: v == ["text"]),
     **dict.fromkeys(("top_logprobs", "metadata", "service_tier", "functions", "function_call", "prediction",
-                     "reasoning_effort", "audio", "web_search_options"), _NULL_ONLY)}
+                     "reasoning_effort", "audio", "web_search_options", "verbosity", "moderation",
+                     "prompt_cache_retention", "prompt_cache_options"), _NULL_ONLY)}
 COMPLETION_NO_EFFECT: dict[str, _NoEffect] = {
     **_NO_PENALTY, "echo": ("false", lambda v: v is False), "best_of": ("1", lambda v: type(v) is int and v == 1),
     "logprobs": _NULL_ONLY, "suffix": _NULL_ONLY}
@@ -92,7 +95,7 @@ class ChatRequest:
 
 def parse_chat(body: bytes | bytearray) -> ChatRequest:
     doc = _without_no_effect(_object(body), CHAT_NO_EFFECT)
-    _check_supported(doc, CHAT_PARAMS, CHAT_NO_EFFECT)
+    _check_supported(doc, CHAT_PARAMS, CHAT_NO_EFFECT, CHAT_IGNORED)
     request = _request(doc, _messages(doc.get("messages")), None, _max_tokens(doc, None))
     request = replace(request, max_tokens_field=_max_tokens_field(doc))
     tools = parse_tools(doc)
@@ -140,13 +143,13 @@ def _without_no_effect(doc: dict[str, Any], no_effect: dict[str, _NoEffect]) -> 
             if not (name in no_effect and (value is None or no_effect[name][1](value)))}
 
 
-def _check_supported(doc: dict[str, Any], supported: frozenset[str],
-                     no_effect: dict[str, _NoEffect] | None = None) -> None:
-    unknown = sorted(set(doc) - supported - IGNORED)
+def _check_supported(doc: dict[str, Any], supported: frozenset[str], no_effect: dict[str, _NoEffect] | None = None,
+                     ignored: frozenset[str] = IGNORED) -> None:
+    unknown = sorted(set(doc) - supported - ignored)
     if unknown:
         defaults = [f"{name} {no_effect[name][0]}" for name in unknown if no_effect and name in no_effect]
         raise ParamError(f"unsupported parameter(s) {', '.join(unknown)}: edged supports "
-                         f"{', '.join(sorted(supported))} (and ignores {', '.join(sorted(IGNORED))})"
+                         f"{', '.join(sorted(supported))} (and ignores {', '.join(sorted(ignored))})"
                          + (f"; it takes {', '.join(defaults)} only, OpenAI's default, which changes nothing: "
                             "send that or leave the parameter out" if defaults else ""), unknown[0])
 

@@ -45,7 +45,10 @@ def test_a_developer_message_is_the_system_message_of_newer_clients(genai_server
 CHAT_NO_EFFECT = [("frequency_penalty", 0), ("presence_penalty", 0.0), ("logit_bias", {}), ("logprobs", False),
                   ("logprobs", None), ("top_logprobs", None), ("store", False), ("modalities", ["text"]),
                   ("presence_penalty", None), ("functions", None), ("function_call", None), ("metadata", None),
-                  ("service_tier", None), ("prediction", None), ("reasoning_effort", None), ("audio", None)]
+                  ("service_tier", None), ("prediction", None), ("reasoning_effort", None), ("audio", None),
+                  ("verbosity", None), ("moderation", None), ("prompt_cache_retention", None),
+                  # identifiers for OpenAI's abuse monitoring and its prompt cache, as `user` is: any value
+                  ("safety_identifier", "user-7"), ("prompt_cache_key", "gate-app")]
 COMPLETION_NO_EFFECT = [("frequency_penalty", 0), ("presence_penalty", 0), ("logit_bias", {}), ("echo", False),
                         ("best_of", 1), ("logprobs", None), ("suffix", None), ("best_of", None)]
 
