@@ -28,14 +28,16 @@ Invariants:
   ``[server] grpc_max_unsent_mb`` (``unread_answers``): a client that does not read is not kept in memory.
 - ``grpc-timeout`` becomes a deadline on the loop's clock: past it the call ends with DEADLINE_EXCEEDED and
   its work is cancelled.
-- Malformed request headers (RFC 9113 §8.2-8.3: uppercase names, connection-specific fields, a ``te`` other
-  than ``trailers``, pseudo-headers missing, unknown or after regular ones) reset the stream (PROTOCOL_ERROR);
+- Malformed request headers (RFC 9113 §8.2-8.3: uppercase names, names with blanks, controls, ':' or non-ASCII,
+  values with CR, LF, NUL or blanks at either end, connection-specific fields, a ``te`` other than ``trailers``,
+  pseudo-headers missing, unknown or after regular ones) reset the stream (PROTOCOL_ERROR);
   a request that is well-formed HTTP/2 but not gRPC gets an HTTP status (405, 415) as the protocol asks.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -55,6 +57,10 @@ _HEAD = hpack.STATUS_200 + hpack.CONTENT_TYPE_GRPC
 _OK = hpack.literal(b"grpc-status", b"0")
 _ACCEPT_ENCODING = hpack.literal(b"grpc-accept-encoding", b"identity")  # the only message encoding edged reads
 _PSEUDO = frozenset({b":method", b":scheme", b":path", b":authority"})
+# RFC 9113 8.2.1: what makes a field malformed (uppercase is refused by its own check, with its own words)
+_NAME = re.compile(rb"[\x21-\x39\x3b-\x7e]+")
+_BAD_VALUE = re.compile(rb"[\x00\r\n]")
+_BLANK = (b" ", b"\t")
 _CONNECTION_SPECIFIC = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding",
                                   b"upgrade"})
 _TIMEOUT_UNITS = {ord("H"): 3600.0, ord("M"): 60.0, ord("S"): 1.0, ord("m"): 1e-3, ord("u"): 1e-6, ord("n"): 1e-9}
@@ -86,12 +92,17 @@ class Request:
         pseudo: dict[bytes, bytes] = {}
         metadata: dict[bytes, bytes] = {}
         for name, value in headers:
+            if _BAD_VALUE.search(value) or value[:1] in _BLANK or value[-1:] in _BLANK:
+                raise ValueError(f"header {name!r}: a value with CR, LF, NUL or a leading or trailing blank")
             if name[:1] == b":":
                 if metadata or name not in _PSEUDO or name in pseudo:
                     raise ValueError(f"pseudo-header {name!r} unknown, repeated or after a regular header")
                 pseudo[name] = value
             elif name.lower() != name or name in _CONNECTION_SPECIFIC:
                 raise ValueError(f"header {name!r} is uppercase or connection-specific")
+            elif not _NAME.fullmatch(name):
+                raise ValueError(f"header name {name!r} is empty or holds a blank, a control character, ':' or "
+                                 "a byte past ASCII")
             elif name == b"te" and value != b"trailers":
                 raise ValueError(f"te {value!r} (only 'trailers' is allowed)")
             else:

@@ -107,6 +107,23 @@ def test_data_on_a_closed_stream_resets_that_stream_only(grpc_daemon: GrpcDaemon
         assert fields[b"grpc-status"] == b"0"
 
 
+@pytest.mark.parametrize(("name", "value"), [
+    (b"x-note", b"a\r\nx-injected: 1"), (b"x-note", b"a\nb"), (b"x-note", b"a\x00b"), (b"x-note", b" padded"),
+    (b"x-note", b"padded\t"), (b"x note", b"v"), (b"x:note", b"v"), (b"x-n\x7fote", b"v"), (b"", b"v"),
+])
+def test_a_field_rfc_9113_calls_malformed_resets_the_stream(grpc_daemon: GrpcDaemon, name: bytes,
+                                                              value: bytes) -> None:
+    # RFC 9113 8.2.1: no CR, LF or NUL in a value, no leading or trailing blank; a name only of visible
+    # lowercase characters without ':'; a request with such a field is malformed (a stream error)
+    with RawH2(grpc_daemon.tcp) as client:
+        client.start()
+        client.send(frame(HEADERS, END_HEADERS, 1, request_block("ServerLive", [(name, value)])),
+                    *data_frames(1, message(b"")))
+        assert client.until(RST_STREAM, 1).code == PROTOCOL_ERROR
+        fields, _ = client.call(3, "ServerLive", b"")  # the connection goes on
+        assert fields[b"grpc-status"] == b"0"
+
+
 def test_a_stream_window_past_the_limit_resets_the_stream(grpc_daemon: GrpcDaemon) -> None:
     with RawH2(grpc_daemon.tcp) as client:
         client.start()
