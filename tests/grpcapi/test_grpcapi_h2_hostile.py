@@ -124,6 +124,20 @@ def test_a_field_rfc_9113_calls_malformed_resets_the_stream(grpc_daemon: GrpcDae
         assert fields[b"grpc-status"] == b"0"
 
 
+def test_a_stream_that_depends_on_itself_is_a_protocol_error(grpc_daemon: GrpcDaemon) -> None:
+    # RFC 9113 5.3.1 (h2spec's 5.3.1 cases): a PRIORITY frame resets its stream, and HEADERS (whose block is
+    # then left undecoded) end the connection
+    with RawH2(grpc_daemon.tcp) as client:
+        client.start()
+        client.send(frame(PRIORITY, 0, 1, struct.pack(">IB", 1, 16)))
+        assert client.until(RST_STREAM, 1).code == PROTOCOL_ERROR
+        fields, _ = client.call(3, "ServerLive", b"")  # the connection goes on
+        assert fields[b"grpc-status"] == b"0"
+        client.send(frame(HEADERS, END_HEADERS | END_STREAM | 0x20, 5,
+                          struct.pack(">IB", 5, 16) + request_block("ServerLive")))
+        assert client.goaway().code == PROTOCOL_ERROR
+
+
 def test_a_stream_window_past_the_limit_resets_the_stream(grpc_daemon: GrpcDaemon) -> None:
     with RawH2(grpc_daemon.tcp) as client:
         client.start()
