@@ -30,7 +30,8 @@ Invariants:
   its work is cancelled.
 - Malformed request headers (RFC 9113 §8.2-8.3: uppercase names, names with blanks, controls, ':' or non-ASCII,
   values with CR, LF, NUL or blanks at either end, connection-specific fields, a ``te`` other than ``trailers``,
-  pseudo-headers missing, unknown or after regular ones) reset the stream (PROTOCOL_ERROR);
+  pseudo-headers missing, unknown or after regular ones, DATA adding up to other than a ``content-length``)
+  reset the stream (PROTOCOL_ERROR);
   a request that is well-formed HTTP/2 but not gRPC gets an HTTP status (405, 415) as the protocol asks.
 """
 
@@ -86,7 +87,7 @@ class CallLimits:
 class Request:
     """A request's headers as the handlers need them."""
 
-    __slots__ = ("encoding", "metadata", "path", "timeout_s")
+    __slots__ = ("content_length", "encoding", "metadata", "path", "timeout_s")
 
     def __init__(self, headers: list[tuple[bytes, bytes]]) -> None:
         pseudo: dict[bytes, bytes] = {}
@@ -105,6 +106,8 @@ class Request:
                                  "a byte past ASCII")
             elif name == b"te" and value != b"trailers":
                 raise ValueError(f"te {value!r} (only 'trailers' is allowed)")
+            elif name == b"content-length" and (not value.isdigit() or b"content-length" in metadata):
+                raise ValueError(f"content-length {value!r} is not one number of bytes")
             else:
                 metadata[name] = value
         if b":method" not in pseudo or b":path" not in pseudo or b":scheme" not in pseudo:
@@ -113,6 +116,8 @@ class Request:
         self.metadata = metadata
         self.timeout_s = parse_timeout(metadata.get(b"grpc-timeout"))
         self.encoding = metadata.get(b"grpc-encoding", b"identity")
+        length = metadata.get(b"content-length")  # gRPC clients send none; HTTP/2 holds the DATA to it if given
+        self.content_length = None if length is None else int(length)
         if pseudo[b":method"] != b"POST":
             raise _HttpRefusal(b"405", f"method {pseudo[b':method']!r}: gRPC calls are POST")
         content_type = metadata.get(b"content-type", b"")
@@ -180,9 +185,9 @@ class GrpcCall:
     """The call side of one stream; ``on_message`` and ``on_end`` are set by the handler that serves it."""
 
     __slots__ = ("_buffer", "_conn", "_deadline", "_end_seen", "_held", "_held_charge", "_input_over", "_kept",
-                 "_limits", "_open_since", "_parks", "_partial_since", "_reserved", "_started", "cancellation", "done",
-                 "on_cancel", "on_drained", "on_end", "on_message", "output", "request", "sender", "stream_id", "tally",
-                 "task")
+                 "_length_left", "_limits", "_open_since", "_parks", "_partial_since", "_reserved", "_started",
+                 "cancellation", "done", "on_cancel", "on_drained", "on_end", "on_message", "output", "request",
+                 "sender", "stream_id", "tally", "task")
 
     def __init__(self, conn: H2Connection, stream_id: int, request: Request, limits: CallLimits,
                  tally: dict[Status, int]) -> None:
@@ -203,6 +208,7 @@ class GrpcCall:
         self._end_seen = False  # the client half-closed (maybe while held: acted on when resumed)
         self._input_over = False  # on_end has run: no more input to hold or resume
         self._buffer = bytearray()
+        self._length_left = request.content_length  # DATA bytes the request's content-length still announces
         self.done = False
         # set when the call ends other than OK (reset, deadline, failure): its requests still queued are not run
         self.cancellation = Cancellation()
@@ -218,7 +224,7 @@ class GrpcCall:
 
     # --- from the connection --------------------------------------------------------------------------------
     def data(self, chunk: memoryview, end_stream: bool) -> None:
-        if self.done:
+        if self.done or (self._length_left is not None and self._malformed_length(len(chunk), end_stream)):
             return
         if end_stream:
             self._end_seen = True
@@ -294,6 +300,16 @@ class GrpcCall:
             if self.done:
                 return pos
         return pos
+
+    def _malformed_length(self, size: int, end_stream: bool) -> bool:
+        """RFC 9113 §8.1.1: DATA adding up to other than the request's content-length make it malformed; the
+        stream is reset (PROTOCOL_ERROR) and the call cancelled. True once it is."""
+        left = self._length_left = (self._length_left or 0) - size
+        if left >= 0 and not (end_stream and left):
+            return False
+        self._conn.reset(self.stream_id, ErrorCode.PROTOCOL_ERROR)
+        self.cancel()
+        return True
 
     def hold_input(self, held: bool) -> None:
         """Stop (``held``) or resume taking request messages: the handler's back-pressure on a streaming call.

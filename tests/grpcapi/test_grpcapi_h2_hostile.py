@@ -124,6 +124,28 @@ def test_a_field_rfc_9113_calls_malformed_resets_the_stream(grpc_daemon: GrpcDae
         assert fields[b"grpc-status"] == b"0"
 
 
+def test_data_adding_up_to_other_than_the_content_length_resets_the_stream(grpc_daemon: GrpcDaemon) -> None:
+    # RFC 9113 8.1.1 (h2spec's 8.1.2.6 cases): such a request is malformed, whether the DATA pass the
+    # announced length, stop short of it, or never come; gRPC clients send no content-length
+    live = message(b"")
+    with RawH2(grpc_daemon.tcp) as client:
+        client.start()
+        cases = [(b"3", data_frames(1, live)), (b"100", data_frames(3, live)),
+                 (b"2", [frame(DATA, 0, 5, live[:2]), frame(DATA, END_STREAM, 5, live[2:])]), (b"x5", []),
+                 (b"5, 5", [])]
+        for stream, (length, frames) in zip(range(1, 10, 2), cases, strict=True):
+            client.send(frame(HEADERS, END_HEADERS, stream,
+                              request_block("ServerLive", [(b"content-length", length)])), *frames)
+            assert client.until(RST_STREAM, stream).code == PROTOCOL_ERROR, length
+        client.send(frame(HEADERS, END_HEADERS | END_STREAM, 11,
+                          request_block("ServerLive", [(b"content-length", b"5")])))
+        assert client.until(RST_STREAM, 11).code == PROTOCOL_ERROR
+        client.send(frame(HEADERS, END_HEADERS, 13, request_block("ServerLive", [(b"content-length", b"5")])),
+                    *data_frames(13, live))
+        fields, _ = client.response(13)  # the length that adds up is served, on the same connection
+        assert fields[b"grpc-status"] == b"0"
+
+
 def test_a_stream_that_depends_on_itself_is_a_protocol_error(grpc_daemon: GrpcDaemon) -> None:
     # RFC 9113 5.3.1 (h2spec's 5.3.1 cases): a PRIORITY frame resets its stream, and HEADERS (whose block is
     # then left undecoded) end the connection
