@@ -453,15 +453,16 @@ class GrpcCall:
         else:
             self.fail(code_for(answer), str(answer))
 
-    def send(self, message: bytes, lead: bytes = b"") -> None:
-        """One response of a streaming call: ``lead`` and ``message`` as one message (a wrapper's tag and length
-        before the bytes it wraps, framed in one join rather than copied twice)."""
+    def send(self, message: bytes, lead: bytes = b"", tail: bytes = b"") -> None:
+        """One response of a streaming call: ``lead``, ``message`` and ``tail`` as one message (a wrapper's tag and
+        length before the bytes it wraps, and fields after them, framed in one join rather than copied twice)."""
         if self.done:
             return
         head = None if self._started else _HEAD
         self._started = True
-        size = len(lead) + len(message)
-        self._conn.respond(self.stream_id, head, b"".join((b"\x00", size.to_bytes(4, "big"), lead, message)), None)
+        size = len(lead) + len(message) + len(tail)
+        self._conn.respond(self.stream_id, head,
+                           b"".join((b"\x00", size.to_bytes(4, "big"), lead, message, tail)), None)
 
     def close(self) -> None:
         """End a streaming call with OK."""
