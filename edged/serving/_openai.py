@@ -166,10 +166,14 @@ def _request(doc: dict[str, Any], messages: tuple[dict[str, Any], ...], prompt: 
     options = doc.get("stream_options")
     include_usage = False
     if options is not None:
-        if not stream or not isinstance(options, dict) or set(options) - {"include_usage"}:
-            raise ParamError("'stream_options' takes only {\"include_usage\": bool}, and only with stream=true",
-                             "stream_options")
+        if not stream or not isinstance(options, dict) or set(options) - {"include_usage", "include_obfuscation"}:
+            raise ParamError("'stream_options' takes only {\"include_usage\": bool, \"include_obfuscation\": bool}, "
+                             "and only with stream=true", "stream_options")
         include_usage = _bool(options, "include_usage")
+        try:  # OpenAI's padding against network side channels: nothing to pad over loopback or a Unix socket
+            _bool(options, "include_obfuscation")
+        except ParamError as e:
+            raise ParamError(f"stream_options.{e}", "stream_options") from e
     return ChatRequest(model, messages, max_tokens, _number(doc, "temperature", 1.0, 0.0, 2.0),
                        _number(doc, "top_p", 1.0, 0.0, 1.0), _int(doc, "top_k", 0, 0), _seed(doc),
                        _stop(doc.get("stop")), stream, include_usage, prompt)

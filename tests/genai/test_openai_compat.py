@@ -108,6 +108,19 @@ def test_with_include_usage_every_chunk_carries_usage_null_but_the_last(genai_se
     assert not any("usage" in orjson.loads(event.removeprefix("data: ")) for event in events[:-1])
 
 
+@pytest.mark.parametrize("obfuscation", [False, True])
+def test_stream_options_include_obfuscation_is_taken(genai_server: harness.ThreadedServer, obfuscation: bool) -> None:
+    # OpenAI pads streamed chunks against network side channels unless told not to; over loopback and a Unix
+    # socket edged pads nothing, which changes no answer
+    body = {**CHAT, "stream": True, "stream_options": {"include_usage": True, "include_obfuscation": obfuscation}}
+    with httpx.Client(base_url=f"http://127.0.0.1:{genai_server.port}", timeout=60) as http:
+        reply = http.post("/v1/chat/completions", content=orjson.dumps(body))
+    assert reply.status_code == 200, reply.text
+    assert reply.text.rstrip().endswith("data: [DONE]") and '"completion_tokens":6' in reply.text
+    bad = {**body, "stream_options": {"include_obfuscation": "no"}}
+    assert post(genai_server, "/v1/chat/completions", bad).json()["error"]["param"] == "stream_options"
+
+
 def test_a_max_completion_tokens_too_large_is_named_as_sent(genai_server: harness.ThreadedServer) -> None:
     with pytest.raises(openai.BadRequestError) as refused:
         client(genai_server).chat.completions.create(model="tiny_llama", messages=ASK, max_completion_tokens=300)
