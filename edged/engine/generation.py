@@ -68,6 +68,7 @@ class GenerationRequest:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     response_format: Constraint | None = None  # a JSON schema the output is constrained to; None: free text
+    max_tokens_field: str = "max_tokens"  # the request field that set max_tokens, named when it is refused
 
 
 class StopText:
@@ -356,11 +357,12 @@ def _prepare(instance: GenerativeInstance, request: GenerationRequest,
         raise ContextLengthExceeded(f"the prompt is {len(prompt)} tokens; model {request.model!r} takes at most "
                                     f"{limits.max_prompt_tokens} (parameter max_prompt_tokens)", prompt_field)
     room = instance.context_length - len(prompt)
+    field = request.max_tokens_field
     if limits.max_output_tokens is not None:
         if request.max_tokens is not None and request.max_tokens > limits.max_output_tokens:
-            raise InvalidParameter(f"max_tokens {request.max_tokens} is more than model {request.model!r} "
+            raise InvalidParameter(f"{field} {request.max_tokens} is more than model {request.model!r} "
                                    f"generates: at most {limits.max_output_tokens} (parameter "
-                                   "max_output_tokens)", "max_tokens")
+                                   "max_output_tokens)", field)
         room = min(room, limits.max_output_tokens)
     if room <= 0:
         raise ContextLengthExceeded(f"the prompt is {len(prompt)} tokens; model {request.model!r} takes at most "
@@ -370,10 +372,10 @@ def _prepare(instance: GenerativeInstance, request: GenerationRequest,
         # OpenAI names the prompt's field when prompt and output together pass the context; only a max_tokens
         # that no prompt could leave room for is the parameter's own fault
         alone = request.max_tokens >= instance.context_length
-        raise ContextLengthExceeded(f"max_tokens {request.max_tokens} does not fit: the prompt is {len(prompt)} "
+        raise ContextLengthExceeded(f"{field} {request.max_tokens} does not fit: the prompt is {len(prompt)} "
                                     f"tokens and model {request.model!r} takes {instance.context_length} in all; "
-                                    + ("lower max_tokens" if alone else "shorten the prompt or lower max_tokens"),
-                                    "max_tokens" if alone else prompt_field)
+                                    + (f"lower {field}" if alone else f"shorten the prompt or lower {field}"),
+                                    field if alone else prompt_field)
     sampling = Sampling(request.max_tokens or room, request.temperature, request.top_p, request.top_k,
                         request.seed, guidance(tools, request.response_format, instance.tool_parser))
     return prompt, sampling

@@ -7,7 +7,8 @@ Invariants:
   callback for a deadline-expired or cancelled call) is dropped.
 - A message's length prefix is judged before its bytes are buffered: past ``[server] grpc_max_message_mb`` the
   call ends with RESOURCE_EXHAUSTED at once (a 4 GB prefix costs nothing); a compressed message (flag 1)
-  ends it with UNIMPLEMENTED, as grpcio's server answers an encoding it does not offer.
+  ends it with UNIMPLEMENTED and ``grpc-accept-encoding: identity``, as gRPC's compression spec asks of an
+  encoding the server does not offer (INTERNAL when the call declares no encoding: the client's own error).
 - Bytes of a request message still arriving are charged as they arrive to the in-flight body budget the daemon
   shares between its front ends (``[server] max_inflight_body_bytes``) and released once the message is whole
   or the call ends: bytes that do not fit end the call with RESOURCE_EXHAUSTED (a prefix larger than the whole
@@ -27,14 +28,17 @@ Invariants:
   ``[server] grpc_max_unsent_mb`` (``unread_answers``): a client that does not read is not kept in memory.
 - ``grpc-timeout`` becomes a deadline on the loop's clock: past it the call ends with DEADLINE_EXCEEDED and
   its work is cancelled.
-- Malformed request headers (RFC 9113 §8.2-8.3: uppercase names, connection-specific fields, a ``te`` other
-  than ``trailers``, pseudo-headers missing, unknown or after regular ones) reset the stream (PROTOCOL_ERROR);
+- Malformed request headers (RFC 9113 §8.2-8.3: uppercase names, names with blanks, controls, ':' or non-ASCII,
+  values with CR, LF, NUL or blanks at either end, connection-specific fields, a ``te`` other than ``trailers``,
+  pseudo-headers missing, unknown or after regular ones, DATA adding up to other than a ``content-length``)
+  reset the stream (PROTOCOL_ERROR);
   a request that is well-formed HTTP/2 but not gRPC gets an HTTP status (405, 415) as the protocol asks.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -52,7 +56,12 @@ if TYPE_CHECKING:
 
 _HEAD = hpack.STATUS_200 + hpack.CONTENT_TYPE_GRPC
 _OK = hpack.literal(b"grpc-status", b"0")
+_ACCEPT_ENCODING = hpack.literal(b"grpc-accept-encoding", b"identity")  # the only message encoding edged reads
 _PSEUDO = frozenset({b":method", b":scheme", b":path", b":authority"})
+# RFC 9113 8.2.1: what makes a field malformed (uppercase is refused by its own check, with its own words)
+_NAME = re.compile(rb"[\x21-\x39\x3b-\x7e]+")
+_BAD_VALUE = re.compile(rb"[\x00\r\n]")
+_BLANK = (b" ", b"\t")
 _CONNECTION_SPECIFIC = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding",
                                   b"upgrade"})
 _TIMEOUT_UNITS = {ord("H"): 3600.0, ord("M"): 60.0, ord("S"): 1.0, ord("m"): 1e-3, ord("u"): 1e-6, ord("n"): 1e-9}
@@ -78,20 +87,27 @@ class CallLimits:
 class Request:
     """A request's headers as the handlers need them."""
 
-    __slots__ = ("encoding", "metadata", "path", "timeout_s")
+    __slots__ = ("content_length", "encoding", "metadata", "path", "timeout_s")
 
     def __init__(self, headers: list[tuple[bytes, bytes]]) -> None:
         pseudo: dict[bytes, bytes] = {}
         metadata: dict[bytes, bytes] = {}
         for name, value in headers:
+            if _BAD_VALUE.search(value) or value[:1] in _BLANK or value[-1:] in _BLANK:
+                raise ValueError(f"header {name!r}: a value with CR, LF, NUL or a leading or trailing blank")
             if name[:1] == b":":
                 if metadata or name not in _PSEUDO or name in pseudo:
                     raise ValueError(f"pseudo-header {name!r} unknown, repeated or after a regular header")
                 pseudo[name] = value
             elif name.lower() != name or name in _CONNECTION_SPECIFIC:
                 raise ValueError(f"header {name!r} is uppercase or connection-specific")
+            elif not _NAME.fullmatch(name):
+                raise ValueError(f"header name {name!r} is empty or holds a blank, a control character, ':' or "
+                                 "a byte past ASCII")
             elif name == b"te" and value != b"trailers":
                 raise ValueError(f"te {value!r} (only 'trailers' is allowed)")
+            elif name == b"content-length" and (not value.isdigit() or b"content-length" in metadata):
+                raise ValueError(f"content-length {value!r} is not one number of bytes")
             else:
                 metadata[name] = value
         if b":method" not in pseudo or b":path" not in pseudo or b":scheme" not in pseudo:
@@ -100,6 +116,8 @@ class Request:
         self.metadata = metadata
         self.timeout_s = parse_timeout(metadata.get(b"grpc-timeout"))
         self.encoding = metadata.get(b"grpc-encoding", b"identity")
+        length = metadata.get(b"content-length")  # gRPC clients send none; HTTP/2 holds the DATA to it if given
+        self.content_length = None if length is None else int(length)
         if pseudo[b":method"] != b"POST":
             raise _HttpRefusal(b"405", f"method {pseudo[b':method']!r}: gRPC calls are POST")
         content_type = metadata.get(b"content-type", b"")
@@ -167,9 +185,9 @@ class GrpcCall:
     """The call side of one stream; ``on_message`` and ``on_end`` are set by the handler that serves it."""
 
     __slots__ = ("_buffer", "_conn", "_deadline", "_end_seen", "_held", "_held_charge", "_input_over", "_kept",
-                 "_limits", "_open_since", "_parks", "_partial_since", "_reserved", "_started", "cancellation", "done",
-                 "on_cancel", "on_drained", "on_end", "on_message", "output", "request", "sender", "stream_id", "tally",
-                 "task")
+                 "_length_left", "_limits", "_open_since", "_parks", "_partial_since", "_reserved", "_started",
+                 "cancellation", "done", "on_cancel", "on_drained", "on_end", "on_message", "output", "request",
+                 "sender", "stream_id", "tally", "task")
 
     def __init__(self, conn: H2Connection, stream_id: int, request: Request, limits: CallLimits,
                  tally: dict[Status, int]) -> None:
@@ -190,6 +208,7 @@ class GrpcCall:
         self._end_seen = False  # the client half-closed (maybe while held: acted on when resumed)
         self._input_over = False  # on_end has run: no more input to hold or resume
         self._buffer = bytearray()
+        self._length_left = request.content_length  # DATA bytes the request's content-length still announces
         self.done = False
         # set when the call ends other than OK (reset, deadline, failure): its requests still queued are not run
         self.cancellation = Cancellation()
@@ -205,7 +224,7 @@ class GrpcCall:
 
     # --- from the connection --------------------------------------------------------------------------------
     def data(self, chunk: memoryview, end_stream: bool) -> None:
-        if self.done:
+        if self.done or (self._length_left is not None and self._malformed_length(len(chunk), end_stream)):
             return
         if end_stream:
             self._end_seen = True
@@ -250,8 +269,14 @@ class GrpcCall:
         while len(buffer) - pos >= 5 and not self._held:
             length = int.from_bytes(buffer[pos + 1:pos + 5], "big")
             if buffer[pos]:
-                self.fail(Status.UNIMPLEMENTED, f"compressed messages (grpc-encoding "
-                          f"{self.request.encoding.decode('latin-1')!r}) are not supported: send identity")
+                encoding = self.request.encoding
+                if encoding == b"identity":  # flag 1 with no encoding to decode it by: the client is wrong
+                    self.fail(Status.INTERNAL, "a message with the compressed flag set on a call that declares no "
+                              "compression (grpc-encoding identity or absent): send it with the flag 0")
+                else:  # gRPC's compression spec: UNIMPLEMENTED, naming the encodings the server accepts
+                    self.fail(Status.UNIMPLEMENTED, f"compressed messages (grpc-encoding "
+                              f"{encoding.decode('latin-1')!r}) are not supported: send identity",
+                              _ACCEPT_ENCODING)
                 return pos
             if length > self._limits.message_bytes:
                 self.fail(Status.RESOURCE_EXHAUSTED, f"a message of {length} bytes, more than the limit of "
@@ -275,6 +300,16 @@ class GrpcCall:
             if self.done:
                 return pos
         return pos
+
+    def _malformed_length(self, size: int, end_stream: bool) -> bool:
+        """RFC 9113 §8.1.1: DATA adding up to other than the request's content-length make it malformed; the
+        stream is reset (PROTOCOL_ERROR) and the call cancelled. True once it is."""
+        left = self._length_left = (self._length_left or 0) - size
+        if left >= 0 and not (end_stream and left):
+            return False
+        self._conn.reset(self.stream_id, ErrorCode.PROTOCOL_ERROR)
+        self.cancel()
+        return True
 
     def hold_input(self, held: bool) -> None:
         """Stop (``held``) or resume taking request messages: the handler's back-pressure on a streaming call.
@@ -418,15 +453,16 @@ class GrpcCall:
         else:
             self.fail(code_for(answer), str(answer))
 
-    def send(self, message: bytes, lead: bytes = b"") -> None:
-        """One response of a streaming call: ``lead`` and ``message`` as one message (a wrapper's tag and length
-        before the bytes it wraps, framed in one join rather than copied twice)."""
+    def send(self, message: bytes, lead: bytes = b"", tail: bytes = b"") -> None:
+        """One response of a streaming call: ``lead``, ``message`` and ``tail`` as one message (a wrapper's tag and
+        length before the bytes it wraps, and fields after them, framed in one join rather than copied twice)."""
         if self.done:
             return
         head = None if self._started else _HEAD
         self._started = True
-        size = len(lead) + len(message)
-        self._conn.respond(self.stream_id, head, b"".join((b"\x00", size.to_bytes(4, "big"), lead, message)), None)
+        size = len(lead) + len(message) + len(tail)
+        self._conn.respond(self.stream_id, head,
+                           b"".join((b"\x00", size.to_bytes(4, "big"), lead, message, tail)), None)
 
     def close(self) -> None:
         """End a streaming call with OK."""
@@ -438,16 +474,17 @@ class GrpcCall:
         else:
             self._conn.trailers_only(self.stream_id, _HEAD + _OK)
 
-    def fail(self, code: Status, message: str) -> None:
+    def fail(self, code: Status, message: str, fields: bytes = b"") -> None:
+        """End the call with ``code``; ``fields``: more trailer fields, HPACK-encoded."""
         if self.done:
             return
         self._finish(code)
         if self.task is not None and self.task is not asyncio.current_task():
             self.task.cancel()
         if self._started:
-            self._conn.respond(self.stream_id, None, b"", status_block(code, message, head=False))
+            self._conn.respond(self.stream_id, None, b"", status_block(code, message, head=False) + fields)
         else:
-            self._conn.trailers_only(self.stream_id, status_block(code, message, head=True))
+            self._conn.trailers_only(self.stream_id, status_block(code, message, head=True) + fields)
 
     def _finish(self, code: Status) -> None:
         self.done = True

@@ -208,6 +208,8 @@ class H2Connection(H2Control):
                 raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "PRIORITY on stream 0")
             if len(payload) != 5:
                 raise H2StreamError(stream_id, ErrorCode.FRAME_SIZE_ERROR, "PRIORITY of a length other than 5")
+            if int.from_bytes(payload[:4], "big") & 0x7FFFFFFF == stream_id:  # RFC 9113 §5.3.1
+                raise H2StreamError(stream_id, ErrorCode.PROTOCOL_ERROR, f"stream {stream_id} depends on itself")
         elif kind == f.PUSH_PROMISE:
             raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "PUSH_PROMISE from a client")
         # other frame types are extensions: ignored (RFC 9113 §4.1)
@@ -246,6 +248,10 @@ class H2Connection(H2Control):
         if flags & f.PRIORITY_FLAG:
             if len(payload) < 5:
                 raise H2ConnectionError(ErrorCode.FRAME_SIZE_ERROR, "HEADERS too short for its priority")
+            if int.from_bytes(payload[:4], "big") & 0x7FFFFFFF == stream_id:
+                # RFC 9113 §5.3.1 names a stream error; the connection's, as its header block is not decoded
+                # (HPACK's table would no longer match the client's)
+                raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, f"HEADERS of stream {stream_id} depend on itself")
             payload = payload[5:]
         self._header_stream = stream_id
         self._header_end_stream = bool(flags & f.END_STREAM)

@@ -3,7 +3,8 @@
 Invariants:
 - Requests take the unary path's fast layouts (``_layouts``: a repeated request skips protobuf's parser, a
   repeated response is encoded by hand) and its engine callback (``GrpcInfer.begin``): no task per request. The
-  answer, a ModelStreamInferResponse wrapping the response bytes as ``infer_response``, leaves as the callback
+  answer, a ModelStreamInferResponse wrapping the response bytes as ``infer_response`` (with Triton's
+  ``triton_final_response`` parameter added), leaves as the callback
   runs, so answers go out in the order they complete; those ready while one read's frames are handled (an inline
   model) leave in that read's one write (the connection's cork). A model still to load is loaded in the
   executor first, in a task of its own.
@@ -44,6 +45,11 @@ log = logging.getLogger(__name__)
 STREAM_IN_FLIGHT = 64
 _INFER_RESPONSE_TAG = 2 << 3 | 2  # ModelStreamInferResponse.infer_response: field 2, length-delimited
 _INFER_RESPONSE_HEAD = bytes((_INFER_RESPONSE_TAG,))
+# ModelInferResponse.parameters {"triton_final_response": true}, appended to each answer's bytes (protobuf merges
+# a map entry wherever it comes): Triton's streamed responses say so, and clients read it to know that a request
+# is complete (each of edged's requests has exactly one response)
+_FINAL = bytes(pb.ModelInferResponse(parameters={"triton_final_response": pb.InferParameter(bool_param=True)})
+               .SerializeToString())
 
 
 class StreamStats:
@@ -120,17 +126,17 @@ class StreamCall:
             answer = unread  # the client has not read what it was sent: this answer is its error, a few bytes
         if isinstance(answer, bytes):
             # ModelStreamInferResponse(infer_response=...) around the response's bytes, without protobuf
-            size = len(answer)
+            size = len(answer) + len(_FINAL)
             head = bytes((_INFER_RESPONSE_TAG, size)) if size < 0x80 else _INFER_RESPONSE_HEAD + encode_varint(size)
-            self._sent(answer, head)
+            self._sent(answer, head, _FINAL)
         else:
             request = decoded.request
             self._sent(_error(answer, request.model, request.version, request.id))
 
-    def _sent(self, message: bytes, lead: bytes = b"") -> None:
+    def _sent(self, message: bytes, lead: bytes = b"", tail: bytes = b"") -> None:
         """Send one request's answer and account for it: the call ends after the last, input waits for a reader."""
         call = self._call
-        call.send(message, lead)
+        call.send(message, lead, tail)
         self._in_flight -= 1
         if self._ended and not self._in_flight:
             call.close()

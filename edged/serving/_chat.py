@@ -49,7 +49,7 @@ _MARK = "\ue000edged-text\ue000"  # private-use characters: in no model name or 
 def generation_request(request: ChatRequest) -> GenerationRequest:
     return GenerationRequest(request.model, request.messages, request.prompt, request.tools, request.max_tokens,
                              request.temperature, request.top_p, request.top_k, request.seed, request.stop,
-                             request.response_format)
+                             request.response_format, request.max_tokens_field)
 
 
 class ChatPath:
@@ -150,8 +150,8 @@ class _Answer:
             self._streaming = True
             head = _SSE_HEAD + (b"\r\n" if self._keep_alive else b"connection: close\r\n\r\n")
             if self._chat:
-                head += chunk_event(chunk(self._id, self._request.model, {"role": "assistant", "content": ""},
-                                           None))
+                head += chunk_event(self._usage_null(chunk(self._id, self._request.model,
+                                                           {"role": "assistant", "content": ""}, None)))
             return head
         return b""
 
@@ -173,17 +173,23 @@ class _Answer:
             self._answer(json_response(doc))
             return
         for delta in call_deltas(calls):
-            data += chunk_event(chunk(self._id, request.model, delta, None))
+            data += chunk_event(self._usage_null(chunk(self._id, request.model, delta, None)))
         data += chunk_event(self._chunk("", finished.reason))
         if request.include_usage:
             data += chunk_event({**self._chunk("", None), "choices": [],
-                                  "usage": usage(tokens.prompt_tokens, tokens.completion_tokens)})
+                                 "usage": usage(tokens.prompt_tokens, tokens.completion_tokens)})
         self._end(data)
 
     def _chunk(self, text: str, finish: str | None) -> dict[str, Any]:
         if self._chat:
-            return chunk(self._id, self._request.model, {"content": text} if text else {}, finish)
-        return text_completion(self._id, self._request.model, text, finish)
+            return self._usage_null(chunk(self._id, self._request.model, {"content": text} if text else {}, finish))
+        return self._usage_null(text_completion(self._id, self._request.model, text, finish))
+
+    def _usage_null(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """With ``include_usage`` every chunk but the last carries ``"usage": null``, as OpenAI sends them."""
+        if self._request.include_usage:
+            doc["usage"] = None
+        return doc
 
     def _fail(self, error: BaseException) -> None:
         if not self._streaming:

@@ -2,13 +2,15 @@
 
 A request is checked whole before any work: an unknown or unsupported parameter is refused with a 400 that
 names it (OpenAI's clients send only what the caller sets, so nothing legitimate is lost); only the parameters
-in ``IGNORED`` are accepted and ignored, because they change nothing about the answer.
+in ``IGNORED`` (``CHAT_IGNORED``), and those of ``CHAT_NO_EFFECT``/``COMPLETION_NO_EFFECT`` at the value OpenAI
+documents as their default, are accepted and ignored, because they change nothing about the answer.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -28,7 +30,9 @@ from edged.serving._limits import RETRY
 from edged.serving._response import Response, status_for
 from edged.serving._tools import message_tool_calls, parse_response_format, parse_tools, shown
 
-ROLES = frozenset({"system", "user", "assistant", "tool"})
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+# OpenAI's newer name for the instructions' role; chat templates know only "system", so it is rendered as that
+_AS_ROLE = {"developer": "system"}
 _COMMON = frozenset({"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "stream",
                      "stream_options"})
 CHAT_PARAMS = _COMMON | {"messages", "max_completion_tokens", "tools", "tool_choice", "parallel_tool_calls",
@@ -36,6 +40,30 @@ CHAT_PARAMS = _COMMON | {"messages", "max_completion_tokens", "tools", "tool_cho
 COMPLETION_PARAMS = _COMMON | {"prompt"}
 COMPLETION_DEFAULT_TOKENS = 16
 IGNORED = frozenset({"user"})  # an end-user id for abuse monitoring: nothing to do on a device
+# user's successors (safety_identifier) and the key of OpenAI's prompt cache, which changes no answer
+CHAT_IGNORED = IGNORED | {"safety_identifier", "prompt_cache_key"}
+
+
+def _is_zero(value: Any) -> bool:
+    return type(value) in (int, float) and value == 0
+
+
+# OpenAI's parameters that edged does not implement, each with the value OpenAI documents as its default, which
+# has no effect on the answer (null is the default of every one): sent so, as clients and frameworks that write
+# out every default do, they are accepted; any other value is refused naming the parameter
+_NoEffect = tuple[str, Callable[[Any], bool]]
+_NO_PENALTY: dict[str, _NoEffect] = {"frequency_penalty": ("0", _is_zero), "presence_penalty": ("0", _is_zero),
+                                     "logit_bias": ("{}", lambda v: v == {})}
+_NULL_ONLY: _NoEffect = ("null", lambda v: False)
+CHAT_NO_EFFECT: dict[str, _NoEffect] = {
+    **_NO_PENALTY, "logprobs": ("false", lambda v: v is False), "store": ("false", lambda v: v is False),
+    "modalities": ('["text"]', lambda v: v == ["text"]),
+    **dict.fromkeys(("top_logprobs", "metadata", "service_tier", "functions", "function_call", "prediction",
+                     "reasoning_effort", "audio", "web_search_options", "verbosity", "moderation",
+                     "prompt_cache_retention", "prompt_cache_options"), _NULL_ONLY)}
+COMPLETION_NO_EFFECT: dict[str, _NoEffect] = {
+    **_NO_PENALTY, "echo": ("false", lambda v: v is False), "best_of": ("1", lambda v: type(v) is int and v == 1),
+    "logprobs": _NULL_ONLY, "suffix": _NULL_ONLY}
 _MESSAGE_KEYS = frozenset({"role", "content", "name", "tool_call_id", "tool_calls"})
 _MAX_STOP = 4
 
@@ -62,11 +90,14 @@ class ChatRequest:
     prompt: str | None = None  # /v1/completions: the prompt as given, no chat template
     tools: Tools = NO_TOOLS
     response_format: Constraint | None = None  # None: plain text
+    max_tokens_field: str = "max_tokens"  # the field max_tokens came from (max_completion_tokens or max_tokens)
 
 
 def parse_chat(body: bytes | bytearray) -> ChatRequest:
-    doc = _document(body, CHAT_PARAMS)
+    doc = _without_no_effect(_object(body), CHAT_NO_EFFECT)
+    _check_supported(doc, CHAT_PARAMS, CHAT_NO_EFFECT, CHAT_IGNORED)
     request = _request(doc, _messages(doc.get("messages")), None, _max_tokens(doc, None))
+    request = replace(request, max_tokens_field=_max_tokens_field(doc))
     tools = parse_tools(doc)
     response_format = parse_response_format(doc.get("response_format"))
     if response_format is not None and tools.mode in ("required", "named"):
@@ -78,7 +109,9 @@ def parse_chat(body: bytes | bytearray) -> ChatRequest:
 def parse_completion(body: bytes | bytearray) -> ChatRequest:
     """A legacy ``/v1/completions`` request: a prompt string instead of messages, no chat template, and
     ``max_tokens`` 16 unless given, as OpenAI defines it."""
-    return completion_request(_object(body))
+    doc = _without_no_effect(_object(body), COMPLETION_NO_EFFECT)
+    _check_supported(doc, COMPLETION_PARAMS, COMPLETION_NO_EFFECT)
+    return completion_request(doc)
 
 
 def completion_request(doc: dict[str, Any]) -> ChatRequest:
@@ -94,12 +127,6 @@ def completion_request(doc: dict[str, Any]) -> ChatRequest:
     return _request(doc, (), prompt, _max_tokens(doc, COMPLETION_DEFAULT_TOKENS))
 
 
-def _document(body: bytes | bytearray, supported: frozenset[str]) -> dict[str, Any]:
-    doc = _object(body)
-    _check_supported(doc, supported)
-    return doc
-
-
 def _object(body: bytes | bytearray) -> dict[str, Any]:
     try:
         doc = orjson.loads(body)
@@ -110,11 +137,21 @@ def _object(body: bytes | bytearray) -> dict[str, Any]:
     return doc
 
 
-def _check_supported(doc: dict[str, Any], supported: frozenset[str]) -> None:
-    unknown = sorted(set(doc) - supported - IGNORED)
+def _without_no_effect(doc: dict[str, Any], no_effect: dict[str, _NoEffect]) -> dict[str, Any]:
+    """``doc`` without the parameters of ``no_effect`` that hold null or the value that has no effect."""
+    return {name: value for name, value in doc.items()
+            if not (name in no_effect and (value is None or no_effect[name][1](value)))}
+
+
+def _check_supported(doc: dict[str, Any], supported: frozenset[str], no_effect: dict[str, _NoEffect] | None = None,
+                     ignored: frozenset[str] = IGNORED) -> None:
+    unknown = sorted(set(doc) - supported - ignored)
     if unknown:
+        defaults = [f"{name} {no_effect[name][0]}" for name in unknown if no_effect and name in no_effect]
         raise ParamError(f"unsupported parameter(s) {', '.join(unknown)}: edged supports "
-                         f"{', '.join(sorted(supported))} (and ignores {', '.join(sorted(IGNORED))})", unknown[0])
+                         f"{', '.join(sorted(supported))} (and ignores {', '.join(sorted(ignored))})"
+                         + (f"; it takes {', '.join(defaults)} only, OpenAI's default, which changes nothing: "
+                            "send that or leave the parameter out" if defaults else ""), unknown[0])
 
 
 def _request(doc: dict[str, Any], messages: tuple[dict[str, Any], ...], prompt: str | None,
@@ -129,10 +166,14 @@ def _request(doc: dict[str, Any], messages: tuple[dict[str, Any], ...], prompt: 
     options = doc.get("stream_options")
     include_usage = False
     if options is not None:
-        if not stream or not isinstance(options, dict) or set(options) - {"include_usage"}:
-            raise ParamError("'stream_options' takes only {\"include_usage\": bool}, and only with stream=true",
-                             "stream_options")
+        if not stream or not isinstance(options, dict) or set(options) - {"include_usage", "include_obfuscation"}:
+            raise ParamError("'stream_options' takes only {\"include_usage\": bool, \"include_obfuscation\": bool}, "
+                             "and only with stream=true", "stream_options")
         include_usage = _bool(options, "include_usage")
+        try:  # OpenAI's padding against network side channels: nothing to pad over loopback or a Unix socket
+            _bool(options, "include_obfuscation")
+        except ParamError as e:
+            raise ParamError(f"stream_options.{e}", "stream_options") from e
     return ChatRequest(model, messages, max_tokens, _number(doc, "temperature", 1.0, 0.0, 2.0),
                        _number(doc, "top_p", 1.0, 0.0, 1.0), _int(doc, "top_k", 0, 0), _seed(doc),
                        _stop(doc.get("stop")), stream, include_usage, prompt)
@@ -163,6 +204,7 @@ def _message(message: dict[str, Any], role: str, where: str) -> dict[str, Any]:
             raise ParamError(f"{where}.{key} must be a string", f"{where}.{key}")
         _no_nul(message.get(key, ""), f"{where}.{key}")
     out: dict[str, Any] = {k: v for k, v in message.items() if k in ("role", "name", "tool_call_id")}
+    out["role"] = _AS_ROLE.get(role, role)
     if "tool_calls" in message:
         if role != "assistant":
             raise ParamError(f"{where}: only assistant messages carry tool_calls", f"{where}.tool_calls")
@@ -194,10 +236,17 @@ def _no_nul(text: str, param: str) -> str:
 
 
 def _max_tokens(doc: dict[str, Any], default: int | None) -> int | None:
-    for name in ("max_completion_tokens", "max_tokens"):
+    for name in _MAX_TOKENS_FIELDS:
         if doc.get(name) is not None:
             return _int(doc, name, 0, 1)
     return default
+
+
+_MAX_TOKENS_FIELDS = ("max_completion_tokens", "max_tokens")  # the first one set is used
+
+
+def _max_tokens_field(doc: dict[str, Any]) -> str:
+    return next((name for name in _MAX_TOKENS_FIELDS if doc.get(name) is not None), "max_tokens")
 
 
 def _stop(raw: Any) -> tuple[str, ...]:

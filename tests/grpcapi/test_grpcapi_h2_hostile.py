@@ -107,6 +107,59 @@ def test_data_on_a_closed_stream_resets_that_stream_only(grpc_daemon: GrpcDaemon
         assert fields[b"grpc-status"] == b"0"
 
 
+@pytest.mark.parametrize(("name", "value"), [
+    (b"x-note", b"a\r\nx-injected: 1"), (b"x-note", b"a\nb"), (b"x-note", b"a\x00b"), (b"x-note", b" padded"),
+    (b"x-note", b"padded\t"), (b"x note", b"v"), (b"x:note", b"v"), (b"x-n\x7fote", b"v"), (b"", b"v"),
+])
+def test_a_field_rfc_9113_calls_malformed_resets_the_stream(grpc_daemon: GrpcDaemon, name: bytes,
+                                                              value: bytes) -> None:
+    # RFC 9113 8.2.1: no CR, LF or NUL in a value, no leading or trailing blank; a name only of visible
+    # lowercase characters without ':'; a request with such a field is malformed (a stream error)
+    with RawH2(grpc_daemon.tcp) as client:
+        client.start()
+        client.send(frame(HEADERS, END_HEADERS, 1, request_block("ServerLive", [(name, value)])),
+                    *data_frames(1, message(b"")))
+        assert client.until(RST_STREAM, 1).code == PROTOCOL_ERROR
+        fields, _ = client.call(3, "ServerLive", b"")  # the connection goes on
+        assert fields[b"grpc-status"] == b"0"
+
+
+def test_data_adding_up_to_other_than_the_content_length_resets_the_stream(grpc_daemon: GrpcDaemon) -> None:
+    # RFC 9113 8.1.1 (h2spec's 8.1.2.6 cases): such a request is malformed, whether the DATA pass the
+    # announced length, stop short of it, or never come; gRPC clients send no content-length
+    live = message(b"")
+    with RawH2(grpc_daemon.tcp) as client:
+        client.start()
+        cases = [(b"3", data_frames(1, live)), (b"100", data_frames(3, live)),
+                 (b"2", [frame(DATA, 0, 5, live[:2]), frame(DATA, END_STREAM, 5, live[2:])]), (b"x5", []),
+                 (b"5, 5", [])]
+        for stream, (length, frames) in zip(range(1, 10, 2), cases, strict=True):
+            client.send(frame(HEADERS, END_HEADERS, stream,
+                              request_block("ServerLive", [(b"content-length", length)])), *frames)
+            assert client.until(RST_STREAM, stream).code == PROTOCOL_ERROR, length
+        client.send(frame(HEADERS, END_HEADERS | END_STREAM, 11,
+                          request_block("ServerLive", [(b"content-length", b"5")])))
+        assert client.until(RST_STREAM, 11).code == PROTOCOL_ERROR
+        client.send(frame(HEADERS, END_HEADERS, 13, request_block("ServerLive", [(b"content-length", b"5")])),
+                    *data_frames(13, live))
+        fields, _ = client.response(13)  # the length that adds up is served, on the same connection
+        assert fields[b"grpc-status"] == b"0"
+
+
+def test_a_stream_that_depends_on_itself_is_a_protocol_error(grpc_daemon: GrpcDaemon) -> None:
+    # RFC 9113 5.3.1 (h2spec's 5.3.1 cases): a PRIORITY frame resets its stream, and HEADERS (whose block is
+    # then left undecoded) end the connection
+    with RawH2(grpc_daemon.tcp) as client:
+        client.start()
+        client.send(frame(PRIORITY, 0, 1, struct.pack(">IB", 1, 16)))
+        assert client.until(RST_STREAM, 1).code == PROTOCOL_ERROR
+        fields, _ = client.call(3, "ServerLive", b"")  # the connection goes on
+        assert fields[b"grpc-status"] == b"0"
+        client.send(frame(HEADERS, END_HEADERS | END_STREAM | 0x20, 5,
+                          struct.pack(">IB", 5, 16) + request_block("ServerLive")))
+        assert client.goaway().code == PROTOCOL_ERROR
+
+
 def test_a_stream_window_past_the_limit_resets_the_stream(grpc_daemon: GrpcDaemon) -> None:
     with RawH2(grpc_daemon.tcp) as client:
         client.start()
@@ -310,6 +363,15 @@ def test_a_compressed_message_is_unimplemented(grpc_daemon: GrpcDaemon) -> None:
                     frame(DATA, END_STREAM, 1, b"\x01\x00\x00\x00\x00"))
         fields, _ = client.response(1)
         assert fields[b"grpc-status"] == b"12" and b"gzip" in fields[b"grpc-message"]
+        # gRPC's compression spec: the UNIMPLEMENTED answer names the encodings the server accepts
+        assert fields[b"grpc-accept-encoding"] == b"identity"
+        # the compressed flag on a call that declares no encoding (identity) is the client's protocol error
+        for stream, extra in ((3, []), (5, [(b"grpc-encoding", b"identity")])):
+            client.send(frame(HEADERS, END_HEADERS, stream, request_block("ServerLive", extra)),
+                        frame(DATA, END_STREAM, stream, b"\x01\x00\x00\x00\x00"))
+            fields, _ = client.response(stream)
+            assert fields[b"grpc-status"] == b"13", fields
+            assert b"compressed flag" in fields[b"grpc-message"] and b"grpc-accept-encoding" not in fields
 
 
 def test_an_unknown_method_is_unimplemented_a_bad_content_type_is_415_and_get_is_405_with_allow(

@@ -97,6 +97,28 @@ def test_a_stream_keeps_serving_after_a_bad_request_in_the_middle(url: str) -> N
     assert len(errors) == 2 and any("no_such_model" in message for message in errors)
 
 
+def test_every_streamed_answer_says_it_is_the_requests_final_response(url: str) -> None:
+    # Triton's streamed responses carry "triton_final_response" (docs/user_guide/decoupled_models.md): clients
+    # written for any model read it to know that a request is complete
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client = triton_grpc.InferenceServerClient(url)
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        for n in range(4):  # the same layout again and again: the repeated-response path too
+            client.async_stream_infer("tiny_mlp", [_tiny_input(value=float(n))], request_id=f"r{n}")
+        got = [answers.get(timeout=30) for _ in range(4)]
+    finally:
+        client.stop_stream()
+    assert all(error is None for _, error in got)
+    unary = client.infer("tiny_mlp", [_tiny_input(value=3.0)])
+    for result, _ in got:
+        parameters = result.get_response().parameters
+        assert set(parameters) == {"triton_final_response"} and parameters["triton_final_response"].bool_param
+        if result.get_response().id == "r3":
+            np.testing.assert_array_equal(result.as_numpy("output"), unary.as_numpy("output"))
+    assert "triton_final_response" not in unary.get_response().parameters  # unary answers carry none, as Triton's
+
+
 def test_system_shared_memory_inputs_and_outputs_with_tritonclient_utils(url: str) -> None:
     client = triton_grpc.InferenceServerClient(url)
     data = np.arange(2 * 64, dtype=np.float32).reshape(2, 64) / 100
