@@ -72,6 +72,8 @@ def load_scenarios(path: Path) -> list[Scenario]:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise ConfigError(f"cannot read scenario file {path}: {e}") from e
+    except RecursionError:  # tomllib recurses per nesting level
+        raise ConfigError(f"cannot read scenario file {path}: TOML nested too deeply to read") from None
     try:
         scenarios = build(ScenarioFile, data).scenario
     except ConfigError as e:

@@ -27,3 +27,5 @@ def read_json_argument(option: str, value: str, expected: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise ConfigError(f"{option}: not JSON ({e}); expected {expected}: {text[:80]!r}") from e
+    except RecursionError:  # the parser's depth: [[[...]]] a hundred thousand deep is no tensor or config
+        raise ConfigError(f"{option}: JSON nested too deeply to read; expected {expected}") from None

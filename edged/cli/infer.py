@@ -131,6 +131,8 @@ def _load_value(name: str, value: str, datatype: str) -> Array:
         raise ConfigError(f"--input {name}: the model's datatype {datatype!r} cannot be read from JSON")
     try:
         return np.asarray(data, dtype=dtype)
+    except RecursionError:
+        raise ConfigError(f"--input {name}: JSON value nested too deeply for an array of {datatype}") from None
     except (ValueError, TypeError, OverflowError) as e:
         raise ConfigError(f"--input {name}: JSON value is not a regular array of {datatype}: {e}") from e
 

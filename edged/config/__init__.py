@@ -74,6 +74,8 @@ def parse_config(text: str, source: str = "<config>", *, supported: int = CONFIG
     except tomllib.TOMLDecodeError as e:
         # from None: the parser's own error may quote a character of a secret value; ours names only the place
         raise ConfigError(f"{source}: not valid TOML: {_without_quoted_characters(str(e))}") from None
+    except RecursionError:  # tomllib recurses per nesting level: x = [[[...]]] a hundred thousand deep
+        raise ConfigError(f"{source}: not valid TOML: nested too deeply to read") from None
     declared = data.get("config_version", supported)
     ignored: list[str] | None = [] if isinstance(declared, int) and declared > supported else None
     try:

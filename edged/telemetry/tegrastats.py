@@ -208,6 +208,7 @@ def parse_tegrastats(line: str, t: float = 0.0) -> Sample:
     """Parse one tegrastats line; raise `TelemetryParseError` when it has no RAM field."""
     b = _Builder()
     timestamp = None
+    line = line.removeprefix("\ufeff")  # a byte order mark: a capture saved by a Windows editor
     pos = 0
     if m := _TIMESTAMP.match(line):
         timestamp, pos = m.group(1), m.end()

@@ -16,3 +16,14 @@ def test_a_duration_that_measures_nothing_is_refused(capsys: pytest.CaptureFixtu
                                                      words: str) -> None:
     assert main(["bench", "--transport", "inproc", flag, value]) != 0
     assert words in capsys.readouterr().err
+
+
+def test_a_scenario_file_nested_past_the_parsers_depth_is_a_config_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """tomllib raised RecursionError on an array nested 100000 deep: edged bench --scenarios ended in a traceback."""
+    from edged.bench import load_scenarios
+    from edged.errors import ConfigError
+
+    path = tmp_path / "deep.toml"
+    path.write_text("x = " + "[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        load_scenarios(path)

@@ -36,3 +36,12 @@ def test_every_subcommand_help_says_what_it_does(name):
     for label, parser in parsers:
         assert parser.description, f"edged {label} --help has no description"
         assert "``" not in parser.description, f"edged {label} --help shows reStructuredText markup"
+
+
+def test_json_nested_past_the_parsers_depth_is_a_one_line_error(tmp_path, capsys):
+    """json.loads raises RecursionError, not JSONDecodeError, for [[[...]]] nested 100000 deep: a traceback."""
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"a":' * 100_000 + "1" + "}" * 100_000)
+    assert main(["models", "load", "m", "--config", f"@{deep}", "--socket", str(tmp_path / "none.sock")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("edged models: error: --config: ") and "nested" in err and "Traceback" not in err

@@ -180,3 +180,10 @@ def test_a_load_that_outlasts_the_timeout_says_the_daemon_goes_on_loading(explic
             time.sleep(0.05)
         assert client.model_ready("digits_onnx")
         client.unload("digits_onnx")
+
+
+def test_an_input_nested_past_the_parsers_depth_is_one_error_line(server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    done = edged("infer", "tiny_mlp", "--input", f"input=@{tmp_path / 'deep.json'}", env=server.env())
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.startswith("edged infer: error: --input input: ") and "nested" in done.stderr

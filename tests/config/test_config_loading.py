@@ -28,6 +28,7 @@ def test_no_file_means_built_in_defaults(tmp_path: Path) -> None:
     ("[[mqtt.pipelines]]\ninput = \"a\"\n", "mqtt.pipelines[0]"),
     ("[memory]\nbudget_mb = -1\n", "memory.budget_mb: expected a number >= 0"),
     ("server = [\n", "not valid TOML"),
+    ("x = " + "[" * 100_000 + "]" * 100_000 + "\n", "not valid TOML: nested too deeply"),  # was RecursionError
     ("[server]\nmax_connections = 0\n", "server.max_connections: expected a positive number"),
     ("[server]\nmax_body_bytes = 2000\nmax_inflight_body_bytes = 1000\n",
      "max_inflight_body_bytes (1000) must be at least max_body_bytes (2000)"),

@@ -100,3 +100,14 @@ def test_a_recording_replays_at_the_interval_it_was_taken(tmp_path, interval_ms)
     assert source.next_sample(stop) is None
     span = samples[-1].elapsed - samples[0].elapsed
     assert span == pytest.approx(times[-1] - times[0], abs=1.0)
+
+
+def test_a_capture_saved_with_a_byte_order_mark_keeps_its_first_line(tmp_path):
+    """A capture edited on Windows starts with U+FEFF: glued to 'RAM', the first line was refused as garbage."""
+    path = tmp_path / "capture.log"
+    path.write_bytes(b"\xef\xbb\xbf" + _stamped([600.0, 601.0]).encode())
+    source = ReplaySource(str(path), speed=1e9)
+    stop = threading.Event()
+    first = source.next_sample(stop)
+    assert first is not None and first.timestamp == "12-05-2026 06:10:00" and first.unparsed == ()
+    assert source.next_sample(stop) is not None and source.bad_lines == 0
