@@ -70,7 +70,9 @@ class ScenarioFile:
 def load_scenarios(path: Path) -> list[Scenario]:
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as e:
+    except OSError as e:  # strerror alone: str(e) repeats the path after the errno
+        raise ConfigError(f"cannot read scenario file {path}: {e.strerror or e}") from e
+    except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"cannot read scenario file {path}: {e}") from e
     except RecursionError:  # tomllib recurses per nesting level
         raise ConfigError(f"cannot read scenario file {path}: TOML nested too deeply to read") from None
@@ -85,19 +87,22 @@ def load_scenarios(path: Path) -> list[Scenario]:
     return list(scenarios)
 
 
-def check(scenario: Scenario, where: str) -> None:
-    """Refuses what a scenario names but its transport would not use, and generation shapes below one token."""
+def check(scenario: Scenario, where: str = "") -> None:
+    """Refuses what a scenario names but its transport would not use, and generation shapes below one token.
+    ``where``: the scenario's place in its file; empty for one made from flags (the command's own name already
+    heads argparse's error line)."""
+    where = f"{where}: " if where else ""
     given = [name for name in GENERATIVE_DEFAULTS if getattr(scenario, name) is not None]
     if scenario.transport != "openai" and given:
-        raise ConfigError(f"{where}: {', '.join(given)} apply only to transport openai, "
+        raise ConfigError(f"{where}{', '.join(given)} apply only to transport openai, "
                           f"not {scenario.transport}")
     for name in ("prompt_tokens", "output_tokens"):
         value = getattr(scenario, name)
         if value is not None and value < 1:
-            raise ConfigError(f"{where}: {name} must be at least 1, found {value}")
+            raise ConfigError(f"{where}{name} must be at least 1, found {value}")
     if not scenario.duration_s > 0:  # nothing measured is no figure: a table of zeros would read as one
-        raise ConfigError(f"{where}: the duration must be more than 0 s, found {scenario.duration_s}")
+        raise ConfigError(f"{where}the duration must be more than 0 s, found {scenario.duration_s}")
     if not scenario.warmup_s >= 0:
-        raise ConfigError(f"{where}: the warm-up must be 0 s or more, found {scenario.warmup_s}")
+        raise ConfigError(f"{where}the warm-up must be 0 s or more, found {scenario.warmup_s}")
     if any(level < 1 for level in scenario.concurrency) or not scenario.concurrency:
-        raise ConfigError(f"{where}: concurrency levels must be at least 1, found {list(scenario.concurrency)}")
+        raise ConfigError(f"{where}concurrency levels must be at least 1, found {list(scenario.concurrency)}")

@@ -68,7 +68,7 @@ def _scenarios(args: argparse.Namespace) -> list[Any]:
                         duration_s=args.duration, batching=args.batching, compare_raw=not args.no_raw,
                         client=args.client, shm=args.shm, prompt_tokens=args.prompt_tokens,
                         output_tokens=args.output_tokens, stream=args.stream)
-    check(scenario, "edged bench")
+    check(scenario)
     return [scenario]
 
 

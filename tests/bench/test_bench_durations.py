@@ -15,7 +15,16 @@ from edged.cli.main import main
 def test_a_duration_that_measures_nothing_is_refused(capsys: pytest.CaptureFixture[str], flag: str, value: str,
                                                      words: str) -> None:
     assert main(["bench", "--transport", "inproc", flag, value]) != 0
-    assert words in capsys.readouterr().err
+    # once: the line read 'edged bench: error: edged bench: the duration ...'
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"edged bench: error: {words}"
+
+
+def test_a_scenario_file_that_cannot_be_read_names_it_and_why_once(capsys: pytest.CaptureFixture[str],
+                                                                   tmp_path) -> None:  # type: ignore[no-untyped-def]
+    missing = tmp_path / "nope.toml"
+    assert main(["bench", "--scenarios", str(missing)]) != 0
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == f"edged bench: error: cannot read scenario file {missing}: No such file or directory", last
 
 
 def test_a_scenario_file_nested_past_the_parsers_depth_is_a_config_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
