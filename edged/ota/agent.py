@@ -91,7 +91,8 @@ class OtaAgent:
         self.skipped: dict[str, str] = {}
         self.last_check: dict[str, Any] = {}
         self._watch: tuple[float, float | None] | None = None  # (elapsed at switch, baseline p99)
-        self._lock = threading.Lock()  # one check or rollback at a time
+        # one check, rollback or watch verdict at a time; reentrant: a check that installs judges the watch at once
+        self._lock = threading.RLock()
         self._nudged = threading.Event()
 
     def stop(self) -> None:
@@ -285,7 +286,13 @@ class OtaAgent:
         self.evaluate_watch()
 
     def evaluate_watch(self) -> str:
-        """Judge the watch window now: "wait", "pass" (now active) or "fail" (now rolled back)."""
+        """Judge the watch window now: "wait", "pass" (now active) or "fail" (now rolled back). Under the agent's
+        lock: the periodic verdict runs in an executor thread, and without it an operator's rollback or a check
+        at the same moment could interleave with it (a rollback recorded over a confirmation, or the reverse)."""
+        with self._lock:
+            return self._evaluate_watch()
+
+    def _evaluate_watch(self) -> str:
         update = self.store.current
         if update is None or update.state != "watching" or self._watch is None:
             return "none"

@@ -3,6 +3,7 @@ traffic; the operator can roll back; OTA-installed models come back after a rest
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +58,23 @@ def test_a_check_while_an_update_is_watched_starts_nothing(watched: Device, flee
     assert (again["download"]["received_bytes"], again["download"]["total_bytes"]) == (length, length)
     assert (watched.agent.work_dir / "staging").stat().st_mtime_ns == staged  # not staged again
     assert watched.served_version() == "2"
+    watched.close()
+
+
+def test_the_watch_verdict_waits_for_a_check_or_rollback_in_progress(watched: Device, fleet: FleetRepository,
+                                                                     tmp_path: Path) -> None:
+    """The periodic verdict runs in an executor thread; it judged the window while an operator's rollback or a
+    check was half done (without the agent's lock), so the two could record over each other."""
+    fleet.add_model(model_folder(tmp_path / "src", 2, seed=2), 2, vectors_for(2))
+    assert watched.agent.check()["state"] == "watching"
+    verdicts: list[str] = []
+    with watched.agent._lock:  # what a check or a rollback holds while it works
+        judge = threading.Thread(target=lambda: verdicts.append(watched.agent.evaluate_watch()))
+        judge.start()
+        judge.join(0.5)
+        assert judge.is_alive() and not verdicts, "the verdict went ahead beside a check in progress"
+    judge.join(30)
+    assert verdicts == ["wait"]
     watched.close()
 
 
