@@ -20,7 +20,8 @@ import numpy as np
 from edged.backends._ort_binding import Bindings
 from edged.backends.base import Array, InstanceInfo
 from edged.errors import BackendUnavailable, InferenceFailed, InvalidInput, ModelLoadError
-from edged.repository.model_config import ModelConfig, ModelSignature, TensorSignature
+from edged.repository import not_a_tensor
+from edged.repository.model_config import UNSUPPORTED, ModelConfig, ModelSignature, TensorSignature
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +142,7 @@ class OnnxRuntimeBackend:
         provider_options = [_provider_options(short, config, model_path) for short in chosen]
         session = _create_session(ort, model_path, options, [PROVIDER_NAMES[s] for s in chosen],
                                   provider_options)
+        _refuse_non_tensors(session, config)
         shrink = config.parameters.get("memory.enable_memory_arena_shrinkage", "")
         info = InstanceInfo(device="cuda:0" if {"cuda", "tensorrt"} & set(chosen) else "cpu",
                             providers=tuple(session.get_providers()), fallback=fallback,
@@ -173,7 +175,7 @@ def cuda_device_ids(dev: Path = Path("/dev")) -> tuple[int, ...]:
 
 
 def _signature(arg: Any) -> TensorSignature:
-    data_type = ORT_TO_TRITON.get(arg.type, f"UNSUPPORTED({arg.type})")
+    data_type = ORT_TO_TRITON.get(arg.type, f"{UNSUPPORTED}{arg.type})")  # refused at load: not a tensor
     dims: list[int] = []
     symbols: list[str | None] = []
     for dim in arg.shape:
@@ -184,6 +186,16 @@ def _signature(arg: Any) -> TensorSignature:
             dims.append(-1)
             symbols.append(dim if isinstance(dim, str) else None)
     return TensorSignature(arg.name, data_type, tuple(dims), tuple(symbols))
+
+
+def _refuse_non_tensors(session: Any, config: ModelConfig) -> None:
+    """Refuse a config naming an input or output that the model has as a sequence, map or optional (ZipMap's
+    probabilities): with auto-complete off nothing compared them, and every run that touched it failed."""
+    named = {spec.name for spec in (*config.input, *config.output)}
+    for kind, args in (("input", session.get_inputs()), ("output", session.get_outputs())):
+        for arg in args:
+            if arg.name in named and not arg.type.startswith("tensor("):
+                raise ModelLoadError(f"model {config.name}: {not_a_tensor(kind, arg.name, arg.type)}")
 
 
 def _session_options(ort: Any, config: ModelConfig) -> Any:

@@ -20,6 +20,8 @@ TRITON_TO_KSERVE: dict[str, str] = {
     "TYPE_STRING": "BYTES", "TYPE_BF16": "BF16",
 }
 KSERVE_TO_TRITON: dict[str, str] = {v: k for k, v in TRITON_TO_KSERVE.items()}
+# A backend's signature gives a tensor it cannot type this way, the file's own type inside: "UNSUPPORTED(seq(...))".
+UNSUPPORTED = "UNSUPPORTED("
 
 Platform = Literal["onnxruntime_onnx", "tensorrt_plan", "pytorch_libtorch", "torch_export", ""]
 # Triton platform names and backend names that mean the same runtime; the backend name wins in edged.
