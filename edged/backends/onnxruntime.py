@@ -10,6 +10,7 @@ alive as a copy, about +50 MiB for a 53 MB model: docs/field-notes.md).
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ ORT_TO_TRITON: dict[str, str] = {
     "tensor(float16)": "TYPE_FP16", "tensor(float)": "TYPE_FP32", "tensor(double)": "TYPE_FP64",
     "tensor(string)": "TYPE_STRING", "tensor(bfloat16)": "TYPE_BF16",
 }
+_OPTIONAL_TENSOR = re.compile(r"optional\((tensor\(\w+\))\)")
 PROVIDER_NAMES: dict[str, str] = {
     "tensorrt": "TensorrtExecutionProvider",
     "cuda": "CUDAExecutionProvider",
@@ -117,8 +119,9 @@ class OnnxRuntimeBackend:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         session = _create_session(ort, model_path, options, ["CPUExecutionProvider"], [{}])
         return ModelSignature(
-            inputs=tuple(_signature(arg) for arg in session.get_inputs()),
+            inputs=tuple(_signature(arg, optional_allowed=True) for arg in session.get_inputs()),
             outputs=tuple(_signature(arg) for arg in session.get_outputs()),
+            overridable=tuple(_signature(arg) for arg in session.get_overridable_initializers()),
         )
 
     def load(self, model_path: Path, config: ModelConfig, instance_index: int) -> OnnxRuntimeInstance:
@@ -174,8 +177,11 @@ def cuda_device_ids(dev: Path = Path("/dev")) -> tuple[int, ...]:
     return ()
 
 
-def _signature(arg: Any) -> TensorSignature:
-    data_type = ORT_TO_TRITON.get(arg.type, f"{UNSUPPORTED}{arg.type})")  # refused at load: not a tensor
+def _signature(arg: Any, optional_allowed: bool = False) -> TensorSignature:
+    # An optional(tensor(T)) input is a T tensor a request may leave out; other non-tensors are refused at load.
+    element = _OPTIONAL_TENSOR.fullmatch(arg.type) if optional_allowed else None
+    ort_type = element.group(1) if element else arg.type
+    data_type = ORT_TO_TRITON.get(ort_type, f"{UNSUPPORTED}{arg.type})")
     dims: list[int] = []
     symbols: list[str | None] = []
     for dim in arg.shape:
@@ -185,7 +191,7 @@ def _signature(arg: Any) -> TensorSignature:
         else:
             dims.append(-1)
             symbols.append(dim if isinstance(dim, str) else None)
-    return TensorSignature(arg.name, data_type, tuple(dims), tuple(symbols))
+    return TensorSignature(arg.name, data_type, tuple(dims), tuple(symbols), optional=element is not None)
 
 
 def _refuse_non_tensors(session: Any, config: ModelConfig) -> None:
@@ -194,8 +200,14 @@ def _refuse_non_tensors(session: Any, config: ModelConfig) -> None:
     named = {spec.name for spec in (*config.input, *config.output)}
     for kind, args in (("input", session.get_inputs()), ("output", session.get_outputs())):
         for arg in args:
-            if arg.name in named and not arg.type.startswith("tensor("):
+            served = arg.type.startswith("tensor(") or (kind == "input" and _OPTIONAL_TENSOR.fullmatch(arg.type))
+            if arg.name in named and not served:
                 raise ModelLoadError(f"model {config.name}: {not_a_tensor(kind, arg.name, arg.type)}")
+    if config.max_batch_size > 0:
+        for spec in config.input:
+            if spec.optional:  # Triton's rule: a batch would mix requests that give the input with ones that do not
+                raise ModelLoadError(f"model {config.name}: optional input {spec.name!r} is not supported for "
+                                     "models that support batching (max_batch_size > 0); set max_batch_size 0")
 
 
 def _session_options(ort: Any, config: ModelConfig) -> Any:

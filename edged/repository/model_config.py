@@ -168,6 +168,7 @@ class TensorSignature:
     data_type: str  # Triton DataType name
     shape: tuple[int, ...]
     symbolic_dims: tuple[str | None, ...] = ()  # the symbolic name of each dim where the file has one
+    optional: bool = False  # an input the model runs without (ONNX optional(tensor(...)))
 
 
 @dataclass(frozen=True)
@@ -179,3 +180,6 @@ class ModelSignature:
     # TensorRT: the max batch of the first optimisation profile, when the engine has a dynamic first dim.
     max_batch_hint: int | None = None
     notes: tuple[str, ...] = ()  # e.g. non-linear I/O formats found, reported with auto-complete off
+    # Inputs a config may list that auto-complete leaves out: ONNX initializers that are also graph inputs, which
+    # a request may override (Triton's ONNX Runtime backend takes them as inputs).
+    overridable: tuple[TensorSignature, ...] = ()
