@@ -195,13 +195,21 @@ class PyTorchInstance:
         args: list[Any] = [None] * len(self._input_names)
         for name, position in zip(self._input_names, self._input_positions, strict=True):
             if name in inputs:
-                args[position] = torch.from_numpy(np.ascontiguousarray(inputs[name])).to(self._device)
+                args[position] = torch.from_numpy(self._own(inputs[name])).to(self._device)
         try:
             with self._lock, torch.inference_mode():
                 result = module(*args)
         except Exception as e:  # a model may raise anything from its forward()
             raise translate_failure(torch, e) from e
         return {name: self._pick(result, name) for name in output_names}
+
+    def _own(self, array: Array) -> Array:
+        """An array torch may write into. A read-only one is a view of a client's shared-memory region or of a
+        request's body: torch ignores the flag, so a model writing into its input (x /= 255 in traced
+        preprocessing) changed the client's frame. On a GPU the move to the device copies it anyway."""
+        if array.flags.writeable or self._device.type != "cpu":
+            return np.ascontiguousarray(array)
+        return np.array(array, order="C")
 
     def _pick(self, result: Any, name: str) -> Array:
         if isinstance(result, dict):
