@@ -2,9 +2,9 @@
 
 As in Triton's PyTorch backend, a model needs an explicit config: inputs are passed positionally in config
 order (or by the index in a ``NAME__<i>`` name), outputs are taken from the returned tensor, tuple or dict in
-config order (or by ``__<i>`` index, or by key). Runs under ``torch.inference_mode`` on CUDA when the config asks
-for a GPU instance and CUDA is available, else on the CPU; a GPU request without CUDA fails the load unless
-``allow_provider_fallback`` is "true".
+config order (or by ``__<i>`` index, or by key), and must be tensors of the config's data_type. Runs under
+``torch.inference_mode`` on CUDA when the config asks for a GPU instance and CUDA is available, else on the CPU;
+a GPU request without CUDA fails the load unless ``allow_provider_fallback`` is "true".
 
 Failures keep their family: an input the module cannot take (a missing input, torch's argument check, an
 operator's shape or dtype check) is InvalidInput (HTTP 400); running out of memory is OutOfMemory (503); an
@@ -25,6 +25,7 @@ import numpy as np
 
 from edged.backends.base import Array, InstanceInfo
 from edged.errors import BackendUnavailable, EdgedError, InferenceFailed, InvalidInput, ModelLoadError, OutOfMemory
+from edged.repository.datatypes import NUMPY_TO_TRITON, TRITON_TO_NUMPY
 from edged.repository.model_config import ModelConfig, ModelSignature
 
 log = logging.getLogger(__name__)
@@ -184,6 +185,7 @@ class PyTorchInstance:
         self._output_names = [t.name for t in config.output]
         self._output_positions = dict(zip(self._output_names, positional_order(self._output_names),
                                           strict=True))
+        self._output_types = {t.name: t.data_type for t in config.output}
         # TorchScript modules are not documented as safe for concurrent calls; instances > 1 give parallelism.
         self._lock = threading.Lock()
 
@@ -221,7 +223,21 @@ class PyTorchInstance:
             tensor = result if self._output_positions[name] == 0 else None
         if tensor is None:
             raise InferenceFailed(f"the PyTorch model returned no value for output {name}")
+        # What the config declares is what metadata advertises and clients decode: anything else fails the run
+        # (and so the load, at warm-up), as in Triton's PyTorch backend, instead of answering another datatype.
+        if not isinstance(tensor, self._torch.Tensor):
+            raise InferenceFailed(f"the PyTorch model returned a {type(tensor).__name__} for output {name!r}, not a "
+                                  "tensor; return a tensor per output (a tuple, list or dict of tensors)")
+        if tensor.dtype == self._torch.bfloat16:
+            raise InferenceFailed(f"the PyTorch model returned output {name!r} as bfloat16, which edged cannot serve "
+                                  "(numpy has no bfloat16); convert it in the model (.half() or .float())")
         array: Array = tensor.detach().cpu().numpy()
+        declared = self._output_types[name]
+        if TRITON_TO_NUMPY.get(declared) != array.dtype:
+            found = NUMPY_TO_TRITON.get(array.dtype, str(array.dtype))
+            raise InferenceFailed(f"the PyTorch model returned output {name!r} as {array.dtype} ({found}), but the "
+                                  f"config declares {declared}; correct data_type in config.pbtxt or convert it in "
+                                  "the model")
         return array
 
     def release_memory(self) -> None:

@@ -27,6 +27,21 @@ class InPlace(torch.nn.Module):
         return x
 
 
+class Doubles(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.double()
+
+
+class Nested(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        return x, (x, x)
+
+
+class Brain(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to(torch.bfloat16)
+
+
 def _add(repo: Path, name: str, module: torch.nn.Module, in_type: str = "TYPE_FP32", out_type: str = "TYPE_FP32",
          more: str = "") -> None:
     (repo / name / "1").mkdir(parents=True)
@@ -50,5 +65,21 @@ def test_a_model_writing_into_its_input_leaves_a_read_only_input_as_it_was(tmp_p
         out = service.infer(InferRequest("inplace", {"INPUT__0": frame})).outputs["OUTPUT__0"]
         assert out.tolist() == [[2.0] * 4]
         assert np.frombuffer(region, np.float32).tolist() == [1.0] * 4
+    finally:
+        service.close()
+
+
+def test_outputs_the_config_does_not_describe_fail_the_load_naming_the_output(tmp_path: Path) -> None:
+    _add(tmp_path, "doubles", Doubles())
+    _add(tmp_path, "nested", Nested(), more=', { name: "OUTPUT__1", data_type: TYPE_FP32, dims: [ 4 ] }')
+    _add(tmp_path, "brain", Brain(), out_type="TYPE_FP16")
+    service = InferenceService(tmp_path, ModelsConfig())
+    service.start()
+    try:
+        assert not any(service.model_ready(name) for name in ("doubles", "nested", "brain"))
+        assert "output 'OUTPUT__0' as float64 (TYPE_FP64), but the config declares TYPE_FP32" in _reason(
+            service, "doubles")
+        assert "a tuple for output 'OUTPUT__1', not a tensor" in _reason(service, "nested")
+        assert "output 'OUTPUT__0' as bfloat16" in _reason(service, "brain")
     finally:
         service.close()
