@@ -68,6 +68,7 @@ class PyTorchBackend:
         torch = _import_torch()
         if not config.input or not config.output:
             self.describe(model_path)
+        _refuse_strings(config)
         device, fallback = _choose_device(torch, config)
         threads = config.parameters.get("intra_op_thread_count")
         if threads:
@@ -97,6 +98,17 @@ class PyTorchBackend:
         except BackendUnavailable as e:
             return {"available": False, "reason": str(e)}
         return {"available": True, "version": torch.__version__, "cuda": bool(torch.cuda.is_available())}
+
+
+def _refuse_strings(config: ModelConfig) -> None:
+    """Torch tensors hold numbers and booleans only; Triton's List[str] arguments are not offered, so a BYTES
+    input failed every request with a 500 (numpy's object arrays do not convert)."""
+    for kind, specs in (("input", config.input), ("output", config.output)):
+        for spec in specs:
+            if spec.data_type == "TYPE_STRING":
+                raise ModelLoadError(f"model {config.name}: {kind} {spec.name!r} is TYPE_STRING, which the pytorch "
+                                     "backend does not serve (torch tensors hold numbers and booleans); pass text "
+                                     "as UINT8 bytes or INT64 token ids")
 
 
 def cuda_allocator_plan(config: ModelConfig) -> tuple[float | None, str]:

@@ -83,3 +83,16 @@ def test_outputs_the_config_does_not_describe_fail_the_load_naming_the_output(tm
         assert "output 'OUTPUT__0' as bfloat16" in _reason(service, "brain")
     finally:
         service.close()
+
+
+def test_string_tensors_are_refused_at_load_naming_the_input(tmp_path: Path) -> None:
+    _add(tmp_path, "words", InPlace(), in_type="TYPE_STRING")
+    _add(tmp_path, "answers", InPlace(), out_type="TYPE_STRING")
+    service = InferenceService(tmp_path, ModelsConfig())
+    service.start()
+    try:
+        assert not service.model_ready("words") and not service.model_ready("answers")
+        assert "input 'INPUT__0' is TYPE_STRING" in _reason(service, "words")
+        assert "output 'OUTPUT__0' is TYPE_STRING" in _reason(service, "answers")
+    finally:
+        service.close()
