@@ -7,9 +7,9 @@ config order (or by ``__<i>`` index, or by key), and must be tensors of the conf
 a GPU request without CUDA fails the load unless ``allow_provider_fallback`` is "true".
 
 Failures keep their family: an input the module cannot take (a missing input, torch's argument check, an
-operator's shape or dtype check) is InvalidInput (HTTP 400); running out of memory is OutOfMemory (503); an
-exception the model raises itself (``raise`` in TorchScript surfaces as ``torch.jit.Error``) or any other
-runtime failure, CUDA errors included, is InferenceFailed (500).
+operator's shape or dtype check, a torch.export program's guard on its dynamic shapes) is InvalidInput (HTTP
+400); running out of memory is OutOfMemory (503); an exception the model raises itself (``raise`` in TorchScript
+surfaces as ``torch.jit.Error``) or any other runtime failure, CUDA errors included, is InferenceFailed (500).
 """
 
 from __future__ import annotations
@@ -183,6 +183,9 @@ def translate_failure(torch: Any, error: Exception) -> EdgedError:
     if (isinstance(error, RuntimeError | TypeError | ValueError) and not _DEVICE_FAILURE.search(cause)
             and _INPUT_MISMATCH.search(cause)):
         return InvalidInput(f"torch rejected the input: {cause}")
+    if isinstance(error, AssertionError) and cause.startswith("Guard failed"):
+        # a torch.export program checks its inputs against the shapes it was exported for (its Dim ranges)
+        return InvalidInput(f"torch rejected the input: {cause} (the range the program was exported for)")
     return InferenceFailed(f"torch failed: {cause}")
 
 

@@ -6,10 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from edged.config import ModelsConfig
 from edged.engine import InferenceService, InferRequest
+from edged.errors import InvalidInput
 
 CONFIG = """name: "{name}"
 backend: "pytorch"
@@ -94,5 +96,27 @@ def test_string_tensors_are_refused_at_load_naming_the_input(tmp_path: Path) -> 
         assert not service.model_ready("words") and not service.model_ready("answers")
         assert "input 'INPUT__0' is TYPE_STRING" in _reason(service, "words")
         assert "output 'OUTPUT__0' is TYPE_STRING" in _reason(service, "answers")
+    finally:
+        service.close()
+
+
+def test_an_input_outside_an_exported_programs_dynamic_range_is_invalid_input(tmp_path: Path) -> None:
+    (tmp_path / "ranged" / "1").mkdir(parents=True)
+    width = torch.export.Dim("width", min=2, max=16)
+    program = torch.export.export(Doubles(), (torch.ones(2, 4),), dynamic_shapes={"x": {1: width}})
+    torch.export.save(program, str(tmp_path / "ranged" / "1" / "model.pt2"))
+    (tmp_path / "ranged" / "config.pbtxt").write_text("""name: "ranged"
+platform: "torch_export"
+max_batch_size: 0
+input [ { name: "INPUT__0", data_type: TYPE_FP32, dims: [ 2, -1 ] } ]
+output [ { name: "OUTPUT__0", data_type: TYPE_FP64, dims: [ 2, -1 ] } ]
+""")
+    service = InferenceService(tmp_path, ModelsConfig())
+    service.start()
+    try:
+        assert service.infer(InferRequest("ranged", {"INPUT__0": np.ones((2, 8), np.float32)})).outputs[
+            "OUTPUT__0"].shape == (2, 8)
+        with pytest.raises(InvalidInput, match=r"torch rejected the input: Guard failed: .* <= 16"):
+            service.infer(InferRequest("ranged", {"INPUT__0": np.ones((2, 20), np.float32)}))
     finally:
         service.close()
