@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from edged.backends._ort_binding import Bindings
+from edged.backends._threads import thread_count
 from edged.backends.base import Array, InstanceInfo
 from edged.errors import BackendUnavailable, InferenceFailed, InvalidInput, ModelLoadError
 from edged.repository import not_a_tensor
@@ -213,8 +214,9 @@ def _refuse_non_tensors(session: Any, config: ModelConfig) -> None:
 def _session_options(ort: Any, config: ModelConfig) -> Any:
     params = config.parameters
     options = ort.SessionOptions()
-    options.intra_op_num_threads = _int_param(params, "intra_op_thread_count", 1)
-    options.inter_op_num_threads = _int_param(params, "inter_op_thread_count", 1)
+    intra, inter = thread_count(params, "intra_op_thread_count"), thread_count(params, "inter_op_thread_count")
+    options.intra_op_num_threads = 1 if intra is None else intra
+    options.inter_op_num_threads = 1 if inter is None else inter
     options.enable_cpu_mem_arena = _flag(params, "enable_mem_arena", True)
     options.enable_mem_pattern = _flag(params, "enable_mem_pattern", True)
     level = params.get("graph_optimization_level", "all").lower()

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from edged.backends._threads import thread_count
 from edged.backends.base import Array, InstanceInfo
 from edged.errors import BackendUnavailable, EdgedError, InferenceFailed, InvalidInput, ModelLoadError, OutOfMemory
 from edged.repository.datatypes import NUMPY_TO_TRITON, TRITON_TO_NUMPY
@@ -70,9 +71,7 @@ class PyTorchBackend:
             self.describe(model_path)
         _refuse_strings(config)
         device, fallback = _choose_device(torch, config)
-        threads = config.parameters.get("intra_op_thread_count")
-        if threads:
-            torch.set_num_threads(int(threads))
+        _apply_threads(torch, config)
         allocator = apply_cuda_allocator_settings(torch, config, device)
         try:
             if model_path.suffix == ".pt2":
@@ -98,6 +97,22 @@ class PyTorchBackend:
         except BackendUnavailable as e:
             return {"available": False, "reason": str(e)}
         return {"available": True, "version": torch.__version__, "cuda": bool(torch.cuda.is_available())}
+
+
+def _apply_threads(torch: Any, config: ModelConfig) -> None:
+    """torch's thread pools are process-wide: the intra-op count of the model loaded last applies; the inter-op
+    count can be set once per process only, before parallel work starts (as in Triton, the first one wins)."""
+    intra = thread_count(config.parameters, "intra_op_thread_count")
+    inter = thread_count(config.parameters, "inter_op_thread_count")
+    if intra:
+        torch.set_num_threads(intra)
+    if inter and inter != torch.get_num_interop_threads():
+        try:
+            torch.set_num_interop_threads(inter)
+        except RuntimeError:
+            log.warning("model %s: parameter inter_op_thread_count %d not applied: torch's inter-op pool is "
+                        "process-wide and already runs %d threads", config.name, inter,
+                        torch.get_num_interop_threads())
 
 
 def _refuse_strings(config: ModelConfig) -> None:
