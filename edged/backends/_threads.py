@@ -14,8 +14,10 @@ from edged.errors import ModelLoadError
 MAX_THREADS = 64
 
 
-def thread_count(parameters: Mapping[str, str], key: str) -> int | None:
-    """The count the config sets under ``key`` (0: the runtime's default), None when it sets none."""
+def thread_count(parameters: Mapping[str, str], *keys: str) -> int | None:
+    """The count the config sets under the first of ``keys`` it has (0: the runtime's default), None when it sets
+    none of them."""
+    key = next((k for k in keys if k in parameters), keys[0])
     value = parameters.get(key)
     if value is None or value.strip() == "":
         return None

@@ -101,16 +101,18 @@ class PyTorchBackend:
 
 def _apply_threads(torch: Any, config: ModelConfig) -> None:
     """torch's thread pools are process-wide: the intra-op count of the model loaded last applies; the inter-op
-    count can be set once per process only, before parallel work starts (as in Triton, the first one wins)."""
-    intra = thread_count(config.parameters, "intra_op_thread_count")
-    inter = thread_count(config.parameters, "inter_op_thread_count")
+    count can be set once per process only, before parallel work starts (as in Triton, the first one wins).
+    Triton's PyTorch backend names them INTRA_OP_THREAD_COUNT and INTER_OP_THREAD_COUNT (NUM_THREADS and
+    NUM_INTEROP_THREADS for torch.export programs); edged also reads the onnxruntime backend's names."""
+    intra = thread_count(config.parameters, "INTRA_OP_THREAD_COUNT", "NUM_THREADS", "intra_op_thread_count")
+    inter = thread_count(config.parameters, "INTER_OP_THREAD_COUNT", "NUM_INTEROP_THREADS", "inter_op_thread_count")
     if intra:
         torch.set_num_threads(intra)
     if inter and inter != torch.get_num_interop_threads():
         try:
             torch.set_num_interop_threads(inter)
         except RuntimeError:
-            log.warning("model %s: parameter inter_op_thread_count %d not applied: torch's inter-op pool is "
+            log.warning("model %s: its inter-op thread count %d is not applied: torch's inter-op pool is "
                         "process-wide and already runs %d threads", config.name, inter,
                         torch.get_num_interop_threads())
 
