@@ -118,6 +118,7 @@ class OnnxRuntimeBackend:
         ort = _import_ort()
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        options.log_severity_level = 3  # errors only, as for serving sessions: warnings went to stderr in colour
         session = _create_session(ort, model_path, options, ["CPUExecutionProvider"], [{}])
         return ModelSignature(
             inputs=tuple(_signature(arg, optional_allowed=True) for arg in session.get_inputs()),
