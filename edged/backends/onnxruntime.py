@@ -10,6 +10,7 @@ alive as a copy, about +50 MiB for a 53 MB model: docs/field-notes.md).
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,9 +19,11 @@ from typing import Any
 import numpy as np
 
 from edged.backends._ort_binding import Bindings
+from edged.backends._threads import thread_count
 from edged.backends.base import Array, InstanceInfo
 from edged.errors import BackendUnavailable, InferenceFailed, InvalidInput, ModelLoadError
-from edged.repository.model_config import ModelConfig, ModelSignature, TensorSignature
+from edged.repository import not_a_tensor
+from edged.repository.model_config import UNSUPPORTED, ModelConfig, ModelSignature, TensorSignature
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +34,7 @@ ORT_TO_TRITON: dict[str, str] = {
     "tensor(float16)": "TYPE_FP16", "tensor(float)": "TYPE_FP32", "tensor(double)": "TYPE_FP64",
     "tensor(string)": "TYPE_STRING", "tensor(bfloat16)": "TYPE_BF16",
 }
+_OPTIONAL_TENSOR = re.compile(r"optional\((tensor\(\w+\))\)")
 PROVIDER_NAMES: dict[str, str] = {
     "tensorrt": "TensorrtExecutionProvider",
     "cuda": "CUDAExecutionProvider",
@@ -114,11 +118,12 @@ class OnnxRuntimeBackend:
         ort = _import_ort()
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        options.log_severity_level = 3  # errors only, as for serving sessions: warnings went to stderr in colour
         session = _create_session(ort, model_path, options, ["CPUExecutionProvider"], [{}])
         return ModelSignature(
-            inputs=tuple(_signature(arg) for arg in session.get_inputs()),
+            inputs=tuple(_signature(arg, optional_allowed=True) for arg in session.get_inputs()),
             outputs=tuple(_signature(arg) for arg in session.get_outputs()),
-            defaults=tuple(_signature(arg) for arg in session.get_overridable_initializers()),
+            overridable=tuple(_signature(arg) for arg in session.get_overridable_initializers()),
         )
 
     def load(self, model_path: Path, config: ModelConfig, instance_index: int) -> OnnxRuntimeInstance:
@@ -143,6 +148,7 @@ class OnnxRuntimeBackend:
         options_by_provider = [provider_options(short, config, model_path) for short in chosen]
         session = _create_session(ort, model_path, options, [PROVIDER_NAMES[s] for s in chosen],
                                   options_by_provider)
+        _refuse_non_tensors(session, config)
         shrink = config.parameters.get("memory.enable_memory_arena_shrinkage", "")
         info = InstanceInfo(device="cuda:0" if {"cuda", "tensorrt"} & set(chosen) else "cpu",
                             providers=tuple(session.get_providers()), fallback=fallback,
@@ -175,8 +181,11 @@ def cuda_device_ids(dev: Path = Path("/dev")) -> tuple[int, ...]:
     return ()
 
 
-def _signature(arg: Any) -> TensorSignature:
-    data_type = ORT_TO_TRITON.get(arg.type, f"UNSUPPORTED({arg.type})")
+def _signature(arg: Any, optional_allowed: bool = False) -> TensorSignature:
+    # An optional(tensor(T)) input is a T tensor a request may leave out; other non-tensors are refused at load.
+    element = _OPTIONAL_TENSOR.fullmatch(arg.type) if optional_allowed else None
+    ort_type = element.group(1) if element else arg.type
+    data_type = ORT_TO_TRITON.get(ort_type, f"{UNSUPPORTED}{arg.type})")
     dims: list[int] = []
     symbols: list[str | None] = []
     for dim in arg.shape:
@@ -186,14 +195,31 @@ def _signature(arg: Any) -> TensorSignature:
         else:
             dims.append(-1)
             symbols.append(dim if isinstance(dim, str) else None)
-    return TensorSignature(arg.name, data_type, tuple(dims), tuple(symbols))
+    return TensorSignature(arg.name, data_type, tuple(dims), tuple(symbols), optional=element is not None)
+
+
+def _refuse_non_tensors(session: Any, config: ModelConfig) -> None:
+    """Refuse a config naming an input or output that the model has as a sequence, map or optional (ZipMap's
+    probabilities): with auto-complete off nothing compared them, and every run that touched it failed."""
+    named = {spec.name for spec in (*config.input, *config.output)}
+    for kind, args in (("input", session.get_inputs()), ("output", session.get_outputs())):
+        for arg in args:
+            served = arg.type.startswith("tensor(") or (kind == "input" and _OPTIONAL_TENSOR.fullmatch(arg.type))
+            if arg.name in named and not served:
+                raise ModelLoadError(f"model {config.name}: {not_a_tensor(kind, arg.name, arg.type)}")
+    if config.max_batch_size > 0:
+        for spec in config.input:
+            if spec.optional:  # Triton's rule: a batch would mix requests that give the input with ones that do not
+                raise ModelLoadError(f"model {config.name}: optional input {spec.name!r} is not supported for "
+                                     "models that support batching (max_batch_size > 0); set max_batch_size 0")
 
 
 def _session_options(ort: Any, config: ModelConfig) -> Any:
     params = config.parameters
     options = ort.SessionOptions()
-    options.intra_op_num_threads = _int_param(params, "intra_op_thread_count", 1)
-    options.inter_op_num_threads = _int_param(params, "inter_op_thread_count", 1)
+    intra, inter = thread_count(params, "intra_op_thread_count"), thread_count(params, "inter_op_thread_count")
+    options.intra_op_num_threads = 1 if intra is None else intra
+    options.inter_op_num_threads = 1 if inter is None else inter
     options.enable_cpu_mem_arena = _flag(params, "enable_mem_arena", True)
     options.enable_mem_pattern = _flag(params, "enable_mem_pattern", True)
     options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, graph_optimization_level(config))

@@ -2,14 +2,14 @@
 
 As in Triton's PyTorch backend, a model needs an explicit config: inputs are passed positionally in config
 order (or by the index in a ``NAME__<i>`` name), outputs are taken from the returned tensor, tuple or dict in
-config order (or by ``__<i>`` index, or by key). Runs under ``torch.inference_mode`` on CUDA when the config asks
-for a GPU instance and CUDA is available, else on the CPU; a GPU request without CUDA fails the load unless
-``allow_provider_fallback`` is "true".
+config order (or by ``__<i>`` index, or by key), and must be tensors of the config's data_type. Runs under
+``torch.inference_mode`` on CUDA when the config asks for a GPU instance and CUDA is available, else on the CPU;
+a GPU request without CUDA fails the load unless ``allow_provider_fallback`` is "true".
 
 Failures keep their family: an input the module cannot take (a missing input, torch's argument check, an
-operator's shape or dtype check) is InvalidInput (HTTP 400); running out of memory is OutOfMemory (503); an
-exception the model raises itself (``raise`` in TorchScript surfaces as ``torch.jit.Error``) or any other
-runtime failure, CUDA errors included, is InferenceFailed (500).
+operator's shape or dtype check, a torch.export program's guard on its dynamic shapes) is InvalidInput (HTTP
+400); running out of memory is OutOfMemory (503); an exception the model raises itself (``raise`` in TorchScript
+surfaces as ``torch.jit.Error``) or any other runtime failure, CUDA errors included, is InferenceFailed (500).
 """
 
 from __future__ import annotations
@@ -23,8 +23,10 @@ from typing import Any
 
 import numpy as np
 
+from edged.backends._threads import thread_count
 from edged.backends.base import Array, InstanceInfo
 from edged.errors import BackendUnavailable, EdgedError, InferenceFailed, InvalidInput, ModelLoadError, OutOfMemory
+from edged.repository.datatypes import NUMPY_TO_TRITON, TRITON_TO_NUMPY
 from edged.repository.model_config import ModelConfig, ModelSignature
 
 log = logging.getLogger(__name__)
@@ -67,10 +69,9 @@ class PyTorchBackend:
         torch = _import_torch()
         if not config.input or not config.output:
             self.describe(model_path)
+        _refuse_strings(config)
         device, fallback = _choose_device(torch, config)
-        threads = config.parameters.get("intra_op_thread_count")
-        if threads:
-            torch.set_num_threads(int(threads))
+        _apply_threads(torch, config)
         allocator = apply_cuda_allocator_settings(torch, config, device)
         try:
             if model_path.suffix == ".pt2":
@@ -96,6 +97,35 @@ class PyTorchBackend:
         except BackendUnavailable as e:
             return {"available": False, "reason": str(e)}
         return {"available": True, "version": torch.__version__, "cuda": bool(torch.cuda.is_available())}
+
+
+def _apply_threads(torch: Any, config: ModelConfig) -> None:
+    """torch's thread pools are process-wide: the intra-op count of the model loaded last applies; the inter-op
+    count can be set once per process only, before parallel work starts (as in Triton, the first one wins).
+    Triton's PyTorch backend names them INTRA_OP_THREAD_COUNT and INTER_OP_THREAD_COUNT (NUM_THREADS and
+    NUM_INTEROP_THREADS for torch.export programs); edged also reads the onnxruntime backend's names."""
+    intra = thread_count(config.parameters, "INTRA_OP_THREAD_COUNT", "NUM_THREADS", "intra_op_thread_count")
+    inter = thread_count(config.parameters, "INTER_OP_THREAD_COUNT", "NUM_INTEROP_THREADS", "inter_op_thread_count")
+    if intra:
+        torch.set_num_threads(intra)
+    if inter and inter != torch.get_num_interop_threads():
+        try:
+            torch.set_num_interop_threads(inter)
+        except RuntimeError:
+            log.warning("model %s: its inter-op thread count %d is not applied: torch's inter-op pool is "
+                        "process-wide and already runs %d threads", config.name, inter,
+                        torch.get_num_interop_threads())
+
+
+def _refuse_strings(config: ModelConfig) -> None:
+    """Torch tensors hold numbers and booleans only; Triton's List[str] arguments are not offered, so a BYTES
+    input failed every request with a 500 (numpy's object arrays do not convert)."""
+    for kind, specs in (("input", config.input), ("output", config.output)):
+        for spec in specs:
+            if spec.data_type == "TYPE_STRING":
+                raise ModelLoadError(f"model {config.name}: {kind} {spec.name!r} is TYPE_STRING, which the pytorch "
+                                     "backend does not serve (torch tensors hold numbers and booleans); pass text "
+                                     "as UINT8 bytes or INT64 token ids")
 
 
 def cuda_allocator_plan(config: ModelConfig) -> tuple[float | None, str]:
@@ -170,6 +200,9 @@ def translate_failure(torch: Any, error: Exception) -> EdgedError:
     if (isinstance(error, RuntimeError | TypeError | ValueError) and not _DEVICE_FAILURE.search(cause)
             and _INPUT_MISMATCH.search(cause)):
         return InvalidInput(f"torch rejected the input: {cause}")
+    if isinstance(error, AssertionError) and cause.startswith("Guard failed"):
+        # a torch.export program checks its inputs against the shapes it was exported for (its Dim ranges)
+        return InvalidInput(f"torch rejected the input: {cause} (the range the program was exported for)")
     return InferenceFailed(f"torch failed: {cause}")
 
 
@@ -184,6 +217,7 @@ class PyTorchInstance:
         self._output_names = [t.name for t in config.output]
         self._output_positions = dict(zip(self._output_names, positional_order(self._output_names),
                                           strict=True))
+        self._output_types = {t.name: t.data_type for t in config.output}
         # TorchScript modules are not documented as safe for concurrent calls; instances > 1 give parallelism.
         self._lock = threading.Lock()
 
@@ -195,13 +229,21 @@ class PyTorchInstance:
         args: list[Any] = [None] * len(self._input_names)
         for name, position in zip(self._input_names, self._input_positions, strict=True):
             if name in inputs:
-                args[position] = torch.from_numpy(np.ascontiguousarray(inputs[name])).to(self._device)
+                args[position] = torch.from_numpy(self._own(inputs[name])).to(self._device)
         try:
             with self._lock, torch.inference_mode():
                 result = module(*args)
         except Exception as e:  # a model may raise anything from its forward()
             raise translate_failure(torch, e) from e
         return {name: self._pick(result, name) for name in output_names}
+
+    def _own(self, array: Array) -> Array:
+        """An array torch may write into. A read-only one is a view of a client's shared-memory region or of a
+        request's body: torch ignores the flag, so a model writing into its input (x /= 255 in traced
+        preprocessing) changed the client's frame. On a GPU the move to the device copies it anyway."""
+        if array.flags.writeable or self._device.type != "cpu":
+            return np.ascontiguousarray(array)
+        return np.array(array, order="C")
 
     def _pick(self, result: Any, name: str) -> Array:
         if isinstance(result, dict):
@@ -213,7 +255,21 @@ class PyTorchInstance:
             tensor = result if self._output_positions[name] == 0 else None
         if tensor is None:
             raise InferenceFailed(f"the PyTorch model returned no value for output {name}")
+        # What the config declares is what metadata advertises and clients decode: anything else fails the run
+        # (and so the load, at warm-up), as in Triton's PyTorch backend, instead of answering another datatype.
+        if not isinstance(tensor, self._torch.Tensor):
+            raise InferenceFailed(f"the PyTorch model returned a {type(tensor).__name__} for output {name!r}, not a "
+                                  "tensor; return a tensor per output (a tuple, list or dict of tensors)")
+        if tensor.dtype == self._torch.bfloat16:
+            raise InferenceFailed(f"the PyTorch model returned output {name!r} as bfloat16, which edged cannot serve "
+                                  "(numpy has no bfloat16); convert it in the model (.half() or .float())")
         array: Array = tensor.detach().cpu().numpy()
+        declared = self._output_types[name]
+        if TRITON_TO_NUMPY.get(declared) != array.dtype:
+            found = NUMPY_TO_TRITON.get(array.dtype, str(array.dtype))
+            raise InferenceFailed(f"the PyTorch model returned output {name!r} as {array.dtype} ({found}), but the "
+                                  f"config declares {declared}; correct data_type in config.pbtxt or convert it in "
+                                  "the model")
         return array
 
     def release_memory(self) -> None:

@@ -42,9 +42,10 @@ class MemoryConfig:
     budget_mb: float | None = field(default=None, metadata={"check": _non_negative})
     budget_percent: float | None = field(default=None, metadata={"check": _percent})
     policy: Literal["refuse", "evict_lru"] = "refuse"
-    # A model file's peak need while loading, before it was first loaded, = file size x this factor; later
-    # loads of the same file use the peak measured then (VmHWM). None: by allocator, as measured for ONNX on CPU
-    # through the daemon (docs/benchmarks.md): 5.5 on glibc (3.1-5.3x seen), 3.5 with jemalloc/tcmalloc (2.4-3.1x).
+    # A model file's peak need while loading, before it was first loaded, = file size (with an ONNX model's
+    # external data) x this factor; later loads of the same file use the peak measured then (VmHWM). None: by
+    # allocator, as measured for ONNX on CPU through the daemon (docs/benchmarks.md): 5.5 on glibc (3.1-5.3x
+    # seen), 3.5 with jemalloc/tcmalloc (2.4-3.1x).
     load_estimate_factor: float | None = field(default=None, metadata={"check": _positive_or_none})
     # Give freed heap back to the kernel (malloc_trim / purge) after each unload, and also after each load,
     # auto-complete pass and failed load, so a model is charged what it holds rather than the heap's leftovers.

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -53,12 +55,13 @@ def reload_key(key: str, number: int = 1) -> str:
 
 
 def file_key(key: str, path: Path) -> str:
-    """A model file's identity for its measured peak: a changed file (size or mtime) is estimated afresh."""
+    """A model file's identity for its measured peak: a changed file (size or mtime) or external data of another
+    size is estimated afresh."""
     try:
         st = path.stat()
     except OSError:
         return key
-    return f"{key}@{st.st_size}:{st.st_mtime_ns}"
+    return f"{key}@{model_bytes(path)}:{st.st_mtime_ns}"
 
 
 def file_size(path: Path) -> int:
@@ -66,6 +69,25 @@ def file_size(path: Path) -> int:
         return path.stat().st_size
     except OSError:
         return 0  # the load itself reports the missing file
+
+
+def model_bytes(path: Path) -> int:
+    """What loading the model file ``path`` reads. An ONNX model may keep its weights in external data files
+    (past 2 GB it must), which ORT takes only from inside the model's folder: every file under the folder counts.
+    Counting model.onnx alone estimated a model of any size at a few hundred bytes."""
+    size = file_size(path)
+    if path.suffix != ".onnx":
+        return size
+    total = 0
+    for folder, _, names in os.walk(path.parent):
+        for name in names:
+            try:
+                info = os.stat(os.path.join(folder, name))
+            except OSError:
+                continue
+            if stat.S_ISREG(info.st_mode):
+                total += info.st_size
+    return max(total, size)
 
 
 class MemoryGovernor:
@@ -84,7 +106,7 @@ class MemoryGovernor:
     def peak_estimate(self, key: str, path: Path, instances: int = 1) -> int:
         """What loading ``instances`` instances of the file ``path`` of version ``key`` is expected to add to the
         process's peak: every backend builds each instance from the file on its own (edged.memory's budget)."""
-        return self.budget.estimate(file_key(key, path), file_size(path), instances)
+        return self.budget.estimate(file_key(key, path), model_bytes(path), instances)
 
     def load_estimate(self, version: ModelVersion) -> int:
         """The expected peak of loading ``version`` (all its instances) plus what it reserves beyond the load

@@ -38,6 +38,7 @@ class ModelVersion:
         self.lifecycle = Lifecycle()
         self.stats = VersionStats(config.name, self.version_str)
         self.validator = RequestValidator(config, max_elements)
+        self.max_elements = max_elements  # [server] max_tensor_elements: no request, nor generated warm-up, is larger
         self.instances: list[ModelInstance] = []
         self.scheduler: Scheduler | None = None
         self.exec_p50_us: float | None = None  # measured during warm-up; decides inline execution
@@ -98,7 +99,7 @@ class ModelVersion:
     def _warm_up(self, stopping: threading.Event | None) -> None:
         # the config's dims are the client's shape: reshaped as a request's inputs are before they reach the model
         samples = [(self.validator.reshaped(inputs), count)
-                   for inputs, count in warmup_samples(self.config, self.model_dir)]
+                   for inputs, count in warmup_samples(self.config, self.model_dir, self.max_elements)]
         output_names = [t.name for t in self.config.output]
         timings: list[float] = []
         for inputs, count in samples:

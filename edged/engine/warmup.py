@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+from math import prod
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +15,14 @@ from edged.repository.confine import read_confined, warmup_shape
 from edged.repository.datatypes import TRITON_TO_NUMPY
 from edged.repository.model_config import ModelConfig, WarmupInput
 
+log = logging.getLogger(__name__)
 
-def warmup_samples(config: ModelConfig, model_dir: Path) -> list[tuple[dict[str, Array], int]]:
-    """(inputs, repeat count) pairs to run before a version is ready; empty when inputs cannot be made up."""
+
+def warmup_samples(config: ModelConfig, model_dir: Path,
+                   max_elements: int | None = None) -> list[tuple[dict[str, Array], int]]:
+    """(inputs, repeat count) pairs to run before a version is ready; empty when inputs cannot be made up, or
+    when a made-up input would hold more than ``max_elements``: no request could be that large (a model declaring
+    dims of 2**40 failed its load allocating 4 TiB; a few GiB would have been allocated and run)."""
     if config.model_warmup:  # as Triton: a sample of batch_size 0 (unset) is skipped, count 0 runs once
         return [(_from_entry(config, entry.inputs, entry.batch_size, model_dir), max(1, entry.count))
                 for entry in config.model_warmup if entry.batch_size > 0]
@@ -25,6 +32,10 @@ def warmup_samples(config: ModelConfig, model_dir: Path) -> list[tuple[dict[str,
             return []  # no safe made-up value (strings, optional inputs): skip generated warm-up
         dims = [1 if d < 0 else d for d in spec.dims]
         shape = [1, *dims] if config.max_batch_size > 0 else dims
+        if max_elements is not None and prod(shape) > max_elements:
+            log.info("model %s: no warm-up generated: input %s of shape %s would hold more than %d elements "
+                     "([server] max_tensor_elements)", config.name, spec.name, shape, max_elements)
+            return []
         generated[spec.name] = np.zeros(shape, dtype=TRITON_TO_NUMPY[spec.data_type])
     return [(generated, 1)] if generated else []
 

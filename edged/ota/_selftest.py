@@ -50,7 +50,7 @@ def _answer(version: ModelVersion, work_dir: Path) -> str:
         if vectors.is_file():
             run_vectors(version, parse_vectors(vectors.read_bytes()))
             return "ok: its test vectors match"
-        samples = warmup_samples(version.config, version.model_dir)
+        samples = warmup_samples(version.config, version.model_dir, version.max_elements)
         for inputs, _ in samples:
             infer_one(version, InferRequest(name, inputs, version.version_str))
     except (EdgedError, OSError) as e:

@@ -16,6 +16,7 @@ from edged.repository._checks import (
     check_supported,
     check_tensor_types,
     check_warmup,
+    not_a_tensor,
     unknown_backend,
 )
 from edged.repository._from_json import model_config_from_json
@@ -77,6 +78,7 @@ __all__ = [
     "model_config_from_json",
     "model_config_to_json",
     "normalize",
+    "not_a_tensor",
     "parse",
     "parse_model_config",
     "parse_version",

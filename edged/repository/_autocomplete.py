@@ -8,7 +8,9 @@ backend (triton-inference-server/onnxruntime_backend, src/onnxruntime.cc):
   flag); if it then exceeds 1 and no scheduler is configured, an empty dynamic_batching is added;
 - if it cannot, a non-zero max_batch_size is an error;
 - missing inputs/outputs are written from the signature with the batch dimension dropped when batching;
-  a tensor left with no dims gets dims [1] and, when batching, an empty reshape (a per-item scalar).
+  a tensor left with no dims gets dims [1] and, when batching, an empty reshape (a per-item scalar);
+- initializers that are also graph inputs (``ModelSignature.overridable``) are never added, but a config may
+  list them as inputs, as Triton merges them into the inputs a request may give.
 Unlike Triton, edged also checks configured tensors against the model (missing tensor, data type, dims), so a
 wrong config fails at validation rather than at the first request. For TensorRT, the engine's profile max
 batch (``ModelSignature.max_batch_hint``) replaces the default. Then Triton's normalization is applied.
@@ -48,7 +50,7 @@ def autocomplete(config: ModelConfig | None, name: str, signature: ModelSignatur
     batch = config.max_batch_size > 0
     config = replace(
         config,
-        input=_complete(config.input, signature.inputs, batch, "input", config.name, signature.defaults),
+        input=_complete(config.input, signature.inputs, batch, "input", config.name, signature.overridable),
         output=_complete(config.output, signature.outputs, batch, "output", config.name),
     )
     return normalize(config, gpus)
@@ -93,11 +95,11 @@ def _max_batch(config: ModelConfig, signature: ModelSignature, default: int) -> 
 
 
 def _complete(given: tuple[TensorConfig, ...], found: tuple[TensorSignature, ...], batch: bool, kind: str,
-              model: str, defaults: tuple[TensorSignature, ...] = ()) -> tuple[TensorConfig, ...]:
+              model: str, overridable: tuple[TensorSignature, ...] = ()) -> tuple[TensorConfig, ...]:
     if not given:
         return tuple(_from_signature(t, batch) for t in found)
     by_name = {t.name: t for t in found}
-    initializers = {t.name: t for t in defaults}
+    initializers = {t.name: t for t in overridable}
     out: list[TensorConfig] = []
     for tensor in given:
         sig = by_name.get(tensor.name)
@@ -117,9 +119,9 @@ def _complete(given: tuple[TensorConfig, ...], found: tuple[TensorSignature, ...
 def _from_signature(sig: TensorSignature, batch: bool) -> TensorConfig:
     dims = tuple(sig.shape[1:] if batch else sig.shape)
     if dims:
-        return TensorConfig(name=sig.name, data_type=sig.data_type, dims=dims)
+        return TensorConfig(name=sig.name, data_type=sig.data_type, dims=dims, optional=sig.optional)
     return TensorConfig(name=sig.name, data_type=sig.data_type, dims=(1,),
-                        reshape=Reshape(()) if batch else None)
+                        reshape=Reshape(()) if batch else None, optional=sig.optional)
 
 
 def _check(tensor: TensorConfig, sig: TensorSignature, batch: bool, kind: str, model: str) -> TensorConfig:

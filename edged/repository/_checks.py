@@ -13,7 +13,14 @@ from math import prod
 
 from edged.errors import ModelConfigError
 from edged.repository._normalize import PLATFORM_BACKENDS
-from edged.repository.model_config import BACKEND_DEFAULT_FILENAME, ModelConfig, ModelWarmup, TensorConfig
+from edged.repository.model_config import (
+    BACKEND_DEFAULT_FILENAME,
+    TRITON_TO_KSERVE,
+    UNSUPPORTED,
+    ModelConfig,
+    ModelWarmup,
+    TensorConfig,
+)
 
 # The platforms edged serves, and the backend each one means (tensorflow_* are Triton's, not edged's).
 SERVED_PLATFORMS: dict[str, str] = {p: b for p, b in PLATFORM_BACKENDS.items() if b in BACKEND_DEFAULT_FILENAME}
@@ -86,14 +93,31 @@ def check_supported(config: ModelConfig, path: str | None) -> None:
 
 
 def check_tensor_types(config: ModelConfig, path: str | None) -> None:
-    """Refuse tensors of a type edged cannot carry (BF16), on the completed config: such a model loaded,
-    advertised BF16 and refused every request; refused at load, it says so once, where the operator looks."""
+    """Refuse tensors of a type edged cannot carry (BF16) and inputs or outputs that are not tensors (ONNX
+    sequences, maps, optionals), on the completed config: such a model loaded, advertised the type and failed every
+    request (ZipMap's output with a 500); refused at load, it says so once, where the operator looks."""
     for kind, specs in (("input", config.input), ("output", config.output)):
         for spec in specs:
+            if spec.data_type not in TRITON_TO_KSERVE:
+                raise ModelConfigError(not_a_tensor(kind, spec.name, spec.data_type), path)
             if spec.data_type == "TYPE_BF16":
                 raise ModelConfigError(f"{kind} {spec.name!r} is TYPE_BF16, which edged cannot serve (its tensors "
                                        "are numpy arrays, and numpy has no bfloat16); export the model with FP16 or "
                                        "FP32 inputs and outputs", path)
+
+
+def not_a_tensor(kind: str, name: str, found: str) -> str:
+    """Why a model input or output that is not a tensor (an ONNX sequence, map or optional, which a backend's
+    signature reports as ``UNSUPPORTED(<its type>)``) cannot be served, and what to do instead."""
+    if found.startswith(UNSUPPORTED) and found.endswith(")"):
+        found = found[len(UNSUPPORTED):-1]
+    advice = ("leave it out of the config's output list (list the outputs to serve)" if kind == "output"
+              else "export the model with a tensor in its place")
+    if "map(" in found:
+        advice += ", or export the model without it (skl2onnx: options={id(model): {'zipmap': False}} gives the " \
+                  "probabilities as a tensor)"
+    return (f"{kind} {name!r} has type {found} in the model file, which is not a tensor; edged, like Triton, serves "
+            f"tensor inputs and outputs only: {advice}")
 
 
 def check_batching(config: ModelConfig, path: str | None) -> None:

@@ -20,6 +20,8 @@ TRITON_TO_KSERVE: dict[str, str] = {
     "TYPE_STRING": "BYTES", "TYPE_BF16": "BF16",
 }
 KSERVE_TO_TRITON: dict[str, str] = {v: k for k, v in TRITON_TO_KSERVE.items()}
+# A backend's signature gives a tensor it cannot type this way, the file's own type inside: "UNSUPPORTED(seq(...))".
+UNSUPPORTED = "UNSUPPORTED("
 
 Platform = Literal["onnxruntime_onnx", "tensorrt_plan", "pytorch_libtorch", "torch_export", ""]
 # Triton platform names and backend names that mean the same runtime; the backend name wins in edged.
@@ -169,6 +171,7 @@ class TensorSignature:
     data_type: str  # Triton DataType name
     shape: tuple[int, ...]
     symbolic_dims: tuple[str | None, ...] = ()  # the symbolic name of each dim where the file has one
+    optional: bool = False  # an input the model runs without (ONNX optional(tensor(...)))
 
 
 @dataclass(frozen=True)
@@ -180,6 +183,7 @@ class ModelSignature:
     # TensorRT: the max batch of the first optimisation profile, when the engine has a dynamic first dim.
     max_batch_hint: int | None = None
     notes: tuple[str, ...] = ()  # e.g. non-linear I/O formats found, reported with auto-complete off
-    # ONNX: initializers a run may override (ORT lists them apart from the inputs); a config may name them as
-    # optional inputs, left out of a request for their value in the file, as Triton's ONNX Runtime backend allows
-    defaults: tuple[TensorSignature, ...] = ()
+    # ONNX: initializers that are also graph inputs (ORT lists them apart from the inputs); a config may list them
+    # as optional inputs, which a request may override or leave out for the file's value, as Triton's ONNX Runtime
+    # backend allows; auto-complete leaves them out
+    overridable: tuple[TensorSignature, ...] = ()

@@ -101,6 +101,49 @@ def test_torch_allocator_parameters_are_checked() -> None:
         cuda_allocator_plan(bad)
 
 
+@pytest.mark.parametrize("value", ["300", "-3", "two"])
+@pytest.mark.parametrize("key", ["intra_op_thread_count", "inter_op_thread_count"])
+def test_thread_counts_a_device_cannot_run_are_refused_naming_the_parameter(tmp_path: Path, key: str,
+                                                                             value: str) -> None:
+    # 100000 (a typo) made ORT's load create threads for minutes with the registry held, and killed the
+    # daemon through libgomp ('Thread creation failed') at torch's next run
+    parameter = f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}'
+    add_model(tmp_path, "m", None, {1: mlp_weights(in_dim=4, hidden=8, out_dim=2)})
+    onnx_config = parse_model_config(f'name: "m"\n{parameter}')
+    with pytest.raises(ModelLoadError, match=f"parameter {key}: expected an integer from 0 to 64 .*found '{value}'"):
+        OnnxRuntimeBackend().load(tmp_path / "m" / "1" / "model.onnx", onnx_config, 0)
+    (tmp_path / "ts" / "1").mkdir(parents=True)
+    torch.jit.script(Affine()).save(str(tmp_path / "ts" / "1" / "model.pt"))
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(ModelLoadError, match=f"parameter {key}: expected an integer from 0 to 64"):
+            PyTorchBackend().load(tmp_path / "ts" / "1" / "model.pt",
+                                  parse_model_config(TORCH_CONFIG.format(name="ts", extra=parameter)), 0)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("key", ["INTRA_OP_THREAD_COUNT", "NUM_THREADS"])
+def test_tritons_pytorch_thread_parameters_are_applied(tmp_path: Path, key: str) -> None:
+    # the names Triton's PyTorch backend reads (TorchScript; NUM_THREADS for torch.export); a Triton config's
+    # count was ignored and torch ran on every core beside the other models
+    (tmp_path / "ts" / "1").mkdir(parents=True)
+    torch.jit.script(Affine()).save(str(tmp_path / "ts" / "1" / "model.pt"))
+    threads = torch.get_num_threads()
+    wanted = 1 if threads > 1 else 2
+    parameter = f'parameters {{ key: "{key}" value: {{ string_value: "{wanted}" }} }}'
+    try:
+        PyTorchBackend().load(tmp_path / "ts" / "1" / "model.pt",
+                              parse_model_config(TORCH_CONFIG.format(name="ts", extra=parameter)), 0)
+        assert torch.get_num_threads() == wanted
+        bad = parameter.replace(f'"{wanted}"', '"300"')
+        with pytest.raises(ModelLoadError, match=f"parameter {key}: expected an integer from 0 to 64"):
+            PyTorchBackend().load(tmp_path / "ts" / "1" / "model.pt",
+                                  parse_model_config(TORCH_CONFIG.format(name="ts", extra=bad)), 0)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_indexed_names_map_to_positions() -> None:
     assert positional_order(["OUTPUT__1", "OUTPUT__0"]) == [1, 0]
     assert positional_order(["a", "b"]) == [0, 1]

@@ -53,3 +53,33 @@ def test_a_load_refused_by_the_budget_is_unavailable_with_the_reason_and_a_later
         assert result.outputs
     finally:
         service.close()
+
+
+def test_an_onnx_model_with_external_data_is_estimated_with_its_data_file(tmp_path: Path) -> None:
+    # Models past 2 GB must keep their weights in external data files beside model.onnx (ORT refuses a location
+    # outside the model's folder); the estimate counted model.onnx alone, a few hundred bytes, so a model of any
+    # size was admitted into any budget.
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    weights = np.ones((2048, 2048), np.float32)  # 16 MiB in model.onnx.data
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "big",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 2048])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2048])],
+                              [numpy_helper.from_array(weights, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    (tmp_path / "big" / "1").mkdir(parents=True)
+    path = tmp_path / "big" / "1" / "model.onnx"
+    onnx.save(model, str(path), save_as_external_data=True, location="model.onnx.data", size_threshold=0)
+    assert path.stat().st_size < 1024
+    memory = MemoryGovernor(MemoryConfig(budget_mb=8, policy="refuse"))
+    assert memory.peak_estimate("big/1", path) >= weights.nbytes
+    service = InferenceService(tmp_path, ModelsConfig(control_mode="explicit"), memory=memory)
+    service.start()
+    try:
+        with pytest.raises(MemoryBudgetExceeded, match="it alone exceeds the budget"):
+            service.load_model("big")
+        assert memory.budget.charges() == {}
+    finally:
+        service.close()

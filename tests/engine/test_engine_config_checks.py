@@ -128,6 +128,22 @@ def test_warmup_elements_are_bounded_by_the_tensor_limit(tmp_path: Path) -> None
         engine.close()
 
 
+def test_a_model_declaring_dims_past_the_tensor_limit_loads_without_a_generated_warmup(
+        tmp_path: Path, service: InferenceService) -> None:
+    # no request can be that large, so a warm-up of that size (4 TiB here: the load failed 'Unable to allocate',
+    # and a few GiB would have been allocated and run) exercises nothing; Triton loads such a model
+    huge = 1 << 40
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "huge",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", huge])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", huge])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    (tmp_path / "huge" / "1").mkdir(parents=True)
+    onnx.save(model, str(tmp_path / "huge" / "1" / "model.onnx"))
+    service.load_model("huge")
+    assert service.model_ready("huge") and service.model_config("huge").input[0].dims == (huge,)
+
+
 def test_an_autocompleted_per_item_scalar_input_warms_up_and_answers(tmp_path: Path,
                                                                       service: InferenceService) -> None:
     # input [batch]: auto-complete makes it dims [1] with an empty reshape, so warm-up's [1, 1] must become [1]

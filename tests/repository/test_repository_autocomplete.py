@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
@@ -164,3 +165,22 @@ def test_validate_reports_sequence_batching_as_an_error_at_its_line(tmp_path: Pa
     assert result.returncode == 1
     assert f"{config}:3:1: field 'sequence_batching': stateful (sequence) models are not supported" in result.stderr
     assert "ok: model" not in result.stdout
+
+
+def test_reading_a_model_for_auto_complete_prints_no_onnxruntime_warnings(tmp_path: Path) -> None:
+    # describing a model opened an ORT session at ORT's default log level: its warnings (an initializer that is
+    # also an input) went to stderr with terminal colour codes, into the daemon's journal and validate's output
+    from onnx import numpy_helper
+
+    graph = helper.make_graph([helper.make_node("Mul", ["x", "scale"], ["y"])], "scaler",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4]),
+                               helper.make_tensor_value_info("scale", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+                              [numpy_helper.from_array(np.full(4, 2.0, np.float32), "scale")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    (tmp_path / "scaler" / "1").mkdir(parents=True)
+    onnx.save(model, str(tmp_path / "scaler" / "1" / "model.onnx"))
+    result = run_validate(str(tmp_path / "scaler"), "--json")
+    assert result.returncode == 0, result.stderr
+    assert "onnxruntime" not in result.stderr and "\x1b[" not in result.stderr
