@@ -117,6 +117,7 @@ class WireClient(paho.Client):
         self.reads = 0  # kernel reads of sockets closed since, and of unbuffered ones; see read_count()
         self._buffered: BufferedSocket | None = None
         self._puback_reasons: dict[int, ReasonCode] = {}
+        self._odd_codes: set[int] = set()  # PUBACK codes that are no PUBACK codes, logged once each
         self._no_properties = Properties(PacketTypes.PUBACK)  # type: ignore[no-untyped-call]
         self._wake_sent = False  # a wake-up byte is on its way to the network thread
         self.wakes = 0  # wake-up bytes sent
@@ -197,6 +198,9 @@ class WireClient(paho.Client):
 
     def _handle_pubackcomp(self, cmd: Any) -> MQTTErrorCode:
         packet = self._in_packet["packet"]
+        if (cmd == "PUBACK" and len(packet) >= 3 and self._protocol == _MQTTV5
+                and self._puback_reason(packet[2]) is None):
+            return self._odd_puback(int.from_bytes(packet[0:2], "big"), packet[2])
         if cmd != "PUBACK" or len(packet) > 3:  # PUBCOMP, or a PUBACK with properties: paho's decoder
             self.slow_decodes += cmd == "PUBACK"
             return super()._handle_pubackcomp(cmd)
@@ -204,12 +208,34 @@ class WireClient(paho.Client):
             return MQTTErrorCode.MQTT_ERR_PROTOCOL
         mid = int.from_bytes(packet[0:2], "big")
         code = packet[2] if len(packet) == 3 and self._protocol == _MQTTV5 else 0
+        reason = self._puback_reason(code)
+        if reason is None:  # not reached: checked above
+            return MQTTErrorCode.MQTT_ERR_PROTOCOL
+        return self._published(mid, reason)
+
+    def _puback_reason(self, code: int) -> ReasonCode | None:
+        """paho's ReasonCode for a PUBACK's code, or None when paho's table has no such PUBACK code."""
         reason = self._puback_reasons.get(code)
         if reason is None:
             try:
                 reason = self._puback_reasons[code] = ReasonCode(PacketTypes.PUBACK, identifier=code)
-            except KeyError:  # not a PUBACK reason code: paho's decoder reports the malformed packet
-                return super()._handle_pubackcomp(cmd)
+            except (KeyError, ValueError):
+                return None
+        return reason
+
+    def _odd_puback(self, mid: int, code: int) -> MQTTErrorCode:
+        """A PUBACK whose reason code is no PUBACK code (mosquitto answers a message past its message_size_limit
+        with 0x95, packet too large): a refusal when 0x80 or above, as the spec reads any code. paho's decoder
+        raised ValueError for it, in the network thread, on every resend of the message."""
+        if code not in self._odd_codes:
+            self._odd_codes.add(code)
+            log.warning("mqtt: the broker answered a PUBLISH with PUBACK reason code 0x%02x, which is no PUBACK "
+                        "code (0x95: packet too large, past mosquitto's message_size_limit); taken as %s", code,
+                        "a refusal" if code >= 0x80 else "success")
+        reason = self._puback_reason(0x80 if code >= 0x80 else 0x00)
+        return self._published(mid, reason) if reason is not None else MQTTErrorCode.MQTT_ERR_PROTOCOL
+
+    def _published(self, mid: int, reason: ReasonCode) -> MQTTErrorCode:
         with self._out_message_mutex:
             if mid in self._out_messages:
                 return self._do_on_publish(mid, reason, self._no_properties)
