@@ -169,6 +169,9 @@ def test_a_load_that_outlasts_the_timeout_says_the_daemon_goes_on_loading(explic
     nothing said the load was not refused, how to follow it, or how to wait longer (a TensorRT load takes
     minutes on a Jetson, the default timeout is 30 s)."""
     env = explicit_server.env()
+    # not loaded first: a test before this one in the module may have loaded it, and a load of a loaded model
+    # answers within the millisecond
+    assert edged("models", "unload", "digits_onnx", env=env).returncode == 0
     slow = edged("models", "load", "digits_onnx", "--timeout", "0.001", env=env)
     assert slow.returncode == 1
     assert "still be loading" in slow.stderr and "edged models list" in slow.stderr and "--timeout" in slow.stderr
