@@ -44,6 +44,11 @@ class Service:
     def server_ready(self, request: pb.ServerReadyRequest) -> pb.ServerReadyResponse:
         return pb.ServerReadyResponse(ready=self._service.ready and not self.draining)
 
+    def health_check(self, request: pb.ModelReadyRequest) -> bytes:
+        """grpc.health.v1.Health/Check: HealthCheckResponse{status} encoded by hand (field 1, a varint), SERVING (1)
+        while the server is ready, else NOT_SERVING (2); the service named is not looked at, as in Triton."""
+        return b"\x08\x01" if self._service.ready and not self.draining else b"\x08\x02"
+
     def model_ready(self, request: pb.ModelReadyRequest) -> pb.ModelReadyResponse:
         return pb.ModelReadyResponse(ready=self._service.model_ready(request.name, request.version))
 

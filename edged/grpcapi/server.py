@@ -3,10 +3,11 @@
 edged serves gRPC itself: HTTP/2 with prior knowledge (``_h2_connection``), the gRPC call layer
 (``_grpc_stream``) and the handlers below, all on the daemon's loop with no thread or completion queue of a
 library in between (grpcio's server cost twice the CPU of the HTTP/1.1 path per call: docs/benchmarks.md).
-Handlers are found by method name in ``RPCS``; TraceSetting and LogSettings are not there, so they answer
-UNIMPLEMENTED as an RPC edged does not serve should. The engine and the shared-memory registry are the HTTP
-server's own (the daemon passes both), never a second backend. A unary ModelInfer runs with no task: decoded
-when its last DATA frame arrives, submitted, and answered from the engine's callback in one write.
+Handlers are found by method name in ``RPCS`` (with gRPC's standard health Check, as Triton serves it);
+TraceSetting and LogSettings are not there, so they answer UNIMPLEMENTED as an RPC edged does not serve should.
+The engine and the shared-memory registry are the HTTP server's own (the daemon passes both), never a second
+backend. A unary ModelInfer runs with no task: decoded when its last DATA frame arrives, submitted, and answered
+from the engine's callback in one write.
 
 Listeners (``_listeners``) and access control (``_access``):
 - ``[server] grpc_port``: loopback TCP on ``grpc_host``; ``[server] grpc_socket``: a Unix socket, adopted
@@ -67,6 +68,10 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME = "inference.GRPCInferenceService"
 _PREFIX = f"/{SERVICE_NAME}/".encode()
+# gRPC's standard health check (grpc.health.v1, what Kubernetes' grpc probes and grpc_health_probe call), which
+# Triton serves beside its own health RPCs: its one method, Check, under this name in RPCS and the metrics
+HEALTH_CHECK = "grpc.health.v1.Health/Check"
+_HEALTH_CHECK_PATH = f"/{HEALTH_CHECK}".encode()
 _ACTIONS = {"RepositoryModelLoad": "load models", "RepositoryModelUnload": "unload models",
             "ModelInfer": "run inference", "ModelStreamInfer": "run inference"}
 
@@ -97,6 +102,8 @@ RPCS: dict[str, Rpc] = {
     "CudaSharedMemoryUnregister": Rpc(pb.CudaSharedMemoryUnregisterRequest, "shared-memory", "infer"),
     "ModelInfer": Rpc(pb.ModelInferRequest, "inference", "infer"),
     "ModelStreamInfer": Rpc(pb.ModelInferRequest, "inference", "infer"),
+    # HealthCheckRequest is {string service = 1}, ModelReadyRequest's first field: read as one, service in .name
+    HEALTH_CHECK: Rpc(pb.ModelReadyRequest, "health", "open"),
 }
 _BLOCKING = frozenset({"RepositoryModelLoad", "RepositoryModelUnload"})
 _SHM = frozenset({"SystemSharedMemoryStatus", "SystemSharedMemoryRegister", "SystemSharedMemoryUnregister"})
@@ -320,7 +327,7 @@ class GrpcServer:
             "RepositoryModelUnload": calls.unload, "SystemSharedMemoryStatus": calls.shm_status,
             "SystemSharedMemoryRegister": calls.shm_register, "SystemSharedMemoryUnregister": calls.shm_unregister,
             "CudaSharedMemoryStatus": calls.cuda_status, "CudaSharedMemoryRegister": calls.cuda_register,
-            "CudaSharedMemoryUnregister": calls.cuda_unregister,
+            "CudaSharedMemoryUnregister": calls.cuda_unregister, HEALTH_CHECK: calls.health_check,
         }
 
     def _open(self, conn: H2Connection, stream_id: int, headers: list[tuple[bytes, bytes]],
@@ -330,7 +337,8 @@ class GrpcServer:
         if call is None:
             return None
         path = call.request.path
-        name = path[len(_PREFIX):].decode("latin-1") if path.startswith(_PREFIX) else ""
+        name = (path[len(_PREFIX):].decode("latin-1") if path.startswith(_PREFIX)
+                else HEALTH_CHECK if path == _HEALTH_CHECK_PATH else "")
         if name not in RPCS:
             call.fail(Status.UNIMPLEMENTED, f"method {path.decode('latin-1')!r} is not served by edged")
             return call

@@ -119,6 +119,25 @@ def test_every_streamed_answer_says_it_is_the_requests_final_response(url: str) 
     assert "triton_final_response" not in unary.get_response().parameters  # unary answers carry none, as Triton's
 
 
+def test_the_standard_grpc_health_check_answers_serving_as_tritons_does(url: str) -> None:
+    # grpc.health.v1.Health/Check (Kubernetes' grpc probes, grpc_health_probe) is served by Triton: SERVING while
+    # the server is ready, whatever service the request names; Watch is not (UNIMPLEMENTED, as in Triton)
+    grpc = pytest.importorskip("grpc")
+    with grpc.insecure_channel(url) as channel:
+        check = channel.unary_unary("/grpc.health.v1.Health/Check", request_serializer=bytes,
+                                    response_deserializer=bytes)
+        assert check(b"", timeout=30) == b"\x08\x01"  # HealthCheckResponse{status: SERVING}
+        assert check(b"\x0a\x05edged", timeout=30) == b"\x08\x01"  # HealthCheckRequest{service: "edged"}
+        with pytest.raises(grpc.RpcError) as bad:
+            check(b"\x0a\x7f", timeout=30)  # a string field running past the message
+        assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        watch = channel.unary_stream("/grpc.health.v1.Health/Watch", request_serializer=bytes,
+                                     response_deserializer=bytes)
+        with pytest.raises(grpc.RpcError) as unserved:
+            list(watch(b"", timeout=30))
+        assert unserved.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
 def test_system_shared_memory_inputs_and_outputs_with_tritonclient_utils(url: str) -> None:
     client = triton_grpc.InferenceServerClient(url)
     data = np.arange(2 * 64, dtype=np.float32).reshape(2, 64) / 100
