@@ -184,8 +184,8 @@ def bounded(message: str) -> str:
 class GrpcCall:
     """The call side of one stream; ``on_message`` and ``on_end`` are set by the handler that serves it."""
 
-    __slots__ = ("_buffer", "_conn", "_deadline", "_end_seen", "_held", "_held_charge", "_input_over", "_kept",
-                 "_length_left", "_limits", "_open_since", "_parks", "_partial_since", "_reserved", "_started",
+    __slots__ = ("_buffer", "_conn", "_deadline", "_deadline_at", "_end_seen", "_held", "_held_charge", "_input_over",
+                 "_kept", "_length_left", "_limits", "_open_since", "_parks", "_partial_since", "_reserved", "_started",
                  "cancellation", "done", "on_cancel", "on_drained", "on_end", "on_message", "output", "request",
                  "sender", "stream_id", "tally", "task")
 
@@ -219,12 +219,24 @@ class GrpcCall:
         self.on_end: Callable[[], None] = _none
         self.on_cancel: Callable[[], None] = _none
         self.on_drained: Callable[[], None] = _none
+        self._deadline_at = 0.0  # the loop time the deadline passes (uvloop's timer handles have no when())
         if request.timeout_s is not None:
-            self._deadline = asyncio.get_running_loop().call_later(request.timeout_s, self._expired)
+            loop = asyncio.get_running_loop()
+            # below the loop clock's millisecond (uvloop's time() is read once per turn) a deadline counts as passed:
+            # no answer could come sooner
+            self._deadline_at = loop.time() + (request.timeout_s if request.timeout_s >= 1e-3 else 0.0)
+            self._deadline = loop.call_later(request.timeout_s, self._expired)
 
     # --- from the connection --------------------------------------------------------------------------------
     def data(self, chunk: memoryview, end_stream: bool) -> None:
         if self.done or (self._length_left is not None and self._malformed_length(len(chunk), end_stream)):
+            return
+        deadline = self._deadline
+        if deadline is not None and self._deadline_at <= asyncio.get_running_loop().time():
+            # passed before this DATA was read (grpc-timeout 0S, 1n): its timer would fire only after the message,
+            # read in the same turn, had been handed to the engine and run
+            deadline.cancel()
+            self._expired()
             return
         if end_stream:
             self._end_seen = True

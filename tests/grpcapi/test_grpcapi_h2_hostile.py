@@ -446,6 +446,20 @@ def test_grpc_timeout_is_a_deadline(grpc_daemon: GrpcDaemon) -> None:
         assert client.until(RST_STREAM, 3).code == PROTOCOL_ERROR  # not a timeout a client may send
 
 
+def test_a_deadline_already_past_when_the_message_arrives_is_not_run(grpc_daemon: GrpcDaemon) -> None:
+    # grpc-timeout 0S or 1n: the deadline's timer fired only after the message, in the same read, had been
+    # handed to the engine, so the call was answered OK (the model ran) where gRPC says DEADLINE_EXCEEDED
+    with RawH2(grpc_daemon.tcp) as client:
+        client.start()
+        for stream, timeout in ((1, b"0S"), (3, b"1n")):
+            client.send(frame(HEADERS, END_HEADERS, stream, request_block("ModelInfer", [(b"grpc-timeout", timeout)]))
+                        + b"".join(data_frames(stream, message(_infer_body()))))
+            fields, body = client.response(stream)
+            assert fields[b"grpc-status"] == b"4" and not body, (timeout, fields)
+        fields, _ = client.call(5, "ModelInfer", _infer_body())  # the connection serves on
+        assert fields[b"grpc-status"] == b"0"
+
+
 def test_a_call_reset_while_the_engine_works_on_it_costs_nothing_else(grpc_daemon: GrpcDaemon) -> None:
     frame_ = np.zeros((1, 1080, 1920, 3), np.uint8)  # camera_frame runs on a worker thread, not inline
     request = pb.ModelInferRequest(model_name="camera_frame")
