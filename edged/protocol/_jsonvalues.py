@@ -22,6 +22,7 @@ from edged.errors import InvalidInput
 
 Array = np.ndarray[Any, Any]
 
+_PIECE = 64 * 1024  # BYTES elements stored into their array this many at a time
 _EXPECTED = {"b": "JSON true/false", "i": "JSON integers", "u": "JSON integers", "f": "JSON numbers",
              "O": "JSON strings"}
 
@@ -29,12 +30,12 @@ _EXPECTED = {"b": "JSON true/false", "i": "JSON integers", "u": "JSON integers",
 def bytes_from_json(name: str, datatype: str, values: Sequence[Any]) -> Array:
     """BYTES elements (the flat values) as an object array of bytes; a non-string element is refused."""
     flat = np.empty(len(values), dtype=object)
-    encoded = []
-    for index, value in enumerate(values):
-        if type(value) is not str:
-            raise _wrong_type(name, datatype, "O", index, value)
-        encoded.append(value.encode())
-    flat[:] = encoded
+    if set(map(type, values)) - {str}:  # a C loop: Python runs per element only to name the wrong one
+        index, value = _first(values, lambda v: type(v) is not str)
+        raise _wrong_type(name, datatype, "O", index, value)
+    encoded = list(map(str.encode, values))
+    for start in range(0, len(encoded), _PIECE):  # in pieces: one long C call would hold the GIL all along
+        flat[start:start + _PIECE] = encoded[start:start + _PIECE]
     return flat
 
 

@@ -13,6 +13,7 @@ import struct
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, Protocol
 
 import numpy as np
@@ -29,6 +30,9 @@ from edged.protocol.shm_params import ShmReader, ShmReference, shm_reference
 Array = np.ndarray[Any, Any]
 
 _LENGTH = struct.Struct("<I")
+# BYTES tensors of this many elements or more are encoded and decoded by numpy, not element by element
+_VECTOR_MIN = 64
+_PIECE = 64 * 1024  # ... that many at a time
 _BOM = b"\xef\xbb\xbf"  # UTF-8 byte order mark
 # Tables built once so that the per-tensor work is a dict lookup: the little-endian dtype binary data of each
 # dtype is read as, and the KServe name of each numeric dtype in either byte order.
@@ -238,23 +242,52 @@ def _from_binary(name: str, chunk: memoryview, dtype: np.dtype[Any], shape: tupl
 
 
 def _bytes_elements(name: str, chunk: memoryview, count: int) -> Array:
-    items: list[bytes] = []
-    position = 0
     raw = bytes(chunk)
-    while position < len(raw):
-        if position + 4 > len(raw):
-            raise InvalidInput(f"input {name!r}: truncated BYTES element length at byte {position}")
-        (length,) = _LENGTH.unpack_from(raw, position)
-        position += 4
-        if position + length > len(raw):
-            raise InvalidInput(f"input {name!r}: BYTES element of {length} bytes runs past the data")
-        items.append(raw[position:position + length])
-        position += length
+    items = _equal_length_elements(raw, count) if count >= _VECTOR_MIN else None
+    if items is None:
+        items = _chained_elements(name, raw)
     if len(items) != count:
         raise InvalidInput(f"input {name!r}: found {len(items)} BYTES elements, expected {count} for its shape")
     array = np.empty(count, dtype=object)
-    array[:] = items
+    for start in range(0, count, _PIECE):  # in pieces: one long C call would hold the GIL all along
+        array[start:start + _PIECE] = items[start:start + _PIECE]
     return array
+
+
+def _equal_length_elements(raw: bytes, count: int) -> list[bytes] | None:
+    """The elements when all ``count`` have the first one's length (fixed-width ids, hashes, padded text), read
+    by numpy in one pass; None otherwise (then the elements are walked one by one)."""
+    if len(raw) < 4 or len(raw) % count:
+        return None
+    (width,) = _LENGTH.unpack_from(raw, 0)
+    if len(raw) != count * (4 + width):
+        return None
+    if width == 0:
+        return [b""] * count if not any(raw) else None
+    records = np.frombuffer(raw, dtype=np.dtype([("length", "<u4"), ("data", f"V{width}")]))
+    if not bool((records["length"] == width).all()):
+        return None
+    data = records["data"]
+    items: list[bytes] = []
+    for start in range(0, count, _PIECE):
+        items += data[start:start + _PIECE].tolist()  # void items come out as bytes, NULs kept
+    return items
+
+
+def _chained_elements(name: str, raw: bytes) -> list[bytes]:
+    """Each element's length prefix gives where the next one starts: a walk, one element a step."""
+    items: list[bytes] = []
+    append, unpack, end = items.append, _LENGTH.unpack_from, len(raw)
+    position = 0
+    while position < end:
+        if position + 4 > end:
+            raise InvalidInput(f"input {name!r}: truncated BYTES element length at byte {position}")
+        start = position + 4
+        position = start + unpack(raw, position)[0]
+        if position > end:
+            raise InvalidInput(f"input {name!r}: BYTES element of {position - start} bytes runs past the data")
+        append(raw[start:position])
+    return items
 
 
 def _from_json(name: str, data: Any, dtype: np.dtype[Any], datatype: str, shape: tuple[int, ...],
@@ -350,18 +383,80 @@ def _to_binary(array: Array) -> bytes:
     if array.dtype.byteorder in _LITTLE_ENDIAN_ORDERS and array.dtype.kind not in "OSU":
         return array.tobytes()  # row-major bytes whatever the array's memory layout
     if array.dtype.kind in "OSU":
+        return _length_prefixed(array)
+    return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+
+
+def _length_prefixed(array: Array) -> bytes:
+    """BYTES elements (bytes, or str written as UTF-8), each after its 4-byte little-endian length.
+
+    Past ``_VECTOR_MIN`` elements no Python code runs per element: the elements are joined in one call (str ones
+    encoded in one call when all are ASCII, as model outputs mostly are), their lengths read with ``map(len)``,
+    and numpy places the prefixes and the data in the output; ``_PIECE`` elements at a time, so that no single
+    call holds the GIL for long when this runs off the event loop.
+    """
+    flat = array.ravel()
+    count = flat.size
+    if count < _VECTOR_MIN:
         parts = []
-        for item in array.ravel():
+        for item in flat.tolist():
             raw = item.encode() if isinstance(item, str) else bytes(item)
             parts.append(_LENGTH.pack(len(raw)))
             parts.append(raw)
         return b"".join(parts)
-    return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+    if count <= _PIECE:
+        return _prefixed_piece(flat.tolist())
+    return b"".join([_prefixed_piece(flat[start:start + _PIECE].tolist()) for start in range(0, count, _PIECE)])
+
+
+def _prefixed_piece(items: list[Any]) -> bytes:
+    count = len(items)
+    data, lengths = _joined(items)
+    if int(lengths.max()) > 0xFFFFFFFF:
+        raise InvalidInput(f"a BYTES element of {int(lengths.max())} bytes does not fit its 4-byte length")
+    out = np.empty(len(data) + 4 * count, dtype=np.uint8)
+    starts = np.arange(0, 4 * count, 4, dtype=np.int64)  # each prefix's offset: 4 per element before it ...
+    starts[1:] += np.cumsum(lengths[:-1])  # ... and the data of the elements before it
+    prefixes = lengths.astype("<u4").view(np.uint8).reshape(count, 4)
+    is_data = np.ones(len(out), dtype=bool)
+    for byte in range(4):
+        out[byte:][starts] = prefixes[:, byte]
+        is_data[byte:][starts] = False
+    out[is_data] = np.frombuffer(data, dtype=np.uint8)
+    return out.tobytes()
+
+
+def _joined(items: list[Any]) -> tuple[bytes, Array]:
+    """(the elements' bytes joined, each element's byte length) with the old per-element semantics: str as
+    UTF-8, anything else through bytes()."""
+    count = len(items)
+    try:
+        text = "".join(items)
+    except TypeError:  # not all str
+        try:
+            data = b"".join(items)
+        except TypeError:  # not all bytes-like either
+            pass
+        else:
+            lengths = np.fromiter(map(len, items), dtype=np.int64, count=count)
+            if int(lengths.sum()) == len(data):  # a multi-byte memoryview's len is not its byte count
+                return data, lengths
+    else:
+        if text.isascii():  # one byte a character: the str lengths are the byte lengths
+            return text.encode("ascii"), np.fromiter(map(len, items), dtype=np.int64, count=count)
+    encoded = [item.encode() if isinstance(item, str) else bytes(item) for item in items]
+    return b"".join(encoded), np.fromiter(map(len, encoded), dtype=np.int64, count=count)
 
 
 def _to_json_data(array: Array) -> Any:
     if array.dtype.kind in "OSU":
-        return [item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item) for item in array.ravel()]
+        items = array.ravel().tolist()
+        kinds = set(map(type, items))
+        if kinds <= {str}:
+            return items
+        if kinds <= {bytes}:
+            return list(map(bytes.decode, items, repeat("utf-8"), repeat("replace")))
+        return [item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item) for item in items]
     if has_nonfinite(array):  # written NaN, Infinity, -Infinity, as Triton writes them (orjson writes null)
         flat = np.ascontiguousarray(array).ravel()
         finite = np.where(np.isfinite(flat), flat, 0).astype(flat.dtype)
