@@ -12,7 +12,10 @@ callback writes the response directly; otherwise the callback comes from a worke
 A body of ``OFFLOAD_BYTES`` or more is decoded on one decoding thread: its decode parses in pieces (see
 ``edged.protocol._jsondata``), so the loop keeps answering other clients meanwhile; its response keeps its
 place in the connection's order like any other. One thread, not a pool: several decoding threads would each
-take the GIL in turn before the loop gets it back, and decode no faster.
+take the GIL in turn before the loop gets it back, and decode no faster. A response with an output of
+``OFFLOAD_ELEMENTS`` or more that takes Python work to encode (BYTES, or written as JSON) is encoded on that
+thread too, and answered from the loop; smaller ones, and large numeric binary outputs (one copy), are encoded
+on the loop, with no thread hop.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from edged.protocol.header_cache import HeaderCache, RequestHeader
 from edged.protocol.shm_params import ShmReader
 from edged.serving._access import ShmCallerOf
 from edged.serving._http import Connection
-from edged.serving._limits import OFFLOAD_BYTES
+from edged.serving._limits import OFFLOAD_BYTES, OFFLOAD_ELEMENTS
 from edged.serving._messages import Incoming, Slot, header_int, unqueued_when_gone
 from edged.serving._response import error_for, render
 from edged.serving._response_heads import ResponseHeads
@@ -81,8 +84,12 @@ class _Call(InferRequest):
             if isinstance(result, EdgedError):
                 connection.respond(slot, render(error_for(result), keep_alive), not keep_alive)
                 return
+            for name, array in result.outputs.items():
+                if array.size >= OFFLOAD_ELEMENTS and _costly(name, array, self.decoded):
+                    path.encode_elsewhere(self, result)  # answers the slot from the loop when it is done
+                    return
             decoded = self.decoded
-            try:
+            try:  # encode's work inline: no call more on the path of every small request (test_serving_hot_path)
                 placed = path.place_outputs(self, result) if decoded.outputs else frozenset()
                 response = path.responses.encode(result, decoded, keep_alive, placed)
             except EdgedError as e:
@@ -91,6 +98,22 @@ class _Call(InferRequest):
             connection.respond(slot, response, not keep_alive)
         except Exception as e:  # runs as a loop callback: an escaping error would leave the slot unanswered
             connection.fail(slot, e, keep_alive)
+
+    def encode(self, result: InferResponse) -> bytes:
+        """The whole HTTP response for ``result``, its outputs placed in shared memory where asked (the decoding
+        thread's work for a large response; a small one is encoded in ``__call__``)."""
+        path, decoded, keep_alive = self.path, self.decoded, self.keep_alive
+        try:
+            placed = path.place_outputs(self, result) if decoded.outputs else frozenset()
+            return path.responses.encode(result, decoded, keep_alive, placed)
+        except EdgedError as e:
+            return render(error_for(e), keep_alive)
+
+
+def _costly(name: str, array: Any, decoded: RequestHeader) -> bool:
+    """Whether encoding a large output takes long: BYTES (each element read by Python), or written as JSON;
+    numeric binary data is one copy."""
+    return array.dtype.kind in "OSU" or not decoded.binary_outputs.get(name, decoded.binary_default)
 
 
 class InferPath:
@@ -114,6 +137,24 @@ class InferPath:
 
     def close(self) -> None:
         self._decoder.shutdown(wait=False, cancel_futures=True)
+
+    def encode_elsewhere(self, call: _Call, result: InferResponse) -> None:
+        """Encode a large response on the decoding thread (``OFFLOAD_ELEMENTS``) and answer from the loop."""
+        future = self.loop.run_in_executor(self._decoder, call.encode, result)
+        future.add_done_callback(lambda done: self._encoded(call, done))
+
+    def _encoded(self, call: _Call, done: asyncio.Future[bytes]) -> None:
+        connection, slot, keep_alive = call.connection, call.slot, call.keep_alive
+        try:
+            if done.cancelled():
+                error = Unavailable("the server is shutting down")
+                connection.respond(slot, render(error_for(error), keep_alive), not keep_alive)
+            elif (failure := done.exception()) is not None:
+                connection.fail(slot, failure, keep_alive)
+            else:
+                connection.respond(slot, done.result(), not keep_alive)
+        except Exception as e:  # a loop callback: nothing else would answer the slot
+            connection.fail(slot, e, keep_alive)
 
     def handle(self, connection: Connection, incoming: Incoming, slot: Slot, model: str, version: str) -> None:
         try:

@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 1
 OFFLOAD_BYTES = 1024 * 1024  # infer bodies this large are decoded in the executor, off the event loop
+# responses with a BYTES or JSON output of this many elements are encoded there too (a few ms of encoding)
+OFFLOAD_ELEMENTS = 16 * 1024
 RETRY = ((b"retry-after", str(RETRY_AFTER_S).encode()),)
 # The most JSON text one element may take in a request the server reads: "-1.2345678901234567e-308, " is 26.
 JSON_BYTES_PER_ELEMENT = 32
