@@ -4,8 +4,9 @@ A request is decoded on the loop (``decode``: through a cached layout when the b
 ``_layouts``), submitted with ``InferenceService.submit`` (inline when the engine says the model is fast enough)
 and its done callback encodes the response to its serialised bytes and hands them on (``begin``: the unary
 path, with no task or future), hopping back to the loop with ``call_soon_threadsafe`` when it runs on a worker
-thread. A lazily loaded model is loaded in the executor first. ModelStreamInfer takes the same ``decode`` and
-``begin`` for each of its messages (``_stream_infer``).
+thread; a response with a BYTES output of ``OFFLOAD_ELEMENTS`` or more is encoded in the executor instead, and
+handed on from the loop. A lazily loaded model is loaded in the executor first. ModelStreamInfer takes the
+same ``decode`` and ``begin`` for each of its messages (``_stream_infer``).
 
 Several clients: requests from two senders (connections, or streams) within ``_OVERLAP_S`` of each other mean
 concurrent traffic, and for the next ``_HOLD_S`` the requests of a loop iteration are gathered and submitted
@@ -22,9 +23,9 @@ import threading
 from collections.abc import Callable
 
 from edged.engine import InferenceService, InferRequest, InferResponse
-from edged.errors import EdgedError, InferenceFailed
+from edged.errors import EdgedError, InferenceFailed, Unavailable
 from edged.grpcapi._layouts import RequestLayouts, ResponseLayouts
-from edged.grpcapi._tensors import Decoded
+from edged.grpcapi._tensors import Decoded, encode_infer
 from edged.protocol.shm_params import ShmReference
 from edged.shm import TCP_CALLER, Caller, SharedMemoryRegistry
 
@@ -36,6 +37,9 @@ _Done = Callable[[_Result], None]
 # gather the requests of each loop iteration into one flush for the next _HOLD_S (the HTTP path's figures).
 _OVERLAP_S = 0.002
 _HOLD_S = 0.05
+# A response with a BYTES output of this many elements is encoded in the executor, off the loop (the HTTP
+# path's figure, serving._limits.OFFLOAD_ELEMENTS): its elements are read one by one.
+OFFLOAD_ELEMENTS = 16 * 1024
 
 
 def _tcp_caller() -> Caller:
@@ -153,6 +157,10 @@ class GrpcInfer:
         if isinstance(result, EdgedError):
             finish(result)
             return
+        for array in result.outputs.values():
+            if array.size >= OFFLOAD_ELEMENTS and array.dtype.kind in "OSU":
+                self._encode_elsewhere(result, decoded, finish)
+                return
         try:
             answer = self._responses.encode(result, decoded.outputs, self._write)
         except EdgedError as e:
@@ -163,6 +171,26 @@ class GrpcInfer:
             finish(InferenceFailed(f"internal error: {e}"))
             return
         finish(answer)
+
+    def _encode_elsewhere(self, result: InferResponse, decoded: Decoded, finish: Callable[[_Answer], None]) -> None:
+        """A response with a large BYTES output, encoded in the executor (protobuf's own encoding, no layout:
+        the layouts are the loop's) and handed to ``finish`` on the loop."""
+        def encode() -> _Answer:
+            try:
+                return encode_infer(result, decoded.outputs, self._write).SerializeToString()
+            except EdgedError as e:
+                return e
+
+        def done(future: asyncio.Future[_Answer]) -> None:
+            if future.cancelled():
+                finish(Unavailable("the server is shutting down"))
+            elif (error := future.exception()) is not None:
+                log.error("unexpected error encoding a gRPC response (model %s): %s", result.model, error)
+                finish(InferenceFailed(f"internal error: {error}"))
+            else:
+                finish(future.result())
+
+        self._loop.run_in_executor(None, encode).add_done_callback(done)
 
     def _read(self, reference: ShmReference) -> memoryview:
         return self._shm.readable(reference, self._caller())
