@@ -43,7 +43,7 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -386,6 +386,10 @@ class GrpcServer:
         infer = infer or self._infer
         if infer is None:
             raise RuntimeError("GrpcServer.start() has not run")
+        if len(data) >= OFFLOAD_BYTES and data.find(_BYTES_INPUT, 0, _BYTES_LOOK) >= 0:
+            # a large request that names a BYTES tensor: its elements are read one by one, in the executor
+            call.task = asyncio.get_running_loop().create_task(self._run(call, _decode_elsewhere(infer, call), data))
+            return
         decoded = infer.decode(data)  # InvalidInput: answered INVALID_ARGUMENT by _expect_one
         decoded.request.cancellation = call.cancellation  # a reset or deadline unqueues it
         if infer.needs_load(decoded):
@@ -435,11 +439,26 @@ class GrpcServer:
 # (None over TCP: the server's shared ones).
 _Peered = tuple["Peer | None", "GrpcInfer | None", "Callable[[GrpcCall, bytes], None] | None"]
 _TCP: _Peered = (None, None, None)
+# A ModelInfer message this large whose first bytes name a BYTES tensor (an input's datatype field, 2, of length 5)
+# is decoded in the executor: its elements are read one by one. Numeric ones (camera frames) stay on the loop,
+# where a repeated layout skips protobuf; a false match only costs the hop.
+OFFLOAD_BYTES = 1024 * 1024
+_BYTES_INPUT = b"\x12\x05BYTES"
+_BYTES_LOOK = 64 * 1024
 
 
 def _bound(start: Callable[[GrpcCall, bytes, GrpcInfer], None], infer: GrpcInfer,
            ) -> Callable[[GrpcCall, bytes], None]:
     return lambda call, data: start(call, data, infer)
+
+
+def _decode_elsewhere(infer: GrpcInfer, call: GrpcCall) -> Callable[[bytes], Awaitable[bytes]]:
+    """ModelInfer for a request decoded in the executor (``OFFLOAD_BYTES``), then submitted from the loop."""
+    async def run(data: bytes) -> bytes:
+        decoded = await asyncio.get_running_loop().run_in_executor(None, infer.decode, data)
+        decoded.request.cancellation = call.cancellation
+        return await infer.infer(decoded)
+    return run
 
 
 def _as_caller(function: Callable[..., Any], caller: Caller) -> Callable[[Any], Any]:

@@ -1,10 +1,10 @@
-"""A large BYTES ModelInfer response is encoded off the event loop (tritonclient over a real Unix socket, a real
-ONNX Runtime model), as the HTTP path does it (tests/serving/test_serving_bytes_offload.py).
+"""A large BYTES ModelInfer request is decoded, and its response encoded, off the event loop (tritonclient over a
+real Unix socket, a real ONNX Runtime model), as the HTTP path does it (tests/serving/test_serving_bytes_offload.py).
 
-Not timed: a profile hook catches ``tensor_bytes`` as it starts encoding the output and, from inside it, asks
-the server's loop to run a callback. Encoded on the loop thread, the callback cannot run until the encoding
-returns (the hook gives up after its timeout and the test fails); encoded elsewhere, it runs meanwhile. A small
-BYTES response keeps the loop's path, with no hop to a thread.
+Not timed: a profile hook catches ``tensor_bytes`` as it starts encoding the output (``tensor_from_bytes`` as it
+starts decoding the input) and, from inside it, asks the server's loop to run a callback. On the loop thread,
+the callback cannot run until the work returns (the hook gives up after its timeout and the test fails); done
+elsewhere, it runs meanwhile. A small BYTES request keeps the loop's path, with no hop to a thread.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -32,22 +31,24 @@ LOOP_TIMEOUT_S = 20.0
 
 
 class LoopFromEncoder:
-    """A profile hook: the first ``tensor_bytes`` after ``arm`` records its thread and has the loop run a
+    """A profile hook: the first call of the function ``arm`` names records its thread and has the loop run a
     callback before it goes on (the result: whether the loop ran it)."""
 
     def __init__(self) -> None:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.armed = False
+        self.target = "tensor_bytes"
         self.threads: list[int] = []
         self.loop_ran: bool | None = None
 
-    def arm(self) -> None:
+    def arm(self, target: str = "tensor_bytes") -> None:
         self.threads.clear()
         self.loop_ran = None
+        self.target = target
         self.armed = True
 
     def __call__(self, frame: FrameType, event: str, arg: Any) -> None:
-        if event != "call" or frame.f_code.co_name != "tensor_bytes" or not self.armed:
+        if event != "call" or frame.f_code.co_name != self.target or not self.armed:
             return
         self.armed = False
         self.threads.append(threading.get_ident())
@@ -118,6 +119,24 @@ def test_the_loop_runs_while_a_large_bytes_response_is_encoded(
 def test_a_small_bytes_response_is_encoded_on_the_loop(served: tuple[str, LoopFromEncoder, int | None]) -> None:
     url, hook, loop_thread = served
     hook.arm()
+    values, output = _infer(url, 50)
+    assert hook.threads == [loop_thread]
+    assert output.tolist() == values.tolist()
+
+
+def test_the_loop_runs_while_a_large_bytes_request_is_decoded(
+        served: tuple[str, LoopFromEncoder, int | None]) -> None:
+    url, hook, loop_thread = served
+    hook.arm("tensor_from_bytes")
+    values, output = _infer(url, 200_000)  # 1.5 MB: past the gRPC path's OFFLOAD_BYTES
+    assert hook.loop_ran is True
+    assert hook.threads and hook.threads[0] != loop_thread
+    assert output.tolist() == values.tolist()
+
+
+def test_a_small_bytes_request_is_decoded_on_the_loop(served: tuple[str, LoopFromEncoder, int | None]) -> None:
+    url, hook, loop_thread = served
+    hook.arm("tensor_from_bytes")
     values, output = _infer(url, 50)
     assert hook.threads == [loop_thread]
     assert output.tolist() == values.tolist()
