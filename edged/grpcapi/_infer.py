@@ -40,6 +40,13 @@ _HOLD_S = 0.05
 # A response with a BYTES output of this many elements is encoded in the executor, off the loop (the HTTP
 # path's figure, serving._limits.OFFLOAD_ELEMENTS): its elements are read one by one.
 OFFLOAD_ELEMENTS = 16 * 1024
+# A ModelInfer message this large whose first bytes name a BYTES tensor (an input's datatype field, 2, of length 5)
+# is decoded in the executor (unary: GrpcServer._start_infer, streams: StreamCall): its elements are read one by
+# one. Numeric ones (camera frames) stay on the loop, where a repeated layout skips protobuf; a false match only
+# costs the hop.
+OFFLOAD_BYTES = 1024 * 1024
+BYTES_INPUT = b"\x12\x05BYTES"
+BYTES_LOOK = 64 * 1024
 
 
 def _tcp_caller() -> Caller:

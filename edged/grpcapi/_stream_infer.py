@@ -7,7 +7,8 @@ Invariants:
   ``triton_final_response`` parameter added), leaves as the callback
   runs, so answers go out in the order they complete; those ready while one read's frames are handled (an inline
   model) leave in that read's one write (the connection's cork). A model still to load is loaded in the
-  executor first, in a task of its own.
+  executor first, in a task of its own; a request of ``OFFLOAD_BYTES`` or more that names a BYTES input is
+  decoded in the executor, in a task of its own too (its elements are read one by one).
 - A request that fails (invalid input, unknown model, a failed inference) is answered in the stream by an
   ``error_message`` naming it, and the stream goes on; a message protobuf cannot parse ends the call with
   INVALID_ARGUMENT, as before the fast path.
@@ -31,7 +32,7 @@ from google.protobuf.message import DecodeError
 
 from edged.errors import EdgedError, InferenceFailed
 from edged.grpcapi._grpc_stream import GrpcCall, bounded
-from edged.grpcapi._infer import GrpcInfer
+from edged.grpcapi._infer import BYTES_INPUT, BYTES_LOOK, OFFLOAD_BYTES, GrpcInfer
 from edged.grpcapi._layouts import encode_varint
 from edged.grpcapi._status import Status
 from edged.grpcapi._tensors import Decoded
@@ -82,6 +83,13 @@ class StreamCall:
     def _message(self, data: bytes) -> None:
         self._in_flight += 1  # before begin: an inline model answers inside it
         self._stats.peak = max(self._stats.peak, self._in_flight)
+        if len(data) >= OFFLOAD_BYTES and data.find(BYTES_INPUT, 0, BYTES_LOOK) >= 0:
+            task = asyncio.get_running_loop().create_task(self._decode_then_begin(data))  # BYTES: off the loop
+            self._loads.add(task)
+            task.add_done_callback(self._loads.discard)
+            if self._in_flight >= STREAM_IN_FLIGHT:
+                self._hold()
+            return
         try:
             decoded = self._infer.decode(data)
         except Exception as e:  # an EdgedError is this request's answer; a bug must not end the stream either
@@ -111,6 +119,23 @@ class StreamCall:
                       exc_info=error)
             error = InferenceFailed(f"internal error: {error}")
         self._sent(_error(error, message.model_name, message.model_version, message.id))
+
+    async def _decode_then_begin(self, data: bytes) -> None:
+        """A large request naming a BYTES input, decoded in the executor (``OFFLOAD_BYTES``), then begun here."""
+        try:
+            decoded = await asyncio.get_running_loop().run_in_executor(None, self._infer.decode, data)
+        except Exception as e:  # as in _message: its answer, or the call's end if protobuf cannot parse it
+            self._refused(data, e)
+            return
+        decoded.request.cancellation = self._call.cancellation
+        try:
+            if self._infer.needs_load(decoded):
+                await self._load_then_begin(decoded)
+            else:
+                self._infer.begin(decoded, lambda answer: self._answer(decoded, answer), self)
+        except Exception as e:  # a bug costs this request only
+            log.exception("unexpected error in a gRPC stream request (model %s)", decoded.request.model)
+            self._answer(decoded, InferenceFailed(f"internal error: {e}"))
 
     async def _load_then_begin(self, decoded: Decoded) -> None:
         try:

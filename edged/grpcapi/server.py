@@ -55,7 +55,7 @@ from edged.grpcapi import _hpack as hpack
 from edged.grpcapi._access import GrpcAccess
 from edged.grpcapi._grpc_stream import CallLimits, GrpcCall, RequestHeads, open_call
 from edged.grpcapi._h2_connection import H2Connection
-from edged.grpcapi._infer import Gathering, GrpcInfer
+from edged.grpcapi._infer import BYTES_INPUT, BYTES_LOOK, OFFLOAD_BYTES, Gathering, GrpcInfer
 from edged.grpcapi._listeners import GrpcListener, open_grpc_listeners
 from edged.grpcapi._metrics import UNKNOWN, GrpcMetrics
 from edged.grpcapi._service import Service
@@ -386,7 +386,7 @@ class GrpcServer:
         infer = infer or self._infer
         if infer is None:
             raise RuntimeError("GrpcServer.start() has not run")
-        if len(data) >= OFFLOAD_BYTES and data.find(_BYTES_INPUT, 0, _BYTES_LOOK) >= 0:
+        if len(data) >= OFFLOAD_BYTES and data.find(BYTES_INPUT, 0, BYTES_LOOK) >= 0:
             # a large request that names a BYTES tensor: its elements are read one by one, in the executor
             call.task = asyncio.get_running_loop().create_task(self._run(call, _decode_elsewhere(infer, call), data))
             return
@@ -439,12 +439,6 @@ class GrpcServer:
 # (None over TCP: the server's shared ones).
 _Peered = tuple["Peer | None", "GrpcInfer | None", "Callable[[GrpcCall, bytes], None] | None"]
 _TCP: _Peered = (None, None, None)
-# A ModelInfer message this large whose first bytes name a BYTES tensor (an input's datatype field, 2, of length 5)
-# is decoded in the executor: its elements are read one by one. Numeric ones (camera frames) stay on the loop,
-# where a repeated layout skips protobuf; a false match only costs the hop.
-OFFLOAD_BYTES = 1024 * 1024
-_BYTES_INPUT = b"\x12\x05BYTES"
-_BYTES_LOOK = 64 * 1024
 
 
 def _bound(start: Callable[[GrpcCall, bytes, GrpcInfer], None], infer: GrpcInfer,

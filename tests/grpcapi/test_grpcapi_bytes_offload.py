@@ -38,17 +38,22 @@ class LoopFromEncoder:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.armed = False
         self.target = "tensor_bytes"
+        self.elements = 0
         self.threads: list[int] = []
         self.loop_ran: bool | None = None
 
-    def arm(self, target: str = "tensor_bytes") -> None:
+    def arm(self, target: str = "tensor_bytes", elements: int = 0) -> None:
         self.threads.clear()
         self.loop_ran = None
         self.target = target
+        self.elements = elements  # only a call for a tensor of at least this many elements (first dimension)
         self.armed = True
 
     def __call__(self, frame: FrameType, event: str, arg: Any) -> None:
         if event != "call" or frame.f_code.co_name != self.target or not self.armed:
+            return
+        tensor = frame.f_locals.get("shape") or getattr(frame.f_locals.get("array"), "shape", None) or (0,)
+        if tensor[0] < self.elements:
             return
         self.armed = False
         self.threads.append(threading.get_ident())
@@ -140,3 +145,33 @@ def test_a_small_bytes_request_is_decoded_on_the_loop(served: tuple[str, LoopFro
     values, output = _infer(url, 50)
     assert hook.threads == [loop_thread]
     assert output.tolist() == values.tolist()
+
+
+def test_the_loop_runs_while_a_large_bytes_stream_request_is_decoded(
+        served: tuple[str, LoopFromEncoder, int | None]) -> None:
+    """ModelStreamInfer: the same, and the stream's small request behind it is answered too."""
+    url, hook, loop_thread = served
+    results: list[Any] = []
+    done = threading.Event()
+
+    def received(result: Any, error: Any) -> None:
+        results.append(error if error is not None else result.as_numpy("OUTPUT"))
+        if len(results) == 2:
+            done.set()
+
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        client.start_stream(callback=received)
+        hook.arm("tensor_from_bytes", 200_000)  # not the small one, which may be decoded first
+        for count in (200_000, 3):
+            values = np.array([b"t%d" % (i % 997) for i in range(count)], dtype=object)
+            tensor = grpcclient.InferInput("INPUT", [count], "BYTES")
+            tensor.set_data_from_numpy(values)
+            client.async_stream_infer("strings", [tensor], outputs=[grpcclient.InferRequestedOutput("OUTPUT")])
+        assert done.wait(120)
+    finally:
+        client.stop_stream()
+        client.close()
+    assert hook.loop_ran is True
+    assert hook.threads and hook.threads[0] != loop_thread
+    assert sorted(len(result) for result in results) == [3, 200_000]
