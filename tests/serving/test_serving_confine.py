@@ -127,3 +127,17 @@ def test_a_tensorrt_engine_cache_path_outside_the_model_folder_is_refused(served
         assert f"parameter trt_engine_cache_path {name!r}" in error and problem in error
     config["parameters"] = {"trt_engine_cache_path": {"string_value": "trt_cache"}}
     assert _load(served, config)[0] == 200  # inside the folder, created by the runtime when first used
+
+
+def test_a_tensorrt_engine_cache_prefix_that_is_a_path_is_refused(served: RunningServer) -> None:
+    """ORT joins the prefix to the cache folder: '../../x' put the engine files outside the model folder."""
+    config = _config(served)
+    for prefix in ("../../../../tmp/edged-engine", "sub/x", "a\\..\\b", "/abs"):
+        config["optimization"] = {"execution_accelerators": {"gpu_execution_accelerator": [
+            {"name": "tensorrt", "parameters": {"trt_engine_cache_prefix": prefix}}]}}
+        status, error = _load(served, config)
+        assert status == 400, (prefix, error)
+        assert f"trt_engine_cache_prefix {prefix!r}" in error and "one file name prefix" in error, error
+    config["optimization"] = {"execution_accelerators": {"gpu_execution_accelerator": [
+        {"name": "tensorrt", "parameters": {"trt_engine_cache_prefix": "cam0_v2"}}]}}
+    assert _load(served, config)[0] == 200
