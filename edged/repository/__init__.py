@@ -23,7 +23,13 @@ from edged.repository._from_json import model_config_from_json
 from edged.repository._json import model_config_to_json
 from edged.repository._normalize import normalize
 from edged.repository._pbtxt import Field, Ident, Message, dump, parse
-from edged.repository.confine import check_config_files, confined_path, read_confined, with_confined_parameters
+from edged.repository.confine import (
+    MAX_LABEL_BYTES,
+    check_config_files,
+    confined_path,
+    read_confined,
+    with_confined_parameters,
+)
 from edged.repository.layout import (
     CONFIG_FILENAME,
     MAX_CONFIG_BYTES,
@@ -49,6 +55,7 @@ __all__ = [
     "CONFIG_FILENAME",
     "DEFAULT_MAX_BATCH_SIZE",
     "MAX_CONFIG_BYTES",
+    "MAX_LABEL_BYTES",
     "Field",
     "Fingerprint",
     "Ident",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -12,6 +13,7 @@ import pytest
 from conftest import MODELS, RunningServer
 
 from edged.config import ModelsConfig, ServerConfig
+from edged.repository import MAX_LABEL_BYTES
 
 
 @pytest.fixture(scope="module")
@@ -141,3 +143,17 @@ def test_a_tensorrt_engine_cache_prefix_that_is_a_path_is_refused(served: Runnin
     config["optimization"] = {"execution_accelerators": {"gpu_execution_accelerator": [
         {"name": "tensorrt", "parameters": {"trt_engine_cache_prefix": "cam0_v2"}}]}}
     assert _load(served, config)[0] == 200
+
+
+def test_a_label_file_larger_than_the_limit_is_refused_at_load(served: RunningServer) -> None:
+    """A label file is read whole, on the first classification request: a load naming the model file itself, or
+    any large file of the folder, as labels held that memory (and the loop while it read)."""
+    folder = Path(served.service.repository) / "digits_onnx"
+    (folder / "big.txt").write_bytes(b"x\n" * (MAX_LABEL_BYTES // 2 + 1))
+    try:
+        status, error = _with_labels(served, "big.txt")
+        assert status == 400, error
+        assert "label_filename of output 'output' 'big.txt'" in error and f"limit of {MAX_LABEL_BYTES} bytes" in error
+        assert _with_labels(served, "labels.txt")[0] == 200
+    finally:
+        (folder / "big.txt").unlink()
