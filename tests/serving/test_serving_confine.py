@@ -13,7 +13,7 @@ import pytest
 from conftest import MODELS, RunningServer
 
 from edged.config import ModelsConfig, ServerConfig
-from edged.repository import MAX_LABEL_BYTES
+from edged.repository import MAX_CONFIG_BYTES, MAX_LABEL_BYTES
 
 
 @pytest.fixture(scope="module")
@@ -157,3 +157,14 @@ def test_a_label_file_larger_than_the_limit_is_refused_at_load(served: RunningSe
         assert _with_labels(served, "labels.txt")[0] == 200
     finally:
         (folder / "big.txt").unlink()
+
+
+def test_a_config_override_larger_than_a_config_pbtxt_may_be_is_refused_unparsed(served: RunningServer) -> None:
+    """The override is parsed where the request is answered: a 29 MB one held every other request 14 s."""
+    config = _config(served)
+    config["parameters"] = {f"k{i}": {"string_value": "v" * 40} for i in range(MAX_CONFIG_BYTES // 40 + 1)}
+    status, error = _load(served, config)
+    assert status == 400, error
+    assert "parameters.config" in error and f"the limit of {MAX_CONFIG_BYTES} bytes" in error, error
+    config["parameters"] = {f"k{i}": {"string_value": "v" * 10} for i in range(100)}
+    assert _load(served, config)[0] == 200
