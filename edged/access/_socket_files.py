@@ -55,10 +55,30 @@ def group_id(name: str) -> int:
 
 
 def set_mode_and_group(path: Path, mode: str, group: str | None) -> None:
-    """Give a socket file bound under BIND_UMASK its configured octal ``mode`` and ``group``."""
-    os.chmod(path, int(mode, 8))
-    if group:
-        os.chown(path, -1, group_id(group))
+    """Give a socket file bound under BIND_UMASK its configured octal ``mode`` and ``group``, through a descriptor
+    of the file itself (O_PATH, not following a symlink) that is checked to be a socket: in a folder another user
+    can write, the file may be swapped for a symlink after the bind, and chmod would follow it."""
+    gid = group_id(group) if group else -1
+    try:
+        fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise ConfigError(f"socket {path} was removed right after edged bound it; is another process using "
+                          "that folder? Put the socket in a folder only edged's user can write") from None
+    try:
+        if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+            raise ConfigError(f"{path} is not the socket edged bound (replaced by a symlink or another file right "
+                              "after the bind); put the socket in a folder only edged's user can write")
+        opened = f"/proc/self/fd/{fd}"
+        if os.path.exists(opened):  # the magic link reaches the file the descriptor holds, never a new symlink
+            os.chmod(opened, int(mode, 8))
+            if gid != -1:
+                os.chown(opened, -1, gid)
+        else:  # no /proc: the check above narrows the window to the chmod; chown does not follow a symlink
+            os.chmod(path, int(mode, 8))
+            if gid != -1:
+                os.chown(path, -1, gid, follow_symlinks=False)
+    finally:
+        os.close(fd)
 
 
 def is_loopback(host: str) -> bool:

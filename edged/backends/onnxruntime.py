@@ -316,12 +316,21 @@ def tensorrt_accelerator_options(config: ModelConfig) -> dict[str, str]:
                 raise ModelLoadError(f"{where} {key} names a file edged does not confine to the model folder; set "
                                      "the model parameter trt_engine_cache_path (a folder inside the model folder) "
                                      "for the engine cache, or leave it out")
+            elif key == "trt_engine_cache_prefix" and not _is_file_prefix(str(value)):
+                raise ModelLoadError(f"{where} trt_engine_cache_prefix {value!r} is not one file name prefix: ORT "
+                                     "joins it to the engine cache folder, so '/', '\\' and NUL would place the "
+                                     "engines outside it; use letters, digits, '_', '-' and '.' (e.g. 'cam0_')")
             elif key in _TRT_OPTIONS:
                 options[key] = str(value)
             else:
                 raise ModelLoadError(f"unknown parameter {key!r} of the tensorrt execution accelerator in model "
                                      f"{config.name} (Triton refuses it too)")
     return options
+
+
+def _is_file_prefix(value: str) -> bool:
+    """Whether a value can only name files inside the folder it is joined to (no separator, no NUL)."""
+    return not any(c in value for c in "/\\\0")
 
 
 def _create_session(ort: Any, model_path: Path, options: Any, providers: list[str],

@@ -162,7 +162,7 @@ def write_result(result: InferResult, output_format: str, output_dir: Path | Non
         try:
             directory.mkdir(parents=True, exist_ok=True)
             for name, array in result.outputs.items():
-                path = directory / f"{name}.{output_format}"
+                path = directory / f"{_output_file_stem(name)}.{output_format}"
                 if output_format == "npy":
                     np.save(path, array, allow_pickle=False)
                 else:
@@ -178,6 +178,16 @@ def write_result(result: InferResult, output_format: str, output_dir: Path | Non
         doc["id"] = result.id
     json.dump(doc, sys.stdout)
     sys.stdout.write("\n")
+
+
+_UNSAFE_IN_FILE_NAMES = str.maketrans({c: f"%{ord(c):02X}" for c in "%/\\\0"})
+
+
+def _output_file_stem(name: str) -> str:
+    """The file name (less its suffix) an output is written to: the output's name with '%', '/', '\\' and NUL
+    percent-encoded, so that a name from the model ('dense/BiasAdd:0', '../x', '/abs') is one file inside
+    --output-dir, and two names never share a file."""
+    return name.translate(_UNSAFE_IN_FILE_NAMES)
 
 
 def _output_doc(name: str, array: Array, result: InferResult) -> dict[str, Any]:

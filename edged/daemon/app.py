@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import os
 import signal
+import stat
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -66,6 +67,7 @@ class Daemon:
             self.state_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise _state_dir_error(self.state_dir, e.strerror or str(e)) from e
+        _check_state_dir_owner(self.state_dir)
         # Before any part opens a file under it (the clock, the outbox, telemetry, OTA): a second daemon on this
         # directory stops here, having touched nothing. Held until the process ends.
         self._state_lock = lock_state_dir(self.state_dir)
@@ -480,6 +482,18 @@ class Daemon:
 def _state_dir_error(state_dir: Path, problem: str) -> ConfigError:
     return ConfigError(f"state_dir {str(state_dir)!r} cannot be the state directory: {problem}; point state_dir (or "
                        "--state-dir) at a directory edged may create and write")
+
+
+def _check_state_dir_owner(state_dir: Path) -> None:
+    """Refuse a state directory others can write: they could put symlinks or files of their own in place of the
+    outbox, the telemetry database, the clock or the OTA journal, which edged then writes through or trusts."""
+    info = state_dir.stat()
+    if info.st_uid not in (0, os.geteuid()):
+        raise _state_dir_error(state_dir, f"it is owned by uid {info.st_uid}, not by edged's user (uid "
+                               f"{os.geteuid()}) or root, so another user could replace the files edged keeps there")
+    if info.st_mode & stat.S_IWOTH:
+        raise _state_dir_error(state_dir, f"it is writable by every user (mode {stat.S_IMODE(info.st_mode):04o}), so "
+                               "another user could replace the files edged keeps there; chmod o-w it")
 
 
 def _repository(config: EdgedConfig, state_dir: Path) -> Path:

@@ -13,7 +13,7 @@ import numpy as np
 from edged.engine.types import Array
 from edged.errors import InvalidInput
 from edged.protocol.datatypes import kserve_datatype
-from edged.repository import confined_path, read_confined
+from edged.repository import MAX_LABEL_BYTES, confined_path, read_confined
 from edged.repository.model_config import ModelConfig
 
 
@@ -27,7 +27,7 @@ def load_labels(config: ModelConfig, model_dir: Path) -> dict[str, list[str]]:
         what = f"label_filename of output {output.name!r}"
         if not confined_path(model_dir, output.label_filename, what, must_exist=False).exists():
             continue  # removed since the load checked it (check_config_files): scores without labels
-        raw = read_confined(model_dir, output.label_filename, what)
+        raw = read_confined(model_dir, output.label_filename, what, max_bytes=MAX_LABEL_BYTES)
         labels[output.name] = raw.decode("utf-8", errors="replace").splitlines()
     return labels
 

@@ -98,8 +98,8 @@ class ModelVersion:
 
     def _warm_up(self, stopping: threading.Event | None) -> None:
         # the config's dims are the client's shape: reshaped as a request's inputs are before they reach the model
-        samples = [(self.validator.reshaped(inputs), count)
-                   for inputs, count in warmup_samples(self.config, self.model_dir, self.max_elements)]
+        samples = ((self.validator.reshaped(inputs), count)  # made one at a time, as they are run
+                   for inputs, count in warmup_samples(self.config, self.model_dir, self.max_elements))
         output_names = [t.name for t in self.config.output]
         timings: list[float] = []
         for inputs, count in samples:
@@ -117,6 +117,7 @@ class ModelVersion:
                         raise ModelLoadError(f"model {self.config.name} version {self.version}: warm-up "
                                              f"failed: {e}") from e
                     timings.append((time.perf_counter_ns() - began) / 1000)
+            del inputs  # before the next sample is made: one sample's memory at a time
         if timings:
             self.exec_p50_us = statistics.median(timings[-3:])
 

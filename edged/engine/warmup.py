@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from math import prod
 from pathlib import Path
 from typing import Any
@@ -19,25 +20,29 @@ log = logging.getLogger(__name__)
 
 
 def warmup_samples(config: ModelConfig, model_dir: Path,
-                   max_elements: int | None = None) -> list[tuple[dict[str, Array], int]]:
-    """(inputs, repeat count) pairs to run before a version is ready; empty when inputs cannot be made up, or
+                   max_elements: int | None = None) -> Iterator[tuple[dict[str, Array], int]]:
+    """(inputs, repeat count) pairs to run before a version is ready, each made when it is reached (one sample's
+    memory at a time: eight 64 MiB samples made at once took 512 MiB); none when inputs cannot be made up, or
     when a made-up input would hold more than ``max_elements``: no request could be that large (a model declaring
     dims of 2**40 failed its load allocating 4 TiB; a few GiB would have been allocated and run)."""
     if config.model_warmup:  # as Triton: a sample of batch_size 0 (unset) is skipped, count 0 runs once
-        return [(_from_entry(config, entry.inputs, entry.batch_size, model_dir), max(1, entry.count))
-                for entry in config.model_warmup if entry.batch_size > 0]
+        for entry in config.model_warmup:
+            if entry.batch_size > 0:
+                yield _from_entry(config, entry.inputs, entry.batch_size, model_dir), max(1, entry.count)
+        return
     generated: dict[str, Array] = {}
     for spec in config.input:
         if spec.data_type not in TRITON_TO_NUMPY or spec.data_type == "TYPE_STRING" or spec.optional:
-            return []  # no safe made-up value (strings, optional inputs): skip generated warm-up
+            return  # no safe made-up value (strings, optional inputs): skip generated warm-up
         dims = [1 if d < 0 else d for d in spec.dims]
         shape = [1, *dims] if config.max_batch_size > 0 else dims
         if max_elements is not None and prod(shape) > max_elements:
             log.info("model %s: no warm-up generated: input %s of shape %s would hold more than %d elements "
                      "([server] max_tensor_elements)", config.name, spec.name, shape, max_elements)
-            return []
+            return
         generated[spec.name] = np.zeros(shape, dtype=TRITON_TO_NUMPY[spec.data_type])
-    return [(generated, 1)] if generated else []
+    if generated:
+        yield generated, 1
 
 
 def _from_entry(config: ModelConfig, inputs: dict[str, WarmupInput], batch_size: int,
@@ -58,10 +63,15 @@ def _warmup_array(config: ModelConfig, name: str, spec: WarmupInput, shape: list
     if spec.source == "zero_data":
         return np.zeros(shape, dtype=dtype)
     if spec.source == "random_data":
+        # made in the tensor's own type where numpy can: a float64 or int64 draw converted after held twice the memory
+        if dtype in (np.float32, np.float64):
+            return rng.random(shape, dtype=dtype)
         if dtype.kind == "f":
-            return rng.random(shape).astype(dtype)
-        if dtype.kind in "iub":
-            return rng.integers(0, 2, size=shape).astype(dtype)
+            return rng.random(shape, dtype=np.float32).astype(dtype)
+        if dtype.kind in "iu":
+            return rng.integers(0, 2, size=shape, dtype=dtype)
+        if dtype.kind == "b":
+            return rng.integers(0, 2, size=shape, dtype=np.uint8).astype(dtype)
         return np.zeros(shape, dtype=dtype)
     path = model_dir / "warmup" / spec.input_data_file  # Triton's location for input_data_file
     count = int(np.prod(shape))

@@ -16,7 +16,7 @@ from google.protobuf.message import Message
 from edged.engine import InferenceService
 from edged.errors import InvalidInput, ModelConfigError, SharedMemoryNotFound
 from edged.grpcapi.proto import grpc_service_pb2 as pb
-from edged.repository import model_config_from_json, model_config_to_json
+from edged.repository import check_override_size, model_config_from_json, model_config_to_json
 from edged.repository.model_config import ModelConfig
 from edged.shm import Caller, SharedMemoryRegistry
 
@@ -151,6 +151,7 @@ def load_override(request: pb.RepositoryModelLoadRequest) -> ModelConfig | None:
     parameter = request.parameters["config"]
     if parameter.WhichOneof("parameter_choice") != "string_param":
         raise InvalidInput(f"load request for model {model}: parameters.config must be a string_param")
+    check_override_size(parameter.string_param, model)
     try:
         config = model_config_from_json(orjson.loads(parameter.string_param), f"load request for {model}")
     except orjson.JSONDecodeError as e:

@@ -17,7 +17,7 @@ from edged.errors import EdgedError, PayloadError, PayloadTooLarge, RequestTimeo
 from edged.mqtt._codecs import decode, encode, error_payload, top_k
 from edged.mqtt._message import Answer, Inbound
 from edged.protocol import DecodedRequest
-from edged.repository import read_confined
+from edged.repository import MAX_LABEL_BYTES, read_confined
 
 RESULT_TIMEOUT_S = 120.0
 
@@ -174,6 +174,6 @@ def load_labels(service: InferenceService, model: str, version: str, override: s
                 raise PayloadError(f"model {model}: cannot read label file {path}: {e}") from e
         elif output.label_filename:  # the model config's: confined to the model folder
             raw = read_confined(Path(service.repository) / model, output.label_filename,
-                                f"model {model}: label_filename of output {output.name!r}")
+                                f"model {model}: label_filename of output {output.name!r}", max_bytes=MAX_LABEL_BYTES)
             labels[output.name] = raw.decode("utf-8", errors="replace").splitlines()
     return labels

@@ -50,9 +50,10 @@ def _answer(version: ModelVersion, work_dir: Path) -> str:
         if vectors.is_file():
             run_vectors(version, parse_vectors(vectors.read_bytes()))
             return "ok: its test vectors match"
-        samples = warmup_samples(version.config, version.model_dir, version.max_elements)
-        for inputs, _ in samples:
+        answered = 0
+        for inputs, _ in warmup_samples(version.config, version.model_dir, version.max_elements):
             infer_one(version, InferRequest(name, inputs, version.version_str))
+            answered += 1
     except (EdgedError, OSError) as e:
         return f"failed: {e}"
-    return "ok: its warm-up answered" if samples else "ok: ready (no warm-up input can be made up)"
+    return "ok: its warm-up answered" if answered else "ok: ready (no warm-up input can be made up)"

@@ -23,7 +23,13 @@ from edged.repository._from_json import model_config_from_json
 from edged.repository._json import model_config_to_json
 from edged.repository._normalize import normalize
 from edged.repository._pbtxt import Field, Ident, Message, dump, parse
-from edged.repository.confine import check_config_files, confined_path, read_confined, with_confined_parameters
+from edged.repository.confine import (
+    MAX_LABEL_BYTES,
+    check_config_files,
+    confined_path,
+    read_confined,
+    with_confined_parameters,
+)
 from edged.repository.layout import (
     CONFIG_FILENAME,
     MAX_CONFIG_BYTES,
@@ -31,6 +37,7 @@ from edged.repository.layout import (
     Settling,
     changed_versions,
     check_model_name,
+    check_override_size,
     detect_runtime,
     find_models,
     fingerprint,
@@ -49,6 +56,7 @@ __all__ = [
     "CONFIG_FILENAME",
     "DEFAULT_MAX_BATCH_SIZE",
     "MAX_CONFIG_BYTES",
+    "MAX_LABEL_BYTES",
     "Field",
     "Fingerprint",
     "Ident",
@@ -61,6 +69,7 @@ __all__ = [
     "check_config_files",
     "check_io_and_groups",
     "check_model_name",
+    "check_override_size",
     "check_platform_backend",
     "check_reshapes",
     "check_supported",

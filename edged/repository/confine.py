@@ -30,6 +30,10 @@ from edged.repository.datatypes import TRITON_TO_NUMPY
 from edged.repository.model_config import ModelConfig, WarmupInput
 
 TRT_CACHE_PARAMETER = "trt_engine_cache_path"  # onnxruntime's TensorRT engine cache: a folder it writes to
+# A label file is read whole and kept as one string per line: the largest real ones (ImageNet-21k, ~22k classes)
+# are under 1 MiB, and the cap keeps a config naming a large file of its folder (the model itself) as labels from
+# holding that memory.
+MAX_LABEL_BYTES = 4 << 20
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # NONBLOCK: a FIFO must not hang us
 
 
@@ -112,7 +116,12 @@ def check_config_files(config: ModelConfig, model_dir: Path | str, versions: Ite
     for output in config.output:
         if output.label_filename:
             # must exist: Triton's load fails on a label file it cannot read (a misspelt name went unnoticed)
-            confined_path(model_dir, output.label_filename, f"label_filename of output {output.name!r}")
+            what = f"label_filename of output {output.name!r}"
+            size = confined_path(model_dir, output.label_filename, what).stat().st_size
+            if size > MAX_LABEL_BYTES:
+                raise ModelConfigError(f"{what} {output.label_filename!r} in the model folder "
+                                       f"{os.path.realpath(model_dir)} is larger than the limit of {MAX_LABEL_BYTES} "
+                                       f"bytes (found {size}); a label file holds one class name per line")
     cache = config.parameters.get(TRT_CACHE_PARAMETER)
     if cache:
         confined_path(model_dir, cache, f"parameter {TRT_CACHE_PARAMETER}", must_exist=False, kind="folder")

@@ -14,7 +14,7 @@ import orjson
 
 from edged.engine import InferenceService
 from edged.errors import InvalidInput, ModelConfigError, Unavailable
-from edged.repository import model_config_from_json, model_config_to_json
+from edged.repository import check_override_size, model_config_from_json, model_config_to_json
 from edged.repository.model_config import ModelConfig
 from edged.serving._messages import Incoming
 from edged.serving._metrics import render_metrics
@@ -149,6 +149,7 @@ def load_override(body: bytes | bytearray, model: str) -> ModelConfig | None:
         return None
     if not isinstance(raw, str):
         raise InvalidInput(f"load request for model {model}: parameters.config must be a JSON string")
+    check_override_size(raw, model)
     try:
         config = model_config_from_json(orjson.loads(raw), f"load request for {model}")
     except orjson.JSONDecodeError as e:

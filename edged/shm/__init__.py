@@ -5,7 +5,7 @@ limits checked here. ``cuda_shared_memory`` is not offered: CUDA IPC does not ex
 
 from edged.shm._place import write_output
 from edged.shm._region import SHM_DIR, Region, object_name
-from edged.shm._registry import TCP_CALLER, Caller, SharedMemoryRegistry, ShmLimits
+from edged.shm._registry import MAX_REGION_NAME_BYTES, TCP_CALLER, Caller, SharedMemoryRegistry, ShmLimits
 
-__all__ = ["SHM_DIR", "TCP_CALLER", "Caller", "Region", "SharedMemoryRegistry", "ShmLimits", "object_name",
-           "write_output"]
+__all__ = ["MAX_REGION_NAME_BYTES", "SHM_DIR", "TCP_CALLER", "Caller", "Region", "SharedMemoryRegistry", "ShmLimits",
+           "object_name", "write_output"]

@@ -38,6 +38,7 @@ class Caller:
 
 
 TCP_CALLER = Caller(-1, -1, frozenset())
+MAX_REGION_NAME_BYTES = 1024
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,11 @@ class SharedMemoryRegistry:
 
     # --- the API ------------------------------------------------------------------------------------------
     def register(self, name: str, key: str, offset: int, byte_size: int, peer: Caller) -> None:
+        size = len(name.encode("utf-8", "surrogatepass"))
+        if size > MAX_REGION_NAME_BYTES:  # kept as long as the region is: a gRPC message could make it 60 MB
+            raise SharedMemoryInvalid(f"failed to register shared memory region {name[:64]!r}...: its name is "
+                                      f"{size} bytes, longer than {MAX_REGION_NAME_BYTES} bytes; name it briefly, such "
+                                      "as 'input0_data'")
         with self._lock:
             self._sweep()
             if name in self._regions:

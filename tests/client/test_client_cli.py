@@ -190,3 +190,35 @@ def test_an_input_nested_past_the_parsers_depth_is_one_error_line(server, tmp_pa
     done = edged("infer", "tiny_mlp", "--input", f"input=@{tmp_path / 'deep.json'}", env=server.env())
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert done.stderr.startswith("edged infer: error: --input input: ") and "nested" in done.stderr
+
+
+def test_output_names_with_path_characters_stay_inside_the_output_dir(tmp_path: Path) -> None:
+    """Output names come from the model (a TensorFlow export names them 'dense/BiasAdd:0'): each becomes one file
+    in --output-dir, its '/', '\\', NUL and '%' percent-encoded, never a path of its own ('../x' wrote beside
+    the folder, '/abs' anywhere)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    running = harness.ThreadedServer(models=())
+    names = ["dense/BiasAdd:0", "../escaped", "/tmp/edged-abs-out", "a%2Fb", "back\\slash"]
+    graph = helper.make_graph([helper.make_node("Identity", ["INPUT"], [n]) for n in names], "paths",
+                              [helper.make_tensor_value_info("INPUT", TensorProto.FLOAT, ["batch", 4])],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", 4]) for n in names])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    (Path(running.repository) / "paths" / "1").mkdir(parents=True)
+    onnx.save(model, str(Path(running.repository) / "paths" / "1" / "model.onnx"))
+    running.start()
+    try:
+        out = tmp_path / "work" / "out"
+        for fmt in ("npy", "json"):
+            done = edged("infer", "paths", "--input", json.dumps([[1.0, 2.0, 3.0, 4.0]]), "--output-format", fmt,
+                         "--output-dir", str(out), "--socket", running.socket_path)
+            assert done.returncode == 0, done.stderr
+            written = sorted(p.name for p in out.iterdir() if p.suffix == f".{fmt}")
+            assert written == sorted(f"{n}.{fmt}" for n in ("dense%2FBiasAdd:0", "..%2Fescaped",
+                                                            "%2Ftmp%2Fedged-abs-out", "a%252Fb", "back%5Cslash"))
+            assert sorted(done.stdout.split()) == sorted(str(out / name) for name in written)
+        assert not (tmp_path / "work" / "escaped.npy").exists() and not Path("/tmp/edged-abs-out.npy").exists()
+    finally:
+        running.stop()

@@ -4,6 +4,7 @@ tritonclient.grpc and edged's client against one real daemon (a subprocess) with
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pytest
@@ -13,6 +14,7 @@ from modelgen import add_model, mlp_weights
 from tritonclient.utils import InferenceServerException
 
 from edged.client import InvalidInputError, MemoryBudgetError
+from edged.repository import MAX_CONFIG_BYTES
 
 KEY = {"edged-key": "load-test-key"}
 # Above what a 200-byte model file is estimated to need while loading (0.1 MiB), far below a 1 MB model's.
@@ -71,3 +73,16 @@ def test_a_load_the_memory_budget_refuses_is_unavailable_and_503(daemon: tuple[D
     with running.client() as client, pytest.raises(MemoryBudgetError) as refused:
         client.load("large")
     assert refused.value.status == 503 and "the memory budget is" in str(refused.value)
+
+
+def test_a_config_override_larger_than_the_limit_is_invalid_argument(daemon: tuple[DaemonProcess, str]) -> None:
+    _, address = daemon
+    config = {"parameters": {f"k{i}": {"string_value": "v" * 40} for i in range(MAX_CONFIG_BYTES // 40 + 1)}}
+    client = triton_grpc.InferenceServerClient(address)
+    try:
+        with pytest.raises(InferenceServerException) as failed:
+            client.load_model("large", config=json.dumps(config), headers=KEY)
+    finally:
+        client.close()
+    assert failed.value.status() == "StatusCode.INVALID_ARGUMENT", failed.value.message()
+    assert f"the limit of {MAX_CONFIG_BYTES} bytes" in failed.value.message(), failed.value.message()

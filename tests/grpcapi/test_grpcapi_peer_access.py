@@ -26,6 +26,8 @@ import tritonclient.utils.shared_memory as triton_shm
 from integration.edged_daemon import DaemonProcess, config_with_fakes, start_daemon
 from tritonclient.utils import InferenceServerException
 
+from edged.shm import MAX_REGION_NAME_BYTES
+
 NOBODY = 65534
 FRAME, RESULT = 64 * 4, 10 * 4  # tiny_mlp: FP32 [1, 64] in, FP32 [1, 10] out
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="switching a client to another user needs root")
@@ -37,6 +39,8 @@ import json, os, queue, sys
 import numpy as np
 import tritonclient.grpc as g
 from tritonclient.utils import InferenceServerException
+
+from edged.shm import MAX_REGION_NAME_BYTES
 url, uid, gid, ops = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4])
 os.setgroups([]); os.setgid(gid); os.setuid(uid)  # before connecting: SO_PEERCRED is read at connect time
 client = g.InferenceServerClient(url)
@@ -208,3 +212,22 @@ def _root_input() -> triton_grpc.InferInput:
     tensor = triton_grpc.InferInput("input", [1, 64], "FP32")
     tensor.set_data_from_numpy(np.ones((1, 64), np.float32))
     return tensor
+
+
+def test_a_region_name_longer_than_the_limit_is_refused(served: tuple[DaemonProcess, str], objects: list[Any]) -> None:
+    """A region's name is kept as long as the region: 64 regions named by 60 MB gRPC messages held ~4 GB."""
+
+
+    _, url = served
+    client = triton_grpc.InferenceServerClient(url)
+    objects.append(triton_shm.create_shared_memory_region("long", _key("long"), 256))
+    try:
+        with pytest.raises(InferenceServerException) as refused:
+            client.register_system_shared_memory("n" * (4 << 20), _key("long"), 256)
+        assert refused.value.status() == "StatusCode.INVALID_ARGUMENT", refused.value.message()
+        assert f"longer than {MAX_REGION_NAME_BYTES} bytes" in refused.value.message()
+        assert len(refused.value.message()) < 2000
+        assert client.get_system_shared_memory_status().regions == {}
+        client.register_system_shared_memory("n" * MAX_REGION_NAME_BYTES, _key("long"), 256)
+    finally:
+        client.unregister_system_shared_memory()

@@ -161,6 +161,27 @@ def test_a_state_dir_that_is_a_file_is_one_config_error_line(tmp_path: Path) -> 
             "directory; point state_dir (or --state-dir) at a directory") in output, output
 
 
+@pytest.mark.parametrize("who", ["world-writable", "another user's"])
+def test_a_state_dir_others_can_write_is_refused(tmp_path: Path, who: str) -> None:
+    """The outbox, telemetry database, clock and OTA journal live there: whoever can write the folder can swap
+    them for symlinks or files of their own, which edged (root, under some units) then writes through."""
+    state = tmp_path / "state"
+    state.mkdir()
+    if who == "world-writable":
+        state.chmod(0o777)
+    elif os.geteuid() == 0:
+        os.chown(state, 65534, 65534)
+    else:
+        pytest.skip("giving a folder to another user needs root")
+    daemon = start_daemon(tmp_path, args=["--state-dir", str(state)], wait=False)
+    assert daemon.process.wait(60) == 1
+    output = daemon.log_path.read_text()
+    assert "Traceback" not in output, output
+    assert f"edged serve: error: state_dir '{state}' cannot be the state directory: " in output, output
+    assert ("writable by every user" if who == "world-writable" else "owned by uid 65534") in output, output
+    assert not (state / "edged.lock").exists()
+
+
 @pytest.mark.parametrize(("args", "words"), [
     (["--grpc-socket", "{socket}"], "server.socket and server.grpc_socket name the same path"),
     (["--http-port", "18500", "--grpc-port", "18500"], "server.http_port and server.grpc_port are both 18500"),

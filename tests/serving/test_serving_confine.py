@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -12,6 +13,7 @@ import pytest
 from conftest import MODELS, RunningServer
 
 from edged.config import ModelsConfig, ServerConfig
+from edged.repository import MAX_CONFIG_BYTES, MAX_LABEL_BYTES
 
 
 @pytest.fixture(scope="module")
@@ -127,3 +129,42 @@ def test_a_tensorrt_engine_cache_path_outside_the_model_folder_is_refused(served
         assert f"parameter trt_engine_cache_path {name!r}" in error and problem in error
     config["parameters"] = {"trt_engine_cache_path": {"string_value": "trt_cache"}}
     assert _load(served, config)[0] == 200  # inside the folder, created by the runtime when first used
+
+
+def test_a_tensorrt_engine_cache_prefix_that_is_a_path_is_refused(served: RunningServer) -> None:
+    """ORT joins the prefix to the cache folder: '../../x' put the engine files outside the model folder."""
+    config = _config(served)
+    for prefix in ("../../../../tmp/edged-engine", "sub/x", "a\\..\\b", "/abs"):
+        config["optimization"] = {"execution_accelerators": {"gpu_execution_accelerator": [
+            {"name": "tensorrt", "parameters": {"trt_engine_cache_prefix": prefix}}]}}
+        status, error = _load(served, config)
+        assert status == 400, (prefix, error)
+        assert f"trt_engine_cache_prefix {prefix!r}" in error and "one file name prefix" in error, error
+    config["optimization"] = {"execution_accelerators": {"gpu_execution_accelerator": [
+        {"name": "tensorrt", "parameters": {"trt_engine_cache_prefix": "cam0_v2"}}]}}
+    assert _load(served, config)[0] == 200
+
+
+def test_a_label_file_larger_than_the_limit_is_refused_at_load(served: RunningServer) -> None:
+    """A label file is read whole, on the first classification request: a load naming the model file itself, or
+    any large file of the folder, as labels held that memory (and the loop while it read)."""
+    folder = Path(served.service.repository) / "digits_onnx"
+    (folder / "big.txt").write_bytes(b"x\n" * (MAX_LABEL_BYTES // 2 + 1))
+    try:
+        status, error = _with_labels(served, "big.txt")
+        assert status == 400, error
+        assert "label_filename of output 'output' 'big.txt'" in error and f"limit of {MAX_LABEL_BYTES} bytes" in error
+        assert _with_labels(served, "labels.txt")[0] == 200
+    finally:
+        (folder / "big.txt").unlink()
+
+
+def test_a_config_override_larger_than_a_config_pbtxt_may_be_is_refused_unparsed(served: RunningServer) -> None:
+    """The override is parsed where the request is answered: a 29 MB one held every other request 14 s."""
+    config = _config(served)
+    config["parameters"] = {f"k{i}": {"string_value": "v" * 40} for i in range(MAX_CONFIG_BYTES // 40 + 1)}
+    status, error = _load(served, config)
+    assert status == 400, error
+    assert "parameters.config" in error and f"the limit of {MAX_CONFIG_BYTES} bytes" in error, error
+    config["parameters"] = {f"k{i}": {"string_value": "v" * 10} for i in range(100)}
+    assert _load(served, config)[0] == 200

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from edged.access import is_loopback
+from edged.access import is_loopback, set_mode_and_group
 from edged.config import ServerConfig
 from edged.errors import ConfigError
 from edged.serving import default_socket_path, open_listeners
@@ -117,3 +117,25 @@ def test_default_socket_path_order(tmp_path: Path) -> None:
     os.chmod(tmp_path / "open", 0o777)
     with pytest.raises(ConfigError, match="writable by others"):
         default_socket_path({"RUNTIME_DIRECTORY": str(tmp_path / "open")})
+
+
+def test_the_socket_mode_is_never_set_through_a_symlink(tmp_path: Path) -> None:
+    """In a folder another user can write, the socket file can be swapped for a symlink between bind and chmod:
+    the chmod (and chown) followed it and gave the file it named the socket's mode and group."""
+    target = tmp_path / "secret"
+    target.write_text("key")
+    target.chmod(0o600)
+    link = tmp_path / "edged.sock"
+    link.symlink_to(target)
+    with pytest.raises(ConfigError, match="is not the socket edged bound"):
+        set_mode_and_group(link, "0666", None)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    link.unlink()
+    target.unlink()
+    os.mkfifo(target)
+    with pytest.raises(ConfigError, match="is not the socket edged bound"):
+        set_mode_and_group(target, "0666", None)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.bind(str(link))
+        set_mode_and_group(link, "0640", None)
+        assert stat.S_IMODE(link.lstat().st_mode) == 0o640
