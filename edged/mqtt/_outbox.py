@@ -42,7 +42,7 @@ from edged.errors import OutboxError, PayloadError
 from edged.mqtt._message import Outbound, run_on_stored
 from edged.mqtt._metrics import Metrics
 from edged.mqtt._retry import WriteRetry
-from edged.mqtt._store import OutboxStore, Stored, Timed
+from edged.mqtt._store import GROUP_BYTES, OutboxStore, Stored, Timed
 from edged.mqtt._topics import check_topic_name
 from edged.mqtt._window import SendWindow
 from edged.supervision import HealthBoard, SupervisedThread
@@ -57,6 +57,8 @@ _ACK_DELAY_S = 0.05  # the longest a PUBACK waits for its deletion to ride along
 PENDING_MAX = 4096
 PENDING_WAIT_S = 5.0
 _ROOM_POLL_S = 0.05  # how often a producer waiting for room asks whether waiting can still help
+_DELETE_CHUNK = 64  # acknowledged rows deleted per transaction while the disk is (or was just) full
+_FAILING_LOG_S = 60.0  # while writes keep failing, one log line a minute says what is held
 
 
 class Outbox:
@@ -93,6 +95,7 @@ class Outbox:
         self._pending_max, self._pending_wait_s = pending_max, pending_wait_s
         self._next_age_check, self._age_check_s = 0.0, min(_AGE_CHECK_S, config.max_age_s / 2)
         self._retry = WriteRetry()
+        self._failing_logged = 0.0
 
     def _drop_unpublishable(self) -> None:
         """Rows stored before their topic was checked (an older release) that a broker answers by closing the
@@ -338,15 +341,24 @@ class Outbox:
         if self._retry.error:
             with self._cond:
                 log.warning("mqtt outbox: writes succeed again after %r", self._retry.succeeded())
+        self._store.keep_reserve()
         return True
 
     def _write_failed(self, error: OutboxError) -> None:
         self._metrics.error("outbox_write")
-        self._store.reclaim()
+        self._store.reclaim()  # releases the reserve and empties the WAL: room for the deletions to go first
+        now = time.monotonic()
         with self._cond:
-            first = self._retry.failed(str(error), time.monotonic())
+            first = self._retry.failed(str(error), now)
+            held, acked = len(self._pending), len(self._acked)
         if first:
+            self._failing_logged = now
             log.error("mqtt outbox: %s; keeping messages and deletions in memory, retrying", error)
+        elif now - self._failing_logged >= _FAILING_LOG_S:
+            self._failing_logged = now
+            log.error("mqtt outbox: writes still fail (%s): %d result(s) held in memory, %d stored, %d "
+                      "acknowledged deletion(s) waiting; free space in %s", error, held, self._count, acked,
+                      self._store.path.parent)
         self._health.degraded(str(error))
 
     def _commit(self, pending: list[Timed], acked: list[int], stored: list[Outbound]) -> None:
@@ -354,13 +366,12 @@ class Outbox:
         (they free space and need none); groups halve per failure and double per group written (``WriteRetry``),
         so a backlog held while the disk was full is not written one message per fsync. On failure ``pending``
         and ``acked`` keep only what was not written."""
-        if self._retry.error and acked and pending:
-            self._commit_group([], acked, stored)
-            acked.clear()
+        if self._retry.error and acked:
+            self._delete_first(acked, stored)
         done, size = 0, 1
         try:
             while True:
-                size = 1 if self._store.per_message else self._retry.group_size
+                size = 1 if self._store.per_message else _fitting(pending, done, self._retry.group_size)
                 self._commit_group(pending[done:done + size], acked, stored)
                 acked.clear()
                 done += size
@@ -372,6 +383,16 @@ class Outbox:
             raise
         finally:
             del pending[:done]
+
+    def _delete_first(self, acked: list[int], stored: list[Outbound]) -> None:
+        """After a failed write, the deletions alone in small transactions, each checkpointed at once: on a full
+        disk the WAL then needs room for a few pages only, which the checkpoint gives back before the next.
+        ``acked`` keeps what was not deleted."""
+        acked.sort()
+        while acked:
+            self._commit_group([], acked[:_DELETE_CHUNK], stored)
+            del acked[:_DELETE_CHUNK]
+            self._store.checkpoint()
 
     def _commit_group(self, pending: list[Timed], acked: list[int], stored: list[Outbound]) -> None:
         if not pending and not acked:
@@ -449,6 +470,18 @@ class Outbox:
                 self._window.put_back(batch[len(mids):])
                 return True
             return False
+
+
+def _fitting(pending: list[Timed], start: int, count: int) -> int:
+    """How many of ``pending[start:]`` the next group takes: at most ``count`` and ``GROUP_BYTES`` of payload
+    (always one), so that what a checkpoint may have to add to the main file stays within the reserve."""
+    size = total = 0
+    for message, _, _ in pending[start:start + count]:
+        total += len(message.payload)
+        if size and total > GROUP_BYTES:
+            break
+        size += 1
+    return max(1, size)
 
 
 def _refused_topic(topic: str) -> bool:

@@ -11,13 +11,29 @@ actually deleted (rows and payload bytes), so the outbox's counters follow the f
 Rows are deleted either by seq (acknowledged) or as a prefix in seq order of the rows not yet sent (bounds,
 age): the outbox is FIFO, and a row in flight is never dropped (it is delivered, and counted, on its PUBACK).
 Statements per group: one INSERT per message, one DELETE for all acknowledged seqs, one INSERT for the inputs
-the group's results answer (the message id state of ``_msgid``, in the same transaction), BEGIN and COMMIT.
+the group's results answer (the message id state of ``_msgid``, in the same transaction), BEGIN, COMMIT and
+``PRAGMA page_count``.
+
+A full disk must never pin the file. In WAL mode a deletion is a write: it appends to the WAL, which needs space
+unless a checkpoint has emptied the WAL first; and a checkpoint copies the WAL into the main file, which needs
+space for every page the WAL holds beyond the main file's end (the pages of a growing backlog), while the WAL
+still holds its own. So a file whose main part lags the WAL could fill a small disk and then free nothing, ever:
+neither the deletions of acknowledged rows nor the checkpoint that would give the WAL's space back can run.
+Two measures keep that from happening. After each commit that grew the database past its main file, and
+whenever the WAL passes its cap (``WAL_CAP_BYTES``), the WAL is checkpointed while there is room, so the main
+file never lags by more than one group, and a group holds at most ``GROUP_BYTES`` of payload. And a reserve file
+(``<outbox>-reserve``, ``RESERVE_BYTES``, as databases keep one) is released when a write fails, which lets the
+checkpoint through; the checkpoint truncates the WAL, whose space then lets the deletions through. Once made,
+messages are written only while the reserve is there (it is made again as soon as the disk has room for it) or
+while the file's own free pages hold them (the file does not grow, so no checkpoint needs room).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
+import os
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
@@ -49,6 +65,9 @@ _INSERT = f"INSERT INTO outbox ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?
 # One statement whatever the number of seqs (a JSON array); RETURNING gives what was really there.
 _DELETE = "DELETE FROM outbox WHERE seq IN (SELECT value FROM json_each(?)) RETURNING LENGTH(payload)"
 _WAL_PAGES = 128
+WAL_CAP_BYTES = _WAL_PAGES * 4096
+GROUP_BYTES = 32 << 10  # payload bytes per transaction at most: what a checkpoint may have to add to the main file
+RESERVE_BYTES = 128 << 10  # covers the main file's lag (a group, its index pages and rows' overhead) twice over
 log = logging.getLogger(__name__)
 _ROW = tuple[str, str, bytes, int, int, bytes | None, str | None, bytes | None, float, float]
 
@@ -64,7 +83,11 @@ class OutboxStore:
         outbox takes its place: its results cannot be read anyway, and refusing it would stop the daemon's
         every start (systemd restarting it in a loop, serving nothing)."""
         self.path = path
+        self.reserve = path.with_name(path.name + "-reserve")
+        self._wal = path.with_name(path.name + "-wal")
         self.per_message = fsync == "always"  # the outbox then writes groups of one
+        self._lagging = False  # a checkpoint after a commit failed: the main file lags the WAL
+        self._reserved = False  # the reserve was made once: messages are written only while it is there
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             try:
@@ -79,6 +102,7 @@ class OutboxStore:
                 self._open(fsync, elapsed_now)
         except (sqlite3.Error, OSError) as e:
             raise OutboxError(f"outbox {path}: cannot open: {e}") from e
+        self.keep_reserve()
 
     def _open(self, fsync: str, elapsed_now: float) -> None:
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -97,6 +121,7 @@ class OutboxStore:
             self._db.execute(_SCHEMA)
             self._migrate(elapsed_now)
             self.id_salt = create_tables(self._db)
+            self._page_size = int(self._db.execute("PRAGMA page_size").fetchone()[0])
         except sqlite3.Error:
             self._db.close()
             raise
@@ -148,6 +173,14 @@ class OutboxStore:
     def write(self, messages: Sequence[Timed], deletes: Sequence[int]) -> tuple[list[int], int, int]:
         """Insert ``messages`` and delete acknowledged seqs in one transaction: (the new seqs, rows deleted,
         bytes deleted). On failure none of it happened."""
+        if messages and self._reserved and not self.keep_reserve() and not self._fits_inside(messages):
+            raise OutboxError(f"outbox {self.path}: write failed: database or disk is full (no room for the "
+                              f"{RESERVE_BYTES >> 10} KiB reserve that lets acknowledged messages be deleted "
+                              "on a full disk)")
+        if messages and self._lagging and not self.checkpoint():
+            # the main file still lags the WAL: writing more would grow what a checkpoint needs past the reserve
+            raise OutboxError(f"outbox {self.path}: write failed: database or disk is full (its WAL cannot be "
+                              "checkpointed into the main file)")
         try:
             self._db.execute("BEGIN")
             seqs = [self._insert(m) for m in messages]
@@ -155,10 +188,48 @@ class OutboxStore:
             record_answered(self._db, [m.answers for m, _, _ in messages if m.answers is not None])
             rows, freed = self._delete(deletes)
             self._db.execute("COMMIT")
-            return seqs, rows, freed
         except sqlite3.Error as e:
             self._rollback()
             raise OutboxError(f"outbox {self.path}: write failed: {e}") from e
+        self._catch_up(bool(messages))
+        return seqs, rows, freed
+
+    def _catch_up(self, inserted: bool) -> None:
+        """After a commit: checkpoint when the WAL passed its cap or holds pages beyond the main file's end, so
+        that a checkpoint on a full disk never needs more than the reserve. Steady traffic reuses free pages and
+        costs one ``PRAGMA page_count`` per group; only a backlog growing to a new size checkpoints."""
+        try:
+            wal = self._wal.stat().st_size
+            main = self.path.stat().st_size
+            if wal <= WAL_CAP_BYTES and not inserted:
+                return
+            if wal <= WAL_CAP_BYTES:
+                pages = int(self._db.execute("PRAGMA page_count").fetchone()[0])
+                if pages * self._page_size <= main:
+                    return
+        except (OSError, sqlite3.Error):
+            pass
+        # no room for it now: no more messages are written until it succeeds, the reserve covers the lag
+        self._lagging = not self.checkpoint()
+
+    def _fits_inside(self, messages: Sequence[Timed]) -> bool:
+        """The file's free pages hold ``messages`` twice over: writing them does not grow the main file, so a
+        checkpoint needs no room (the reserve is for a growing file) and empties the WAL they take."""
+        try:
+            free = int(self._db.execute("PRAGMA freelist_count").fetchone()[0]) * self._page_size
+        except sqlite3.Error:
+            return False
+        return free >= 2 * sum(len(m.payload) + len(m.topic) + 256 for m, _, _ in messages)
+
+    def checkpoint(self) -> bool:
+        """Copy the WAL into the main file and truncate it; False when that failed (a full disk). A reader of
+        another process (a backup) may keep it from finishing: not a failure, the next one catches up."""
+        try:
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        except sqlite3.Error:
+            return False
+        self._lagging = False
+        return True
 
     def _rollback(self) -> None:
         # SQLite may already have rolled back by itself (SQLITE_FULL); a failing ROLLBACK changes nothing more.
@@ -166,11 +237,43 @@ class OutboxStore:
             with contextlib.suppress(sqlite3.Error):
                 self._db.execute("ROLLBACK")
 
-    def reclaim(self) -> None:
-        """After a failed write: copy the WAL into the database and truncate it. A WAL grows until a checkpoint
-        (every 1,000 pages), so on a small full disk it may hold all the space, and only this frees it."""
-        with contextlib.suppress(sqlite3.Error):
-            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+    def reclaim(self) -> bool:
+        """After a failed write: release the reserve, copy the WAL into the database and truncate it, which gives
+        the WAL's space back for the deletions; True when the checkpoint succeeded."""
+        with contextlib.suppress(OSError):
+            self.reserve.unlink(missing_ok=True)
+        return self.checkpoint()
+
+    def keep_reserve(self) -> bool:
+        """Make the reserve file when it is missing and the disk has room for it and a group more; True when it
+        is there. Once made, messages are written only while it is (deletions always are): what a full disk
+        leaves is kept for the deletions and checkpoints. A failure leaves no partial file: tried again later."""
+        if self.reserve.exists():
+            self._reserved = True
+            return True
+        try:
+            stat = os.statvfs(self.path.parent)
+            if stat.f_bavail * stat.f_frsize < RESERVE_BYTES + 2 * GROUP_BYTES:
+                return False
+            fd = os.open(self.reserve, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError:
+            return False
+        try:
+            try:
+                os.posix_fallocate(fd, 0, RESERVE_BYTES)
+            except OSError as e:
+                if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                    raise
+                os.write(fd, bytes(RESERVE_BYTES))  # a file system without fallocate
+            os.fsync(fd)
+        except OSError:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                self.reserve.unlink()
+            return False
+        os.close(fd)
+        self._reserved = True
+        return True
 
     def _insert(self, timed: Timed) -> int:
         cursor = self._db.execute(_INSERT, _to_row(*timed))
