@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 from pathlib import Path
 
 from edged.errors import ConfigError, StateDirInUse
 
 LOCK_NAME = "edged.lock"
+
+log = logging.getLogger(__name__)
 
 
 def lock_state_dir(state_dir: Path) -> int:
@@ -38,8 +41,13 @@ def lock_state_dir(state_dir: Path) -> int:
         os.close(fd)
         raise ConfigError(f"cannot lock {path}: {e.strerror}; put state_dir (or --state-dir) on a local file "
                           "system") from e
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError as e:  # a full disk (ENOSPC, EDQUOT): the PID is only for a message, the lock is held
+        log.warning("state directory %s: cannot write this daemon's PID into %s (%s); the lock is held, "
+                    "a second daemon's refusal will not name this PID: free space there", state_dir, path,
+                    e.strerror)
     return fd
 
 

@@ -131,6 +131,7 @@ class Daemon:
         self._tasks: list[asyncio.Task[None]] = []
         self._socket_files: list[tuple[Path, int]] = []
         self.starts: StartHistory | None = None  # opened in run(): it writes to the state directory
+        self._parts_started = False  # telemetry and MQTT: not when SIGTERM came during the start's loads
 
     # --- run -----------------------------------------------------------------------------------------------
     async def run(self) -> int:
@@ -172,11 +173,13 @@ class Daemon:
             for address in self.grpc.addresses:
                 how = "inherited from systemd" if address in self.grpc.inherited else "opened"
                 print(f"edged {__version__}: listening on grpc:{address} ({how})", flush=True)
-        await self._load_models()
+        if not await self._load_models():
+            return  # SIGTERM during the start's loads: no part starts, the stop follows at once
         if self.telemetry is not None:
             self.telemetry.start()
         if self.mqtt is not None:
             self.mqtt.start()
+        self._parts_started = True
         self._start_background_tasks()
         summary = self.summary_line()
         if self.starts is not None and self.starts.loop is not None:
@@ -206,19 +209,30 @@ class Daemon:
         if loop is not None and self.notifier is not None:
             self.notifier.status(loop.message())
 
-    async def _load_models(self) -> None:
+    async def _load_models(self) -> bool:
+        """The start's loads; False when SIGTERM came first: the stop does not wait for them (a load gives up
+        before its next instance or warm-up run; one stuck in a backend is abandoned at the stop's budget)."""
         loop = asyncio.get_running_loop()
         if self.ota is not None:  # an interrupted update's files are undone before any model loads
             await loop.run_in_executor(None, self.ota.recover_files)
-        loading = loop.run_in_executor(None, self.service.start)
-        while True:
-            done, _ = await asyncio.wait({loading}, timeout=EXTEND_TIMEOUT_EVERY_S)
-            if done:
-                loading.result()
-                return
-            if self.notifier is not None:  # long loads: keep systemd from timing out the start
-                self.notifier.extend_timeout(int(3 * EXTEND_TIMEOUT_EVERY_S * 1e6))
-                self.notifier.status(f"loading models ({len(self.service.loaded_versions())} loaded so far)")
+        loading: asyncio.Future[Any] = loop.run_in_executor(None, self.service.start)
+        stopping: asyncio.Future[Any] = loop.create_task(self._stop.wait())
+        try:
+            while True:
+                done, _ = await asyncio.wait((loading, stopping), timeout=EXTEND_TIMEOUT_EVERY_S,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if loading in done:
+                    loading.result()
+                    return True
+                if stopping in done:
+                    # retrieved when it ends, if it ever does before the exit: no "never retrieved" warning
+                    loading.add_done_callback(lambda f: f.cancelled() or f.exception())
+                    return False
+                if self.notifier is not None:  # long loads: keep systemd from timing out the start
+                    self.notifier.extend_timeout(int(3 * EXTEND_TIMEOUT_EVERY_S * 1e6))
+                    self.notifier.status(f"loading models ({len(self.service.loaded_versions())} loaded so far)")
+        finally:
+            stopping.cancel()
 
     def _start_background_tasks(self) -> None:
         interval = self.notifier.watchdog_interval() if self.notifier is not None else None
@@ -266,9 +280,9 @@ class Daemon:
         self.shared_memory.close()  # after both front ends: no request can still be reading a region
         self._remove_socket_files()
         loop = asyncio.get_running_loop()
-        if self.mqtt is not None:
+        if self.mqtt is not None and self._parts_started:
             await loop.run_in_executor(None, self.mqtt.stop, budget.share(0.5))
-        if self.telemetry is not None:
+        if self.telemetry is not None and self._parts_started:
             await loop.run_in_executor(None, self.telemetry.stop)
         # Requests had their drain above: a version still busy after shutdown_timeout_s more is wedged.
         unload = min(self.config.server.shutdown_timeout_s, budget.left())

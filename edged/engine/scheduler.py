@@ -177,6 +177,8 @@ class Scheduler(WorkerPool):
                              f"level {item.level}); retry later")
         if self._order is not None:  # its place in the order is taken now, under the lock, in queueing order
             item.done = self._order.slot(item.done)
+        if item.deadline_ns:
+            self._watch_deadline_locked(item.deadline_ns)
         return None
 
     # --- the inline executor ------------------------------------------------------------------------------

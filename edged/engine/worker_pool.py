@@ -80,6 +80,12 @@ class WorkerPool(BatchExecution):
         # submit wakes nobody unless it fills the batch. Waking them per submit took the GIL from the event loop
         # in the middle of reading the requests that were to join the batch.
         self._delaying = 0
+        # The expirer: one thread, started with the first request that has a deadline, that refuses queued
+        # requests at their deadlines while no worker can (every instance busy with a run that takes minutes or
+        # never ends). Its own condition: a notify meant for a worker is never spent on it.
+        self._expirer: threading.Thread | None = None
+        self._expirer_wake = threading.Condition(self._lock)
+        self._expiry_at = 0  # the deadline the expirer sleeps until (0: until woken)
         self._held_for = 0  # enqueued_ns of the first request of the batch last held for the intake
         # A caller waiting out the delay itself (`_wait_out_delay`), on its own condition: a submit that fills its
         # batch must wake it, and never a worker in its place.
@@ -199,6 +205,34 @@ class WorkerPool(BatchExecution):
                     self._notify_locked(everyone=True)
         finally:
             self._lock.release()
+
+    # --- deadlines while every instance is busy ------------------------------------------------------------
+    def _watch_deadline_locked(self, deadline_ns: int) -> None:
+        """A request with this deadline was queued: the expirer wakes for it if it sleeps past it."""
+        if self._expirer is None:
+            if self._closed:
+                return
+            self._expirer = threading.Thread(target=self._expire_on_time, name=f"edged-{self._config.name}-expiry",
+                                             daemon=True)
+            self._expirer.start()
+        elif not self._expiry_at or deadline_ns < self._expiry_at:
+            self._expirer_wake.notify()
+
+    def _expire_on_time(self) -> None:
+        """Refuse (REJECT) or move back (DELAY) queued requests when their deadline passes, whether or not an
+        instance is free: a request's timeout does not wait for a run that takes minutes, or a wedged backend."""
+        with self._lock:
+            while not self._closed:
+                nearest = self._queue.next_deadline_ns if self._queue.count else 0
+                now = time.perf_counter_ns()
+                if nearest and nearest < now:
+                    self._expire_while_delaying_locked()
+                    continue
+                self._expiry_at = nearest
+                try:
+                    self._expirer_wake.wait(None if not nearest else min((nearest - now) / 1e9 + 1e-4, _MAX_WAIT_S))
+                finally:
+                    self._expiry_at = 0
 
     # --- the batching delay and the intake hold ------------------------------------------------------------
     def _batch_wait_locked(self) -> tuple[float, bool]:
@@ -346,6 +380,7 @@ class WorkerPool(BatchExecution):
                 self._ensure_workers_locked(closing=True)
             self._notify_locked(everyone=True)
             self._caller_wake.notify_all()
+            self._expirer_wake.notify_all()  # the expirer leaves: close refuses what is left at its deadline
             while self._queue.count + self._executing and time.monotonic() < deadline:
                 self._settled.wait(min(0.05, max(0.0, deadline - time.monotonic())))
             leftover = self._queue.drain()
@@ -353,7 +388,7 @@ class WorkerPool(BatchExecution):
             self._wake.notify_all()  # closed and empty: every sleeping worker leaves now (joined below)
         for item in leftover:
             self._finish_error(item, Unavailable(f"model {self._config.name} unloaded before the request ran"))
-        for thread in self._workers:
+        for thread in [*self._workers, *([self._expirer] if self._expirer is not None else [])]:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
         return clean
 

@@ -184,6 +184,9 @@ class App:
             self._repository_change(connection, incoming, slot, route)
         elif route.kind is Kind.DAEMON_READ or route.kind is Kind.DAEMON_ACTION:
             self._daemon_action(connection, incoming, slot, route)
+        elif route.kind is Kind.METRICS:  # rendered off the loop: with many models it takes long
+            self._in_executor(connection, incoming, slot, self.handlers.metrics_render(),
+                              lambda response: self._answer(connection, incoming, slot, response))
         elif route.kind in SHARED_MEMORY_KINDS:
             try:
                 caller = self.access.shm_caller(connection.kind == "tcp", connection.peer, incoming.headers)

@@ -95,11 +95,19 @@ class Handlers:
         return json_response(self._service.repository_index(ready_only=ready))
 
     def _metrics(self, route: Route, incoming: Incoming) -> Response:
+        return self.metrics_render()()
+
+    def metrics_render(self) -> Callable[[], Response]:
+        """The parts of /metrics that live on the event loop, read now; the returned call renders the engine's
+        families, per model version, and may run on another thread: with hundreds of models that is most of
+        the work, and it must not stall the loop (every other client, the watchdog)."""
         extra = self._telemetry.render_prometheus() if self._telemetry is not None else ""
         if self._metrics_provider is not None:  # the daemon's own parts: memory, MQTT
             extra += self._metrics_provider()
         extra += self.metrics_extra()
-        return Response(200, render_metrics(self._service, self.denied, extra).encode(), PROMETHEUS)
+        denied = dict(self.denied)  # a copy: the loop counts refusals while the render reads
+        service = self._service
+        return lambda: Response(200, render_metrics(service, denied, extra).encode(), PROMETHEUS)
 
     def _status(self, route: Route, incoming: Incoming) -> Response:
         service = self._service

@@ -64,6 +64,7 @@ class Responder:
         self._closing = False
         self._reading_paused = False
         self._writing_paused = False
+        self.write_stalled_since = 0.0  # loop time our writes paused (the client not reading); 0 while they flow
         self._linger: asyncio.TimerHandle | None = None
         self._front_begun = False  # a part of the first slot's response has been written
         self.interim_allowed = True  # no request on this connection spoke HTTP/1.0, which knows no 1xx answers
@@ -75,11 +76,25 @@ class Responder:
 
     def pause_writing(self) -> None:
         self._writing_paused = True
+        self.write_stalled_since = self._loop.time()
         self._update_reading()
 
     def resume_writing(self) -> None:
         self._writing_paused = False
+        self.write_stalled_since = 0.0
         self._update_reading()
+
+    def abandon_unread(self, timeout_s: float) -> None:
+        """The client has read nothing of its answers for ``timeout_s``: drop them and the connection (a reset:
+        a client that does not read gets no lingering close), rather than hold them in memory for good."""
+        transport = self._transport
+        if transport is None:
+            return
+        log.warning("closing a %s connection from %s: its answers stay unread for %.0f s (request_timeout_s); "
+                    "%d answer(s) dropped", self.kind, self.peer.describe(), timeout_s, len(self._slots))
+        self._closing = True
+        self._gone_why = "its answers stayed unread"
+        transport.abort()
 
     # --- responses -----------------------------------------------------------------------------------------
     def respond(self, slot: Slot, data: bytes, close: bool = False) -> None:

@@ -165,7 +165,12 @@ class HttpServer:
                 continue
             now = loop.time()
             for connection in list(app.connections):
-                if connection.request_started and now - connection.request_started > config.request_timeout_s:
+                stalled = connection.write_stalled_since
+                if stalled and now - stalled > config.request_timeout_s:
+                    connection.abandon_unread(config.request_timeout_s)
+                elif (connection.request_started and not stalled
+                        and now - connection.request_started > config.request_timeout_s):
+                    # not while our writes wait for the client: we stopped reading its request, not it sending
                     connection.reject(408, f"the request did not arrive completely within "
                                            f"{config.request_timeout_s} s")
                 elif connection.idle and now - connection.last_activity > config.idle_timeout_s:

@@ -122,6 +122,34 @@ def test_a_request_waiting_past_its_timeout_fails_with_request_timeout(tmp_path:
         service.close()
 
 
+def test_a_queued_request_is_refused_at_its_timeout_while_the_only_instance_stays_busy(tmp_path: Path) -> None:
+    """A run that does not end (a wedged backend, a model that takes minutes): the requests queued behind it get
+    RequestTimeout at their deadline, not when the instance comes free; before, they waited for the run."""
+    add_custom_model(tmp_path, "slowq", "doubling",
+                     'dynamic_batching { default_queue_policy { default_timeout_microseconds: 50000 '
+                     'allow_timeout_override: true } }\n'
+                     'parameters { key: "block_until_released" value: { string_value: "true" } }', max_batch=1)
+    service = start(tmp_path)
+    try:
+        first: list[object] = []
+        service.submit(InferRequest("slowq", {"input": np.ones((1, 4), np.float32)}), first.append, inline=False)
+        wait_until_running()
+        answered = [threading.Event(), threading.Event()]
+        second: list[object] = []
+        third: list[object] = []
+        service.submit(InferRequest("slowq", {"input": np.ones((1, 4), np.float32)}),
+                       lambda r: (second.append(r), answered[0].set()), inline=False)
+        service.submit(InferRequest("slowq", {"input": np.ones((1, 4), np.float32)}, timeout_us=10_000),
+                       lambda r: (third.append(r), answered[1].set()), inline=False)
+        # RELEASE is never set here: the first run holds the only instance until the end of the test
+        assert answered[0].wait(20) and answered[1].wait(20), "queued requests waited for the busy instance"
+        assert isinstance(second[0], RequestTimeout) and isinstance(third[0], RequestTimeout)
+        assert not first  # still running: the refusals did not wait for it
+    finally:
+        engine_fakes.RELEASE.set()
+        service.close()
+
+
 def test_instance_count_two_runs_two_executions_at_once(tmp_path: Path) -> None:
     add_custom_model(tmp_path, "pair", "doubling", 'instance_group [ { count: 2, kind: KIND_CPU } ]\n'
                      'parameters { key: "delay_s" value: { string_value: "0.1" } }')

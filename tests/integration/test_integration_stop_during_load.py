@@ -103,3 +103,37 @@ def test_sigterm_during_one_uninterruptible_instance_load_exits_at_the_budget(tm
     assert "abandoning the load of slow_load still running" in output
     assert "edged: stopped in" in output
     assert len(answers) == 1  # no success: the process left with the load unanswered
+
+
+def test_sigterm_while_the_start_warms_up_a_hung_model_exits_at_the_budget(tmp_path: Path) -> None:
+    """A model whose warm-up run never ends (a wedged backend) at the start, before READY: SIGTERM still stops
+    the daemon within stop_timeout_s; before, the stop waited for the start's loads, as long as the run took."""
+    repo = tmp_path / "models"
+    add_custom_model(repo, "hung", "doubling",
+                     f'parameters {{ key: "delay_s" value: {{ string_value: "{LOAD_S * 10}" }} }}')
+    config = config_with_fakes(f'\n[server]\nstop_timeout_s = {STOP_TIMEOUT_S}\nshutdown_timeout_s = 1.0\n')
+    daemon = start_daemon(tmp_path / "run", config=config, args=["--model-repository", str(repo)], wait=False)
+    try:
+        wait_for_line(daemon, r"listening on uds:")
+        probe = daemon.client(timeout_s=10)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # the start's load is under way: the warm-up run is the stuck part
+            if [m for m in probe.repository_index() if m.get("state") == "LOADING"]:
+                break
+            time.sleep(0.05)
+        signalled = time.monotonic()
+        daemon.process.send_signal(signal.SIGTERM)
+        try:
+            daemon.process.wait(STOP_TIMEOUT_S + EXIT_MARGIN_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"edged still running {STOP_TIMEOUT_S + EXIT_MARGIN_S} s after SIGTERM (stop_timeout_s = "
+                        f"{STOP_TIMEOUT_S}) with a warm-up run stuck at its start:\n{daemon.output()}")
+        took = time.monotonic() - signalled
+    finally:
+        daemon.stop(5)
+    output = daemon.output()
+    assert took < STOP_TIMEOUT_S + EXIT_MARGIN_S
+    assert daemon.process.returncode == 0, output
+    assert "abandoning the load of hung still running" in output
+    assert "edged: stopped in" in output
+    assert "edged: ready" not in output  # a stop during the start is no start

@@ -4,12 +4,18 @@ leaves no lock behind."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import numpy as np
+import pytest
 from integration.edged_daemon import config_with_fakes, daemon_environment, start_daemon
+from modelgen import add_custom_model
 
 
 def _second_serve(tmp_path: Path, state: Path) -> subprocess.CompletedProcess[str]:
@@ -53,3 +59,45 @@ def test_a_daemon_killed_with_sigkill_leaves_no_lock_behind(tmp_path: Path) -> N
         assert again.client().ready()
     finally:
         assert again.stop() == 0, again.output()
+
+
+def test_a_daemon_on_a_full_state_dir_serves_with_telemetry_degraded(tmp_path: Path) -> None:
+    """The state directory's partition is full at start (a real 1 MB tmpfs, filled): edged takes its lock without
+    the PID, serves inference and reports the telemetry history it cannot store; before, writing the PID into
+    edged.lock ended the start in an ENOSPC traceback, and systemd restarted it into the same one, for good."""
+    mount_point = tmp_path / "full"
+    mount_point.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)],
+                             capture_output=True, text=True, check=False)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.strip() or mounted.returncode}")
+    try:
+        (mount_point / "state").mkdir()
+        fd = os.open(mount_point / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            with contextlib.suppress(OSError):  # ENOSPC: the file system is full
+                while True:
+                    os.write(fd, b"\0" * 4096)
+        finally:
+            os.close(fd)
+        repo = tmp_path / "models"
+        add_custom_model(repo, "doubled", "doubling")
+        config = config_with_fakes().replace('source = "off"', 'source = "sysfs"')
+        daemon = start_daemon(tmp_path / "run", config=config,
+                              args=["--model-repository", str(repo), "--state-dir", str(mount_point / "state")])
+        try:
+            client = daemon.client()
+            result = client.infer("doubled", {"input": np.ones((1, 4), np.float32)})
+            assert result.as_numpy("output").tolist() == [[2.0] * 4]
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                health = client.status()["health"]
+                if health["components"].get("telemetry_writer", {}).get("state") == "degraded":
+                    break
+                time.sleep(0.1)
+            assert health["state"] == "degraded" and "disk full" in health["reason"], health
+            assert "cannot write this daemon's PID" in daemon.output()
+        finally:
+            daemon.stop(10)
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)

@@ -113,3 +113,21 @@ def test_the_profile_hook_sees_the_loop_thread() -> None:
     finally:
         threading.setprofile(None)  # type: ignore[arg-type]
     assert thread.ident in seen
+
+
+def test_metrics_are_rendered_off_the_loop(counted: tuple[RunningServer, LoopCalls]) -> None:
+    """/metrics renders a family per model version (thousands of lines with hundreds of models; 3000 models held
+    the loop for half a second): that part runs off the loop thread, which every other client and the watchdog
+    share. Counted, not timed: the engine's render is not called on the loop thread at all."""
+    running, calls = counted
+    calls.python.clear()
+    calls.recording = True
+    try:
+        status, _, body = running.request("GET", "/metrics")
+    finally:
+        calls.recording = False
+    assert status == 200
+    assert b'nv_inference_count{model="tiny_mlp",version="1"}' in body
+    assert b"edged_request_duration_seconds_bucket" in body
+    on_loop = {name for name in calls.python if name.startswith("_metrics.py:")}
+    assert not on_loop, f"the engine's metrics were rendered on the loop thread: {sorted(on_loop)}"
