@@ -73,3 +73,28 @@ def test_a_run_past_the_stall_timeout_degrades_the_engine_while_it_lasts(tmp_pat
         assert stalled_gauge(client.metrics()) == {("sleepy", "1"): 0, ("quick", "1"): 0}
     finally:
         daemon.stop(wait_s=15)
+
+
+def test_a_warm_up_that_hangs_fails_that_load_and_the_start_goes_on(tmp_path: Path) -> None:
+    repo = tmp_path / "models"
+    # the first warm-up run blocks for 30 s (nothing releases it in the daemon); three of them would hold the start
+    # for 90 s, and "zzz" (loaded after it: loads run one at a time, in name order) would wait all that time
+    add_custom_model(repo, "hang", "doubling",
+                     extra='parameters { key: "block_until_released" value: { string_value: "true" } }')
+    add_custom_model(repo, "zzz", "doubling")
+    config = config_with_fakes("stall_timeout_s = 1\n\n[server]\nshutdown_timeout_s = 1\n")
+    daemon = start_daemon(tmp_path, config=config, args=["--model-repository", str(repo)], wait=False)
+    try:
+        daemon.wait_ready(timeout_s=25)  # far under the 30 s one hung warm-up run would take
+        index = {entry["name"]: entry for entry in daemon.client().repository_index()}
+        assert index["zzz"]["state"] == "READY", index
+        assert index["hang"]["state"] == "FAILED", index
+        reason = index["hang"]["reason"]
+        assert "model hang version 1" in reason and "warm-up" in reason and "stall_timeout_s" in reason, reason
+        assert "model hang version 1" in daemon.output()
+        out = daemon.client().infer("zzz", {"input": np.ones((1, 4), np.float32)})
+        assert np.array_equal(out.as_numpy("output"), np.full((1, 4), 2, np.float32))
+        # the abandoned run's thread does not hold the stop
+        assert daemon.stop(wait_s=15) == 0, daemon.output()
+    finally:
+        daemon.stop(wait_s=5)
