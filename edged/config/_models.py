@@ -31,8 +31,9 @@ class ModelsConfig:
     # The most instances one model version may ask for (instance_group count, summed over its groups): each is
     # a copy of the model of its own, so thousands would exhaust the device's memory (Triton sets no limit).
     max_instance_count: int = field(default=64, metadata={"check": _positive})
-    # An execution running longer than this means a wedged backend: the systemd watchdog pings stop.
-    stall_timeout_s: float = field(default=120.0, metadata={"check": _positive})
+    # An execution (warm-up runs included) running longer than this means a wedged backend: the systemd watchdog
+    # pings stop and the health board's "engine" part is degraded; a warm-up run past it fails that load.
+    stall_timeout_s: float = field(default=120.0, metadata={"check": _positive})  # seconds: a run past it is wedged
     # Extra backends by name, "module:Class" (a Triton-style custom backend implementing edged's Backend
     # protocol); they may also replace a built-in name.
     backends: dict[str, str] = field(default_factory=dict)

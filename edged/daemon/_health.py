@@ -39,6 +39,28 @@ def render_health(board: HealthBoard) -> str:
     return render([restarts, errors, degraded])
 
 
+def stalled_runs(runs: list[tuple[str, str, float]], limit_s: float) -> list[tuple[str, str, float]]:
+    """The (model, version, seconds) of ``runs`` whose longest execution has gone past ``limit_s``."""
+    return [run for run in runs if run[2] > limit_s]
+
+
+def stall_reason(stalled: list[tuple[str, str, float]], limit_s: float) -> str:
+    """The "engine" component's reason while runs are stalled: which, for how long, and what it means."""
+    runs = "; ".join(f"model {model} version {version}: a run has been running for {running_s:.0f} s"
+                     for model, version, running_s in stalled)
+    return (f"{runs} (past [models] stall_timeout_s = {limit_s:g} s: a wedged backend; the systemd watchdog pings "
+            "are withheld until it finishes)")
+
+
+def render_stalls(runs: list[tuple[str, str, float]], limit_s: float) -> str:
+    stalled = MetricFamily("edged_model_run_stalled", "gauge",
+                           "1 while a run of this loaded model version has gone longer than [models] "
+                           "stall_timeout_s (a wedged backend).")
+    for model, version, running_s in runs:
+        stalled.add(int(running_s > limit_s), {"model": model, "version": version})
+    return render([stalled])
+
+
 async def supervised_task(component: Component, work: Callable[[], Awaitable[None]], *, backoff_min_s: float = 1.0,
                           backoff_max_s: float = 60.0, rng: random.Random | None = None) -> None:
     """The event loop's counterpart of `SupervisedThread`: ``work`` runs again after an unexpected exception,

@@ -26,7 +26,14 @@ from edged import __version__
 from edged.access import GRPC_NAME, Activated, activated_sockets
 from edged.clock import DeviceClock, state_file_in
 from edged.config import EdgedConfig, load_config, resolve_device_identity, resolve_state_dir
-from edged.daemon._health import health_status, render_health, supervised_task
+from edged.daemon._health import (
+    health_status,
+    render_health,
+    render_stalls,
+    stall_reason,
+    stalled_runs,
+    supervised_task,
+)
 from edged.daemon._lock import lock_state_dir
 from edged.daemon._restarts import StartHistory
 from edged.daemon._sdnotify import SystemdNotifier
@@ -50,6 +57,7 @@ log = logging.getLogger(__name__)
 
 EXTEND_TIMEOUT_EVERY_S = 5.0
 CLOCK_CHECKPOINT_EVERY_S = 60.0  # what a power cut may take from device elapsed time (rows push it on anyway)
+ENGINE_CHECK_EVERY_S = 1.0  # how often the health board looks for runs past [models] stall_timeout_s
 
 
 class Daemon:
@@ -132,6 +140,7 @@ class Daemon:
         self._socket_files: list[tuple[Path, int]] = []
         self.starts: StartHistory | None = None  # opened in run(): it writes to the state directory
         self._parts_started = False  # telemetry and MQTT: not when SIGTERM came during the start's loads
+        self._stalled_names: list[str] = []  # the model versions the last engine check found stalled
 
     # --- run -----------------------------------------------------------------------------------------------
     async def run(self) -> int:
@@ -236,8 +245,9 @@ class Daemon:
 
     def _start_background_tasks(self) -> None:
         interval = self.notifier.watchdog_interval() if self.notifier is not None else None
-        if self.notifier is not None and interval:
-            self._spawn(self._watchdog(self.notifier, interval))
+        # the health board watches for stalled runs with or without systemd's watchdog
+        self._spawn(self._watchdog(self.notifier if interval else None,
+                                   min(interval or ENGINE_CHECK_EVERY_S, ENGINE_CHECK_EVERY_S)))
         if self.config.models.control_mode == "poll":
             self._spawn(supervised_task(self.health.component("repository_poll"), self._poll_repository))
         self._spawn(supervised_task(self.health.component("memory_pressure"), self._watch_pressure))
@@ -309,11 +319,12 @@ class Daemon:
         self._socket_files = []
 
     # --- periodic work -------------------------------------------------------------------------------------
-    async def _watchdog(self, notifier: SystemdNotifier, interval: float) -> None:
-        """WATCHDOG=1 only while the loop turns and no backend execution is stuck."""
+    async def _watchdog(self, notifier: SystemdNotifier | None, interval: float) -> None:
+        """WATCHDOG=1 (under systemd's watchdog) only while the loop turns and no backend execution is stuck;
+        the "engine" component of the health board says which is stuck, and for how long."""
         complained = False
         while True:
-            stalled = self.service.stalled(self.config.models.stall_timeout_s)
+            stalled = self._check_engine(fresh=False)
             if stalled:
                 if not complained:
                     log.error("engine wedged: %s running longer than %.0f s; withholding watchdog pings",
@@ -321,8 +332,25 @@ class Daemon:
                 complained = True
             else:
                 complained = False
-                notifier.watchdog()
+                if notifier is not None:
+                    notifier.watchdog()
             await asyncio.sleep(interval)
+
+    def _check_engine(self, fresh: bool) -> list[str]:
+        """Mark the "engine" component degraded while a run is past [models] stall_timeout_s, ok once none is;
+        the "model/version" stalled. The periodic check rewrites the reason only when the set of stalled versions
+        changes (each change is an MQTT status message); a status read (``fresh``) brings its durations up to
+        date."""
+        limit_s = self.config.models.stall_timeout_s
+        stalled = stalled_runs(self.service.longest_runs(), limit_s)
+        names = [f"{model}/{version}" for model, version, _ in stalled]
+        engine = self.health.component("engine")
+        if not stalled:
+            engine.ok()
+        elif fresh or names != self._stalled_names:
+            engine.degraded(stall_reason(stalled, limit_s))
+        self._stalled_names = names
+        return names
 
     async def _checkpoint_clock(self) -> None:
         loop = asyncio.get_running_loop()
@@ -412,6 +440,7 @@ class Daemon:
 
     def status(self) -> dict[str, Any]:
         allocator = self.allocator
+        self._check_engine(fresh=True)
         return {
             "version": __version__,
             "pid": os.getpid(),
@@ -456,7 +485,9 @@ class Daemon:
                 "store_dropped": snapshot["store_dropped"], "store_error": snapshot["store_error"]}
 
     def _extra_metrics(self) -> str:
-        lines = [self.memory_metrics(), render_health(self.health)]
+        self._check_engine(fresh=False)
+        lines = [self.memory_metrics(), render_health(self.health),
+                 render_stalls(self.service.longest_runs(), self.config.models.stall_timeout_s)]
         if self.mqtt is not None:
             lines.append(self.mqtt.prometheus_lines())
         if self.grpc is not None:  # composed here: serving renders /metrics and never imports grpcapi

@@ -115,7 +115,7 @@ class Admission:
         """Reserve the load's expected peak (``admit`` decides how), load while measuring, charge the result."""
         memory = self._memory
         if memory is None:
-            version.load(backend, self._settings.warmup, self._stopping)
+            version.load(backend, self._settings.warmup, self._stopping, self._settings.stall_timeout_s)
             return
         key = memory.charge_key(version)
         try:
@@ -133,7 +133,7 @@ class Admission:
         memory.charged(version, key)
         try:
             with memory.measure() as probe:
-                version.load(backend, self._settings.warmup, self._stopping)
+                version.load(backend, self._settings.warmup, self._stopping, self._settings.stall_timeout_s)
                 memory.trim()
         except BaseException:
             memory.forget(version)

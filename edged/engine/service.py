@@ -209,12 +209,17 @@ class InferenceService:
 
     def stalled(self, limit_s: float) -> list[str]:
         """Model versions with an execution running longer than ``limit_s``: a wedged backend."""
-        stalled = []
+        return [f"{name}/{version}" for name, version, running_s in self.longest_runs() if running_s > limit_s]
+
+    def longest_runs(self) -> list[tuple[str, str, float]]:
+        """(model, version, seconds its longest execution now running has taken; 0 when idle) per loaded
+        version: the watchdog and the health board compare it with ``[models] stall_timeout_s``."""
+        runs = []
         for version in self.loaded_versions():
             scheduler = version.scheduler
-            if scheduler is not None and scheduler.longest_execution_s() > limit_s:
-                stalled.append(f"{version.config.name}/{version.version}")
-        return stalled
+            running_s = scheduler.longest_execution_s() if scheduler is not None else 0.0
+            runs.append((version.config.name, version.version_str, running_s))
+        return runs
 
     def server_metadata(self) -> dict[str, Any]:
         return {"name": "edged", "version": __version__, "extensions": list(EXTENSIONS)}

@@ -26,6 +26,10 @@ from edged.repository.model_config import ModelConfig
 log = logging.getLogger(__name__)
 
 
+class WarmupStalled(ModelLoadError):
+    """A warm-up run went past ``[models] stall_timeout_s``: its instances are abandoned to the stuck run."""
+
+
 class ModelVersion:
     def __init__(self, config: ModelConfig, version: int, model_dir: Path, max_elements: int,
                  intake: Intake | None = None) -> None:
@@ -59,10 +63,13 @@ class ModelVersion:
     def last_used(self) -> float:
         return self.scheduler.last_used if self.scheduler else 0.0
 
-    def load(self, backend: Backend, warmup: bool, stopping: threading.Event | None = None) -> None:
+    def load(self, backend: Backend, warmup: bool, stopping: threading.Event | None = None,
+             stall_timeout_s: float | None = None) -> None:
         """Create the instances and warm them up; on failure the version is FAILED and holds nothing. When
         ``stopping`` is set (the daemon stops) the load gives up before its next instance and closes the ones
-        it made: one instance's load is the most a stop waits for."""
+        it made: one instance's load is the most a stop waits for. A warm-up run still going after
+        ``stall_timeout_s`` (a wedged backend) fails the load; its instances are abandoned, not closed (closing
+        one under a native run could crash the process), and freed when the run ends, if it ever does."""
         started = time.monotonic()
         try:
             # confined again here: the folder may have changed since the registry checked the config
@@ -78,7 +85,11 @@ class ModelVersion:
                 self.instances.append(backend.load(self.path, runtime_config, index))
             self.scheduler = Scheduler(self.config, self.version_str, self.instances, self.stats, self._intake)
             if warmup:
-                self._warm_up(stopping)
+                self._warm_up(stopping, stall_timeout_s)
+        except WarmupStalled as e:
+            self.instances = []  # abandoned to the stuck run's thread (see above)
+            self.lifecycle.move(ModelState.FAILED, str(e))
+            raise
         except EdgedError as e:
             self._close_instances()
             self.lifecycle.move(ModelState.FAILED, str(e))
@@ -96,7 +107,7 @@ class ModelVersion:
             raise Unavailable(f"model {self.config.name} version {self.version}: load abandoned {progress}: the "
                               "daemon is stopping")
 
-    def _warm_up(self, stopping: threading.Event | None) -> None:
+    def _warm_up(self, stopping: threading.Event | None, stall_timeout_s: float | None) -> None:
         # the config's dims are the client's shape: reshaped as a request's inputs are before they reach the model
         samples = ((self.validator.reshaped(inputs), count)  # made one at a time, as they are run
                    for inputs, count in warmup_samples(self.config, self.model_dir, self.max_elements))
@@ -107,19 +118,52 @@ class ModelVersion:
                 for _ in range(count + 2):  # two extra runs to time the steady state
                     # checked on every run, not once per instance: a stop waits for one run, not for `count`
                     self._give_up_if_stopping(stopping, "during warm-up")
-                    began = time.perf_counter_ns()
                     try:
-                        instance.run(inputs, output_names)
+                        timings.append(self._timed_run(instance, inputs, output_names, stall_timeout_s))
                     except OutOfMemory as e:  # the device's memory, not the model, is short: a 503, not a 400
                         raise OutOfMemory(f"model {self.config.name} version {self.version}: warm-up ran out of "
                                           f"memory: {e}") from e
+                    except WarmupStalled:
+                        raise
                     except EdgedError as e:
                         raise ModelLoadError(f"model {self.config.name} version {self.version}: warm-up "
                                              f"failed: {e}") from e
-                    timings.append((time.perf_counter_ns() - began) / 1000)
             del inputs  # before the next sample is made: one sample's memory at a time
         if timings:
             self.exec_p50_us = statistics.median(timings[-3:])
+
+    def _timed_run(self, instance: ModelInstance, inputs: dict[str, Any], output_names: list[str],
+                   stall_timeout_s: float | None) -> float:
+        """One warm-up run and its duration in microseconds. With ``stall_timeout_s`` it runs on a thread of its
+        own, waited for that long: a run that never returns (a wedged backend) cannot hold the load, and with it
+        the start and every model after this one, for ever."""
+        if stall_timeout_s is None:
+            began = time.perf_counter_ns()
+            instance.run(inputs, output_names)
+            return (time.perf_counter_ns() - began) / 1000
+        outcome: list[float | BaseException] = []
+        finished = threading.Event()
+
+        def run() -> None:
+            began = time.perf_counter_ns()
+            try:
+                instance.run(inputs, output_names)
+                outcome.append((time.perf_counter_ns() - began) / 1000)
+            except BaseException as e:  # handed to the load's thread, which raises it
+                outcome.append(e)
+            finally:
+                finished.set()
+
+        threading.Thread(target=run, name=f"warmup-{self.config.name}-{self.version}", daemon=True).start()
+        if not finished.wait(stall_timeout_s):
+            raise WarmupStalled(f"model {self.config.name} version {self.version}: load failed: a warm-up run was "
+                                f"still running after {stall_timeout_s:g} s ([models] stall_timeout_s): the backend "
+                                "is wedged; fix the model (or raise stall_timeout_s if its runs are that slow) and "
+                                "load it again")
+        (result,) = outcome
+        if isinstance(result, BaseException):
+            raise result
+        return result
 
     def submit(self, request: InferRequest, done: Done, inline: bool) -> None:
         scheduler = self.scheduler
