@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pytest
 from integration.edged_daemon import config_with_fakes, daemon_environment, start_daemon
 from modelgen import add_custom_model
+from tmpfs_mount import mounted_tmpfs
 
 
 def _second_serve(tmp_path: Path, state: Path) -> subprocess.CompletedProcess[str]:
@@ -65,13 +65,7 @@ def test_a_daemon_on_a_full_state_dir_serves_with_telemetry_degraded(tmp_path: P
     """The state directory's partition is full at start (a real 1 MB tmpfs, filled): edged takes its lock without
     the PID, serves inference and reports the telemetry history it cannot store; before, writing the PID into
     edged.lock ended the start in an ENOSPC traceback, and systemd restarted it into the same one, for good."""
-    mount_point = tmp_path / "full"
-    mount_point.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)],
-                             capture_output=True, text=True, check=False)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.strip() or mounted.returncode}")
-    try:
+    with mounted_tmpfs(tmp_path / "full", "1m") as mount_point:
         (mount_point / "state").mkdir()
         fd = os.open(mount_point / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
         try:
@@ -99,5 +93,3 @@ def test_a_daemon_on_a_full_state_dir_serves_with_telemetry_degraded(tmp_path: P
             assert "cannot write this daemon's PID" in daemon.output()
         finally:
             daemon.stop(10)
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import pytest
 from conftest import Broker, Subscriber, wait_until
 from paho.mqtt.enums import CallbackAPIVersion
 from test_mqtt_outbox import frame, ids_of
+from tmpfs_mount import mounted_tmpfs
 
 from edged.cli._doctor_checks import check_outbox_disk
 from edged.config import MqttConfig, PipelineConfig
@@ -31,18 +31,8 @@ MESSAGES = 3000
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    mount_point = tmp_path / "state"
-    mount_point.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount_point)],
-                            capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {result.stderr.strip() or result.returncode}")
-    try:
+    with mounted_tmpfs(tmp_path / "state", "2m") as mount_point:
         yield mount_point
-    finally:
-        subprocess.run(["umount", str(mount_point)], check=False)
-        if os.path.ismount(mount_point):
-            subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
 def fill(directory: Path) -> Path:

@@ -8,8 +8,6 @@ rows could run; the outbox's own files held the disk and writes failed forever (
 
 from __future__ import annotations
 
-import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +17,7 @@ from conftest import Broker, Subscriber, wait_until
 from paho.mqtt.enums import CallbackAPIVersion
 from test_mqtt_outbox import frame, ids_of
 from test_mqtt_outbox_disk import fill
+from tmpfs_mount import mounted_tmpfs
 
 from edged.config import MqttConfig, PipelineConfig
 from edged.engine import InferenceService
@@ -30,18 +29,8 @@ WAL_CAP_BYTES = 512 << 10  # the README's promise
 
 @pytest.fixture
 def tiny_disk(tmp_path: Path) -> Iterator[Path]:
-    mount_point = tmp_path / "state"
-    mount_point.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)],
-                            capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {result.stderr.strip() or result.returncode}")
-    try:
+    with mounted_tmpfs(tmp_path / "state", "1m") as mount_point:
         yield mount_point
-    finally:
-        subprocess.run(["umount", str(mount_point)], check=False)
-        if os.path.ismount(mount_point):
-            subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
 def test_an_outbox_that_fills_a_small_disk_itself_drains_and_frees_it(

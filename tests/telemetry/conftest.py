@@ -1,12 +1,11 @@
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tmpfs_mount import mounted_tmpfs
 
 
 @pytest.fixture
@@ -32,15 +31,5 @@ def fake_tegrastats(tmp_path: Path):
 @pytest.fixture
 def tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A 1 MiB tmpfs mounted for the test (a full disk, read-only remounts); skipped where mounting is not allowed."""
-    mount = tmp_path / "mnt"
-    mount.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(mount)],
-                          capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {done.stderr.strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "mnt", "1m", mode="0700") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
