@@ -11,9 +11,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from edged.client import ClientError, EdgedClient
 
@@ -22,6 +23,17 @@ TESTS = Path(__file__).resolve().parent.parent
 FAKES = TESTS / "engine"
 START_TIMEOUT_S = 90.0
 POLL_S = 0.05
+
+
+def wait_for(predicate: Callable[[], Any], what: str, timeout_s: float = 60.0) -> Any:
+    """``predicate()``'s first true value, polled every 50 ms; AssertionError naming ``what`` past ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 def config_with_fakes(body: str = "") -> str:

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import resource
 import shutil
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
-from integration.edged_daemon import DaemonProcess, start_daemon
+from integration.edged_daemon import DaemonProcess, start_daemon, wait_for
 from mqtt.conftest import Broker, Subscriber
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -26,17 +25,6 @@ SYSFS = TESTS / "fixtures" / "sysfs" / "orin_nano_jp6"
 MODELS = TESTS.parent / "models"
 AWKWARD_RAIL = 'VDD "IN" \\ main'
 AWKWARD_MODEL = 'tiny "mlp"'  # a backslash is refused as a path separator
-WAIT_S = 60.0
-
-
-def wait_for(predicate: Callable[[], Any], what: str, timeout_s: float = WAIT_S) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def sysfs_tree(directory: Path) -> Path:

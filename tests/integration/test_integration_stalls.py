@@ -9,27 +9,15 @@ same limit: that model's load fails with the reason, and the start goes on to th
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from integration.edged_daemon import config_with_fakes, start_daemon
+from integration.edged_daemon import config_with_fakes, start_daemon, wait_for
 from modelgen import add_custom_model
 from prometheus_client.parser import text_string_to_metric_families
 
 WAIT_S = 60.0
-
-
-def wait_for(predicate: Callable[[], Any], what: str, timeout_s: float = WAIT_S) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def stalled_gauge(metrics: str) -> dict[tuple[str, str], float]:
